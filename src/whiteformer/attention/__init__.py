@@ -1,0 +1,10 @@
+"""Attention layers with timm's contract: ``(B, N, C)`` in and out, ``Attn(dim, num_heads=...)``,
+``forward(x, attn_mask=None)`` with a (B, N) bool keep-mask (True = real token)."""
+from .registry import build, get_attention_class, list_attention, register_attention
+
+# --- tssa / causal_tssa (one line each section; keep sections separate) ---
+# --- dmsa ---
+# --- eca ---
+# --- baselines: mhsa, xca, mssa, class_attention ---
+
+__all__ = ["build", "get_attention_class", "list_attention", "register_attention"]
