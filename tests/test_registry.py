@@ -11,6 +11,8 @@ def test_unknown_name_raises_with_choices():
 
 
 def test_register_conflict_raises():
+    from whiteformer.attention.registry import _ATTENTION
+
     @register_attention("_test_dummy")
     class Dummy(nn.Module):
         def __init__(self, dim, num_heads=1):
@@ -19,8 +21,12 @@ def test_register_conflict_raises():
     assert "_test_dummy" in list_attention()
     assert get_attention_class("_test_dummy") is Dummy
 
-    with pytest.raises(ValueError, match="already registered"):
+    try:
+        with pytest.raises(ValueError, match="already registered"):
 
-        @register_attention("_test_dummy")
-        class Other(nn.Module):
-            pass
+            @register_attention("_test_dummy")
+            class Other(nn.Module):
+                pass
+    finally:
+        _ATTENTION.pop("_test_dummy", None)
+    assert "_test_dummy" not in list_attention()
