@@ -3,7 +3,9 @@
 from .registry import build, get_attention_class, list_attention, register_attention
 
 # --- tssa / causal_tssa (one line each section; keep sections separate) ---
+from .tssa import TSSA, CausalTSSA  # noqa: F401
 # --- dmsa ---
+from .dmsa import DMSA  # noqa: F401
 # --- eca ---
 # --- baselines: mhsa, xca, mssa, class_attention ---
 

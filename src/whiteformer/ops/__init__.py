@@ -4,6 +4,10 @@ Each operator has a plain, readable reference version in :mod:`whiteformer.ops.r
 that the main version here is tested against (forward and gradients)."""
 
 # --- tssa / causal_tssa ---
+from .tssa import tssa  # noqa: F401
+from .causal_tssa import CausalTSSAState, causal_tssa, causal_tssa_step  # noqa: F401
 # --- dmsa ---
+from .dmsa import dmsa, sparsemax  # noqa: F401
+from .rotary import rotary  # noqa: F401
 # --- eca ---
 # --- baselines: mhsa, xca, mssa, class_attention ---

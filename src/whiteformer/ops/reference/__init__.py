@@ -2,6 +2,9 @@
 oracle for the main operators in :mod:`whiteformer.ops`."""
 
 # --- tssa / causal_tssa ---
+from .tssa import tssa_reference  # noqa: F401
+from .causal_tssa import causal_tssa_reference  # noqa: F401
 # --- dmsa ---
+from .dmsa import dmsa_reference, rotary_reference  # noqa: F401
 # --- eca ---
 # --- baselines ---

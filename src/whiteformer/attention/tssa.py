@@ -1,0 +1,138 @@
+"""TSSA and causal TSSA layers (ToST, Wu et al., ICLR 2025; Algorithms 1 and 2).
+
+Both map (B, N, C) -> (B, N, C): one projection ``qkv`` (C -> C, despite its name it is the
+single U of Eq. (31)), the operator per head, heads merged, output projection ``proj``.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+from einops import rearrange
+
+from .._checks import check_divisible, check_tensor, check_tokens_input
+from ..ops.causal_tssa import CausalTSSAState, causal_tssa, causal_tssa_step
+from ..ops.tssa import tssa
+from .registry import register_attention
+
+__all__ = ["TSSA", "CausalTSSA"]
+
+
+def _check_prob(value, name: str) -> float:
+    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
+    return float(value)
+
+
+def _zero_padded(y: torch.Tensor, attn_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    # padded tokens take no part: their outputs are 0 (not the projection bias)
+    return y if attn_mask is None else y.masked_fill(~attn_mask.unsqueeze(-1), 0.0)
+
+
+@register_attention("tssa")
+class TSSA(nn.Module):
+    """Token Statistics Self-Attention layer (ToST Eq. (11); Algorithm 1).
+
+    Parameters: ``qkv`` Linear(dim, dim, bias=qkv_bias), ``temp`` (H, 1) ones, ``proj``
+    Linear(dim, dim). ``attn_drop`` is dropout on the gain 1/(1+dots), ``proj_drop`` on the output.
+    Official checkpoints name ``proj`` ``to_out.0``.
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, attn_drop: float = 0.0,
+                 proj_drop: float = 0.0):
+        super().__init__()
+        self.head_dim = check_divisible(dim, num_heads)
+        self.dim, self.num_heads = dim, num_heads
+        self.attn_drop = _check_prob(attn_drop, "attn_drop")
+        self.qkv = nn.Linear(dim, dim, bias=qkv_bias)
+        self.temp = nn.Parameter(torch.ones(num_heads, 1))
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(_check_prob(proj_drop, "proj_drop"))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}, attn_drop={self.attn_drop}"
+
+    def no_weight_decay(self):
+        return {"temp"}
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, return_pi: bool = False):
+        """x (B, N, C), attn_mask (B, N) bool keep-mask -> y (B, N, C), or ``(y, {"pi": (B, H, N)})``."""
+        check_tokens_input(x, "x", self.dim)
+        w = rearrange(self.qkv(x), "b n (h d) -> b h n d", h=self.num_heads)
+        out, pi = tssa(w, self.temp, attn_mask, return_pi=True, attn_drop=self.attn_drop, training=self.training)
+        y = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
+        y = _zero_padded(y, attn_mask)
+        return (y, {"pi": pi}) if return_pi else y
+
+
+@register_attention("causal_tssa")
+class CausalTSSA(nn.Module):
+    """Causal TSSA layer (ToST Appendix B Eq. (28), memberships Eq. (39); Algorithm 2).
+
+    Parameters: ``qkv`` Linear(dim, dim, bias=qkv_bias), ``temp`` (H, 1) ones, ``pos_bias``
+    (H, max_len, 1) zeros (None when ``pos_bias=False``; then no length limit), ``proj``
+    Linear(dim, dim, bias=proj_bias). Official language checkpoints name them ``c_attn``,
+    ``temp``, ``denom_bias``, ``c_proj``. ``attn_drop`` / ``proj_drop`` as the official
+    ``attn_dropout`` / ``resid_dropout``.
+
+    :meth:`step` generates with constant memory; :meth:`prefill` runs a prompt and returns the
+    state to continue from.
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, max_len: int = 1024, pos_bias: bool = True,
+                 qkv_bias: bool = False, proj_bias: bool = False, attn_drop: float = 0.0,
+                 proj_drop: float = 0.0):
+        super().__init__()
+        self.head_dim = check_divisible(dim, num_heads)
+        if not isinstance(max_len, int) or max_len <= 0:
+            raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
+        self.dim, self.num_heads, self.max_len = dim, num_heads, max_len
+        self.attn_drop = _check_prob(attn_drop, "attn_drop")
+        self.qkv = nn.Linear(dim, dim, bias=qkv_bias)
+        self.temp = nn.Parameter(torch.ones(num_heads, 1))
+        if pos_bias:
+            self.pos_bias = nn.Parameter(torch.zeros(num_heads, max_len, 1))
+        else:
+            self.register_parameter("pos_bias", None)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(_check_prob(proj_drop, "proj_drop"))
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, max_len={self.max_len}, "
+                f"pos_bias={self.pos_bias is not None}, attn_drop={self.attn_drop}")
+
+    def no_weight_decay(self):
+        return {"temp", "pos_bias"} if self.pos_bias is not None else {"temp"}
+
+    def _run(self, x, attn_mask):
+        check_tokens_input(x, "x", self.dim)
+        w = rearrange(self.qkv(x), "b n (h d) -> b h n d", h=self.num_heads)
+        out, pi, state = causal_tssa(w, self.temp, self.pos_bias, attn_mask, return_pi=True, return_state=True,
+                                     attn_drop=self.attn_drop, training=self.training)
+        y = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
+        return _zero_padded(y, attn_mask), pi, state
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, return_pi: bool = False):
+        """x (B, N, C) with N <= max_len (when pos_bias), attn_mask (B, N) bool keep-mask ->
+        y (B, N, C), or ``(y, {"pi": (B, H, N)})``. y[:, t] depends only on x[:, :t+1]."""
+        y, pi, _ = self._run(x, attn_mask)
+        return (y, {"pi": pi}) if return_pi else y
+
+    def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, CausalTSSAState]:
+        """Like :meth:`forward`, also returning the state after the last (real) token."""
+        y, _, state = self._run(x, attn_mask)
+        return y, state
+
+    def step(self, x_t: torch.Tensor, state: Optional[CausalTSSAState] = None
+             ) -> Tuple[torch.Tensor, CausalTSSAState]:
+        """One token x_t (B, C) -> (y_t (B, C), new state); memory independent of position."""
+        check_tensor(x_t, "x_t", 2)
+        if x_t.shape[-1] != self.dim:
+            raise ValueError(f"x_t must have shape (B, {self.dim}), got {tuple(x_t.shape)}")
+        w_t = rearrange(self.qkv(x_t), "b (h d) -> b h d", h=self.num_heads)
+        out, state = causal_tssa_step(w_t, state, self.temp, self.pos_bias,
+                                      attn_drop=self.attn_drop, training=self.training)
+        y = self.proj_drop(self.proj(rearrange(out, "b h d -> b (h d)")))
+        return y, state

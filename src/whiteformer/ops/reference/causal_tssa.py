@@ -1,0 +1,64 @@
+"""Reference causal TSSA (ToST, Wu et al., ICLR 2025, Eq. (28) with Pi from Eq. (39)):
+the official causal computation (Algorithm 2 / ``tost_lang``) written literally, for clarity.
+
+Oracle for :func:`whiteformer.ops.causal_tssa`. A padding mask is handled by the definition
+itself: each sequence's real tokens are run alone (positions 0..n_real-1) and padded outputs
+are 0.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..._checks import stats_dtype
+
+__all__ = ["causal_tssa_reference"]
+
+
+def _causal_tssa_literal(w, temp, pos_bias, attn_drop: float, training: bool):
+    """Official formula on w (B, H, T, p), temp (H, 1), pos_bias (H, T_max, 1) or None."""
+    T = w.shape[-2]
+    w_sq = w**2
+    denom = torch.cumsum(w_sq, dim=-2).clamp_min(1e-12)
+    w_normed = w_sq / denom
+    if pos_bias is not None:
+        w_normed = w_normed + pos_bias[:, :T, :]  # broadcast over p: adds p * bias after the sum
+    Pi = torch.softmax(torch.sum(w_normed, dim=-1) * temp, dim=1)  # (B, H, T), over heads
+    dots = torch.cumsum(w_sq * Pi.unsqueeze(-1), dim=-2) / (Pi.cumsum(dim=-1) + 1e-8).unsqueeze(-1)
+    attn = 1.0 / (1 + dots)
+    attn = F.dropout(attn, p=attn_drop, training=training)
+    y = -torch.mul(w.mul(Pi.unsqueeze(-1)), attn)
+    return y, Pi
+
+
+def causal_tssa_reference(
+    w: torch.Tensor,
+    temp: torch.Tensor,
+    pos_bias: Optional[torch.Tensor] = None,
+    attn_mask: Optional[torch.Tensor] = None,
+    return_pi: bool = False,
+    *,
+    attn_drop: float = 0.0,
+    training: bool = False,
+):
+    """Reference causal TSSA. w (B, H, N, p), temp (H, 1), pos_bias (H, T_max, 1) or None,
+    attn_mask (B, N) bool keep-mask or None. Returns out (B, H, N, p) (and Pi (B, H, N)).
+    Half inputs are computed in float32 and cast back. No input validation."""
+    sd = stats_dtype(w)
+    x, tp = w.to(sd), temp.to(sd)
+    pb = None if pos_bias is None else pos_bias.to(sd)
+    if attn_mask is None:
+        out, Pi = _causal_tssa_literal(x, tp, pb, attn_drop, training)
+    else:
+        out, Pi = torch.zeros_like(x), x.new_zeros(x.shape[:3])
+        for b in range(x.shape[0]):
+            keep = attn_mask[b]
+            if not bool(keep.any()):
+                continue
+            o, pib = _causal_tssa_literal(x[b : b + 1, :, keep], tp, pb, attn_drop, training)
+            out[b, :, keep] = o[0]
+            Pi[b, :, keep] = pib[0]
+    out, Pi = out.to(w.dtype), Pi.to(w.dtype)
+    return (out, Pi) if return_pi else out

@@ -1,0 +1,58 @@
+"""Reference TSSA (ToST, Wu et al., ICLR 2025, Eq. (11) with Pi from Eqs. (32)-(34)):
+the official computation (Algorithm 1 / ``tost_vision``) written literally, for clarity.
+
+Oracle for :func:`whiteformer.ops.tssa`. A padding mask is handled by the definition
+itself: each sequence's real tokens are run alone and padded outputs are 0.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..._checks import stats_dtype
+
+__all__ = ["tssa_reference"]
+
+
+def _tssa_literal(w: torch.Tensor, temp: torch.Tensor, attn_drop: float, training: bool):
+    """Official formula on w (B, H, N, p), temp (H, 1); returns (out, Pi)."""
+    w_normed = F.normalize(w, dim=-2)  # l2 over tokens, eps 1e-12
+    Pi = torch.softmax(torch.sum(w_normed**2, dim=-1) * temp, dim=1)  # (B, H, N), over heads
+    dots = torch.matmul((Pi / (Pi.sum(dim=-1, keepdim=True) + 1e-8)).unsqueeze(-2), w**2)  # (B, H, 1, p)
+    attn = 1.0 / (1 + dots)
+    attn = F.dropout(attn, p=attn_drop, training=training)
+    out = -torch.mul(w.mul(Pi.unsqueeze(-1)), attn)
+    return out, Pi
+
+
+def tssa_reference(
+    w: torch.Tensor,
+    temp: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = None,
+    return_pi: bool = False,
+    *,
+    attn_drop: float = 0.0,
+    training: bool = False,
+):
+    """Reference TSSA. w (B, H, N, p), temp (H, 1), attn_mask (B, N) bool keep-mask or None.
+
+    Returns out (B, H, N, p) (and Pi (B, H, N) with ``return_pi``). Half inputs are computed in
+    float32 and cast back. No input validation (see :func:`whiteformer.ops.tssa`).
+    """
+    sd = stats_dtype(w)
+    x, tp = w.to(sd), temp.to(sd)
+    if attn_mask is None:
+        out, Pi = _tssa_literal(x, tp, attn_drop, training)
+    else:
+        out, Pi = torch.zeros_like(x), x.new_zeros(x.shape[:3])
+        for b in range(x.shape[0]):
+            keep = attn_mask[b]
+            if not bool(keep.any()):
+                continue
+            o, pb = _tssa_literal(x[b : b + 1, :, keep], tp, attn_drop, training)
+            out[b, :, keep] = o[0]
+            Pi[b, :, keep] = pb[0]
+    out, Pi = out.to(w.dtype), Pi.to(w.dtype)
+    return (out, Pi) if return_pi else out
