@@ -17,7 +17,7 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install -e ".[test]"
+	$(PY) -m pip install -e ".[all]"
 	touch $(STAMP)
 
 install: $(STAMP)
