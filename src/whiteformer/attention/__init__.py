@@ -8,5 +8,6 @@ from .tssa import TSSA, CausalTSSA  # noqa: F401
 from .dmsa import DMSA  # noqa: F401
 # --- eca ---
 # --- baselines: mhsa, xca, mssa, class_attention ---
+from .baselines import MHSA, MSSA, XCA, ClassAttention  # noqa: F401
 
 __all__ = ["build", "get_attention_class", "list_attention", "register_attention"]

@@ -11,3 +11,4 @@ from .dmsa import dmsa, sparsemax  # noqa: F401
 from .rotary import rotary  # noqa: F401
 # --- eca ---
 # --- baselines: mhsa, xca, mssa, class_attention ---
+from .baselines import class_attention, mhsa, mhsa_explicit, mssa, xca  # noqa: F401

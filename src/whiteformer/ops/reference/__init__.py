@@ -8,3 +8,4 @@ from .causal_tssa import causal_tssa_reference  # noqa: F401
 from .dmsa import dmsa_reference, rotary_reference  # noqa: F401
 # --- eca ---
 # --- baselines ---
+from .baselines import class_attention_reference, mhsa_reference, mssa_reference, xca_reference  # noqa: F401
