@@ -7,6 +7,7 @@ from .tssa import TSSA, CausalTSSA  # noqa: F401
 # --- dmsa ---
 from .dmsa import DMSA  # noqa: F401
 # --- eca ---
+from .eca import ECAttention  # noqa: F401
 # --- baselines: mhsa, xca, mssa, class_attention ---
 from .baselines import MHSA, MSSA, XCA, ClassAttention  # noqa: F401
 

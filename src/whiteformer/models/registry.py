@@ -66,7 +66,9 @@ def create_model(
     ``num_classes`` (default 1000) and ``img_size`` (default 224) are passed to vision models;
     models that do not take them (language models) ignore them when left at their defaults and
     raise a ``TypeError`` when they are set explicitly. ``checkpoint_path`` loads weights after
-    building (own safetensors+JSON format, official ToST ``.pth`` files, timm state_dicts).
+    building (own safetensors+JSON format, official ToST ``.pth`` files, timm state_dicts); for a
+    directory written by ``save_pretrained``, its saved constructor arguments are used as defaults
+    under ``overrides`` (so a small variant loads back), and its model name must equal ``name``.
     """
     # Importing the package registers every family's entry points.
     from . import _load_families  # noqa: F401
@@ -79,6 +81,20 @@ def create_model(
         kwargs["num_classes"] = num_classes
     if img_size is not None:
         kwargs["img_size"] = img_size
+    if checkpoint_path is not None:
+        from .checkpoint import read_config
+
+        config = read_config(checkpoint_path)
+        if config is not None:
+            saved_name = config.get("model_name")
+            if saved_name and saved_name != name:
+                raise ValueError(
+                    f"checkpoint {str(checkpoint_path)!r} was saved from model {saved_name!r}, not {name!r}; "
+                    f"use create_model({saved_name!r}, checkpoint_path=...) or "
+                    "whiteformer.models.checkpoint.load_pretrained"
+                )
+            # The saved constructor arguments are the defaults; the caller's overrides win.
+            kwargs = {**config.get("init_kwargs", {}), **kwargs}
     model = fn(**kwargs)
     model.model_name = name
     if checkpoint_path is not None:

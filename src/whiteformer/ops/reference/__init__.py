@@ -7,5 +7,6 @@ from .causal_tssa import causal_tssa_reference  # noqa: F401
 # --- dmsa ---
 from .dmsa import dmsa_reference, rotary_reference  # noqa: F401
 # --- eca ---
+from .eca import eca_compress_reference, eca_expand_reference, orthonormal_basis_reference  # noqa: F401
 # --- baselines ---
 from .baselines import class_attention_reference, mhsa_reference, mssa_reference, xca_reference  # noqa: F401

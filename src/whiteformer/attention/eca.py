@@ -1,0 +1,224 @@
+"""ECAttention layer (paper 003, Eq. 4; Algorithms 1-3): ``x + alpha * expand(x) - beta * compress(x)``.
+
+The layer includes the residual (it is the whole ECA layer: the ECA transformer has no MLP).
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .._checks import check_divisible, check_mask, check_tokens_input, stats_dtype
+from ..ops.eca import _autocast_off, _check_eps, _check_rank, _compress, _expand, eca_omega
+from .registry import register_attention
+
+__all__ = ["ECAttention"]
+
+_EXPAND_STREAM, _COMPRESS_STREAM = 0, 1
+_CACHE_SIZE = 16
+
+
+def _inverse_softplus(v: float) -> float:
+    return v + math.log(-math.expm1(-v))  # log(exp(v) - 1), stable for large v
+
+
+def _positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _finite(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+@register_attention("eca")
+class ECAttention(nn.Module):
+    """ECAttention (Eq. 4): ``z + alpha (I - Q Q^T) z - beta sum_k pi_k U_k (I - Q_k Q_k^T) U_k^T z``.
+
+    Args:
+        dim: C. num_heads: K (subspaces). Head dimension p = dim // num_heads.
+        rank: r, the sketch rank per head (compression; paper default 20). The expansion sketch
+            has ``expand_rank`` columns, default ``num_heads * rank`` (paper Alg. 1, Eq. 5: K r <= d).
+            A sketch wider than the number of tokens N is allowed only with eps > 0 (the
+            regularised basis is then a ridge projector onto range(Z)), ValueError otherwise.
+        eps: Cholesky regulariser (paper default 1e-2, Table 10).
+        alpha_init, beta_init: initial strengths (paper: 0.1 each).
+        positive: alpha, beta = softplus(raw) with raw = inverse-softplus(init) (paper's
+            recommended setting, Alg. 3, App. C.1); otherwise alpha, beta = raw, initialised to the
+            init values.
+        expand, compress: switch a module off (ablations, App. C.3); not both.
+        seed: seed of the fixed Gaussian sketches (see below). Default: drawn from torch's global
+            RNG at construction (reproducible under ``torch.manual_seed``, different per layer).
+            Stored as ``self.seed`` and, to travel with checkpoints, as the buffer ``omega_seed``.
+        resample_omega: draw fresh sketches (``torch.randn``, global RNG) at every forward in
+            training mode; eval mode always uses the fixed sketches.
+
+    Parameters: ``U`` (dim, H*p), orthogonal init so that sum_k U_k U_k^T = I as App. A.2 assumes
+    (Alg. 2's pseudocode uses ``randn``, whose scale grows the compression output ~ dim);
+    ``temperature`` (1,) ones (eta of Eq. 7, Alg. 2); ``alpha_raw`` / ``beta_raw`` scalars.
+    Disabled modules have no parameters.
+
+    Sketches: the paper fixes N in a random buffer; here any N works. Omega for N tokens is
+    :func:`whiteformer.ops.eca.eca_omega` ``(N, cols, seed, stream)`` (stream 0 expansion, 1
+    compression): the same N gives the same Omega, different layers (seeds) different ones, and
+    Omega(n) is the first n rows of Omega(N), which makes a padded batch give on its real tokens
+    exactly what each sequence alone gives. It is created on x's device in x's dtype and cached
+    per (N, device, dtype) in eager mode (computed in the graph under ``torch.compile``).
+
+    ``forward(x, attn_mask=None, return_pi=False)``: x (B, N, C) -> (B, N, C); padded tokens
+    (attn_mask False) are left unchanged (both modules give 0 there). ``return_pi=True`` returns
+    ``(y, {"pi": (B, H, N)})`` (needs the compression module).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        rank: int = 20,
+        eps: float = 1e-2,
+        alpha_init: float = 0.1,
+        beta_init: float = 0.1,
+        positive: bool = True,
+        expand: bool = True,
+        compress: bool = True,
+        *,
+        expand_rank: Optional[int] = None,
+        seed: Optional[int] = None,
+        resample_omega: bool = False,
+    ):
+        super().__init__()
+        self.head_dim = check_divisible(dim, num_heads)
+        self.dim, self.num_heads = dim, num_heads
+        if not expand and not compress:
+            raise ValueError("expand and compress cannot both be False: the layer would be the identity")
+        self.rank = _positive_int(rank, "rank")
+        self.expand_rank = num_heads * rank if expand_rank is None else _positive_int(expand_rank, "expand_rank")
+        if compress and self.rank > self.head_dim:
+            raise ValueError(f"rank ({rank}) must be <= the head dimension p = dim // num_heads ({self.head_dim})")
+        if expand and self.expand_rank > dim:
+            raise ValueError(
+                f"rank: the expansion sketch has expand_rank = {self.expand_rank} "
+                f"({'num_heads * rank' if expand_rank is None else 'given'}) columns, more than dim ({dim})"
+            )
+        self.eps = _check_eps(eps)
+        self.positive = bool(positive)
+        self.use_expand, self.use_compress = bool(expand), bool(compress)
+        self.resample_omega = bool(resample_omega)
+        if seed is None:
+            seed = int(torch.randint(0, 2**31 - 1, ()).item())
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise ValueError(f"seed must be a non-negative integer (< 2**63), got {seed!r}")
+        self.seed = seed
+        self.register_buffer("omega_seed", torch.tensor(seed, dtype=torch.int64))
+        self._omega_cache: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
+
+        def raw(init: float, name: str) -> nn.Parameter:
+            init = _finite(init, name)
+            if self.positive:
+                if init <= 0:
+                    raise ValueError(f"{name} must be > 0 when positive=True (softplus), got {init!r}")
+                init = _inverse_softplus(init)
+            return nn.Parameter(torch.tensor(init))
+
+        if self.use_expand:
+            self.alpha_raw = raw(alpha_init, "alpha_init")
+        else:
+            self.register_parameter("alpha_raw", None)
+        if self.use_compress:
+            self.beta_raw = raw(beta_init, "beta_init")
+            self.U = nn.Parameter(nn.init.orthogonal_(torch.empty(dim, num_heads * self.head_dim)))
+            self.temperature = nn.Parameter(torch.ones(1))
+        else:
+            self.register_parameter("beta_raw", None)
+            self.register_parameter("U", None)
+            self.register_parameter("temperature", None)
+
+    # ---------------------------------------------------------------------------------------
+    @property
+    def alpha(self) -> Optional[torch.Tensor]:
+        """Expansion strength (softplus(alpha_raw) when ``positive``); None when disabled."""
+        if self.alpha_raw is None:
+            return None
+        return F.softplus(self.alpha_raw) if self.positive else self.alpha_raw
+
+    @property
+    def beta(self) -> Optional[torch.Tensor]:
+        """Compression strength (softplus(beta_raw) when ``positive``); None when disabled."""
+        if self.beta_raw is None:
+            return None
+        return F.softplus(self.beta_raw) if self.positive else self.beta_raw
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, num_heads={self.num_heads}, rank={self.rank}, expand_rank={self.expand_rank}, "
+            f"eps={self.eps}, positive={self.positive}, expand={self.use_expand}, "
+            f"compress={self.use_compress}, seed={self.seed}, resample_omega={self.resample_omega}"
+        )
+
+    def no_weight_decay(self):
+        return {n for n in ("temperature", "alpha_raw", "beta_raw") if getattr(self, n) is not None}
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self.seed = int(self.omega_seed)
+        self._omega_cache.clear()
+
+    # ---------------------------------------------------------------------------------------
+    def omega_for(self, num_tokens: int, kind: str = "expand", *, device=None, dtype=None) -> torch.Tensor:
+        """The sketch the layer uses for ``num_tokens`` tokens: ``kind`` "expand" (N, expand_rank)
+        or "compress" (N, rank). In training mode with ``resample_omega`` a fresh ``torch.randn``
+        draw (as each forward makes); otherwise the fixed seeded sketch."""
+        if kind not in ("expand", "compress"):
+            raise ValueError(f"kind must be 'expand' or 'compress', got {kind!r}")
+        cols, stream = (self.expand_rank, _EXPAND_STREAM) if kind == "expand" else (self.rank, _COMPRESS_STREAM)
+        device = torch.device("cpu") if device is None else torch.device(device)
+        dtype = torch.get_default_dtype() if dtype is None else dtype
+        if self.resample_omega and self.training:
+            return torch.randn(num_tokens, cols, device=device, dtype=dtype)
+        if torch.compiler.is_compiling():
+            return eca_omega(num_tokens, cols, self.seed, stream, device=device, dtype=dtype)
+        key = (num_tokens, cols, stream, self.seed, device, dtype)
+        om = self._omega_cache.get(key)
+        if om is None:
+            om = eca_omega(num_tokens, cols, self.seed, stream, device=device, dtype=dtype)
+            self._omega_cache[key] = om
+            while len(self._omega_cache) > _CACHE_SIZE:
+                self._omega_cache.popitem(last=False)
+        return om
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, return_pi: bool = False):
+        """x (B, N, C), attn_mask (B, N) bool keep-mask -> y (B, N, C) (Eq. 4), or
+        ``(y, {"pi": (B, H, N)})`` with ``return_pi``."""
+        check_tokens_input(x, "x", self.dim)
+        B, N, _ = x.shape
+        attn_mask = check_mask(attn_mask, B, N)
+        if return_pi and not self.use_compress:
+            raise ValueError("return_pi=True needs the compression module (compress=False has no memberships)")
+        if self.use_expand:
+            _check_rank(self.expand_rank, N, self.dim, "dim", "expand_rank (num_heads * rank by default)", self.eps)
+        if self.use_compress:
+            _check_rank(self.rank, N, self.head_dim, "the head dimension p", "rank", self.eps)
+        cd = stats_dtype(x)
+        if self.U is not None:
+            cd = torch.promote_types(cd, stats_dtype(self.U))
+        pi = None
+        with _autocast_off(x):
+            xc = x.to(cd)
+            y = xc
+            if self.use_expand:
+                omega = self.omega_for(N, "expand", device=x.device, dtype=x.dtype).to(cd)
+                y = y + self.alpha.to(cd) * _expand(xc, omega, self.eps, attn_mask)
+            if self.use_compress:
+                omega = self.omega_for(N, "compress", device=x.device, dtype=x.dtype).to(cd)
+                c, pi = _compress(xc, self.U.to(cd), omega, self.temperature.to(cd), self.num_heads, self.eps,
+                                  attn_mask)
+                y = y - self.beta.to(cd) * c
+        y = y.to(x.dtype)
+        return (y, {"pi": pi.to(x.dtype)}) if return_pi else y

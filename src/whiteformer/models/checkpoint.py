@@ -1,0 +1,352 @@
+"""Checkpoint saving and loading for every model of the zoo.
+
+Own format (a directory)::
+
+    <dir>/model.safetensors   weights (tensors sharing storage, e.g. tied embeddings, stored once)
+    <dir>/config.json         {"format", "model_name", "architecture", "init_kwargs", "version"}
+
+written atomically (temporary file + ``os.replace``) by ``model.save_pretrained(dir)``.
+``create_model(name, checkpoint_path=dir)`` uses the saved ``init_kwargs`` as defaults under the
+caller's overrides, so a small variant loads back with one call; :func:`load_pretrained` does the
+same from the saved ``model_name``.
+
+Foreign checkpoints (:func:`load_checkpoint`): a ``.pth``/``.pt``/``.bin``/``.ckpt`` file is read
+with ``torch.load(..., weights_only=True)`` (``argparse.Namespace`` entries, which the official ToST
+/ DeiT training scripts store under ``"args"``, are allowed), a ``"model"``/``"state_dict"`` entry is
+unwrapped, ``module.``/``_orig_mod.`` prefixes are stripped, then the model's
+``convert_state_dict(state_dict)`` maps foreign key layouts (official ToST, nanoGPT, timm, ...) to
+its own (the identity on its own layout), and the result is loaded strictly: missing, unexpected or
+shape-mismatched keys raise a ``ValueError`` that lists them.
+
+Protocol for model classes: inherit :class:`PretrainedMixin` (before ``nn.Module``); the
+constructor arguments are recorded automatically in ``self.init_kwargs`` (they must be JSON-able to
+be saved: tuples come back as lists); override ``convert_state_dict`` to accept foreign layouts.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import inspect
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+import torch
+import torch.nn as nn
+
+__all__ = [
+    "PretrainedMixin",
+    "load_checkpoint",
+    "load_pretrained",
+    "read_config",
+    "read_state_dict",
+    "save_pretrained",
+    "WEIGHTS_NAME",
+    "CONFIG_NAME",
+]
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+FORMAT = "whiteformer-v1"
+_TORCH_EXTS = (".pth", ".pt", ".bin", ".ckpt")
+_ALIAS_KEY = "whiteformer_aliases"
+_PREFIXES = ("module.", "_orig_mod.")
+
+PathLike = Union[str, os.PathLike]
+
+
+# ----------------------------------------------------------------------------- init-kwargs capture
+def _capture_init(init):
+    """Wrap ``__init__`` so that the outermost call records its bound arguments in ``init_kwargs``."""
+    sig = inspect.signature(init)
+
+    @functools.wraps(init)
+    def wrapper(self, *args, **kwargs):
+        outer = not self.__dict__.get("_wf_in_init", False)
+        if outer:
+            object.__setattr__(self, "_wf_in_init", True)
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            if outer:
+                object.__delattr__(self, "_wf_in_init")
+        if outer:
+            bound = sig.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            recorded: Dict[str, Any] = {}
+            for name, value in list(bound.arguments.items())[1:]:
+                kind = sig.parameters[name].kind
+                if kind is inspect.Parameter.VAR_KEYWORD:
+                    recorded.update(value)
+                elif kind is inspect.Parameter.VAR_POSITIONAL:
+                    if value:
+                        recorded[name] = list(value)
+                else:
+                    recorded[name] = value
+            object.__setattr__(self, "init_kwargs", recorded)
+
+    wrapper.__signature__ = sig  # keep the real signature visible to inspect (build_with_defaults)
+    return wrapper
+
+
+def _jsonable(value: Any, where: str) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"cannot save config: key {k!r} of {where} is not a string")
+            out[k] = _jsonable(v, f"{where}[{k!r}]")
+        return out
+    raise TypeError(
+        f"cannot save config: constructor argument {where} = {value!r} ({type(value).__name__}) is not "
+        "JSON-serialisable; pass plain values (numbers, strings, lists, dicts) to the constructor"
+    )
+
+
+class PretrainedMixin:
+    """Adds ``save_pretrained`` / ``convert_state_dict`` and records ``init_kwargs``.
+
+    Attributes: ``init_kwargs`` (dict of the resolved constructor arguments, set automatically
+    after ``__init__``), ``model_name`` (registry name, set by ``create_model``; ``None`` otherwise).
+    """
+
+    model_name: Optional[str] = None
+    init_kwargs: Dict[str, Any]
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = _capture_init(cls.__dict__["__init__"])
+
+    def save_pretrained(self, save_dir: PathLike) -> Path:
+        """Write ``model.safetensors`` + ``config.json`` into ``save_dir`` (created); returns it."""
+        return save_pretrained(self, save_dir)
+
+    def convert_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Map a foreign checkpoint's keys to this model's layout (identity by default)."""
+        return state_dict
+
+
+# ----------------------------------------------------------------------------- saving
+def _atomic_write(path: Path, write) -> None:
+    """``write(tmp_path)`` then ``os.replace(tmp_path, path)``, the temporary file in the same dir."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _dedup_state_dict(state_dict: Mapping[str, torch.Tensor]):
+    """Tensors for safetensors (contiguous, CPU, no shared memory) and ``{alias: kept_key}``."""
+    tensors: Dict[str, torch.Tensor] = {}
+    aliases: Dict[str, str] = {}
+    seen: Dict[tuple, str] = {}
+    storages = set()
+    for key, t in state_dict.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"state_dict entry {key!r} is not a tensor ({type(t).__name__})")
+        if t.device.type == "meta":
+            raise ValueError(f"cannot save {key!r}: it is on the meta device (no data)")
+        ident = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device)
+        if t.numel() > 0 and ident in seen:
+            aliases[key] = seen[ident]
+            continue
+        seen[ident] = key
+        out = t.detach().to("cpu").contiguous()
+        if t.numel() > 0:
+            ptr = (t.device, t.untyped_storage().data_ptr())
+            if ptr in storages:
+                out = out.clone()  # a different view of a storage another entry already uses
+            storages.add(ptr)
+        tensors[key] = out
+    return tensors, aliases
+
+
+def save_pretrained(model: nn.Module, save_dir: PathLike) -> Path:
+    """Save ``model`` in the own format (see module docstring). Returns the directory path."""
+    from safetensors.torch import save_file
+
+    save_dir = Path(save_dir)
+    if save_dir.exists() and not save_dir.is_dir():
+        raise ValueError(f"save_dir {str(save_dir)!r} exists and is not a directory")
+    init_kwargs = getattr(model, "init_kwargs", None)
+    if init_kwargs is None:
+        raise TypeError(f"{type(model).__name__} does not record init_kwargs; inherit PretrainedMixin")
+    config = {
+        "format": FORMAT,
+        "model_name": getattr(model, "model_name", None),
+        "architecture": f"{type(model).__module__}.{type(model).__qualname__}",
+        "init_kwargs": _jsonable(dict(init_kwargs), "init_kwargs"),
+    }
+    from .. import __version__
+
+    config["version"] = __version__
+    tensors, aliases = _dedup_state_dict(model.state_dict())
+    save_dir.mkdir(parents=True, exist_ok=True)
+    metadata = {"format": "pt", _ALIAS_KEY: json.dumps(aliases)}
+    _atomic_write(save_dir / WEIGHTS_NAME, lambda p: save_file(tensors, p, metadata=metadata))
+
+    def write_config(p):
+        with open(p, "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2, sort_keys=True)
+            f.write("\n")
+
+    _atomic_write(save_dir / CONFIG_NAME, write_config)
+    return save_dir
+
+
+# ----------------------------------------------------------------------------- reading
+def read_config(path: PathLike) -> Optional[Dict[str, Any]]:
+    """The ``config.json`` of an own-format directory (``None`` for a file or a dir without one)."""
+    path = Path(path)
+    cfg = path / CONFIG_NAME if path.is_dir() else None
+    if cfg is None or not cfg.is_file():
+        return None
+    with open(cfg, encoding="utf-8") as f:
+        config = json.load(f)
+    if not isinstance(config, dict) or not isinstance(config.get("init_kwargs", {}), dict):
+        raise ValueError(f"{str(cfg)!r} is not a whiteformer config (expected an object with 'init_kwargs')")
+    return config
+
+
+def _load_safetensors(path: Path) -> Dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    out: Dict[str, torch.Tensor] = {}
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        meta = f.metadata() or {}
+        for k in f.keys():
+            out[k] = f.get_tensor(k)
+    for alias, key in json.loads(meta.get(_ALIAS_KEY, "{}")).items():
+        out[alias] = out[key]
+    return out
+
+
+def _torch_load(path: Path):
+    try:
+        return torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - retried once with argparse.Namespace allowed
+        if "Namespace" not in str(err) or not hasattr(torch.serialization, "safe_globals"):
+            raise
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(str(path), map_location="cpu", weights_only=True)
+
+
+def _strip_prefixes(state_dict: Mapping[str, Any]) -> Dict[str, Any]:
+    out = {}
+    for key, value in state_dict.items():
+        changed = True
+        while changed:
+            changed = False
+            for p in _PREFIXES:
+                if key.startswith(p):
+                    key, changed = key[len(p):], True
+        out[key] = value
+    return out
+
+
+def read_state_dict(path: PathLike) -> Dict[str, torch.Tensor]:
+    """Raw state dict of a checkpoint (own dir / ``.safetensors`` / torch file), unwrapped and with
+    the ``module.``/``_orig_mod.`` prefixes stripped, before any model-specific conversion."""
+    path = Path(path)
+    if path.is_dir():
+        weights = path / WEIGHTS_NAME
+        if not weights.is_file():
+            raise FileNotFoundError(f"checkpoint directory {str(path)!r} has no {WEIGHTS_NAME}")
+        sd: Any = _load_safetensors(weights)
+    elif not path.exists():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+    elif path.suffix == ".safetensors":
+        sd = _load_safetensors(path)
+    elif path.suffix in _TORCH_EXTS:
+        sd = _torch_load(path)
+        for entry in ("model", "state_dict"):
+            if isinstance(sd, Mapping) and isinstance(sd.get(entry), Mapping):
+                sd = sd[entry]
+                break
+    else:
+        raise ValueError(
+            f"unsupported checkpoint {str(path)!r}: expected a directory saved by save_pretrained, a "
+            f".safetensors file or a torch file ({', '.join(_TORCH_EXTS)})"
+        )
+    if not isinstance(sd, Mapping):
+        raise ValueError(f"checkpoint {str(path)!r} does not hold a state dict (got {type(sd).__name__})")
+    bad = [k for k, v in sd.items() if not isinstance(v, torch.Tensor)]
+    if bad:
+        raise ValueError(
+            f"checkpoint {str(path)!r}: entries {bad[:10]} are not tensors; expected a state dict "
+            "(or a dict with a 'model' / 'state_dict' entry holding one)"
+        )
+    return _strip_prefixes(sd)
+
+
+def _fmt(keys: List[str], limit: int = 20) -> str:
+    more = f" ... (+{len(keys) - limit} more)" if len(keys) > limit else ""
+    return ", ".join(keys[:limit]) + more
+
+
+def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> Dict[str, list]:
+    """Compare keys and shapes with ``model.state_dict()``: ``{"missing", "unexpected", "mismatched"}``
+    (``mismatched`` entries are ``(key, checkpoint_shape, model_shape)``)."""
+    own = model.state_dict()
+    missing = sorted(k for k in own if k not in state_dict)
+    unexpected = sorted(k for k in state_dict if k not in own)
+    mismatched = sorted(
+        (k, tuple(state_dict[k].shape), tuple(own[k].shape))
+        for k in own
+        if k in state_dict and tuple(state_dict[k].shape) != tuple(own[k].shape)
+    )
+    return {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
+
+
+def load_checkpoint(model: nn.Module, path: PathLike, strict: bool = True) -> Dict[str, list]:
+    """Load a checkpoint into ``model`` (in place), converting foreign key layouts.
+
+    ``strict=True`` raises a ``ValueError`` listing the missing / unexpected / shape-mismatched
+    keys; ``strict=False`` loads the keys that fit (e.g. a backbone without its head) and returns
+    the report ``{"missing", "unexpected", "mismatched"}``.
+    """
+    sd = read_state_dict(path)
+    convert = getattr(model, "convert_state_dict", None)
+    if callable(convert):
+        sd = convert(dict(sd))
+    report = check_state_dict(model, sd)
+    if any(report.values()):
+        if strict:
+            lines = [f"checkpoint {str(path)!r} does not fit {type(model).__name__}:"]
+            if report["missing"]:
+                lines.append(f"  missing keys ({len(report['missing'])}): {_fmt(report['missing'])}")
+            if report["unexpected"]:
+                lines.append(f"  unexpected keys ({len(report['unexpected'])}): {_fmt(report['unexpected'])}")
+            if report["mismatched"]:
+                mm = [f"{k} {tuple(a)} vs model {tuple(b)}" for k, a, b in report["mismatched"]]
+                lines.append(f"  mismatched shapes ({len(mm)}): {_fmt(mm)}")
+            raise ValueError("\n".join(lines))
+        bad = {k for k, _, _ in report["mismatched"]} | set(report["unexpected"])
+        sd = {k: v for k, v in sd.items() if k not in bad}
+    model.load_state_dict(sd, strict=strict)
+    return report
+
+
+def load_pretrained(path: PathLike, **overrides: Any) -> nn.Module:
+    """Build and load a model saved by ``save_pretrained`` (name and arguments from its config)."""
+    config = read_config(path)
+    if config is None or not config.get("model_name"):
+        raise ValueError(
+            f"{str(path)!r} has no config.json with a model_name; use create_model(name, checkpoint_path=...)"
+        )
+    from .registry import create_model
+
+    return create_model(config["model_name"], checkpoint_path=str(path), **overrides)

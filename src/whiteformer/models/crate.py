@@ -1,0 +1,239 @@
+"""CRATE: white-box transformer by sparse rate reduction (Yu et al., NeurIPS 2023).
+
+Each layer is one step of compression then sparsification of the token representation
+(CRATE Eqs. (9) and (17))::
+
+    z = x + MSSA(LN(x))          # compression against the subspaces (multi-head subspace SA)
+    x = ISTA(LN(z))              # one ISTA step on a sparse-coding LASSO; no residual around it
+
+with ``ISTA(z) = relu(z + eta (D^T z - D^T D z) - eta lambda)`` (eta = lambda = 0.1).
+Shell as the official ``model/crate.py``: patches flattened as ``(p1 p2 c)``, LayerNorm(patch) ->
+Linear -> LayerNorm, class token, learned position embedding (1, 1 + N, D), head = LayerNorm +
+Linear on the pooled token (class token, or mean over all tokens for ``global_pool='avg'``).
+:meth:`CRATE.convert_state_dict` reads the official key names.
+"""
+from __future__ import annotations
+
+import re
+from typing import Dict, Optional, Sequence, Set, Union
+
+import torch
+import torch.nn as nn
+from einops import rearrange
+
+from .._checks import check_tensor
+from ..attention.baselines import MSSA
+from .blocks import ISTA, to_2tuple
+from .checkpoint import PretrainedMixin
+from .deit import resample_abs_pos_embed, vit_forward_intermediates
+from .registry import build_with_defaults, register_model
+
+__all__ = ["CRATE", "CRATEBlock", "CRATEPatchEmbed"]
+
+
+class CRATEPatchEmbed(nn.Module):
+    """Non-overlapping patches flattened in the official ``(p1 p2 c)`` order, then
+    ``patch_norm`` (LayerNorm over p*p*C) -> ``proj`` (Linear to D) -> ``norm`` (LayerNorm).
+
+    (B, C, H, W) with (H, W) == ``img_size`` -> (B, N, D).
+    """
+
+    def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, embed_dim: int = 384):
+        super().__init__()
+        self.img_size = to_2tuple(img_size, "img_size")
+        self.patch_size = to_2tuple(patch_size, "patch_size")
+        if self.img_size[0] % self.patch_size[0] or self.img_size[1] % self.patch_size[1]:
+            raise ValueError(f"img_size {self.img_size} must be divisible by patch_size {self.patch_size}")
+        if isinstance(in_chans, bool) or not isinstance(in_chans, int) or in_chans <= 0:
+            raise ValueError(f"in_chans must be a positive int, got {in_chans!r}")
+        self.in_chans = in_chans
+        self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        patch_dim = in_chans * self.patch_size[0] * self.patch_size[1]
+        self.patch_norm = nn.LayerNorm(patch_dim)
+        self.proj = nn.Linear(patch_dim, embed_dim)
+        self.norm = nn.LayerNorm(embed_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor(x, "x", 4)
+        if x.shape[0] == 0:
+            raise ValueError(f"x must be a non-empty image batch, got shape {tuple(x.shape)}")
+        if x.shape[1] != self.in_chans or tuple(x.shape[2:]) != self.img_size:
+            raise ValueError(f"x must have shape (B, {self.in_chans}, {self.img_size[0]}, {self.img_size[1]}), "
+                             f"got {tuple(x.shape)}")
+        p1, p2 = self.patch_size
+        x = rearrange(x, "b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=p1, p2=p2)
+        return self.norm(self.proj(self.patch_norm(x)))
+
+
+class CRATEBlock(nn.Module):
+    """CRATE layer: ``z = x + attn(norm1(x))``; ``x = ista(norm2(z))`` (CRATE Eqs. (9), (17))."""
+
+    def __init__(self, dim: int, num_heads: int, dim_head: Optional[int] = None, eta: float = 0.1,
+                 lambd: float = 0.1, attn_drop: float = 0.0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = MSSA(dim, num_heads=num_heads, dim_head=dim_head, attn_drop=attn_drop, proj_drop=attn_drop)
+        self.norm2 = nn.LayerNorm(dim)
+        self.ista = ISTA(dim, eta=eta, lambd=lambd)
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        z = x + self.attn(self.norm1(x), attn_mask=attn_mask)
+        return self.ista(self.norm2(z))
+
+
+# official key -> ours (``transformer.layers.{i}.{0|1}`` = PreNorm(attention | ISTA))
+_OFFICIAL_RULES = [
+    (re.compile(r"^to_patch_embedding\.1\."), "patch_embed.patch_norm."),
+    (re.compile(r"^to_patch_embedding\.2\."), "patch_embed.proj."),
+    (re.compile(r"^to_patch_embedding\.3\."), "patch_embed.norm."),
+    (re.compile(r"^pos_embedding$"), "pos_embed"),
+    (re.compile(r"^transformer\.layers\.(\d+)\.0\.norm\."), r"blocks.\1.norm1."),
+    (re.compile(r"^transformer\.layers\.(\d+)\.0\.fn\."), r"blocks.\1.attn."),
+    (re.compile(r"^transformer\.layers\.(\d+)\.1\.norm\."), r"blocks.\1.norm2."),
+    (re.compile(r"^transformer\.layers\.(\d+)\.1\.fn\."), r"blocks.\1.ista."),
+    (re.compile(r"^mlp_head\.0\."), "fc_norm."),
+    (re.compile(r"^mlp_head\.1\."), "head."),
+]
+
+
+class CRATE(PretrainedMixin, nn.Module):
+    """CRATE image classifier (official ``CRATE`` of ``model/crate.py``).
+
+    Args: img_size, patch_size, in_chans, num_classes (0: no head), embed_dim (official ``dim``),
+    depth, num_heads (``heads``), dim_head (default embed_dim // num_heads, as the official
+    configs), eta (ISTA step size, official ``ista``), lambd (ISTA sparsity, 0.1), global_pool
+    ('token' = official ``pool='cls'``, or 'avg' = ``'mean'``, the mean over all tokens including
+    the class token), attn_drop_rate (official ``dropout``: attention weights and output),
+    pos_drop_rate (official ``emb_dropout``).
+    Shapes: images (B, in_chans, H, W) with (H, W) = img_size -> logits (B, num_classes).
+
+    Init as the official code: PyTorch defaults for Linear/LayerNorm, ``pos_embed`` and
+    ``cls_token`` standard normal, ISTA dictionaries Kaiming-uniform.
+    """
+
+    def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, num_classes: int = 1000,
+                 embed_dim: int = 384, depth: int = 12, num_heads: int = 6, dim_head: Optional[int] = None,
+                 eta: float = 0.1, lambd: float = 0.1, global_pool: str = "token", attn_drop_rate: float = 0.0,
+                 pos_drop_rate: float = 0.0):
+        super().__init__()
+        if global_pool not in ("token", "avg"):
+            raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+            raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+            raise ValueError(f"depth must be an int >= 0, got {depth!r}")
+        for name, val in (("attn_drop_rate", attn_drop_rate), ("pos_drop_rate", pos_drop_rate)):
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0.0 <= val < 1.0:
+                raise ValueError(f"{name} must be a float in [0, 1), got {val!r}")
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
+        self.num_prefix_tokens = 1
+
+        self.patch_embed = CRATEPatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, embed_dim))
+        self.pos_embed = nn.Parameter(torch.randn(1, self.patch_embed.num_patches + 1, embed_dim))
+        self.pos_drop = nn.Dropout(pos_drop_rate)
+        self.blocks = nn.Sequential(*[CRATEBlock(embed_dim, num_heads, dim_head, eta, lambd, attn_drop_rate)
+                                      for _ in range(depth)])
+        self.fc_norm = nn.LayerNorm(embed_dim)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> Set[str]:
+        return {"pos_embed", "cls_token"}
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        """New head (PyTorch default init) for ``num_classes`` (0: identity); optional new pooling."""
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+            raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
+        if global_pool is not None:
+            if global_pool not in ("token", "avg"):
+                raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
+            self.global_pool = global_pool
+            self.init_kwargs["global_pool"] = global_pool
+        self.num_classes = num_classes
+        self.init_kwargs["num_classes"] = num_classes
+        w = self.pos_embed
+        self.head = (nn.Linear(self.embed_dim, num_classes, device=w.device, dtype=w.dtype)
+                     if num_classes > 0 else nn.Identity())
+
+    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        return self.pos_drop(x + self.pos_embed)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> tokens after the last layer (B, 1 + N, D) (no final norm:
+        CRATE normalises the pooled token in the head)."""
+        return self.blocks(self._embed(x))
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Tokens (B, 1 + N, D) -> logits (B, num_classes) (normalised pooled token if ``pre_logits``)."""
+        x = x.mean(dim=1) if self.global_pool == "avg" else x[:, 0]
+        x = self.fc_norm(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(self, x: torch.Tensor, indices: Optional[Union[int, Sequence[int]]] = None,
+                              return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
+                              output_fmt: str = "NCHW", intermediates_only: bool = False):
+        """timm-style intermediates (see :meth:`VisionTransformer.forward_intermediates`);
+        ``norm`` applies the head LayerNorm ``fc_norm`` token-wise. The final output is
+        :meth:`forward_features`'s."""
+        return vit_forward_intermediates(self, x, indices, return_prefix_tokens, norm, stop_early, output_fmt,
+                                         intermediates_only, nn.Identity(), self.fc_norm)
+
+    def convert_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Official CRATE keys (``to_patch_embedding.{1,2,3}``, ``pos_embedding``,
+        ``transformer.layers.{i}.{0,1}.{norm,fn}``, ``mlp_head.{0,1}``) -> ours; own keys pass.
+        A position embedding on another grid is resampled (bicubic, as timm)."""
+        out: Dict[str, torch.Tensor] = {}
+        for key, val in state_dict.items():
+            for pat, rep in _OFFICIAL_RULES:
+                if pat.search(key):
+                    key = pat.sub(rep, key, count=1)
+                    break
+            out[key] = val
+        pe = out.get("pos_embed")
+        if isinstance(pe, torch.Tensor) and pe.dim() == 3 and pe.shape[1] != self.pos_embed.shape[1]:
+            out["pos_embed"] = resample_abs_pos_embed(pe, self.patch_embed.grid_size, num_prefix_tokens=1)
+        return out
+
+
+_CONFIGS = dict(
+    t=dict(embed_dim=384, depth=12, num_heads=6),
+    s=dict(embed_dim=576, depth=12, num_heads=12),
+    b=dict(embed_dim=768, depth=12, num_heads=12),
+    l=dict(embed_dim=1024, depth=24, num_heads=16),
+)
+
+
+@register_model
+def crate_t(**kwargs) -> CRATE:
+    """CRATE-T/16 (official ``CRATE_tiny``): D 384, 12 layers, 6 heads, 6.09M params."""
+    return build_with_defaults(CRATE, dict(patch_size=16, **_CONFIGS["t"]), kwargs)
+
+
+@register_model
+def crate_s(**kwargs) -> CRATE:
+    """CRATE-S/16 (official ``CRATE_small``): D 576, 12 layers, 12 heads, 13.12M params."""
+    return build_with_defaults(CRATE, dict(patch_size=16, **_CONFIGS["s"]), kwargs)
+
+
+@register_model
+def crate_b(**kwargs) -> CRATE:
+    """CRATE-B/16 (official ``CRATE_base``): D 768, 12 layers, 12 heads, 22.80M params."""
+    return build_with_defaults(CRATE, dict(patch_size=16, **_CONFIGS["b"]), kwargs)
+
+
+@register_model
+def crate_l(**kwargs) -> CRATE:
+    """CRATE-L/16 (official ``CRATE_large``): D 1024, 24 layers, 16 heads, 77.64M params."""
+    return build_with_defaults(CRATE, dict(patch_size=16, **_CONFIGS["l"]), kwargs)

@@ -1,0 +1,316 @@
+"""timm-compatible ViT / DeiT (Dosovitskiy et al., 2021; Touvron et al., 2021).
+
+The state_dict keys and shapes are those of timm's ``VisionTransformer`` (``cls_token``,
+``pos_embed``, ``patch_embed.proj``, ``blocks.{i}.norm1|attn.qkv|attn.proj|norm2|mlp.fc1|mlp.fc2``,
+``norm``, ``head``), so timm / official DeiT checkpoints load unchanged. Every block's attention is
+an :class:`~whiteformer.attention.baselines.MHSA` at ``blocks[i].attn`` (with ``num_heads``), the
+target of the compression toolkit. Block::
+
+    x = x + drop_path(ls1(attn(norm1(x))))
+    x = x + drop_path(ls2(mlp(norm2(x))))
+
+LayerNorm eps 1e-6, ``qkv_bias=True``, class token + learned position embedding (1, 1 + N, D).
+A checkpoint whose position-embedding grid differs from the model's is resampled (bicubic, with
+antialiasing, as timm's ``resample_abs_pos_embed``) by :meth:`VisionTransformer.convert_state_dict`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .._checks import check_divisible, check_tensor
+from ..attention.baselines import MHSA
+from .blocks import DropPath, LayerScale, Mlp, to_2tuple
+from .checkpoint import PretrainedMixin
+from .registry import build_with_defaults, register_model
+
+__all__ = ["VisionTransformer", "PatchEmbed", "ViTBlock", "resample_abs_pos_embed", "feature_take_indices"]
+
+
+def feature_take_indices(depth: int, indices: Optional[Union[int, Sequence[int]]] = None) -> Tuple[List[int], int]:
+    """timm's block selection: None -> all, int n -> the last n, sequence -> those (negative ok).
+
+    Returns ``(sorted indices, max index)``.
+    """
+    if indices is None:
+        take = list(range(depth))
+    elif isinstance(indices, int) and not isinstance(indices, bool):
+        if not 0 < indices <= depth:
+            raise ValueError(f"indices (last n blocks) must be in [1, {depth}], got {indices}")
+        take = list(range(depth - indices, depth))
+    else:
+        take = []
+        for i in indices:
+            j = i + depth if i < 0 else i
+            if not 0 <= j < depth:
+                raise ValueError(f"block index {i} is out of range for {depth} blocks")
+            take.append(j)
+        take = sorted(set(take))
+    return take, (max(take) if take else -1)
+
+
+def resample_abs_pos_embed(posemb: torch.Tensor, new_size: Tuple[int, int],
+                           old_size: Optional[Tuple[int, int]] = None, num_prefix_tokens: int = 1,
+                           interpolation: str = "bicubic", antialias: bool = True) -> torch.Tensor:
+    """Resample a (1, prefix + H*W, D) position embedding to the grid ``new_size`` (as timm).
+
+    The prefix (class) tokens are kept; the grid (square ``old_size`` when not given) is
+    interpolated in float32 with ``F.interpolate(mode=interpolation, antialias=antialias)``.
+    """
+    check_tensor(posemb, "posemb", 3)
+    n_old = posemb.shape[1] - num_prefix_tokens
+    if old_size is None:
+        side = int(math.isqrt(max(n_old, 0)))
+        if side * side != n_old:
+            raise ValueError(f"cannot infer a square grid from a position embedding of {n_old} patch tokens "
+                             f"(shape {tuple(posemb.shape)}); pass old_size")
+        old_size = (side, side)
+    if tuple(old_size) == tuple(new_size):
+        return posemb
+    prefix, grid = posemb[:, :num_prefix_tokens], posemb[:, num_prefix_tokens:]
+    dim, dtype = posemb.shape[-1], posemb.dtype
+    grid = grid.float().reshape(1, old_size[0], old_size[1], dim).permute(0, 3, 1, 2)
+    grid = F.interpolate(grid, size=tuple(new_size), mode=interpolation, antialias=antialias)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(dtype)
+    return torch.cat([prefix, grid], dim=1)
+
+
+class PatchEmbed(nn.Module):
+    """Image to patch tokens with a strided conv ``proj`` (timm ``PatchEmbed``).
+
+    (B, C, H, W) with (H, W) == ``img_size`` -> (B, N, D), N = ``num_patches``.
+    """
+
+    def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, embed_dim: int = 768):
+        super().__init__()
+        self.img_size = to_2tuple(img_size, "img_size")
+        self.patch_size = to_2tuple(patch_size, "patch_size")
+        if self.img_size[0] % self.patch_size[0] or self.img_size[1] % self.patch_size[1]:
+            raise ValueError(f"img_size {self.img_size} must be divisible by patch_size {self.patch_size}")
+        if isinstance(in_chans, bool) or not isinstance(in_chans, int) or in_chans <= 0:
+            raise ValueError(f"in_chans must be a positive int, got {in_chans!r}")
+        self.in_chans = in_chans
+        self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor(x, "x", 4)
+        if x.shape[0] == 0:
+            raise ValueError(f"x must be a non-empty image batch, got shape {tuple(x.shape)}")
+        if x.shape[1] != self.in_chans or tuple(x.shape[2:]) != self.img_size:
+            raise ValueError(f"x must have shape (B, {self.in_chans}, {self.img_size[0]}, {self.img_size[1]}), "
+                             f"got {tuple(x.shape)}")
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+class ViTBlock(nn.Module):
+    """timm ``Block``: pre-LN attention and MLP residual branches with optional layer scale."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True,
+                 init_values: Optional[float] = None, proj_drop: float = 0.0, attn_drop: float = 0.0,
+                 drop_path: float = 0.0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = MHSA(dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop)
+        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
+        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask)))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+
+def _check_rate(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
+    return float(value)
+
+
+def vit_forward_intermediates(model: nn.Module, x: torch.Tensor, indices, return_prefix_tokens: bool,
+                              norm: bool, stop_early: bool, output_fmt: str, intermediates_only: bool,
+                              final_norm: nn.Module, inter_norm: nn.Module):
+    """Shared timm-style ``forward_intermediates`` for class-token ViTs (``model._embed``,
+    ``model.blocks``, ``model.patch_embed.grid_size``, ``model.num_prefix_tokens``)."""
+    if output_fmt not in ("NCHW", "NLC"):
+        raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+    take, max_index = feature_take_indices(len(model.blocks), indices)
+    x = model._embed(x)
+    blocks = model.blocks[: max_index + 1] if (stop_early or intermediates_only) else model.blocks
+    inter = []
+    for i, blk in enumerate(blocks):
+        x = blk(x)
+        if i in take:
+            inter.append(inter_norm(x) if norm else x)
+    npt = model.num_prefix_tokens
+    prefix = [y[:, :npt] for y in inter]
+    inter = [y[:, npt:] for y in inter]
+    if output_fmt == "NCHW":
+        h, w = model.patch_embed.grid_size
+        inter = [y.reshape(y.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous() for y in inter]
+    if return_prefix_tokens:
+        inter = list(zip(inter, prefix))
+    if intermediates_only:
+        return inter
+    return final_norm(x), inter
+
+
+class VisionTransformer(PretrainedMixin, nn.Module):
+    """ViT / DeiT classifier with timm's ``VisionTransformer`` state_dict and protocol
+    (``forward_features``, ``forward_head``, ``reset_classifier``, ``no_weight_decay``,
+    ``forward_intermediates``).
+
+    Args (timm names): img_size, patch_size, in_chans, num_classes (0: no head), global_pool
+    ('token' or 'avg'; 'avg' uses ``fc_norm`` after pooling instead of ``norm``, as timm),
+    embed_dim, depth, num_heads, mlp_ratio, qkv_bias, init_values (layer scale; None: off),
+    drop_rate (head dropout), pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate
+    (linearly increasing over blocks).
+    Shapes: images (B, in_chans, H, W) with (H, W) = img_size -> logits (B, num_classes).
+    """
+
+    def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, num_classes: int = 1000,
+                 global_pool: str = "token", embed_dim: int = 768, depth: int = 12, num_heads: int = 12,
+                 mlp_ratio: float = 4.0, qkv_bias: bool = True, init_values: Optional[float] = None,
+                 drop_rate: float = 0.0, pos_drop_rate: float = 0.0, proj_drop_rate: float = 0.0,
+                 attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0):
+        super().__init__()
+        if global_pool not in ("token", "avg"):
+            raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+            raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+            raise ValueError(f"depth must be an int >= 0, got {depth!r}")
+        check_divisible(embed_dim, num_heads, "embed_dim")
+        for name, val in (("drop_rate", drop_rate), ("pos_drop_rate", pos_drop_rate),
+                          ("proj_drop_rate", proj_drop_rate), ("attn_drop_rate", attn_drop_rate),
+                          ("drop_path_rate", drop_path_rate)):
+            _check_rate(val, name)
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
+        self.num_prefix_tokens = 1
+
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, embed_dim))
+        self.pos_drop = nn.Dropout(pos_drop_rate)
+        # linearly increasing stochastic depth (torch.linspace(0, rate, depth) as timm)
+        dpr = [drop_path_rate * i / (depth - 1) if depth > 1 else 0.0 for i in range(depth)]
+        self.blocks = nn.Sequential(*[
+            ViTBlock(embed_dim, num_heads, mlp_ratio, qkv_bias, init_values, proj_drop_rate, attn_drop_rate, dpr[i])
+            for i in range(depth)])
+        use_fc_norm = global_pool == "avg"
+        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(embed_dim, eps=1e-6)
+        self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """timm's default ('') init: pos_embed trunc-normal 0.02, cls_token normal 1e-6, Linear
+        trunc-normal 0.02 with zero bias; conv and LayerNorm keep PyTorch's defaults."""
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.normal_(self.cls_token, std=1e-6)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> Set[str]:
+        return {"pos_embed", "cls_token"}
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        """New (re-initialised) head for ``num_classes`` (0: identity); ``global_pool`` 'token'
+        or 'avg' switches the pooling (the norms are left as built, as timm)."""
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+            raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
+        if global_pool is not None:
+            if global_pool not in ("token", "avg"):
+                raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
+            self.global_pool = global_pool
+            self.init_kwargs["global_pool"] = global_pool
+        self.num_classes = num_classes
+        self.init_kwargs["num_classes"] = num_classes
+        w = self.pos_embed
+        if num_classes > 0:
+            self.head = nn.Linear(self.embed_dim, num_classes, device=w.device, dtype=w.dtype)
+            nn.init.trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
+        else:
+            self.head = nn.Identity()
+
+    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        return self.pos_drop(x + self.pos_embed)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> normalised tokens (B, 1 + N, D) (class token first)."""
+        x = self._embed(x)
+        x = self.blocks(x)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Tokens (B, 1 + N, D) -> logits (B, num_classes) (or pooled features if ``pre_logits``)."""
+        x = x[:, self.num_prefix_tokens:].mean(dim=1) if self.global_pool == "avg" else x[:, 0]
+        x = self.head_drop(self.fc_norm(x))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(self, x: torch.Tensor, indices: Optional[Union[int, Sequence[int]]] = None,
+                              return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
+                              output_fmt: str = "NCHW", intermediates_only: bool = False):
+        """timm's ``forward_intermediates``: outputs of the selected blocks (None: all, int n:
+        last n, list: those), spatial tokens as (B, D, Hp, Wp) ('NCHW') or (B, N, D) ('NLC'),
+        ``norm`` applies the final norm to them, ``return_prefix_tokens`` pairs each with its class
+        token (B, 1, D). Returns the list when ``intermediates_only``, else ``(forward_features
+        output, list)``."""
+        return vit_forward_intermediates(self, x, indices, return_prefix_tokens, norm, stop_early, output_fmt,
+                                         intermediates_only, self.norm, self.norm)
+
+    def convert_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """timm / official DeiT state_dicts have this model's keys; a position embedding on another
+        grid is resampled to ``patch_embed.grid_size`` (bicubic + antialias, as timm)."""
+        out = dict(state_dict)
+        pe = out.get("pos_embed")
+        if isinstance(pe, torch.Tensor) and pe.dim() == 3 and pe.shape[1] != self.pos_embed.shape[1]:
+            out["pos_embed"] = resample_abs_pos_embed(pe, self.patch_embed.grid_size,
+                                                      num_prefix_tokens=self.num_prefix_tokens)
+        return out
+
+
+def _deit(defaults: dict, kwargs: dict) -> VisionTransformer:
+    return build_with_defaults(VisionTransformer, dict(patch_size=16, **defaults), kwargs)
+
+
+@register_model
+def deit_t_p16(**kwargs) -> VisionTransformer:
+    """DeiT-Tiny/16 (timm ``deit_tiny_patch16_224``): D 192, 12 blocks, 3 heads, 5.7M params."""
+    return _deit(dict(embed_dim=192, depth=12, num_heads=3), kwargs)
+
+
+@register_model
+def deit_s_p16(**kwargs) -> VisionTransformer:
+    """DeiT-Small/16 (timm ``deit_small_patch16_224``): D 384, 12 blocks, 6 heads, 22.1M params."""
+    return _deit(dict(embed_dim=384, depth=12, num_heads=6), kwargs)
+
+
+@register_model
+def deit_b_p16(**kwargs) -> VisionTransformer:
+    """DeiT-Base/16 (timm ``deit_base_patch16_224``): D 768, 12 blocks, 12 heads, 86.6M params."""
+    return _deit(dict(embed_dim=768, depth=12, num_heads=12), kwargs)

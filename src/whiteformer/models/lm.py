@@ -1,0 +1,583 @@
+"""Causal language models in a nanoGPT-derived shell: causal ToST (causal TSSA) and its
+softmax-attention GPT baseline (ToST, Wu et al., ICLR 2025, Section 5 / Appendix B).
+
+Shell (as the official ``tost_lang/model_TSSA.py``): token embedding ``wte`` tied to ``lm_head``,
+learned position embedding ``wpe`` (``max_len`` rows, optional), pre-LN blocks with layer scale::
+
+    x = x + gamma1 * attn(ln_1(x))
+    x = x + gamma2 * mlp(ln_2(x))          # mlp: c_fc (D -> 4D), GELU, c_proj (4D -> D)
+
+then ``ln_f`` and ``lm_head``. No biases by default (LayerNorms without bias, as nanoGPT
+``bias=False``). Init: normal(0, 0.02) for Linear/Embedding, ``0.02 / sqrt(2 L)`` for the two
+residual output projections, layer scale ``init_values`` = 1e-5.
+
+Keys follow nanoGPT (``transformer.wte``, ``transformer.h.{i}.ln_1``, ...), except the attention
+parameters, which use the layer names ``qkv`` / ``proj`` / ``pos_bias`` (official ``c_attn`` /
+``c_proj`` / ``denom_bias``; :meth:`CausalLM.convert_state_dict` renames them).
+
+Generation: ToST keeps the constant-size recurrent state of causal TSSA (constant memory and
+time per token); GPT keeps a key/value cache.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, NamedTuple, Optional, Sequence, Set, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from einops import rearrange
+
+from .._checks import check_divisible, check_tensor, check_tokens_input
+from ..attention.tssa import CausalTSSA
+from .checkpoint import PretrainedMixin
+from .deit import feature_take_indices
+from .registry import build_with_defaults, register_model
+
+__all__ = ["CausalLM", "ToSTLM", "GPTLM", "CausalSelfAttention", "KVCache", "LMState"]
+
+
+class KVCache(NamedTuple):
+    """Keys and values of the tokens seen so far: k, v of shape (B, H, T, p)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+class LMState(NamedTuple):
+    """Generation state of a :class:`CausalLM`: ``pos`` tokens consumed, one state per block
+    (a :class:`~whiteformer.ops.causal_tssa.CausalTSSAState` for ToST, a :class:`KVCache` for GPT)."""
+
+    pos: int
+    layers: Tuple[Any, ...]
+
+
+def _check_prob(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
+    return float(value)
+
+
+def _check_pos_int(value, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+class CausalSelfAttention(nn.Module):
+    """Causal softmax multi-head attention with a key/value cache (GPT baseline).
+
+    ``qkv``: Linear(dim, 3 dim) with output layout (3, H, p) (as timm / nanoGPT ``c_attn``),
+    ``proj``: Linear(dim, dim) (nanoGPT ``c_proj``). ``softmax(q k^T / sqrt(p) + causal) v``.
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, proj_bias: bool = False,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0):
+        super().__init__()
+        self.head_dim = check_divisible(dim, num_heads)
+        self.dim, self.num_heads = dim, num_heads
+        self.attn_drop = _check_prob(attn_drop, "attn_drop")
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(_check_prob(proj_drop, "proj_drop"))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}, attn_drop={self.attn_drop}"
+
+    def _qkv(self, x: torch.Tensor):
+        q, k, v = rearrange(self.qkv(x), "b n (s h d) -> s b h n d", s=3, h=self.num_heads)
+        return q, k, v
+
+    def _out(self, y: torch.Tensor) -> torch.Tensor:
+        return self.proj_drop(self.proj(rearrange(y, "b h n d -> b n (h d)")))
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x (B, N, C) -> y (B, N, C); y[:, t] depends only on x[:, :t+1]."""
+        return self.prefill(x, attn_mask)[0]
+
+    def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, KVCache]:
+        """Like :meth:`forward`, also returning the key/value cache of the N tokens."""
+        check_tokens_input(x, "x", self.dim)
+        if attn_mask is not None:
+            raise ValueError("CausalSelfAttention does not support attn_mask (padding); pass attn_mask=None")
+        q, k, v = self._qkv(x)
+        drop = self.attn_drop if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+        return self._out(y), KVCache(k, v)
+
+    def step(self, x_t: torch.Tensor, cache: Optional[KVCache] = None) -> Tuple[torch.Tensor, KVCache]:
+        """One token x_t (B, C) attending to the cached tokens and itself -> (y_t (B, C), cache)."""
+        check_tensor(x_t, "x_t", 2)
+        if x_t.shape[-1] != self.dim:
+            raise ValueError(f"x_t must have shape (B, {self.dim}), got {tuple(x_t.shape)}")
+        q, k, v = self._qkv(x_t.unsqueeze(1))
+        if cache is not None:
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+            k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
+        drop = self.attn_drop if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
+        return self._out(y)[:, 0], KVCache(k, v)
+
+
+class LMMlp(nn.Module):
+    """nanoGPT MLP: ``c_fc`` (D -> hidden), exact GELU, ``c_proj`` (hidden -> D), dropout."""
+
+    def __init__(self, dim: int, hidden: int, bias: bool = False, drop: float = 0.0):
+        super().__init__()
+        self.c_fc = nn.Linear(dim, hidden, bias=bias)
+        self.act = nn.GELU()
+        self.c_proj = nn.Linear(hidden, dim, bias=bias)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.c_proj(self.act(self.c_fc(x))))
+
+
+class LMBlock(nn.Module):
+    """Pre-LN block with layer scale: ``x + gamma1 * attn(ln_1(x))``, ``x + gamma2 * mlp(ln_2(x))``."""
+
+    def __init__(self, dim: int, attn: nn.Module, mlp_ratio: float = 4.0, bias: bool = False,
+                 drop: float = 0.0, init_values: float = 1e-5):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(dim, eps=1e-5, bias=bias)
+        self.attn = attn
+        self.ln_2 = nn.LayerNorm(dim, eps=1e-5, bias=bias)
+        self.mlp = LMMlp(dim, int(dim * mlp_ratio), bias=bias, drop=drop)
+        self.gamma1 = nn.Parameter(torch.full((dim,), float(init_values)))
+        self.gamma2 = nn.Parameter(torch.full((dim,), float(init_values)))
+
+    def _finish(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        x = x + self.gamma1 * h
+        return x + self.gamma2 * self.mlp(self.ln_2(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._finish(x, self.attn(self.ln_1(x)))
+
+    def prefill(self, x: torch.Tensor) -> Tuple[torch.Tensor, Any]:
+        h, state = self.attn.prefill(self.ln_1(x))
+        return self._finish(x, h), state
+
+    def step(self, x_t: torch.Tensor, state: Any) -> Tuple[torch.Tensor, Any]:
+        h, state = self.attn.step(self.ln_1(x_t), state)
+        return self._finish(x_t, h), state
+
+
+class CausalLM(PretrainedMixin, nn.Module):
+    """Shared shell of :class:`ToSTLM` and :class:`GPTLM` (see the module docstring).
+
+    Subclasses provide ``_make_attn(i)`` and ``_attn_len_limit()``.
+
+    Parameter count convention (as the ToST paper's 110.38M for the base model): every parameter
+    once (the tied ``wte`` / ``lm_head`` weight counted once), position embedding included:
+    ``get_num_params()``.
+    """
+
+    def __init__(self, vocab_size: int, dim: int, depth: int, num_heads: int, max_len: int,
+                 pos_emb: bool, mlp_ratio: float, bias: bool, dropout: float, init_values: float,
+                 **attn_opts: Any):
+        super().__init__()
+        _check_pos_int(vocab_size, "vocab_size")
+        _check_pos_int(depth, "depth", 0)
+        _check_pos_int(max_len, "max_len")
+        check_divisible(dim, num_heads)
+        _check_prob(dropout, "dropout")
+        if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, (int, float)) or int(dim * mlp_ratio) < 1:
+            raise ValueError(f"mlp_ratio must be a positive number, got {mlp_ratio!r}")
+        self.vocab_size, self.dim, self.depth, self.num_heads = vocab_size, dim, depth, num_heads
+        self.max_len, self.has_pos_emb, self.bias, self.dropout = max_len, bool(pos_emb), bool(bias), dropout
+        self.num_features = self.embed_dim = dim
+        self._attn_opts = attn_opts
+
+        modules = dict(wte=nn.Embedding(vocab_size, dim))
+        if pos_emb:
+            modules["wpe"] = nn.Embedding(max_len, dim)
+        modules["drop"] = nn.Dropout(dropout)
+        modules["h"] = nn.ModuleList([LMBlock(dim, self._make_attn(i), mlp_ratio, bias, dropout, init_values)
+                                      for i in range(depth)])
+        modules["ln_f"] = nn.LayerNorm(dim, eps=1e-5, bias=bias)
+        self.transformer = nn.ModuleDict(modules)
+        self.lm_head = nn.Linear(dim, vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        self._init_weights(depth)
+
+    # ---- construction -------------------------------------------------------------------------
+    def _make_attn(self, i: int) -> nn.Module:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _attn_len_limit(self) -> Optional[int]:
+        """Longest sequence the attention layers accept (None: unlimited)."""
+        return None
+
+    def _init_weights(self, depth: int) -> None:
+        proj_std = 0.02 / math.sqrt(2 * max(depth, 1))
+        for name, m in self.named_modules():
+            if isinstance(m, nn.Linear):
+                std = proj_std if name.endswith(("attn.proj", "mlp.c_proj")) else 0.02
+                nn.init.normal_(m.weight, mean=0.0, std=std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Embedding):
+                nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    @property
+    def context_limit(self) -> Optional[int]:
+        """Longest sequence :meth:`forward` accepts: ``max_len`` with a learned position
+        embedding or a TSSA position bias, else None (unlimited)."""
+        limits = [self.max_len] if self.has_pos_emb else []
+        attn_limit = self._attn_len_limit()
+        if attn_limit is not None:
+            limits.append(attn_limit)
+        return min(limits) if limits else None
+
+    def get_num_params(self, non_embedding: bool = False) -> int:
+        """Number of parameters, the tied embedding counted once; ``non_embedding=True``
+        subtracts the position embedding (nanoGPT's default there)."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and self.has_pos_emb:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> Set[str]:
+        """Full names of parameters excluded from weight decay besides the 1-D ones: TSSA's
+        ``temp`` and ``pos_bias`` (official ``temp`` / ``denom_bias``). ``wpe`` is decayed, as
+        in the official training script."""
+        out = set()
+        for i, blk in enumerate(self.transformer.h):
+            if hasattr(blk.attn, "no_weight_decay"):
+                out |= {f"transformer.h.{i}.attn.{n}" for n in blk.attn.no_weight_decay()}
+        return out
+
+    # ---- checks -------------------------------------------------------------------------------
+    def _check_idx(self, idx, name: str = "idx") -> None:
+        if not isinstance(idx, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(idx).__name__}")
+        if idx.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+            raise TypeError(f"{name} must be an integer tensor of token ids, got {idx.dtype}")
+        if idx.dim() != 2:
+            raise ValueError(f"{name} must have shape (B, T), got {tuple(idx.shape)}")
+        if idx.shape[0] == 0 or idx.shape[1] == 0:
+            raise ValueError(f"{name} must be non-empty, got shape {tuple(idx.shape)}")
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= self.vocab_size:
+            raise ValueError(f"{name} has token ids in [{lo}, {hi}], expected [0, {self.vocab_size - 1}]")
+
+    def _check_len(self, t: int) -> None:
+        limit = self.context_limit
+        if limit is not None and t > limit:
+            raise ValueError(
+                f"sequence length {t} exceeds the model's context limit {limit} (max_len; build the model "
+                f"with pos_emb=False{', pos_bias=False' if isinstance(self, ToSTLM) else ''} to remove it)")
+
+    # ---- forward ------------------------------------------------------------------------------
+    def _embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
+        x = self.transformer.wte(idx)
+        if self.has_pos_emb:
+            pos = torch.arange(start, start + idx.shape[1], dtype=torch.long, device=idx.device)
+            x = x + self.transformer.wpe(pos)
+        return self.transformer.drop(x)
+
+    def forward_features(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx (B, T) token ids -> final hidden states after ``ln_f`` (B, T, D)."""
+        self._check_idx(idx)
+        self._check_len(idx.shape[1])
+        x = self._embed(idx)
+        for blk in self.transformer.h:
+            x = blk(x)
+        return self.transformer.ln_f(x)
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """idx (B, T) -> ``(logits (B, T, V), loss)``.
+
+        Unlike nanoGPT, logits are returned for **all** positions even without targets. ``loss``
+        is the mean next-token cross-entropy against ``targets`` (B, T) (``-1`` = ignored), or
+        None.
+        """
+        logits = self.lm_head(self.forward_features(idx))
+        loss = None
+        if targets is not None:
+            if not isinstance(targets, torch.Tensor) or targets.shape != idx.shape:
+                raise ValueError(f"targets must be a tensor of shape {tuple(idx.shape)}, got "
+                                 f"{getattr(targets, 'shape', type(targets).__name__)}")
+            if targets.dtype.is_floating_point or targets.dtype == torch.bool:
+                raise TypeError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1).long(),
+                                   ignore_index=-1)
+        return logits, loss
+
+    def forward_intermediates(self, idx: torch.Tensor, indices: Optional[Union[int, Sequence[int]]] = None,
+                              norm: bool = False, stop_early: bool = False, intermediates_only: bool = False):
+        """timm-style: outputs of the blocks selected by ``indices`` (None: all, int n: last n,
+        list: those), each (B, T, D) (``ln_f`` applied when ``norm``). Returns the list when
+        ``intermediates_only``, else ``(final hidden after ln_f, list)``."""
+        self._check_idx(idx)
+        self._check_len(idx.shape[1])
+        take, max_index = feature_take_indices(self.depth, indices)
+        blocks = self.transformer.h
+        if stop_early or intermediates_only:
+            blocks = blocks[: max_index + 1]
+        x = self._embed(idx)
+        inter = []
+        for i, blk in enumerate(blocks):
+            x = blk(x)
+            if i in take:
+                inter.append(self.transformer.ln_f(x) if norm else x)
+        if intermediates_only:
+            return inter
+        return self.transformer.ln_f(x), inter
+
+    # ---- recurrent / cached inference ------------------------------------------------------------
+    def _prefill_hidden(self, idx: torch.Tensor) -> Tuple[torch.Tensor, LMState]:
+        self._check_idx(idx)
+        self._check_len(idx.shape[1])
+        x = self._embed(idx)
+        states = []
+        for blk in self.transformer.h:
+            x, st = blk.prefill(x)
+            states.append(st)
+        return self.transformer.ln_f(x), LMState(idx.shape[1], tuple(states))
+
+    def prefill(self, idx: torch.Tensor) -> Tuple[torch.Tensor, LMState]:
+        """Run a prompt idx (B, T): ``(logits (B, T, V), state)`` to continue with :meth:`step`."""
+        h, state = self._prefill_hidden(idx)
+        return self.lm_head(h), state
+
+    def step(self, idx_t: torch.Tensor, state: Optional[LMState] = None) -> Tuple[torch.Tensor, LMState]:
+        """Feed one token per sequence, idx_t (B,) -> ``(logits (B, V), new state)``.
+
+        ToST: constant memory and time per token; GPT: the key/value cache grows by one token.
+        Raises ``ValueError`` past the context limit (see :attr:`context_limit`).
+        """
+        if not isinstance(idx_t, torch.Tensor) or idx_t.dim() != 1:
+            raise ValueError(f"idx_t must be a (B,) tensor of token ids, got "
+                             f"{getattr(idx_t, 'shape', type(idx_t).__name__)}")
+        self._check_idx(idx_t[:, None], "idx_t")
+        if state is None:
+            state = LMState(0, (None,) * self.depth)
+        elif not isinstance(state, LMState) or len(state.layers) != self.depth:
+            raise TypeError(f"state must be an LMState with {self.depth} layer states (from prefill/step) or None")
+        self._check_len(state.pos + 1)
+        x = self._embed(idx_t[:, None], state.pos)[:, 0]
+        new = []
+        for blk, st in zip(self.transformer.h, state.layers):
+            x, st = blk.step(x, st)
+            new.append(st)
+        return self.lm_head(self.transformer.ln_f(x)), LMState(state.pos + 1, tuple(new))
+
+    # ---- generation ---------------------------------------------------------------------------
+    @staticmethod
+    def _sample(logits: torch.Tensor, temperature: float, top_k: Optional[int],
+                generator: Optional[torch.Generator]) -> torch.Tensor:
+        """logits (B, V) -> next ids (B, 1). Greedy (argmax) when temperature == 0 or top_k == 1."""
+        if temperature == 0 or top_k == 1:
+            return logits.argmax(dim=-1, keepdim=True)
+        logits = logits.float() / temperature
+        if top_k is not None:
+            kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+
+    def _check_generation_length(self, t: int, max_new_tokens: int) -> None:
+        """Default (ToST): every fed position must be within the context limit."""
+        limit = self.context_limit
+        needed = t + max_new_tokens - 1  # the last sampled token is never fed back
+        if limit is not None and needed > limit:
+            raise ValueError(
+                f"generating {max_new_tokens} tokens after a prompt of {t} needs {needed} positions, more "
+                f"than the context limit {limit} (max_len); build the model with pos_emb=False"
+                f"{', pos_bias=False' if isinstance(self, ToSTLM) else ''} for unlimited length")
+
+    def _crop_window(self) -> Optional[int]:
+        """Sliding-window length for generation past the limit (GPT: nanoGPT cropping); None: error."""
+        return None
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: Optional[int] = None, *, use_cache: bool = True,
+                 generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        """Append ``max_new_tokens`` tokens to idx (B, T); returns (B, T + max_new_tokens).
+
+        Sampling: ``logits / temperature``, optional top-k filter, multinomial (with
+        ``generator`` if given). ``temperature=0`` or ``top_k=1`` is greedy (argmax).
+
+        ``use_cache=True``: ToST carries the recurrent causal-TSSA state (constant memory and
+        time per token, whatever the position); GPT carries a key/value cache. ``use_cache=False``
+        re-runs the whole sequence every token (as nanoGPT); both give the same tokens.
+
+        Length: ToST raises ``ValueError`` before generating when the positions needed exceed the
+        context limit (learned ``wpe`` or ``pos_bias``; none when both are off). GPT with a learned
+        ``wpe`` crops the context to the last ``max_len`` tokens like nanoGPT (past that point each
+        token re-runs the cropped window, the cache being invalid once positions shift).
+        """
+        self._check_idx(idx)
+        _check_pos_int(max_new_tokens, "max_new_tokens", 0)
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
+            raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+        if top_k is not None:
+            _check_pos_int(top_k, "top_k")
+        window = self._crop_window()
+        if window is None:
+            self._check_generation_length(idx.shape[1], max_new_tokens)
+        if max_new_tokens == 0:
+            return idx
+        out = [idx]
+        seq = idx
+        state = None
+        if use_cache and (window is None or idx.shape[1] <= window):
+            h, state = self._prefill_hidden(idx)
+            logits = self.lm_head(h[:, -1])
+        else:
+            logits = self._window_logits(seq, window)
+        for i in range(max_new_tokens):
+            nxt = self._sample(logits, temperature, top_k, generator)
+            out.append(nxt)
+            if i == max_new_tokens - 1:
+                break
+            seq = torch.cat([seq, nxt], dim=1)
+            if state is not None and (window is None or state.pos < window):
+                logits, state = self.step(nxt[:, 0], state)
+            else:
+                state = None
+                logits = self._window_logits(seq, window)
+        return torch.cat(out, dim=1)
+
+    def _window_logits(self, seq: torch.Tensor, window: Optional[int]) -> torch.Tensor:
+        if window is not None and seq.shape[1] > window:
+            seq = seq[:, -window:]
+        return self.lm_head(self.forward_features(seq)[:, -1])
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def convert_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Map an official ToST / nanoGPT language-model state_dict (``_orig_mod.`` stripped by
+        the loader) onto this model's keys; own keys pass unchanged.
+
+        - ``transformer.h.{i}.attn.c_attn`` / ``c_proj`` / ``denom_bias`` -> ``qkv`` / ``proj`` /
+          ``pos_bias``; nanoGPT's causal-mask buffer ``attn.bias`` (4-D) is dropped;
+        - a missing ``lm_head.weight`` or ``transformer.wte.weight`` is filled from the other (tied);
+        - ``wpe`` / ``pos_bias`` longer than this model's ``max_len`` are cropped to it (as
+          nanoGPT ``crop_block_size``); a position embedding or a non-zero position bias the model
+          does not have raises ``ValueError`` (all-zero position biases are dropped).
+        """
+        out: Dict[str, torch.Tensor] = {}
+        for key, val in state_dict.items():
+            new = key
+            if ".attn." in key:
+                head, tail = key.rsplit(".attn.", 1)
+                if tail == "bias" and val.dim() == 4:
+                    continue  # nanoGPT causal mask buffer
+                tail = {"c_attn.weight": "qkv.weight", "c_attn.bias": "qkv.bias",
+                        "c_proj.weight": "proj.weight", "c_proj.bias": "proj.bias",
+                        "denom_bias": "pos_bias"}.get(tail, tail)
+                new = f"{head}.attn.{tail}"
+            out[new] = val
+        if "lm_head.weight" not in out and "transformer.wte.weight" in out:
+            out["lm_head.weight"] = out["transformer.wte.weight"]
+        if "transformer.wte.weight" not in out and "lm_head.weight" in out:
+            out["transformer.wte.weight"] = out["lm_head.weight"]
+        wpe = out.get("transformer.wpe.weight")
+        if wpe is not None:
+            if not self.has_pos_emb:
+                raise ValueError("checkpoint has a learned position embedding (transformer.wpe.weight) but the "
+                                 "model was built with pos_emb=False")
+            if wpe.shape[0] > self.max_len:
+                out["transformer.wpe.weight"] = wpe[: self.max_len]
+        modules = dict(self.named_modules())
+        for key in [k for k in out if k.endswith(".attn.pos_bias")]:
+            val, mod = out[key], modules.get(key[: -len(".pos_bias")])
+            if mod is None:
+                continue  # unknown module: the strict load reports it
+            if getattr(mod, "pos_bias", None) is None:
+                if bool((val != 0).any()):
+                    raise ValueError(f"checkpoint has a non-zero position bias {key} but the model was built "
+                                     f"with pos_bias=False")
+                del out[key]
+            elif val.dim() == 3 and val.shape[1] > mod.pos_bias.shape[1]:
+                out[key] = val[:, : mod.pos_bias.shape[1]]
+        return out
+
+
+class ToSTLM(CausalLM):
+    """Causal ToST language model: :class:`~whiteformer.attention.tssa.CausalTSSA` blocks in the
+    nanoGPT shell (official ``tost_lang/model_TSSA.py`` with ``TSSA=True``).
+
+    ``pos_bias=False`` drops TSSA's per-position membership bias and, with ``pos_emb=False``,
+    removes every length limit.
+    """
+
+    def __init__(self, vocab_size: int = 50304, dim: int = 768, depth: int = 12, num_heads: int = 12,
+                 max_len: int = 1024, pos_emb: bool = True, pos_bias: bool = True, mlp_ratio: float = 4.0,
+                 bias: bool = False, dropout: float = 0.0, init_values: float = 1e-5):
+        super().__init__(vocab_size, dim, depth, num_heads, max_len, pos_emb, mlp_ratio, bias, dropout, init_values,
+                         pos_bias=bool(pos_bias))
+
+    def _make_attn(self, i: int) -> nn.Module:
+        return CausalTSSA(self.dim, num_heads=self.num_heads, max_len=self.max_len,
+                          pos_bias=self._attn_opts["pos_bias"],
+                          qkv_bias=self.bias, proj_bias=self.bias, attn_drop=self.dropout, proj_drop=self.dropout)
+
+    def _attn_len_limit(self) -> Optional[int]:
+        return self.max_len if self._attn_opts["pos_bias"] else None
+
+
+class GPTLM(CausalLM):
+    """Softmax-attention GPT baseline in the same shell (official ``model_TSSA.py`` with
+    ``TSSA=False``): :class:`CausalSelfAttention` with a key/value cache.
+
+    Generation past ``max_len`` with a learned ``wpe`` crops the context as nanoGPT does.
+    """
+
+    def __init__(self, vocab_size: int = 50304, dim: int = 768, depth: int = 12, num_heads: int = 12,
+                 max_len: int = 1024, pos_emb: bool = True, mlp_ratio: float = 4.0, bias: bool = False,
+                 dropout: float = 0.0, init_values: float = 1e-5):
+        super().__init__(vocab_size, dim, depth, num_heads, max_len, pos_emb, mlp_ratio, bias, dropout, init_values)
+
+    def _make_attn(self, i: int) -> nn.Module:
+        return CausalSelfAttention(self.dim, num_heads=self.num_heads, qkv_bias=self.bias, proj_bias=self.bias,
+                                   attn_drop=self.dropout, proj_drop=self.dropout)
+
+    def _crop_window(self) -> Optional[int]:
+        return self.max_len if self.has_pos_emb else None
+
+
+_SIZES = dict(base=dict(dim=768, depth=12, num_heads=12),
+              medium=dict(dim=1024, depth=24, num_heads=16),
+              large=dict(dim=1280, depth=36, num_heads=20))
+
+
+@register_model
+def tost_lm_base(**kwargs) -> ToSTLM:
+    """Causal ToST-base: 12 layers, 12 heads, D 768 (110.38M with vocabulary 50304)."""
+    return build_with_defaults(ToSTLM, _SIZES["base"], kwargs)
+
+
+@register_model
+def tost_lm_medium(**kwargs) -> ToSTLM:
+    """Causal ToST-medium: 24 layers, 16 heads, D 1024 (304.71M)."""
+    return build_with_defaults(ToSTLM, _SIZES["medium"], kwargs)
+
+
+@register_model
+def tost_lm_large(**kwargs) -> ToSTLM:
+    """Causal ToST-large: 36 layers, 20 heads, D 1280 (656.45M)."""
+    return build_with_defaults(ToSTLM, _SIZES["large"], kwargs)
+
+
+@register_model
+def gpt_base(**kwargs) -> GPTLM:
+    """Softmax GPT baseline, GPT-2 base dims (12/12/768), same shell as ToST."""
+    return build_with_defaults(GPTLM, _SIZES["base"], kwargs)
+
+
+@register_model
+def gpt_medium(**kwargs) -> GPTLM:
+    """Softmax GPT baseline, GPT-2 medium dims (24/16/1024)."""
+    return build_with_defaults(GPTLM, _SIZES["medium"], kwargs)
+
+
+@register_model
+def gpt_large(**kwargs) -> GPTLM:
+    """Softmax GPT baseline, GPT-2 large dims (36/20/1280)."""
+    return build_with_defaults(GPTLM, _SIZES["large"], kwargs)

@@ -1,0 +1,357 @@
+"""The XCiT-derived vision shell of ToST (Wu et al., "Token Statistics Transformer", ICLR 2025,
+Sec. 4 / Appendix C; official code ``tost_vision/tost.py``, itself XCiT without the LPI block).
+
+    images (B, C_in, H, W)
+      -> ConvPatchEmbed (log2(p) x [conv3x3 s2 + BN], GELU between)  -> tokens (B, N, D)
+      -> + FourierPositionalEncoding(Hp, Wp)                           (any resolution)
+      -> depth x Block:  x += drop_path(gamma1 * attn(norm1(x)))
+                         x += drop_path(gamma2 * mlp(norm2(x)))       (pre-norm, layer scale)
+      -> [CLS; x] -> cls_attn_layers x ClassAttentionBlock -> norm -> head(CLS)
+
+The attention is any layer of the :mod:`whiteformer.attention` registry (``attn="tssa"``, "dmsa",
+"eca", "xca", "mhsa", ...) built as ``build(attn, D, num_heads=H, qkv_bias=..., attn_drop=...,
+proj_drop=..., **attn_kwargs)`` (the drop/bias arguments only when the layer takes them).
+
+Module and parameter names are those of the official ToST state dict (``patch_embed.proj.i.j``,
+``blocks.i.{norm1,attn,norm2,mlp,gamma1,gamma2}``, ``cls_attn_blocks``, ``norm``, ``head``) except
+``pos_embed`` (official ``pos_embeder``) and the TSSA output ``attn.proj`` (official
+``attn.to_out.0``); :meth:`ToSTVision.convert_state_dict` maps an official checkpoint.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+
+import torch
+import torch.nn as nn
+
+from .. import attention as _attention
+from .._checks import check_divisible, check_tensor, check_tokens_input
+from .blocks import ISTA, ClassAttentionBlock, ConvPatchEmbed, DropPath, FourierPositionalEncoding, Mlp, to_2tuple
+from .checkpoint import PretrainedMixin
+
+__all__ = ["Block", "ToSTVision"]
+
+# Attention layers whose forward already returns ``x + update`` (ECAttention, paper 003 Alg. 3).
+_SELF_RESIDUAL_ATTN = {"eca"}
+_MLP_KINDS = ("mlp", "ista", "none")
+_NO_DECAY_SUFFIXES = ("temp", "temperature", "pos_bias", "cls_token", "pos_embed")
+
+
+def _check_rate(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
+    return float(value)
+
+
+def _attention_kwargs(
+    attn: str, qkv_bias: bool, attn_drop: float, proj_drop: float, attn_kwargs: Optional[Dict[str, Any]]
+) -> Dict[str, Any]:
+    """Constructor kwargs for the registered layer ``attn``: the shell's options it accepts (a
+    non-zero dropout it cannot honour raises), then ``attn_kwargs`` (passed through unchanged)."""
+    cls = _attention.get_attention_class(attn)
+    params = inspect.signature(cls.__init__).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs: Dict[str, Any] = {}
+    for name, value, must in (("qkv_bias", qkv_bias, False), ("attn_drop", attn_drop, True),
+                              ("proj_drop", proj_drop, True)):
+        if name in params or takes_any:
+            kwargs[name] = value
+        elif must and value > 0:
+            raise ValueError(f"attention {attn!r} ({cls.__name__}) has no {name!r}; set the shell's rate to 0")
+    kwargs.update(attn_kwargs or {})
+    return kwargs
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block of the ToST/XCiT shell (without XCiT's LPI).
+
+    ``x = x + drop_path(gamma1 * attn(norm1(x)))``; ``x = x + drop_path(gamma2 * mlp(norm2(x)))``;
+    LayerNorm eps 1e-6; ``gamma`` initialised to ``eta`` (``eta=None``: no layer scale).
+    ``mlp``: "mlp" (2-layer GELU MLP, ratio ``mlp_ratio``), "ista" (CRATE's ISTA step, ToST
+    Table 8 ablation, in the same residual slot) or "none" (attention-only block, as ECA).
+    For a layer that includes its own residual (``attn="eca"``: ``y + alpha E(y) - beta C(y)``), the
+    block uses its update only, ``x = x + drop_path(attn(norm1(x)) - norm1(x))`` (paper 003 Eq. (4)
+    on the normalised features; alpha and beta are the learned scales, so no layer scale).
+    ``prenorm=False`` drops norm1/norm2 (for ECA: ``x = attn(x)``, Eq. (4) literally).
+    Shapes: (B, N, C) -> (B, N, C).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        attn: str = "tssa",
+        attn_kwargs: Optional[Dict[str, Any]] = None,
+        mlp: str = "mlp",
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = False,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        eta: Optional[float] = 1.0,
+        norm_eps: float = 1e-6,
+        prenorm: bool = True,
+    ):
+        super().__init__()
+        if mlp not in _MLP_KINDS:
+            raise ValueError(f"mlp must be one of {_MLP_KINDS}, got {mlp!r}")
+        self.dim = dim
+        self.self_residual = attn in _SELF_RESIDUAL_ATTN
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps) if prenorm else nn.Identity()
+        self.attn = _attention.build(
+            attn, dim, num_heads=num_heads, **_attention_kwargs(attn, qkv_bias, attn_drop, drop, attn_kwargs)
+        )
+        self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        use_gamma1 = eta is not None and not self.self_residual
+        self.gamma1 = nn.Parameter(eta * torch.ones(dim)) if use_gamma1 else None
+        if mlp == "none":
+            self.norm2 = self.mlp = self.gamma2 = None
+        else:
+            self.norm2 = nn.LayerNorm(dim, eps=norm_eps) if prenorm else nn.Identity()
+            self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop) if mlp == "mlp" else ISTA(dim)
+            self.gamma2 = nn.Parameter(eta * torch.ones(dim)) if eta is not None else None
+
+    def forward(self, x: torch.Tensor, return_pi: bool = False):
+        y = self.norm1(x)
+        if return_pi:
+            a, stats = self.attn(y, return_pi=True)
+        else:
+            a, stats = self.attn(y), None
+        if self.self_residual:
+            a = a - y
+        if self.gamma1 is not None:
+            a = self.gamma1 * a
+        x = x + self.drop_path(a)
+        if self.mlp is not None:
+            m = self.mlp(self.norm2(x))
+            if self.gamma2 is not None:
+                m = self.gamma2 * m
+            x = x + self.drop_path(m)
+        return (x, stats) if return_pi else x
+
+
+class ToSTVision(PretrainedMixin, nn.Module):
+    """ToST's XCiT-derived image classifier with a pluggable token mixer (see module docstring).
+
+    Args:
+        img_size: nominal input size (int or (h, w)); must be divisible by ``patch_size``. Other
+            resolutions are accepted at run time (Fourier position encoding).
+        patch_size: 16, 8, 4 or 2 (4, 3, 2, 1 stride-2 conv stages).
+        in_chans: image channels (1 for MNIST).
+        num_classes: classes of the linear head (0: no head, ``forward`` returns features).
+        embed_dim, depth, num_heads: D, number of blocks, heads (D divisible by heads).
+        mlp_ratio, mlp: MLP hidden ratio; "mlp" | "ista" | "none" (see :class:`Block`).
+        qkv_bias: bias of the attention input projection (the official ToST uses True).
+        attn: name in the :mod:`whiteformer.attention` registry; ``attn_kwargs`` go to its
+            constructor unchanged (e.g. ``{"rank": 10}`` for ECA).
+        drop_rate, attn_drop_rate, drop_path_rate: dropout after the position encoding / in the
+            MLPs and attention outputs; attention dropout; stochastic depth (constant over blocks,
+            as the official code).
+        eta: layer-scale initial value (official: 1.0 for 12 blocks, 1e-5 for 24); ``None``: off.
+        cls_attn_layers: number of class-attention blocks (official 2, must be >= 1).
+        tokens_norm: class-attention blocks normalise all tokens (official True).
+        use_pos: add the Fourier position encoding.
+        prenorm: LayerNorm before the attention/MLP of each block (official: True). ECA models
+            keep it by default (the ECA paper does not say; ``prenorm=False`` gives
+            ``x_{l+1} = ECAttention(x_l)``, paper 003 Eq. (4) literally).
+
+    Shapes: ``forward`` (B, in_chans, H, W) -> logits (B, num_classes) (in training mode too; the
+    official returns ``(x, x)`` there). ``forward_features`` -> (B, 1 + N, D) normalised tokens
+    (CLS first); ``forward_head(x, pre_logits=False)`` -> logits or CLS features (B, D);
+    ``forward_intermediates(x)`` -> list of the ``depth`` blocks' outputs (B, N, D).
+    """
+
+    def __init__(
+        self,
+        img_size: Union[int, Sequence[int]] = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        embed_dim: int = 192,
+        depth: int = 12,
+        num_heads: int = 4,
+        mlp_ratio: float = 4.0,
+        mlp: str = "mlp",
+        qkv_bias: bool = True,
+        attn: str = "tssa",
+        attn_kwargs: Optional[Dict[str, Any]] = None,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        eta: Optional[float] = 1.0,
+        cls_attn_layers: int = 2,
+        tokens_norm: bool = True,
+        use_pos: bool = True,
+        prenorm: bool = True,
+    ):
+        super().__init__()
+        check_divisible(embed_dim, num_heads, "embed_dim")
+        for name, v in (("depth", depth), ("cls_attn_layers", cls_attn_layers)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "depth" else 1):
+                low = 0 if name == "depth" else 1
+                raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+            raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
+        if not isinstance(attn, str):
+            raise TypeError(f"attn must be a registered attention name (str), got {type(attn).__name__}")
+        _attention.get_attention_class(attn)  # unknown name -> ValueError listing the choices
+        if attn_kwargs is not None and not isinstance(attn_kwargs, dict):
+            raise TypeError(f"attn_kwargs must be a dict or None, got {type(attn_kwargs).__name__}")
+        if mlp not in _MLP_KINDS:
+            raise ValueError(f"mlp must be one of {_MLP_KINDS}, got {mlp!r}")
+        drop_rate = _check_rate(drop_rate, "drop_rate")
+        attn_drop_rate = _check_rate(attn_drop_rate, "attn_drop_rate")
+        drop_path_rate = _check_rate(drop_path_rate, "drop_path_rate")
+        if eta is not None and (isinstance(eta, bool) or not isinstance(eta, (int, float))):
+            raise TypeError(f"eta must be a float or None, got {eta!r}")
+
+        self.num_classes = num_classes
+        self.num_features = self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.attn_name = attn
+        self.use_pos = use_pos
+        self.img_size = to_2tuple(img_size, "img_size")
+
+        self.patch_embed = ConvPatchEmbed(self.img_size, patch_size, in_chans, embed_dim)
+        self.num_patches = self.patch_embed.num_patches
+        self.pos_embed = FourierPositionalEncoding(dim=embed_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.pos_drop = nn.Dropout(drop_rate)
+        self.blocks = nn.ModuleList(
+            Block(embed_dim, num_heads, attn=attn, attn_kwargs=attn_kwargs, mlp=mlp, mlp_ratio=mlp_ratio,
+                  qkv_bias=qkv_bias, drop=drop_rate, attn_drop=attn_drop_rate, drop_path=drop_path_rate, eta=eta,
+                  prenorm=prenorm)
+            for _ in range(depth)
+        )
+        self.cls_attn_blocks = nn.ModuleList(
+            ClassAttentionBlock(embed_dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate,
+                                attn_drop=attn_drop_rate, eta=eta, tokens_norm=tokens_norm)
+            for _ in range(cls_attn_layers)
+        )
+        self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+    # ------------------------------------------------------------------ timm protocol
+    def no_weight_decay(self) -> Set[str]:
+        """Names of parameters to exclude from weight decay: temperatures, position biases, the
+        class token, position embeddings, plus what each submodule's ``no_weight_decay`` lists."""
+        names = {n for n, _ in self.named_parameters() if n.rsplit(".", 1)[-1] in _NO_DECAY_SUFFIXES}
+        own = dict(self.named_parameters())
+        for prefix, module in self.named_modules():
+            fn = getattr(module, "no_weight_decay", None)
+            if module is self or not callable(fn):
+                continue
+            for n in fn():
+                full = f"{prefix}.{n}" if prefix else n
+                if full in own:
+                    names.add(full)
+        return names
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """Replace the head by a freshly initialised ``Linear(D, num_classes)`` (0: identity)."""
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+            raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
+        self.num_classes = num_classes
+        ref = self.norm.weight
+        if num_classes > 0:
+            self.head = nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)
+            self._init_weights(self.head)
+        else:
+            self.head = nn.Identity()
+        if hasattr(self, "init_kwargs"):
+            self.init_kwargs = {**self.init_kwargs, "num_classes": num_classes}
+
+    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor(x, "x", 4)
+        tokens, (hp, wp) = self.patch_embed(x)
+        if self.use_pos:
+            tokens = tokens + self.pos_embed(tokens.shape[0], hp, wp).to(tokens.dtype)
+        return self.pos_drop(tokens)
+
+    def _head_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        cls = self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype)
+        x = torch.cat((cls, x), dim=1)
+        for blk in self.cls_attn_blocks:
+            x = blk(x)
+        return self.norm(x)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C_in, H, W) -> normalised tokens (B, 1 + N, D), CLS token first."""
+        x = self._embed(x)
+        for blk in self.blocks:
+            x = blk(x)
+        return self._head_tokens(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Tokens (B, 1 + N, D) from :meth:`forward_features` -> logits (B, num_classes), or the
+        CLS features (B, D) when ``pre_logits``."""
+        check_tokens_input(x, "x", self.embed_dim)
+        x = x[:, 0]
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(
+        self, x: torch.Tensor, indices: Optional[Sequence[int]] = None, return_pi: bool = False
+    ) -> Union[List[torch.Tensor], Tuple[List[torch.Tensor], List[Dict[str, torch.Tensor]]]]:
+        """Per-block token features for analysis: the outputs (B, N, D) of the blocks ``indices``
+        (default all, negative indices allowed), in order. With ``return_pi`` also the attention's
+        statistics (e.g. ``{"pi": (B, H, N)}`` memberships) of those blocks, for layers that
+        support ``return_pi`` (TSSA, DMSA, ECA)."""
+        depth = len(self.blocks)
+        if indices is None:
+            wanted = list(range(depth))
+        else:
+            wanted = []
+            for i in indices:
+                if isinstance(i, bool) or not isinstance(i, int) or not -depth <= i < depth:
+                    raise ValueError(f"indices must be block indices in [-{depth}, {depth}), got {i!r}")
+                wanted.append(i % depth)
+        if return_pi and "return_pi" not in inspect.signature(self.blocks[0].attn.forward).parameters:
+            raise ValueError(f"attention {self.attn_name!r} does not support return_pi")
+        take = set(wanted)
+        feats: Dict[int, torch.Tensor] = {}
+        stats: Dict[int, Dict[str, torch.Tensor]] = {}
+        x = self._embed(x)
+        for i, blk in enumerate(self.blocks):
+            if return_pi and i in take:
+                x, stats[i] = blk(x, return_pi=True)
+            else:
+                x = blk(x)
+            if i in take:
+                feats[i] = x
+            if i >= max(take, default=-1):
+                break
+        out = [feats[i] for i in wanted]
+        return (out, [stats[i] for i in wanted]) if return_pi else out
+
+    # ------------------------------------------------------------------ checkpoints
+    def convert_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Map an official ToST/XCiT-shell state dict (``tost_vision/tost.py``) to this layout:
+        ``pos_embeder.`` -> ``pos_embed.``, ``attn.to_out.0.`` -> ``attn.proj.`` (TSSA output).
+        The identity on this model's own keys."""
+        out = {}
+        for key, value in state_dict.items():
+            if key.startswith("pos_embeder."):
+                key = "pos_embed." + key[len("pos_embeder."):]
+            key = key.replace(".attn.to_out.0.", ".attn.proj.")
+            out[key] = value
+        return out
