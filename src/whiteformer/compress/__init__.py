@@ -1,0 +1,33 @@
+"""Attention compression toolkit (paper 004, "Vision Transformer with Irregular Attention").
+
+* per-head QK / VO forms of a timm-layout MHSA block: :func:`qk_factors`, :func:`vo_factors`;
+* decompositions (typed results with ``.to_tensor()``): :func:`truncatt` (per-head truncated SVD),
+  :func:`cp` (CP-ALS + CPD-EPC), :func:`btd_ll1` (BTD-(L, L, 1), Algorithms 1-3), activation-aware
+  through ``calib=`` (:class:`Whitening`);
+* layers: :class:`TruncAtt`, :class:`CPSlimAtt`, :class:`IrrAtt` (+ VO TruncAtt in each),
+  :class:`LowRankLinear`; :func:`compress_attention`, :func:`compress_mlp`, :func:`compress_linear`;
+* MACs formulas (:mod:`.flops`), rank from a QK FLOPs budget (:func:`qk_rank_for_budget`),
+  rank-constrained head fusion (:mod:`.constraints`).
+"""
+from ._tensor import HeadFactors
+from .compress_block import BlockReport, compress_attention
+from .btd import BTDResult, btd_ll1
+from .budget import qk_rank_for_budget
+from .constraints import fusion_head_ranks, fusion_penalty, project_fusion
+from .cp import CPResult, cp
+from .flops import (count_flops, cp_qk_macs, irratt_qk_macs, linear_macs, lowrank_linear_macs, mhsa_macs,
+                    mhsa_qk_macs, mhsa_vo_macs, truncatt_qk_macs, vo_truncatt_macs)
+from .layers import CompressedAttention, CPSlimAtt, IrrAtt, LowRankLinear, TruncAtt
+from .mlp import compress_linear, compress_mlp
+from .qk_vo import MHSASpec, mhsa_spec, qk_factors, vo_factors
+from .truncatt import TruncAttResult, allocate_ranks_spectral, head_spectra, truncatt
+from .whitening import Whitening
+
+__all__ = [
+    "HeadFactors", "BlockReport", "compress_attention", "BTDResult", "btd_ll1", "qk_rank_for_budget",
+    "fusion_head_ranks", "fusion_penalty", "project_fusion", "CPResult", "cp", "count_flops", "cp_qk_macs",
+    "irratt_qk_macs", "linear_macs", "lowrank_linear_macs", "mhsa_macs", "mhsa_qk_macs", "mhsa_vo_macs",
+    "truncatt_qk_macs", "vo_truncatt_macs", "CompressedAttention", "CPSlimAtt", "IrrAtt", "LowRankLinear",
+    "TruncAtt", "compress_linear", "compress_mlp", "MHSASpec", "mhsa_spec", "qk_factors", "vo_factors",
+    "TruncAttResult", "allocate_ranks_spectral", "head_spectra", "truncatt", "Whitening",
+]

@@ -1,0 +1,152 @@
+"""Third-order weight tensors Y (I x J x H), dense or given by per-head thin factors.
+
+The decompositions only touch Y through a few contractions (norm, MTTKRP, mode Grams, per-head
+slices), which are computed here either from a dense tensor or from the thin factors
+``Y[:, :, h] = P[h] @ K[h].T`` without forming Y (for DeiT-B, F = 768, H = 12, p = 64, the factors
+hold 1.2M numbers, the dense tensor 7.1M).
+
+All routines work in float64 (the callers convert with :func:`as_float64`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, Tuple, Union
+
+import torch
+
+__all__ = ["HeadFactors", "TensorLike", "check_tensor_like", "as_float64", "tensor_shape", "to_dense",
+           "norm_sq", "mttkrp", "unfolding_gram", "head_slice"]
+
+
+@dataclass
+class HeadFactors:
+    """A tensor ``Y`` of shape (I, J, H) given by thin per-head factors.
+
+    ``Y[:, :, h] = P[h] @ K[h].T`` with ``P`` of shape (H, I, p) and ``K`` of shape (H, J, p).
+    For attention, ``P[h] = W_h^Q`` (F x p, the query map x -> x @ W_h^Q) and ``K[h] = W_h^K``,
+    so that ``Y[:, :, h] = W_h^Q (W_h^K)^T`` is the query-key form of paper 004, Sec. 2.3.
+    """
+
+    P: torch.Tensor
+    K: torch.Tensor
+
+    def __post_init__(self) -> None:
+        for name, t in (("P", self.P), ("K", self.K)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 3:
+                raise ValueError(f"HeadFactors.{name} must be a 3-D tensor (H, dim, p), got "
+                                 f"{getattr(t, 'shape', type(t).__name__)}")
+            if not t.is_floating_point():
+                raise TypeError(f"HeadFactors.{name} must be floating, got {t.dtype}")
+        if self.P.shape[0] != self.K.shape[0] or self.P.shape[2] != self.K.shape[2]:
+            raise ValueError(f"HeadFactors: P {tuple(self.P.shape)} and K {tuple(self.K.shape)} must agree "
+                             "in the number of heads (dim 0) and the head dim p (dim 2)")
+
+    @property
+    def shape(self) -> Tuple[int, int, int]:
+        return (self.P.shape[1], self.K.shape[1], self.P.shape[0])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.P.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.P.device
+
+    def to_tensor(self) -> torch.Tensor:
+        """The dense tensor (I, J, H)."""
+        return torch.einsum("hip,hjp->ijh", self.P, self.K)
+
+    def to(self, *args, **kwargs) -> "HeadFactors":
+        return HeadFactors(self.P.to(*args, **kwargs), self.K.to(*args, **kwargs))
+
+
+TensorLike = Union[torch.Tensor, HeadFactors]
+
+
+def check_tensor_like(Y, name: str = "Y") -> None:
+    """Raise unless ``Y`` is a floating 3-D tensor (I, J, H) or a :class:`HeadFactors`, non-empty."""
+    if isinstance(Y, HeadFactors):
+        shape = Y.shape
+    elif isinstance(Y, torch.Tensor):
+        if Y.dim() != 3:
+            raise ValueError(f"{name} must be a 3-D tensor (I, J, H), got shape {tuple(Y.shape)}")
+        if not Y.is_floating_point():
+            raise TypeError(f"{name} must be a floating tensor, got {Y.dtype}")
+        shape = tuple(Y.shape)
+    else:
+        raise TypeError(f"{name} must be a torch.Tensor (I, J, H) or HeadFactors, got {type(Y).__name__}")
+    if min(shape) == 0:
+        raise ValueError(f"{name} must be non-empty, got shape {shape}")
+    parts = (Y.P, Y.K) if isinstance(Y, HeadFactors) else (Y,)
+    if not all(bool(torch.isfinite(t).all()) for t in parts):
+        raise ValueError(f"{name} contains NaN or inf")
+
+
+def as_float64(Y: TensorLike) -> TensorLike:
+    return Y.to(torch.float64) if isinstance(Y, HeadFactors) else Y.to(torch.float64)
+
+
+def tensor_shape(Y: TensorLike) -> Tuple[int, int, int]:
+    return tuple(Y.shape)  # type: ignore[return-value]
+
+
+def to_dense(Y: TensorLike) -> torch.Tensor:
+    return Y.to_tensor() if isinstance(Y, HeadFactors) else Y
+
+
+def norm_sq(Y: TensorLike) -> torch.Tensor:
+    """||Y||_F^2; from factors: sum_h <P_h^T P_h, K_h^T K_h>."""
+    if isinstance(Y, HeadFactors):
+        gp = Y.P.transpose(1, 2) @ Y.P
+        gk = Y.K.transpose(1, 2) @ Y.K
+        return (gp * gk).sum()
+    return (Y * Y).sum()
+
+
+def mttkrp(Y: TensorLike, factors: Sequence[torch.Tensor], mode: int) -> torch.Tensor:
+    """Matricised tensor times Khatri-Rao product for mode ``mode`` of a CP model [A, B, C].
+
+    mode 0: M[i, r] = sum_jh Y[i,j,h] B[j,r] C[h,r]; mode 1: M[j, r] = sum_ih Y A C;
+    mode 2: M[h, r] = sum_ij Y[i,j,h] A[i,r] B[j,r]. From factors the cost is O(H (I + J) p R).
+    """
+    A, B, C = factors
+    if isinstance(Y, HeadFactors):
+        if mode == 0:
+            kb = Y.K.transpose(1, 2) @ B  # (H, p, R)
+            return torch.einsum("hip,hpr,hr->ir", Y.P, kb, C)
+        if mode == 1:
+            pa = Y.P.transpose(1, 2) @ A
+            return torch.einsum("hjp,hpr,hr->jr", Y.K, pa, C)
+        pa = Y.P.transpose(1, 2) @ A
+        kb = Y.K.transpose(1, 2) @ B
+        return (pa * kb).sum(1)
+    if mode == 0:
+        return torch.einsum("ijh,jr,hr->ir", Y, B, C)
+    if mode == 1:
+        return torch.einsum("ijh,ir,hr->jr", Y, A, C)
+    return torch.einsum("ijh,ir,jr->hr", Y, A, B)
+
+
+def unfolding_gram(Y: TensorLike, mode: int) -> torch.Tensor:
+    """Y_(n) Y_(n)^T for mode n: (I x I), (J x J) or (H x H), computed from factors when given."""
+    if isinstance(Y, HeadFactors):
+        if mode == 0:
+            return torch.einsum("hip,hpq,hkq->ik", Y.P, Y.K.transpose(1, 2) @ Y.K, Y.P)
+        if mode == 1:
+            return torch.einsum("hjp,hpq,hkq->jk", Y.K, Y.P.transpose(1, 2) @ Y.P, Y.K)
+        gp = torch.einsum("hip,giq->hgpq", Y.P, Y.P)
+        gk = torch.einsum("hjp,gjq->hgpq", Y.K, Y.K)
+        return (gp * gk).sum((2, 3))
+    if mode == 0:
+        return torch.einsum("ijh,kjh->ik", Y, Y)
+    if mode == 1:
+        return torch.einsum("ijh,ikh->jk", Y, Y)
+    return torch.einsum("ijh,ijg->hg", Y, Y)
+
+
+def head_slice(Y: TensorLike, h: int) -> torch.Tensor:
+    """The dense slice Y[:, :, h] (I x J)."""
+    if isinstance(Y, HeadFactors):
+        return Y.P[h] @ Y.K[h].T
+    return Y[:, :, h]

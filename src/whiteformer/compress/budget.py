@@ -1,0 +1,68 @@
+"""Rank selection from a QK FLOPs budget (paper 004, Sec. 3.4).
+
+Each block gets the largest rank whose QK MACs are at most ``qk_flops_ratio`` times those of the
+original MHSA QK part (local compression: the same ratio for every block):
+
+    MACs_QK(R) / MACs_QK,orig <= CR.
+"""
+from __future__ import annotations
+
+from numbers import Real
+from typing import Callable
+
+from .flops import cp_qk_macs, irratt_qk_macs, mhsa_qk_macs, truncatt_qk_macs
+
+__all__ = ["qk_rank_for_budget"]
+
+
+def _largest(fn: Callable[[int], int], budget: float, upper: int) -> int:
+    """Largest r in [0, upper] with fn(r) <= budget (fn non-decreasing); 0 if none."""
+    lo, hi = 0, upper
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fn(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def qk_rank_for_budget(method: str, qk_flops_ratio: float, *, num_tokens: int, dim: int, num_heads: int,
+                       head_dim: int | None = None, fusion: str = "general") -> int:
+    """Largest QK rank for ``method`` within ``qk_flops_ratio`` of the original QK MACs.
+
+    Args:
+        method: "truncatt" (returns the per-head rank r, at most D), "cp" (the CP rank R) or "irratt"
+            (the total rank sum_h L_h, at most H D). For "irratt" with ``fusion="general"`` the
+            fusion cost is counted with B = H blocks (an upper bound).
+        qk_flops_ratio: target CR in (0, 1].
+        num_tokens, dim, num_heads, head_dim: N, F, H, D (D defaults to F / H).
+    Raises:
+        ValueError if the ratio is out of range or leaves no rank >= 1.
+    """
+    if isinstance(qk_flops_ratio, bool) or not isinstance(qk_flops_ratio, Real) or not 0 < qk_flops_ratio <= 1:
+        raise ValueError(f"qk_flops_ratio must be a number in (0, 1], got {qk_flops_ratio!r}")
+    D = dim // num_heads if head_dim is None else head_dim
+    N, F, H = num_tokens, dim, num_heads
+    budget = float(qk_flops_ratio) * mhsa_qk_macs(N, F, H, D)
+    if method == "truncatt":
+        r = _largest(lambda r: truncatt_qk_macs(N, F, [r] * H), budget, D)
+    elif method == "cp":
+        r = _largest(lambda R: cp_qk_macs(N, F, H, R) if R else 0, budget, D * H)
+    elif method == "irratt":
+        if fusion not in ("identity", "general"):
+            raise ValueError(f"fusion must be 'identity' or 'general', got {fusion!r}")
+
+        def macs(total: int) -> int:
+            if total == 0:
+                return 0
+            base = irratt_qk_macs(N, F, [total], 1, "identity")
+            return base + (N * N * H * H if fusion == "general" else 0)
+
+        r = _largest(macs, budget, H * D)
+    else:
+        raise ValueError(f"method must be 'truncatt', 'cp' or 'irratt', got {method!r}")
+    if r < 1:
+        raise ValueError(f"qk_flops_ratio={qk_flops_ratio} is too small for method {method!r}: "
+                         "no rank >= 1 fits the budget")
+    return r

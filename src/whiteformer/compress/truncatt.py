@@ -1,0 +1,154 @@
+"""TruncAtt: per-head truncated SVD of the query-key (or value-output) tensor (paper 004, Sec. 2.3).
+
+``Y[:, :, h] ~= A_h B_h^T`` with ``A_h`` (I x r_h) and ``B_h`` (J x r_h). Equal ranks give the paper's
+TruncAtt; per-head ranks give IrrAtt with identity head fusion (Sec. 3.1, Eq. 6).
+
+From thin factors ``Y_h = P_h K_h^T`` (I x p, J x p) the SVD is computed without forming Y_h:
+``P_h = Q_p R_p``, ``K_h = Q_k R_k`` (thin QR), SVD of the small core ``R_p R_k^T = U S V^T``, so
+``Y_h = (Q_p U) S (Q_k V)^T``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from ._tensor import HeadFactors, TensorLike, as_float64, check_tensor_like, head_slice, norm_sq
+from .whitening import Whitening
+
+__all__ = ["TruncAttResult", "truncatt", "head_spectra", "allocate_ranks_spectral", "normalize_ranks"]
+
+
+@dataclass
+class TruncAttResult:
+    """Per-head low-rank factors ``Y[:, :, h] ~= A[h] @ B[h].T``.
+
+    Attributes:
+        A: list of H tensors (I, r_h); B: list of H tensors (J, r_h) (singular values split as
+            sqrt between the two sides).
+        ranks: (r_1, ..., r_H).
+        singular_values: list of H tensors, the full spectrum of each (whitened) slice.
+        rel_error: ||Y - Yhat||_F / ||Y||_F (in the whitened metric when calibrated: the relative
+            error of the attention logits on the calibration batch).
+    """
+
+    A: List[torch.Tensor]
+    B: List[torch.Tensor]
+    ranks: Tuple[int, ...]
+    singular_values: List[torch.Tensor] = field(repr=False)
+    rel_error: float
+
+    def to_tensor(self) -> torch.Tensor:
+        """The approximation (I, J, H)."""
+        return torch.stack([a @ b.T for a, b in zip(self.A, self.B)], dim=-1)
+
+
+def normalize_ranks(ranks, num_heads: int, max_rank: int, name: str = "ranks",
+                    allow_zero: bool = True) -> Tuple[int, ...]:
+    """Turn an int or a sequence of H ints into a validated tuple of per-head ranks."""
+    if isinstance(ranks, bool):
+        raise TypeError(f"{name} must be an int or a sequence of ints, got bool")
+    if isinstance(ranks, int):
+        ranks = (ranks,) * num_heads
+    elif isinstance(ranks, (list, tuple)) or (isinstance(ranks, torch.Tensor) and ranks.dim() == 1):
+        ranks = tuple(int(r) for r in ranks)
+    else:
+        raise TypeError(f"{name} must be an int or a sequence of {num_heads} ints, got {type(ranks).__name__}")
+    if len(ranks) != num_heads:
+        raise ValueError(f"{name} must have one rank per head ({num_heads}), got {len(ranks)}")
+    lo = 0 if allow_zero else 1
+    for r in ranks:
+        if r < lo or r > max_rank:
+            raise ValueError(f"{name} out of range: each rank must be in [{lo}, {max_rank}], got {ranks}")
+    if sum(ranks) == 0:
+        raise ValueError(f"{name} must not all be zero")
+    return ranks
+
+
+def _slice_svd(Y: TensorLike, h: int):
+    """Thin SVD (U, s, V) of Y[:, :, h], from factors via QR when available."""
+    if isinstance(Y, HeadFactors):
+        qp, rp = torch.linalg.qr(Y.P[h])
+        qk, rk = torch.linalg.qr(Y.K[h])
+        u, s, vh = torch.linalg.svd(rp @ rk.T)
+        return qp @ u, s, qk @ vh.T
+    u, s, vh = torch.linalg.svd(head_slice(Y, h), full_matrices=False)
+    return u, s, vh.T
+
+
+def head_spectra(Y: TensorLike, calib: Optional[Union[torch.Tensor, Whitening]] = None) -> List[torch.Tensor]:
+    """Singular values of each head slice (of the whitened tensor when ``calib`` is given)."""
+    check_tensor_like(Y)
+    Y64 = as_float64(Y)
+    if calib is not None:
+        Y64 = _whitening(calib, Y64).apply(Y64)
+    return [_slice_svd(Y64, h)[1] for h in range(Y64.shape[2])]
+
+
+def allocate_ranks_spectral(spectra: Sequence[torch.Tensor], total_rank: int,
+                            max_rank: Optional[int] = None) -> Tuple[int, ...]:
+    """Per-head ranks summing to ``total_rank`` that keep the globally largest singular values.
+
+    For identity head fusion (IrrAtt = TruncAtt with irregular ranks) this allocation minimises
+    ``sum_h ||Y_h - Yhat_h||_F^2`` over all rank splits with the given total (Eckart-Young per head),
+    so it is never worse than equal ranks of the same total.
+    """
+    if not isinstance(total_rank, int) or isinstance(total_rank, bool) or total_rank < 1:
+        raise ValueError(f"total_rank must be a positive int, got {total_rank!r}")
+    caps = [len(s) if max_rank is None else min(len(s), max_rank) for s in spectra]
+    if total_rank > sum(caps):
+        raise ValueError(f"total_rank {total_rank} exceeds the available rank {sum(caps)}")
+    vals, heads = [], []
+    for h, s in enumerate(spectra):
+        vals.append(s[: caps[h]].to(torch.float64).cpu())
+        heads.append(torch.full((caps[h],), h, dtype=torch.long))
+    vals_t, heads_t = torch.cat(vals), torch.cat(heads)
+    # stable sort: ties go to the lower head index, deterministic
+    order = torch.sort(-vals_t, stable=True).indices[:total_rank]
+    counts = torch.bincount(heads_t[order], minlength=len(spectra))
+    return tuple(int(c) for c in counts)
+
+
+def _whitening(calib, Y) -> Whitening:
+    if isinstance(calib, Whitening):
+        return calib
+    return Whitening.from_calibration(calib, Y.shape)
+
+
+def truncatt(Y: TensorLike, ranks: Union[int, Sequence[int]], *,
+             calib: Optional[Union[torch.Tensor, Whitening]] = None) -> TruncAttResult:
+    """Per-head truncated SVD ``Y[:, :, h] ~= A_h B_h^T`` of rank ``ranks[h]`` (paper 004, Sec. 2.3).
+
+    Args:
+        Y: (I, J, H) tensor or :class:`HeadFactors` (then no slice is formed: QR + p x p SVD).
+        ranks: one int (equal ranks, TruncAtt) or H ints (irregular; 0 allowed for a head).
+        calib: optional calibration tokens (..., F) or a :class:`Whitening`: the activation-aware
+            variant, minimising the logits error ``||X~ (Y_h - Yhat_h) X^T||`` on the batch.
+    Returns:
+        :class:`TruncAttResult` in the dtype of ``Y`` (computed in float64).
+    """
+    check_tensor_like(Y)
+    I, J, H = Y.shape
+    p_max = Y.P.shape[2] if isinstance(Y, HeadFactors) else min(I, J)
+    p_max = min(p_max, I, J)
+    ranks = normalize_ranks(ranks, H, p_max)
+    Y64 = as_float64(Y)
+    wh = _whitening(calib, Y64) if calib is not None else None
+    Yw = wh.apply(Y64) if wh is not None else Y64
+    A, B, spectra = [], [], []
+    dropped = 0.0
+    for h in range(H):
+        u, s, v = _slice_svd(Yw, h)
+        r = ranks[h]
+        root = s[:r].sqrt()
+        a, b = u[:, :r] * root, v[:, :r] * root
+        if wh is not None:
+            a, b = wh.unwhiten_q(a), wh.unwhiten_k(b)
+        A.append(a.to(Y.dtype))
+        B.append(b.to(Y.dtype))
+        spectra.append(s)
+        dropped += float((s[r:] ** 2).sum())  # the thin SVD holds the whole spectrum of the slice
+    total = float(norm_sq(Yw))
+    rel = (dropped / total) ** 0.5 if total > 0 else 0.0
+    return TruncAttResult(A, B, ranks, spectra, rel)
