@@ -1,5 +1,10 @@
-"""White-box analysis tools: coding rates of the MCR² family (:mod:`.rates`) and the ECA
-toy experiment (:mod:`.eca_toy`, run with ``python -m whiteformer.analysis.eca_toy --out DIR``)."""
+"""White-box analysis tools: coding rates of the MCR² family (:mod:`.rates`), layer-wise
+capture of tokens and memberships (``with capture(model) as rec``), the layer-wise coding-rate
+report, membership / class-token attention maps (``viz`` extra), and the ECA toy experiment
+(:mod:`.eca_toy`, run with ``python -m whiteformer.analysis.eca_toy --out DIR``)."""
+from .capture import BlockRecord, Recording, capture
+from .maps import cls_attention_maps, membership_maps
+from .report import LayerwiseReport, layerwise_report
 from .rates import (
     coding_rate,
     compression_rate,
@@ -10,6 +15,13 @@ from .rates import (
 )
 
 __all__ = [
+    "BlockRecord",
+    "LayerwiseReport",
+    "Recording",
+    "capture",
+    "cls_attention_maps",
+    "layerwise_report",
+    "membership_maps",
     "coding_rate",
     "compression_rate",
     "logdet_f",

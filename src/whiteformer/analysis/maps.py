@@ -1,0 +1,231 @@
+"""Pictures of what the heads do on images: membership maps and class-token attention maps.
+
+* :func:`membership_maps`: each head's memberships Pi (one column pi_k of the N x K matrix)
+  reshaped to the patch grid, next to the input image (ToST Fig. 4b / 9, DMSA Fig. 6, ECA Fig. 6).
+* :func:`cls_attention_maps`: the class token's softmax attention over the patch tokens in a
+  class-attention block, per head (ToST Fig. 5 / 10). The fused layer does not expose the
+  weights, so they are recomputed from the layer's ``qkv`` on its captured input
+  (:func:`class_attention_weights`).
+
+Both write one PNG grid (a row per image: the image, then one heat map per head) and return
+the maps (B, H, Hp, Wp) they drew. The PNG is ``rows * cell_size * dpi`` pixels high and
+``(1 + H) * cell_size * dpi`` wide. Needs matplotlib (``viz`` extra).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.nn as nn
+
+from ._viz import new_figure, require_matplotlib
+from .capture import capture, eval_mode
+
+__all__ = ["membership_maps", "cls_attention_maps", "class_attention_weights", "patch_grid"]
+
+
+def patch_grid(model: nn.Module, image_hw: Tuple[int, int], num_tokens: int) -> Tuple[int, int, int]:
+    """(prefix, Hp, Wp): how ``num_tokens`` tokens of an image of size ``image_hw`` split into
+    ``prefix`` leading non-patch tokens (class token) and a row-major Hp x Wp patch grid.
+
+    Uses ``model.patch_embed.patch_size`` when present, else the factorisation Hp * Wp of the
+    token count (minus ``model.num_prefix_tokens``, if any) closest to the image's aspect ratio."""
+    H, W = image_hw
+    prefixes = sorted({0, int(getattr(model, "num_prefix_tokens", 0) or 0)})
+    pe = getattr(model, "patch_embed", None)
+    ps = getattr(pe, "patch_size", None)
+    if ps is not None:
+        ph, pw = (ps, ps) if isinstance(ps, int) else tuple(ps)
+        hp, wp = math.ceil(H / ph), math.ceil(W / pw)
+        for pre in prefixes:
+            if hp * wp + pre == num_tokens:
+                return pre, hp, wp
+    best = None
+    for pre in prefixes:
+        n = num_tokens - pre
+        for hp in range(1, n + 1):
+            if n % hp:
+                continue
+            wp = n // hp
+            err = abs(math.log((hp / wp) / (H / W)))
+            if best is None or err < best[0] - 1e-12:
+                best = (err, pre, hp, wp)
+    if best is None:
+        raise ValueError(f"cannot arrange {num_tokens} tokens on a patch grid for images of size {H}x{W}")
+    return best[1], best[2], best[3]
+
+
+def class_attention_weights(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Attention of the class token (index 0) over all tokens, per head, (B, H, N).
+
+    ``softmax(q_0 k_j^T * scale)`` with ``q_0``, ``k_j`` from the rows of the layer's ``qkv``
+    (q: rows 0..C-1, k: C..2C-1, (3, H, p) layout) and ``scale = p^-1/2`` (CaiT/XCiT class
+    attention), computed in float32 (float64 for float64 inputs). ``x`` (B, N, C) is the layer's
+    input (the normalised tokens, class token first), e.g. ``rec.class_attention[i].input``."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 3:
+        raise ValueError(f"x must be a (B, N, C) tensor, got {getattr(x, 'shape', type(x).__name__)}")
+    C, H = attn.dim, attn.num_heads
+    if x.shape[-1] != C:
+        raise ValueError(f"x must have last dimension {C}, got shape {tuple(x.shape)}")
+    cd = torch.float64 if x.dtype == torch.float64 else torch.float32
+    w = attn.qkv.weight.to(cd)
+    b = None if attn.qkv.bias is None else attn.qkv.bias.to(cd)
+    xc = x.to(cd)
+    q = torch.nn.functional.linear(xc[:, :1], w[:C], None if b is None else b[:C])  # (B, 1, C)
+    k = torch.nn.functional.linear(xc, w[C:2 * C], None if b is None else b[C:2 * C])  # (B, N, C)
+    q = q.reshape(x.shape[0], 1, H, -1).transpose(1, 2)  # (B, H, 1, p)
+    k = k.reshape(x.shape[0], x.shape[1], H, -1).transpose(1, 2)  # (B, H, N, p)
+    logits = (q @ k.transpose(-1, -2)).squeeze(-2) * attn.scale  # (B, H, N)
+    return logits.softmax(-1)
+
+
+def _check_images(images) -> None:
+    if not isinstance(images, torch.Tensor) or images.dim() != 4 or not images.dtype.is_floating_point:
+        raise ValueError(f"images must be a floating (B, C, H, W) tensor, got "
+                         f"{getattr(images, 'shape', type(images).__name__)}")
+    if images.shape[0] == 0:
+        raise ValueError("images is an empty batch (B = 0)")
+
+
+def _image_for_display(img: torch.Tensor):
+    """(C, H, W) -> array (H, W) or (H, W, 3) in [0, 1] (per-image min-max)."""
+    img = img.detach().float().cpu()
+    img = img[:1] if img.shape[0] < 3 else img[:3]
+    lo, hi = img.min(), img.max()
+    img = (img - lo) / (hi - lo) if hi > lo else torch.zeros_like(img)
+    return img[0].numpy() if img.shape[0] == 1 else img.permute(1, 2, 0).numpy()
+
+
+def _draw_grid(images: torch.Tensor, maps: torch.Tensor, out_path, title: str, scale_per_map: bool,
+               cell_size: float, dpi: int, cmap: str) -> Path:
+    rows, heads = maps.shape[0], maps.shape[1]
+    fig = new_figure(((1 + heads) * cell_size, rows * cell_size), dpi, title)
+    axes = fig.subplots(rows, 1 + heads, squeeze=False)
+    for i in range(rows):
+        img = _image_for_display(images[i])
+        axes[i][0].imshow(img, cmap="gray" if img.ndim == 2 else None)
+        for h in range(heads):
+            m = maps[i, h].numpy()
+            lo, hi = (float(m.min()), float(m.max())) if scale_per_map else (0.0, 1.0)
+            axes[i][1 + h].imshow(m, cmap=cmap, vmin=lo, vmax=hi if hi > lo else lo + 1.0, interpolation="nearest")
+        if i == 0:
+            axes[i][0].set_title("image", fontsize=8)
+            for h in range(heads):
+                axes[i][1 + h].set_title(f"head {h}", fontsize=8)
+    for ax in fig.axes:
+        ax.set_axis_off()
+    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=1 - 0.15 / rows, wspace=0.05, hspace=0.05)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(str(out), dpi=dpi, format="png")
+    return out
+
+
+def _positive(value, name: str):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+def _count(max_images, available: int) -> int:
+    if max_images is None:
+        return available
+    if isinstance(max_images, bool) or not isinstance(max_images, int) or max_images < 1:
+        raise ValueError(f"max_images must be a positive int or None, got {max_images!r}")
+    return min(available, max_images)
+
+
+def _select(seq, index: int, what: str):
+    if isinstance(index, bool) or not isinstance(index, int) or not -len(seq) <= index < len(seq):
+        raise ValueError(f"{what} must be an int in [-{len(seq)}, {len(seq)}), got {index!r}")
+    return seq[index]
+
+
+def membership_maps(
+    model: nn.Module,
+    images: torch.Tensor,
+    out_path: Union[str, Path],
+    layer: int = -1,
+    *,
+    max_images: Optional[int] = 8,
+    cell_size: float = 1.5,
+    dpi: int = 100,
+    cmap: str = "viridis",
+) -> torch.Tensor:
+    """Draw each head's memberships over the patch grid next to each image (PNG grid).
+
+    Args:
+        model: a vision model whose blocks compute memberships (TSSA, DMSA, ECA attention).
+        images: (B, C, H, W) input batch (model-ready, e.g. normalised).
+        out_path: PNG file to write (parent directories are created).
+        layer: index of the block (among the recorded blocks, negative from the end).
+        max_images: draw at most this many images (None: all).
+        cell_size, dpi: each cell is ``cell_size`` inches at ``dpi``; colour scale [0, 1].
+    Returns:
+        the drawn maps (B', H, Hp, Wp) (float32, CPU): ``maps[i, k]`` = pi_k of image i.
+    """
+    require_matplotlib("membership_maps")
+    _check_images(images)
+    _positive(cell_size, "cell_size")
+    _positive(dpi, "dpi")
+    _count(max_images, 1)
+    with torch.no_grad(), eval_mode(model), capture(model) as rec:
+        model(images)
+    if not rec.blocks:
+        raise ValueError(f"model ({type(model).__name__}) has no attention blocks")
+    r = _select(rec.blocks, layer, "layer")
+    if r.pi is None:
+        raise ValueError(
+            f"block {r.name!r} ({type(r.attn).__name__}) has no memberships Pi; membership maps need "
+            "TSSA, DMSA or ECA attention"
+        )
+    pi = r.pi.float().cpu()  # (B, H, N)
+    pre, hp, wp = patch_grid(model, tuple(images.shape[-2:]), pi.shape[-1])
+    n = _count(max_images, pi.shape[0])
+    maps = pi[:n, :, pre:].reshape(n, pi.shape[1], hp, wp)
+    _draw_grid(images[:n], maps, out_path, "membership_maps", False, cell_size, dpi, cmap)
+    return maps
+
+
+def cls_attention_maps(
+    model: nn.Module,
+    images: torch.Tensor,
+    out_path: Union[str, Path],
+    block: int = -1,
+    *,
+    max_images: Optional[int] = 8,
+    cell_size: float = 1.5,
+    dpi: int = 100,
+    cmap: str = "inferno",
+) -> torch.Tensor:
+    """Draw the class token's attention over the patches, per head, in a class-attention block.
+
+    Args:
+        model: a model with class-attention layers (the ToST/XCiT shell's ``cls_attn_blocks``).
+        images: (B, C, H, W).
+        out_path: PNG file to write.
+        block: which class-attention block (default the last; ToST has two).
+        max_images, cell_size, dpi: as :func:`membership_maps`; each map's colours span its
+            own [min, max].
+    Returns:
+        the drawn maps (B', H, Hp, Wp): softmax weights of the class token's query on the patch
+        tokens (the weight on the class token itself is left out, so a map sums to <= 1).
+    """
+    require_matplotlib("cls_attention_maps")
+    _check_images(images)
+    _positive(cell_size, "cell_size")
+    _positive(dpi, "dpi")
+    _count(max_images, 1)
+    with torch.no_grad(), eval_mode(model), capture(model) as rec:
+        model(images)
+    if not rec.class_attention:
+        raise ValueError(f"model ({type(model).__name__}) has no class-attention layers (ClassAttention)")
+    r = _select(rec.class_attention, block, "block")
+    with torch.no_grad():
+        weights = class_attention_weights(r.attn, r.input).float().cpu()  # (B, H, 1 + N)
+    pre, hp, wp = patch_grid(model, tuple(images.shape[-2:]), weights.shape[-1] - 1)
+    n = _count(max_images, weights.shape[0])
+    maps = weights[:n, :, 1 + pre:].reshape(n, weights.shape[1], hp, wp)
+    _draw_grid(images[:n], maps, out_path, "cls_attention_maps", True, cell_size, dpi, cmap)
+    return maps

@@ -1,0 +1,257 @@
+"""Layer-wise coding rates of a model's token features (ToST Fig. 4a, DMSA Fig. 5).
+
+:func:`layerwise_report` runs the model once on a batch (eval mode, no grad) under
+:func:`~whiteformer.analysis.capture.capture` and measures, for each block l, on the tokens
+Z^l of each sample (one image / sequence = one Z, tokens as rows, (N, d)), averaged over the
+batch (:mod:`whiteformer.analysis.rates`):
+
+========== ==================================================================================
+R          coding rate R(Z^l) (ToST Eq. 1)
+R_c        compression term R_c(Z^l, Pi^l) with the layer's memberships (ToST Eq. 1)
+delta_R    rate reduction R - R_c (ToST Eq. 1)
+R_c_var    variational compression term R^var_c,f(Z^l, Pi^l | U^l) (ToST Eq. 4, DMSA Eq. 15),
+           f(x) = log(1 + d/eps² x): the curve of ToST Fig. 4a / DMSA Fig. 5
+delta_R_var R - R_c_var (DMSA Eq. 16)
+R_c_U      subspace compression term R_c(Z^l | U^l_[K]) (ECA Eq. 2, CRATE)
+========== ==================================================================================
+
+Choices (the papers do not pin them down beyond "the outputs of each layer"):
+
+* Z^l: ``features="output"`` (default) is the block's output tokens, as ToST Fig. 4a ("the TSSA
+  outputs Z^l") and DMSA Sec. IV-D ("the output Z after the DMSA block") measure it;
+  ``features="input"`` is the attention layer's input (the normalised tokens Pi^l was computed
+  from). Vision shells: the patch tokens (the class token joins only in the head); CRATE/DeiT
+  blocks also carry their class token.
+* Pi^l: the memberships the attention layer computed in that forward pass, (B, N, K).
+  R_c and delta_R need rows on the simplex: memberships that are not (DMSA's sigmoid Pi) are
+  normalised over the heads for these two columns (a token with all-zero Pi counts uniformly);
+  R_c_var uses the raw Pi (DMSA Eq. 15's decoupled form).
+* U^l: the layer's projection (:func:`layer_bases`): U_k = (qkv rows of head k)^T (d, p) for
+  TSSA / causal TSSA / MSSA, ECA's ``U``; for DMSA the gated bases U_k^S = gate_k * S_k (DMSA
+  Eq. 13-15, gate (B, K) from that sample), per sample. Biases are ignored.
+* Columns a layer cannot give are None (no Pi: MHSA/XCA/MSSA have no R_c, delta_R, R_c_var;
+  no U: MHSA/XCA have no R_c_var, R_c_U).
+
+All rates are computed in float64 (``dtype``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+import torch
+import torch.nn as nn
+
+from . import rates
+from ._viz import new_figure, require_matplotlib
+from .capture import BlockRecord, attention_basis, capture, eval_mode
+
+__all__ = ["LayerwiseReport", "layerwise_report", "layer_bases", "simplex_memberships", "COLUMNS"]
+
+COLUMNS = ("layer", "name", "attn", "tokens", "dim", "heads", "R", "R_c", "delta_R", "R_c_var", "delta_R_var",
+           "R_c_U")
+_RATES = ("R", "R_c", "delta_R", "R_c_var", "delta_R_var", "R_c_U")
+_FEATURES = ("output", "input")
+JSON_NAME, PNG_NAME = "layerwise_report.json", "layerwise_report.png"
+
+
+# ----------------------------------------------------------------------------- per-layer pieces
+def layer_bases(record: BlockRecord, dtype: Optional[torch.dtype] = None) -> Optional[torch.Tensor]:
+    """The bases U^l used for R_c_var and R_c_U: (d, K*p), or per sample (B, K, d, p) for DMSA
+    (U_k^S = gate_k * S_k, DMSA Eq. 13-15, with the recorded head gate); None if the layer has
+    none. Returned in ``dtype`` (default: the weight's), on the gate's device when gated."""
+    U = attention_basis(record.attn)
+    if U is None:
+        return None
+    U = U.to(dtype or U.dtype)
+    if record.gate is None:
+        return U
+    K = record.gate.shape[-1]
+    d = U.shape[0]
+    Uk = U.to(record.gate.device).reshape(d, K, -1).transpose(0, 1)  # (K, d, p)
+    return record.gate.to(U.dtype)[:, :, None, None] * Uk  # (B, K, d, p)
+
+
+def simplex_memberships(Pi: torch.Tensor) -> torch.Tensor:
+    """Pi (..., N, K) with each row normalised to sum to 1 (all-zero rows become uniform)."""
+    Pi = Pi.clamp_min(0)
+    s = Pi.sum(-1, keepdim=True)
+    uniform = torch.full_like(Pi, 1.0 / Pi.shape[-1])
+    return torch.where(s > 0, Pi / torch.where(s > 0, s, torch.ones_like(s)), uniform)
+
+
+def _on_simplex(Pi: torch.Tensor) -> bool:
+    return bool((Pi >= -1e-6).all()) and bool(((Pi.sum(-1) - 1).abs() <= 1e-4 * max(1, Pi.shape[-1])).all())
+
+
+def _layer_row(r: BlockRecord, features: str, eps: float, dtype: torch.dtype) -> Dict[str, Any]:
+    Z = r.output if features == "output" else r.attn_input
+    Z = Z.to(dtype)
+    if Z.dim() == 2:
+        Z = Z[None]
+    U = layer_bases(r, dtype)
+    U = None if U is None else U.to(device=Z.device, dtype=dtype)
+    Pi = r.memberships
+    K = r.num_heads if U is None or U.dim() == 2 else U.shape[-3]
+    row: Dict[str, Any] = {"layer": r.index, "name": r.name, "attn": type(r.attn).__name__,
+                           "tokens": Z.shape[-2], "dim": Z.shape[-1], "heads": r.num_heads}
+    row.update({k: None for k in _RATES})
+    mean = lambda t: float(t.mean().item())  # noqa: E731 (average over the samples of the batch)
+    R = rates.coding_rate(Z, eps, dtype=dtype)
+    row["R"] = mean(R)
+    if Pi is not None:
+        Pi = Pi.to(device=Z.device, dtype=dtype)
+        if Pi.shape[-2] != Z.shape[-2]:
+            raise ValueError(f"block {r.name!r}: {Pi.shape[-2]} memberships for {Z.shape[-2]} tokens")
+        Ps = Pi if _on_simplex(Pi) else simplex_memberships(Pi)
+        row["R_c"] = mean(rates.compression_rate(Z, Ps, eps, dtype=dtype))
+        row["delta_R"] = mean(rates.rate_reduction(Z, Ps, eps, dtype=dtype))
+        if U is not None:
+            Rv = rates.variational_compression_rate(Z, Pi, U, eps, num_heads=K if U.dim() == 2 else None,
+                                                    decoupled=not _on_simplex(Pi), dtype=dtype)
+            row["R_c_var"] = mean(Rv)
+            row["delta_R_var"] = mean(R - Rv)
+    if U is not None:
+        row["R_c_U"] = mean(rates.subspace_compression_rate(Z, U, eps, num_heads=K if U.dim() == 2 else None,
+                                                            dtype=dtype))
+    return row
+
+
+# ----------------------------------------------------------------------------- report
+@dataclasses.dataclass
+class LayerwiseReport:
+    """Rows (one dict per block, keys :data:`COLUMNS`) and the settings they were measured with."""
+
+    rows: List[Dict[str, Any]]
+    eps: float
+    features: str
+    num_samples: int
+    model: str = ""
+    files: List[str] = dataclasses.field(default_factory=list)
+
+    columns = COLUMNS
+
+    def column(self, key: str) -> List[Optional[float]]:
+        """One column over the layers."""
+        if key not in COLUMNS:
+            raise KeyError(f"unknown column {key!r}; columns: {COLUMNS}")
+        return [row[key] for row in self.rows]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"model": self.model, "eps": self.eps, "features": self.features, "num_samples": self.num_samples,
+                "columns": list(COLUMNS), "rows": self.rows}
+
+    def to_markdown(self, digits: int = 4) -> str:
+        """A GitHub-markdown table (None shown as "-")."""
+        def fmt(v):
+            if v is None:
+                return "-"
+            if isinstance(v, float):
+                return f"{v:.{digits}g}"
+            return str(v)
+
+        lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        lines += ["| " + " | ".join(fmt(row[c]) for c in COLUMNS) + " |" for row in self.rows]
+        return "\n".join(lines)
+
+    def save(self, out_dir: Union[str, Path], plot: bool = True) -> List[str]:
+        """Write ``layerwise_report.json`` (and ``layerwise_report.png`` when ``plot``) to
+        ``out_dir`` (created); returns the written paths."""
+        if plot:
+            require_matplotlib("layerwise_report's plot (plot=False writes the JSON only)")
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        files = [str(out / JSON_NAME)]
+        with open(files[0], "w") as fh:
+            json.dump(self.to_dict(), fh, indent=1)
+        if plot:
+            files.append(str(out / PNG_NAME))
+            self.plot(files[1])
+        self.files = files
+        return files
+
+    def plot(self, path: Union[str, Path], dpi: int = 100) -> None:
+        """Three panels over the layers: R_c_var (ToST Fig. 4a / DMSA Fig. 5); R, R_c, delta_R;
+        R_c(Z|U)."""
+        fig = new_figure((15, 4), dpi, "layerwise_report's plot")
+        from matplotlib.ticker import MaxNLocator
+
+        axes = fig.subplots(1, 3)
+        x = [row["layer"] for row in self.rows]
+        panels = [
+            ("variational compression R_c^var(Z, Pi | U)", [("R_c_var", "o-")]),
+            ("rates", [("R", "o-"), ("R_c", "s--"), ("delta_R", "^:")]),
+            ("subspace compression R_c(Z | U)", [("R_c_U", "o-")]),
+        ]
+        for ax, (title, curves) in zip(axes, panels):
+            drawn = False
+            for key, style in curves:
+                pts = [(xi, v) for xi, v in zip(x, self.column(key)) if v is not None]
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=key)
+                    drawn = True
+            if drawn:
+                ax.legend()
+            else:
+                ax.text(0.5, 0.5, "not available for this model", ha="center", va="center", transform=ax.transAxes)
+            ax.set_title(title)
+            ax.set_xlabel("layer")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        fig.suptitle(f"{self.model}: {self.features} tokens, eps={self.eps:g}, {self.num_samples} samples")
+        fig.tight_layout()
+        fig.savefig(str(path), dpi=dpi)
+
+
+def layerwise_report(
+    model: nn.Module,
+    images_or_tokens: torch.Tensor,
+    eps: float = 0.5,
+    out_dir: Optional[Union[str, Path]] = None,
+    *,
+    features: str = "output",
+    plot: bool = True,
+    dtype: torch.dtype = torch.float64,
+) -> LayerwiseReport:
+    """Per-layer R, R_c, delta_R, R_c^var, R_c(Z|U) of ``model`` on a batch (see module docstring).
+
+    Args:
+        model: an ``nn.Module`` with attention blocks (vision shell, LM, CRATE, DeiT, ...); it is
+            called as ``model(images_or_tokens)`` in eval mode under ``torch.no_grad`` (each
+            submodule's training flag is restored afterwards).
+        images_or_tokens: the model input, e.g. images (B, C, H, W) or token ids (B, T); each
+            sample's tokens are one Z, the rates are averaged over the B samples.
+        eps: quantisation error of the coding rates (> 0).
+        out_dir: if given, write ``layerwise_report.json`` and (``plot``) ``layerwise_report.png``.
+        features: "output" (block outputs, default) or "input" (attention inputs).
+        dtype: accumulation dtype of the rates (float64 or float32).
+    Returns:
+        a :class:`LayerwiseReport` (``.rows``, ``.to_markdown()``, ``.files``).
+    Raises:
+        ValueError: bad ``features``/``eps``, or no block ran; ImportError (naming the ``viz``
+        extra) when a plot is requested without matplotlib (checked before running the model).
+    """
+    if features not in _FEATURES:
+        raise ValueError(f"features must be one of {_FEATURES}, got {features!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+    if out_dir is not None and plot:
+        require_matplotlib("layerwise_report's plot (plot=False writes the JSON only)")
+    if not isinstance(images_or_tokens, torch.Tensor):
+        raise TypeError(f"images_or_tokens must be a torch.Tensor, got {type(images_or_tokens).__name__}")
+
+    with torch.no_grad(), eval_mode(model), capture(model) as rec:
+        model(images_or_tokens)
+    ran = [r for r in rec.blocks if r.calls > 0 and r.output is not None]
+    if not ran:
+        raise ValueError("no attention block ran during model(images_or_tokens)")
+    rows = [_layer_row(r, features, float(eps), dtype) for r in ran]
+    name = getattr(model, "model_name", None) or type(model).__name__
+    report = LayerwiseReport(rows, float(eps), features, int(images_or_tokens.shape[0]), str(name))
+    if out_dir is not None:
+        report.save(out_dir, plot=plot)
+    return report
