@@ -31,3 +31,11 @@ __all__ = [
     "TruncAtt", "compress_linear", "compress_mlp", "MHSASpec", "mhsa_spec", "qk_factors", "vo_factors",
     "TruncAttResult", "allocate_ranks_spectral", "head_spectra", "truncatt", "Whitening",
 ]
+
+# --- model-level compression (compress(), report, Sec. 3.3 constraints, latency) ---
+from .latency import measure_latency  # noqa: E402
+from .model import (CompressionReport, apply_compression_spec, apply_fusion_constraints, compress,  # noqa: E402
+                    compression_spec)
+
+__all__ += ["compress", "CompressionReport", "apply_fusion_constraints", "apply_compression_spec",
+            "compression_spec", "measure_latency"]

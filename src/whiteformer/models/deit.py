@@ -172,7 +172,8 @@ class VisionTransformer(PretrainedMixin, nn.Module):
     ('token' or 'avg'; 'avg' uses ``fc_norm`` after pooling instead of ``norm``, as timm),
     embed_dim, depth, num_heads, mlp_ratio, qkv_bias, init_values (layer scale; None: off),
     drop_rate (head dropout), pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate
-    (linearly increasing over blocks).
+    (linearly increasing over blocks), compression (per-block specs of a model compressed by
+    :func:`whiteformer.compress.compress`, recorded in its checkpoint; None: plain ViT).
     Shapes: images (B, in_chans, H, W) with (H, W) = img_size -> logits (B, num_classes).
     """
 
@@ -180,7 +181,7 @@ class VisionTransformer(PretrainedMixin, nn.Module):
                  global_pool: str = "token", embed_dim: int = 768, depth: int = 12, num_heads: int = 12,
                  mlp_ratio: float = 4.0, qkv_bias: bool = True, init_values: Optional[float] = None,
                  drop_rate: float = 0.0, pos_drop_rate: float = 0.0, proj_drop_rate: float = 0.0,
-                 attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0):
+                 attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0, compression: Optional[dict] = None):
         super().__init__()
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
@@ -212,6 +213,10 @@ class VisionTransformer(PretrainedMixin, nn.Module):
         self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        if compression is not None:  # compressed blocks (whiteformer.compress), rebuilt before loading weights
+            from ..compress.model import apply_compression_spec
+
+            apply_compression_spec(self, compression)
         self._init_weights()
 
     def _init_weights(self) -> None:

@@ -1,0 +1,331 @@
+"""The ``whiteformer`` command (also ``python -m whiteformer``).
+
+    whiteformer train    [-c FILE.yaml] [--key value | key=value ...]   train / fine-tune a model
+    whiteformer eval     --checkpoint RUN_OR_DIR [--dataset NAME --split test ...]
+    whiteformer generate --checkpoint LM_RUN [--prompt TEXT --max-new-tokens N ...]
+    whiteformer analyze  ANALYSIS [--out DIR ...]                         (eca-toy, report)
+    whiteformer compress ...                                              (whiteformer.compress.cli)
+    whiteformer list-models [PATTERN]        whiteformer list-datasets
+
+Options come from the command's configuration dataclass (``whiteformer train --help`` lists
+them), a YAML file (``-c``) and overrides, the last winning. Data-parallel training:
+``torchrun --nproc_per_node=N -m whiteformer train ...``.
+
+Extension points: ``@register_command(name, help)`` adds a subcommand (a function taking the
+remaining arguments and returning an exit code), ``register_lazy_command(name, "module:function",
+help)`` one imported on first use; ``@register_analysis(name, help)`` adds an ``analyze`` target.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+__all__ = ["main", "register_command", "register_lazy_command", "register_analysis", "COMMANDS", "ANALYSES"]
+
+
+@dataclass
+class Command:
+    name: str
+    help: str
+    run: Callable[[List[str]], int]
+
+
+COMMANDS: Dict[str, Command] = {}
+ANALYSES: Dict[str, Tuple[str, Callable]] = {}
+
+
+def register_command(name: str, help: str) -> Callable:
+    """Decorator registering ``fn(argv: list[str]) -> int`` as ``whiteformer <name>``."""
+
+    def deco(fn: Callable[[List[str]], int]) -> Callable[[List[str]], int]:
+        if name in COMMANDS:
+            raise ValueError(f"command {name!r} is already registered")
+        COMMANDS[name] = Command(name, help, fn)
+        return fn
+
+    return deco
+
+
+def register_lazy_command(name: str, target: str, help: str) -> None:
+    """Register ``whiteformer <name>`` as ``module:function`` (imported on first use; the function
+    takes the remaining arguments and returns an exit code)."""
+    module, _, func = target.partition(":")
+
+    def run(argv: List[str]) -> int:
+        import importlib
+
+        try:
+            fn = getattr(importlib.import_module(module), func)
+        except (ImportError, AttributeError) as err:
+            raise UsageError(f"command {name!r} is not available ({target}): {err}") from err
+        rc = fn(argv)
+        return rc if isinstance(rc, int) else 0
+
+    register_command(name, help)(run)
+
+
+def register_analysis(name: str, help: str) -> Callable:
+    """Decorator registering ``fn(cfg: AnalyzeConfig) -> int`` as ``whiteformer analyze <name>``."""
+
+    def deco(fn: Callable) -> Callable:
+        ANALYSES[name] = (help, fn)
+        return fn
+
+    return deco
+
+
+class UsageError(Exception):
+    pass
+
+
+def _split_config(argv: Sequence[str]) -> Tuple[Optional[str], List[str], bool]:
+    """Extract ``-c/--config FILE`` and ``-h/--help``; return (yaml, rest, help)."""
+    yaml_path, rest, want_help = None, [], False
+    i = 0
+    argv = list(argv)
+    while i < len(argv):
+        a = argv[i]
+        if a in ("-h", "--help"):
+            want_help = True
+        elif a in ("-c", "--config"):
+            if i + 1 >= len(argv):
+                raise UsageError(f"{a} needs a YAML file")
+            yaml_path = argv[i + 1]
+            i += 1
+        elif a.startswith("--config="):
+            yaml_path = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+        i += 1
+    return yaml_path, rest, want_help
+
+
+def _config(cls, argv: Sequence[str], name: str, usage: str = ""):
+    from .train.configuration import build_config, format_fields, parse_overrides
+
+    yaml_path, rest, want_help = _split_config(argv)
+    if want_help:
+        doc = (cls.__doc__ or "").strip().splitlines()[0]
+        print(f"usage: whiteformer {name} {usage or '[-c FILE.yaml] [--key value | key=value ...]'}\n\n{doc}\n\n"
+              f"options:\n{format_fields(cls)}")
+        return None
+    return build_config(cls, yaml_path, parse_overrides(rest))
+
+
+def _command_line() -> str:
+    return " ".join(shlex.quote(a) for a in (["whiteformer"] + sys.argv[1:])) if sys.argv else "whiteformer"
+
+
+# ---------------------------------------------------------------------------------- commands
+@register_command("train", "train or fine-tune a model (resumable, DDP under torchrun)")
+def cmd_train(argv: List[str]) -> int:
+    from .train import TrainConfig, train
+
+    cfg = _config(TrainConfig, argv, "train")
+    if cfg is None:
+        return 0
+    res = train(cfg, command=_command_line())
+    if res.get("final_dir") is None:  # not the main process
+        return 0
+    final = res["final_eval"]
+    if "acc" in final:
+        print(f"final {cfg.eval_split} accuracy {100 * final['acc']:.2f} % (loss {final['loss']:.4f}, "
+              f"{final['n']} samples); training time {res['train_time_s']:.1f} s")
+    else:
+        print(f"final validation loss {final['loss']:.4f} (perplexity {final['ppl']:.3f}); "
+              f"training time {res['train_time_s']:.1f} s")
+    print(f"model: {res['final_dir']}")
+    if res.get("report"):
+        figs = ", ".join(str(cfg.out) + "/" + f for f in res.get("figures", {}).values())
+        print(f"report: {res['report']}" + (f" (figures: {figs})" if figs else ""))
+    return 0
+
+
+@register_command("eval", "accuracy / loss of a checkpoint on a dataset split")
+def cmd_eval(argv: List[str]) -> int:
+    from .train import EvalConfig
+    from .train.evaluate import evaluate
+
+    cfg = _config(EvalConfig, argv, "eval", "--checkpoint RUN_OR_DIR [--dataset NAME] [--split test] [...]")
+    if cfg is None:
+        return 0
+    res = evaluate(cfg)
+    if cfg.json:
+        print(json.dumps(res))
+    elif "acc" in res:
+        print(f"{res['dataset']}/{res['split']}: accuracy {100 * res['acc']:.2f} % loss {res['loss']:.4f} "
+              f"({res['n']} samples) [{res['checkpoint']}]")
+    else:
+        print(f"{res['dataset']}/{res['split']}: loss {res['loss']:.4f} perplexity {res['ppl']:.3f} "
+              f"({res['n']} tokens) [{res['checkpoint']}]")
+    return 0
+
+
+@register_command("generate", "sample text from a language-model checkpoint")
+def cmd_generate(argv: List[str]) -> int:
+    from .train import GenerateConfig
+    from .train.evaluate import generate
+
+    cfg = _config(GenerateConfig, argv, "generate", "--checkpoint LM_RUN [--prompt TEXT] [...]")
+    if cfg is None:
+        return 0
+    for i, text in enumerate(generate(cfg)):
+        if cfg.num_samples > 1:
+            print(f"--- sample {i + 1}")
+        print(text)
+    return 0
+
+
+@register_command("analyze", "white-box analyses: " + "eca-toy, report")
+def cmd_analyze(argv: List[str]) -> int:
+    from .train import AnalyzeConfig
+
+    if not argv or argv[0].startswith("-"):
+        if argv and argv[0] in ("-h", "--help"):
+            _analyze_usage()
+            return 0
+        raise UsageError("analyze needs an analysis name: " + ", ".join(sorted(ANALYSES)))
+    name, rest = argv[0], argv[1:]
+    if name not in ANALYSES:
+        raise UsageError(f"unknown analysis {name!r}; available: {', '.join(sorted(ANALYSES))}")
+    cfg = _config(AnalyzeConfig, rest, f"analyze {name}")
+    if cfg is None:
+        return 0
+    return ANALYSES[name][1](cfg)
+
+
+def _analyze_usage() -> None:
+    from .train import AnalyzeConfig
+    from .train.configuration import format_fields
+
+    print("usage: whiteformer analyze ANALYSIS [--out DIR] [...]\n\nanalyses:")
+    for n, (h, _) in sorted(ANALYSES.items()):
+        print(f"  {n:12s} {h}")
+    print(f"\noptions:\n{format_fields(AnalyzeConfig)}")
+
+
+@register_command("compress", "compress a ViT/DeiT's attention (TruncAtt / CP SlimAtt / IrrAtt), save + report")
+def cmd_compress(argv: List[str]) -> int:
+    from .compress.cli import main as compress_main
+
+    return compress_main(argv)
+
+
+@register_command("list-models", "registered model names (optional fnmatch pattern)")
+def cmd_list_models(argv: List[str]) -> int:
+    from .models import list_models
+
+    if len(argv) > 1 or (argv and argv[0].startswith("-")):
+        if argv and argv[0] in ("-h", "--help"):
+            print("usage: whiteformer list-models [PATTERN]   (e.g. 'tost_*')")
+            return 0
+        raise UsageError("list-models takes at most one pattern, e.g. 'tost_*'")
+    for n in list_models(argv[0] if argv else None):
+        print(n)
+    return 0
+
+
+@register_command("list-datasets", "dataset names for --dataset")
+def cmd_list_datasets(argv: List[str]) -> int:
+    from .data import dataset_builder, list_datasets
+
+    for n in list_datasets():
+        doc = (dataset_builder(n).__doc__ or "").strip().splitlines()
+        print(f"{n:14s} {doc[0] if doc else ''}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------- analyses
+@register_analysis("eca-toy", "ECAttention toy experiment (ECA paper Sec. 4.1; whiteformer.analysis.eca_toy)")
+def analysis_eca_toy(cfg) -> int:
+    try:
+        from .analysis import eca_toy
+    except ImportError as err:
+        raise UsageError(f"the eca-toy analysis is not available: {err}") from err
+    res = eca_toy.run(cfg.out, seed=cfg.seed, small=cfg.small, plots=cfg.plots, **cfg.options)
+    fmt = getattr(eca_toy, "_format_summary", None)
+    if callable(fmt):
+        print(fmt(res))
+    print(f"results: {cfg.out}/eca_toy.json" + "".join(f", {cfg.out}/{f}" for f in res.get("figures", [])))
+    return 0
+
+
+@register_analysis("report", "re-create the report of a classification run (--checkpoint RUN --out DIR)")
+def analysis_report(cfg) -> int:
+    from pathlib import Path
+
+    from .train.build import build_datasets
+    from .train.configuration import ConfigError
+    from .train.distributed import DistInfo, resolve_device
+    from .train.evaluate import load_model, resolve_checkpoint
+    from .train.report import write_report
+    from .train.tasks import ClassificationTask, LMTask, SequenceTask
+
+    if not cfg.checkpoint:
+        raise ConfigError("analyze report needs --checkpoint RUN_DIR")
+    path, run = resolve_checkpoint(cfg.checkpoint)
+    if not run:
+        raise ConfigError(f"{str(path)!r} has no train_config.json (not a run written by whiteformer train)")
+    device = resolve_device("auto")
+    model = load_model(path).to(device).eval()
+    train_ds, ds = build_datasets(run["dataset"], run.get("data_dir"), run.get("data_args", {}), run["eval_split"])
+    dist = DistInfo(device=device)
+    if ds.kind == "lm":
+        task = LMTask(train_ds, ds, run["batch_size"], 0, dist, block_size=run["block_size"])
+    else:
+        task = (SequenceTask if ds.kind == "sequence" else ClassificationTask)(train_ds, ds, 1, 0, dist)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {"final_eval": task.evaluate(model)}
+    info = {"model": run["model"], "dataset": run["dataset"], "eval_split": run["eval_split"], "checkpoint": str(path)}
+    print(f"report: {write_report(out, model, task, results, info)}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------- entry point
+def _usage() -> str:
+    lines = ["usage: whiteformer COMMAND [options]   (whiteformer COMMAND --help for its options)", "", "commands:"]
+    lines += [f"  {c.name:14s} {c.help}" for c in COMMANDS.values()]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the console script; returns the exit code (2 for usage/configuration errors)."""
+    from .train.checkpoint import CheckpointError
+    from .train.configuration import ConfigError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        from . import __version__
+
+        print(f"whiteformer {__version__}")
+        return 0
+    name = argv[0]
+    if name not in COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(name, COMMANDS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        print(f"whiteformer: unknown command {name!r}{hint}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    try:
+        return COMMANDS[name].run(argv[1:])
+    except (ConfigError, CheckpointError, UsageError) as err:
+        print(f"whiteformer {name}: error: {err}", file=sys.stderr)
+        return 2
+    except ImportError as err:
+        print(f"whiteformer {name}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"whiteformer {name}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

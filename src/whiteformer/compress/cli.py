@@ -1,0 +1,313 @@
+"""``whiteformer compress``: compress a ViT / DeiT checkpoint's attention (paper 004) and save it.
+
+    whiteformer compress --checkpoint CKPT --model deit_t_p16 --qk irratt --qk-flops-ratio 0.5 \\
+        --vo-rank 32 [--mlp-rank R] [--calib 64 --data digits] \\
+        [--finetune-epochs K --data digits|mnist --data-dir DIR [--fusion-constraints]] --out DIR
+
+writes ``DIR/model.safetensors`` + ``DIR/config.json`` (``save_pretrained``; loads back with
+``create_model(name, checkpoint_path=DIR)``), ``DIR/compression_report.json`` and
+``DIR/compression_report.md`` (Table 1-style summary and per-block table).
+
+Fine-tuning (:func:`finetune`) is a minimal AdamW loop on a registered dataset
+(:func:`whiteformer.data.build_dataset`, images resized to the model's size); with
+``--fusion-constraints`` the head-fusion matrices are projected after every step (Sec. 3.3,
+:func:`~whiteformer.compress.model.apply_fusion_constraints`).
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ["main", "build_parser", "finetune", "evaluate_accuracy", "build_image_datasets"]
+
+
+# ----------------------------------------------------------------------------- data + fine-tuning
+def build_image_datasets(model: nn.Module, data: str, data_dir: Optional[str] = None):
+    """(train, test) splits of the registered image dataset ``data``, resized to the model's
+    ``img_size``; ValueError when channels or classes do not match the model."""
+    from ..data import build_dataset, dataset_builder
+    from .latency import image_input_shape
+
+    chans, h, w = image_input_shape(model)
+    params = inspect.signature(dataset_builder(data)).parameters
+    kw = {}
+    if "img_size" in params:
+        kw["img_size"] = h if h == w else (h, w)
+    if data_dir is not None:
+        if "data_dir" not in params:
+            raise ValueError(f"dataset {data!r} does not read files; remove --data-dir")
+        kw["data_dir"] = data_dir
+    train, test = build_dataset(data, "train", **kw), build_dataset(data, "test", **kw)
+    if getattr(train, "kind", None) != "image":
+        raise ValueError(f"dataset {data!r} does not yield images (kind {getattr(train, 'kind', None)!r})")
+    if train.in_chans != chans:
+        raise ValueError(f"dataset {data!r} has {train.in_chans} channel(s), the model takes {chans}")
+    n_cls = getattr(model, "num_classes", None)
+    if n_cls is not None and n_cls != train.num_classes:
+        raise ValueError(f"dataset {data!r} has {train.num_classes} classes, the model's head {n_cls}")
+    return train, test
+
+
+@torch.no_grad()
+def evaluate_accuracy(model: nn.Module, ds, batch_size: int = 256) -> dict:
+    """Mean cross-entropy and top-1 accuracy of ``model`` on dataset ``ds`` (eval mode, restored)."""
+    from .latency import eval_mode
+
+    dev = next(model.parameters()).device
+    loss = correct = n = 0.0
+    with eval_mode(model):
+        for i in range(0, len(ds), batch_size):
+            x, y = ds.get_batch(torch.arange(i, min(i + batch_size, len(ds))))
+            x, y = x.to(dev), y.to(dev)
+            logits = model(x.to(next(model.parameters()).dtype)).float()
+            loss += float(F.cross_entropy(logits, y, reduction="sum"))
+            correct += float((logits.argmax(-1) == y).sum())
+            n += y.numel()
+    return {"loss": loss / max(n, 1), "acc": correct / max(n, 1), "n": int(n)}
+
+
+def _param_groups(model: nn.Module, weight_decay: float):
+    fn = getattr(model, "no_weight_decay", None)
+    skip = set(fn()) if callable(fn) else set()
+    decay, rest = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (rest if p.ndim <= 1 or name in skip or name.endswith("fusion") else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
+def finetune(model: nn.Module, data: str, *, epochs: int = 1, data_dir: Optional[str] = None, batch_size: int = 64,
+             lr: float = 1e-4, weight_decay: float = 0.05, fusion_constraints: bool = False, seed: int = 0,
+             max_steps: Optional[int] = None, log: Optional[Callable[[str], None]] = None) -> dict:
+    """Fine-tune ``model`` in place: AdamW (no decay on biases, norms, fusion matrices), constant LR,
+    cross-entropy, ``epochs`` passes over the training split in seeded random order (full batches;
+    ``max_steps`` stops early). With ``fusion_constraints`` the fusion matrices are projected onto
+    ``{S >= 0, S S^T = I}`` before training and after every step (paper 004, Sec. 3.3, Eq. 7).
+
+    Returns ``{"dataset", "epochs", "steps", "train_loss" (last epoch), "acc_before", "acc_after",
+    "loss_before", "loss_after", "fusion_constraints", "time_s"}``.
+    """
+    from .model import apply_fusion_constraints
+
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"epochs must be a positive int, got {epochs!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if not (isinstance(lr, (int, float)) and lr > 0):
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    say = log or (lambda _m: None)
+    train_ds, test_ds = build_image_datasets(model, data, data_dir)
+    if len(train_ds) < batch_size:
+        raise ValueError(f"batch_size {batch_size} is larger than the training set ({len(train_ds)} images)")
+    if fusion_constraints and apply_fusion_constraints(model) == 0:
+        raise ValueError("fusion_constraints: the model has no head-fusion matrix (compress with qk='irratt' and "
+                         "fusion='general', or qk='cp')")
+    ref = next(model.parameters())
+    dev, dtype = ref.device, ref.dtype
+    before = evaluate_accuracy(model, test_ds)
+    opt = torch.optim.AdamW(_param_groups(model, weight_decay), lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    steps_per_epoch = len(train_ds) // batch_size
+    t0, steps, mean = time.perf_counter(), 0, float("nan")
+    was_training = model.training
+    model.train()
+    try:
+        for epoch in range(epochs):
+            order = torch.randperm(len(train_ds), generator=g)
+            tot = 0.0
+            done = 0
+            for j in range(steps_per_epoch):
+                if max_steps is not None and steps >= max_steps:
+                    break
+                x, y = train_ds.get_batch(order[j * batch_size:(j + 1) * batch_size])
+                loss = F.cross_entropy(model(x.to(dev, dtype)).float(), y.to(dev))
+                if not torch.isfinite(loss.detach()):
+                    raise FloatingPointError(f"fine-tuning loss is {float(loss)} at step {steps}; lower the lr")
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                if fusion_constraints:
+                    apply_fusion_constraints(model)
+                tot += float(loss.detach())
+                done += 1
+                steps += 1
+            if done:
+                mean = tot / done
+                say(f"fine-tune epoch {epoch + 1}/{epochs}: train loss {mean:.4f} ({done} steps)")
+    finally:
+        model.train(was_training)
+    after = evaluate_accuracy(model, test_ds)
+    say(f"fine-tune: test accuracy {100 * before['acc']:.2f} % -> {100 * after['acc']:.2f} %")
+    return {"dataset": data, "epochs": epochs, "steps": steps, "train_loss": mean, "acc_before": before["acc"],
+            "acc_after": after["acc"], "loss_before": before["loss"], "loss_after": after["loss"],
+            "fusion_constraints": bool(fusion_constraints), "time_s": time.perf_counter() - t0}
+
+
+# ----------------------------------------------------------------------------- command line
+def _ranks(text: str):
+    try:
+        vals = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int or comma-separated ints, got {text!r}") from None
+    if not vals:
+        raise argparse.ArgumentTypeError(f"expected an int or comma-separated ints, got {text!r}")
+    return vals[0] if len(vals) == 1 else tuple(vals)
+
+
+def _int_list(text: str) -> List[int]:
+    r = _ranks(text)
+    return [r] if isinstance(r, int) else list(r)
+
+
+def _model_arg(text: str):
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    k, v = text.split("=", 1)
+    try:
+        val = json.loads(v)
+    except json.JSONDecodeError:
+        val = v
+    return k.strip(), val
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="whiteformer compress",
+        description="Compress the attention of a ViT/DeiT checkpoint (TruncAtt / CP SlimAtt / IrrAtt QK, VO TruncAtt, "
+                    "SVD MLP; paper 'Vision Transformer with Irregular Attention'), optionally fine-tune, and save "
+                    "the compressed checkpoint with its report.")
+    p.add_argument("--checkpoint", required=True, help="model checkpoint (save_pretrained dir, .safetensors, .pth)")
+    p.add_argument("--model", default=None, help="registered model name (default: the checkpoint's model_name)")
+    p.add_argument("--model-arg", type=_model_arg, action="append", default=[], metavar="KEY=VALUE",
+                   help="constructor override for create_model (JSON value), repeatable, e.g. img_size=32")
+    p.add_argument("--qk", choices=["irratt", "cp", "truncatt", "none"], default="irratt", help="QK compression")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--qk-rank", type=_ranks, default=None,
+                   help="truncatt: per-head rank (or H comma-separated); cp: R; irratt: total rank (or H ranks)")
+    g.add_argument("--qk-flops-ratio", type=float, default=None,
+                   help="per block, the largest rank with QK MACs <= ratio x original (Sec. 3.4)")
+    p.add_argument("--vo", choices=["truncatt", "none"], default="truncatt", help="VO compression")
+    p.add_argument("--vo-rank", type=_ranks, default=None, help="VO TruncAtt rank per head (default: VO exact)")
+    p.add_argument("--mlp-rank", type=_ranks, default=None, help="MLP SVD rank R or R1,R2 (default: MLP kept)")
+    p.add_argument("--fusion", choices=["general", "identity"], default="general", help="IrrAtt head fusion")
+    p.add_argument("--rank-allocation", choices=["btd", "spectral"], default="btd",
+                   help="IrrAtt per-head ranks: Algorithm 1 (btd) or global singular values (spectral)")
+    p.add_argument("--blocks", type=_int_list, default=None, help="comma-separated block indices (default all)")
+    p.add_argument("--num-tokens", type=int, default=None, help="N for the budget (default: the model's tokens)")
+    p.add_argument("--data", default=None, help="dataset for calibration / fine-tuning (e.g. digits, mnist)")
+    p.add_argument("--data-dir", default=None, help="data directory of file-based datasets (mnist)")
+    p.add_argument("--calib", type=int, default=0, metavar="N",
+                   help="activation-aware compression on N training images of --data (0: off)")
+    p.add_argument("--finetune-epochs", type=int, default=0, metavar="K", help="fine-tune K epochs on --data")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--weight-decay", type=float, default=0.05)
+    p.add_argument("--max-steps", type=int, default=None, help="stop fine-tuning after this many steps")
+    p.add_argument("--fusion-constraints", action="store_true",
+                   help="project head-fusion matrices onto {S >= 0, S S^T = I} after each step (Sec. 3.3)")
+    p.add_argument("--latency-batch", type=int, default=None, help="measure latency before/after at this batch")
+    p.add_argument("--latency-runs", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--out", required=True, help="output directory (compressed checkpoint + report)")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available")
+    return dev
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ..models import create_model
+    from ..models.checkpoint import read_config
+    from .model import compress
+
+    say = (lambda _m: None) if args.quiet else (lambda m: print(m, flush=True))
+    name = args.model
+    if name is None:
+        cfg = read_config(args.checkpoint)
+        name = (cfg or {}).get("model_name")
+        if not name:
+            raise ValueError(f"--checkpoint {args.checkpoint!r} does not name its model; pass --model NAME")
+    if (args.calib or args.finetune_epochs) and not args.data:
+        raise ValueError("--calib and --finetune-epochs need --data (e.g. --data digits)")
+    for flag, v in (("--calib", args.calib), ("--finetune-epochs", args.finetune_epochs)):
+        if v < 0:
+            raise ValueError(f"{flag} must be >= 0, got {v}")
+    if args.fusion_constraints and not args.finetune_epochs:
+        raise ValueError("--fusion-constraints applies to fine-tuning: add --finetune-epochs K")
+    torch.manual_seed(args.seed)
+    device = _device(args.device)
+    model = create_model(name, checkpoint_path=args.checkpoint, **dict(args.model_arg)).to(device).eval()
+
+    calib = test_ds = None
+    if args.data:
+        train_ds, test_ds = build_image_datasets(model, args.data, args.data_dir)
+        if args.calib:
+            n = min(args.calib, len(train_ds))
+            idx = torch.randperm(len(train_ds), generator=torch.Generator().manual_seed(args.seed))[:n]
+            calib = train_ds.get_batch(idx)[0].to(device)
+
+    say(f"compressing {name} ({args.checkpoint}): qk={args.qk} "
+        + (f"qk_rank={args.qk_rank}" if args.qk_rank is not None else f"qk_flops_ratio={args.qk_flops_ratio}")
+        + f", vo_rank={args.vo_rank}, mlp_rank={args.mlp_rank}" + (f", calib={len(calib)} images" if calib is not None
+                                                                    else ""))
+    t0 = time.perf_counter()
+    new, report = compress(
+        model, qk=args.qk, qk_rank=args.qk_rank, qk_flops_ratio=args.qk_flops_ratio, vo=args.vo,
+        vo_rank=args.vo_rank, mlp_rank=args.mlp_rank, calib=calib, fusion=args.fusion,
+        rank_allocation=args.rank_allocation, blocks=args.blocks, num_tokens=args.num_tokens, seed=args.seed,
+        latency_batch=args.latency_batch, latency_runs=args.latency_runs)
+    report.extra["compression_time_s"] = time.perf_counter() - t0
+    if test_ds is not None:
+        report.extra["accuracy"] = {"original": evaluate_accuracy(model, test_ds)["acc"],
+                                    "compressed": evaluate_accuracy(new, test_ds)["acc"]}
+    if args.finetune_epochs:
+        res = finetune(new, args.data, epochs=args.finetune_epochs, data_dir=args.data_dir,
+                       batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
+                       fusion_constraints=args.fusion_constraints, seed=args.seed, max_steps=args.max_steps, log=say)
+        report.extra["finetune"] = res
+        report.extra["accuracy"]["finetuned"] = res["acc_after"]
+    new.eval()
+    out = Path(args.out)
+    new.save_pretrained(out)
+    (out / "compression_report.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n", encoding="utf-8")
+    md = report.to_markdown()
+    (out / "compression_report.md").write_text(md, encoding="utf-8")
+    say(md)
+    say(f"compressed checkpoint: {out} (load with create_model({name!r}, checkpoint_path={str(out)!r})); report: "
+        f"{out / 'compression_report.md'}")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``whiteformer compress``; returns the exit code (2 for usage errors)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as err:  # --help (0) or a usage error (2, message already printed)
+        return int(err.code or 0)
+    try:
+        return _run(args)
+    except (ValueError, TypeError, FileNotFoundError, ImportError, FloatingPointError) as err:
+        print(f"whiteformer compress: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,661 @@
+"""Whole-model attention compression of a ViT / DeiT (paper 004, Sec. 3.4 and Sec. 4, Table 1).
+
+:func:`compress` replaces the MHSA of every block (``model.blocks[i].attn``, timm layout: ``qkv``,
+``proj``, ``num_heads``) by a compressed layer (QK: TruncAtt, CP SlimAtt or IrrAtt; VO: TruncAtt)
+and optionally the MLP linears by truncated SVDs, on a deep copy of the model, and returns a
+:class:`CompressionReport` with Table 1's columns: per block the QK ranks and the relative errors,
+for the model the MHSA FLOPs CR, the FLOPs CR and the parameter CR. FLOPs are counted by
+``torch.utils.flop_counter`` on one real image of the model's size with the explicit attention path
+(``fused_attn = False`` on MHSA and the compressed layers), so softmax, GELU and norms are not
+counted, as in the paper. With ``qk_flops_ratio`` each block gets the largest rank whose QK MACs are
+at most that fraction of the original (local compression, Sec. 3.4).
+
+Compressed checkpoints: each replaced layer is described by a small JSON spec (layer type + ranks,
+:func:`layer_spec`); the model's ``init_kwargs["compression"]`` holds ``{"format": 1, "blocks":
+[{"attn": spec, "mlp": spec} or None, ...]}``, so ``save_pretrained`` records it and
+``create_model(name, checkpoint_path=dir)`` rebuilds the compressed blocks
+(:func:`apply_compression_spec`) before loading the weights.
+
+:func:`apply_fusion_constraints` is the rank-constrained fine-tuning of Sec. 3.3 (Eq. 7): call it
+after each optimizer step to project every head-fusion matrix onto ``{S >= 0, S S^T = I}``.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+
+from .._checks import check_tensor
+from .compress_block import BlockReport, compress_attention
+from .constraints import project_fusion
+from .flops import count_flops, mhsa_qk_macs, mhsa_vo_macs
+from .latency import eval_mode, example_images, measure_latency
+from .layers import CompressedAttention, CPSlimAtt, IrrAtt, LowRankLinear, TruncAtt
+from .mlp import compress_mlp
+from .qk_vo import mhsa_spec
+
+__all__ = ["compress", "CompressionReport", "apply_fusion_constraints", "apply_compression_spec",
+           "compression_spec", "layer_spec", "build_attention_layer", "collect_block_inputs", "model_flops"]
+
+SPEC_FORMAT = 1
+_QK = (None, "none", "truncatt", "cp", "irratt")
+_VO = (None, "none", "truncatt")
+_METHOD_NAMES = {"truncatt": "TruncAtt", "cp": "CP SlimAtt", "irratt": "IrrAtt", "none": "MHSA (QK exact)",
+                 "original": "MHSA"}
+
+
+# ----------------------------------------------------------------------------- model structure
+def _blocks(model) -> nn.Module:
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(model, nn.Module) or not isinstance(blocks, (nn.Sequential, nn.ModuleList)) \
+            or len(blocks) == 0:
+        raise ValueError(f"compress() needs a ViT/DeiT-style model with a non-empty `blocks` list of blocks whose "
+                         f"`attn` is an MHSA with qkv/proj (timm layout); got {type(model).__name__}")
+    return blocks
+
+
+def _check_mhsa(model: nn.Module, i: int) -> None:
+    attn = getattr(model.blocks[i], "attn", None)
+    where = f"{type(model).__name__}.blocks[{i}].attn"
+    if isinstance(attn, CompressedAttention):
+        raise ValueError(f"{where} is already compressed ({type(attn).__name__}); compress() needs MHSA blocks "
+                         "with qkv/proj (select other blocks with blocks=[...])")
+    try:
+        mhsa_spec(attn)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"compress() needs MHSA blocks with qkv/proj (timm layout: qkv Linear(F, 3F), proj "
+                         f"Linear(F, F), num_heads); {where} is {type(attn).__name__}: {err}") from err
+    if getattr(attn, "causal", False):
+        raise ValueError(f"{where} is causal; compress() supports bidirectional (vision) attention only")
+
+
+def _check_mlp(model: nn.Module, i: int) -> None:
+    mlp = getattr(model.blocks[i], "mlp", None)
+    if not isinstance(getattr(mlp, "fc1", None), nn.Linear) or not isinstance(getattr(mlp, "fc2", None), nn.Linear):
+        raise ValueError(f"mlp_rank needs timm-style MLPs with fc1/fc2 nn.Linear layers; "
+                         f"{type(model).__name__}.blocks[{i}].mlp is {type(mlp).__name__}")
+
+
+def _select(blocks, n: int) -> List[int]:
+    if blocks is None:
+        return list(range(n))
+    if isinstance(blocks, int) and not isinstance(blocks, bool):
+        blocks = [blocks]
+    out = []
+    for b in blocks:
+        if isinstance(b, bool) or not isinstance(b, int) or not -n <= b < n:
+            raise ValueError(f"blocks must hold block indices in [-{n}, {n}), got {b!r}")
+        out.append(b % n)
+    if not out:
+        raise ValueError("blocks must not be empty")
+    return sorted(set(out))
+
+
+def _num_tokens(model: nn.Module) -> int:
+    pe = getattr(model, "patch_embed", None)
+    n = getattr(pe, "num_patches", None)
+    if n is None:
+        raise ValueError(f"cannot infer the number of tokens of {type(model).__name__} (no patch_embed.num_patches); "
+                         "pass num_tokens")
+    return int(n) + int(getattr(model, "num_prefix_tokens", 1))
+
+
+def _n_params(m: nn.Module) -> int:
+    return sum(p.numel() for p in m.parameters())
+
+
+# ----------------------------------------------------------------------------- specs (checkpoints)
+def layer_spec(layer: nn.Module) -> dict:
+    """JSON description (type + sizes + ranks) of a compressed attention layer, enough to rebuild an
+    empty layer of the same shapes with :func:`build_attention_layer`."""
+    if not isinstance(layer, CompressedAttention):
+        raise TypeError(f"layer_spec needs a compressed attention layer, got {type(layer).__name__}")
+    common = {"dim": layer.dim, "num_heads": layer.num_heads, "vo_ranks": list(layer.vo_ranks),
+              "proj_bias": layer.proj.bias is not None, "attn_drop": float(layer.attn_drop.p),
+              "proj_drop": float(layer.proj_drop.p), "qk_bias": layer.q.bias is not None}
+    if isinstance(layer, TruncAtt):
+        return {"type": "truncatt", "qk_ranks": list(layer.qk_ranks), **common}
+    if isinstance(layer, IrrAtt):
+        return {"type": "irratt", "ranks": list(layer.block_ranks),
+                "fusion": "identity" if layer.fusion is None else "general", **common}
+    if isinstance(layer, CPSlimAtt):
+        return {"type": "cp_slimatt", "rank": int(layer.rank), **common}
+    raise TypeError(f"no spec for {type(layer).__name__}")
+
+
+def build_attention_layer(spec: Mapping) -> CompressedAttention:
+    """A fresh (untrained) compressed attention layer from :func:`layer_spec`'s description."""
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"an attention spec must be a dict, got {type(spec).__name__}")
+    kind = spec.get("type")
+    try:
+        kw = dict(vo_ranks=list(spec["vo_ranks"]), qk_bias=bool(spec["qk_bias"]), proj_bias=bool(spec["proj_bias"]),
+                  attn_drop=float(spec.get("attn_drop", 0.0)), proj_drop=float(spec.get("proj_drop", 0.0)))
+        dim, heads = int(spec["dim"]), int(spec["num_heads"])
+        if kind == "truncatt":
+            return TruncAtt(dim, heads, qk_ranks=list(spec["qk_ranks"]), **kw)
+        if kind == "irratt":
+            return IrrAtt(dim, heads, ranks=list(spec["ranks"]), fusion=spec["fusion"], **kw)
+        if kind == "cp_slimatt":
+            return CPSlimAtt(dim, heads, rank=int(spec["rank"]), **kw)
+    except KeyError as err:
+        raise ValueError(f"attention spec of type {kind!r} misses the entry {err}") from None
+    raise ValueError(f"unknown attention spec type {kind!r}; expected 'truncatt', 'irratt' or 'cp_slimatt'")
+
+
+def _mlp_spec(mlp: nn.Module) -> dict:
+    return {"fc1_rank": int(mlp.fc1.rank), "fc2_rank": int(mlp.fc2.rank),
+            "fc1_bias": mlp.fc1.second.bias is not None, "fc2_bias": mlp.fc2.second.bias is not None}
+
+
+def compression_spec(model: nn.Module) -> Optional[dict]:
+    """The compression spec recorded on ``model`` (None for an uncompressed model)."""
+    spec = (getattr(model, "init_kwargs", None) or {}).get("compression")
+    return spec if spec is not None else getattr(model, "compression", None)
+
+
+def _replace_linear(mlp: nn.Module, name: str, rank: int, bias: bool) -> None:
+    fc = getattr(mlp, name)
+    if not isinstance(fc, nn.Linear):
+        raise ValueError(f"mlp.{name} is {type(fc).__name__}, expected an nn.Linear to replace")
+    new = LowRankLinear(fc.in_features, fc.out_features, int(rank), bias=bool(bias))
+    setattr(mlp, name, new.to(device=fc.weight.device, dtype=fc.weight.dtype))
+
+
+def apply_compression_spec(model: nn.Module, spec: Mapping) -> nn.Module:
+    """Replace the blocks described by ``spec`` (``{"format": 1, "blocks": [entry or None, ...]}``,
+    entry ``{"attn": layer spec, "mlp": {"fc1_rank", "fc2_rank", ...}}``) by fresh compressed layers
+    of the recorded shapes, in place (weights are loaded afterwards). Returns ``model``."""
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("blocks"), (list, tuple)):
+        raise ValueError("compression must be a dict {'format': 1, 'blocks': [per-block entry or None, ...]}, got "
+                         f"{spec!r:.200}")
+    if spec.get("format", SPEC_FORMAT) != SPEC_FORMAT:
+        raise ValueError(f"unsupported compression spec format {spec.get('format')!r} (expected {SPEC_FORMAT})")
+    blocks = _blocks(model)
+    if len(spec["blocks"]) != len(blocks):
+        raise ValueError(f"compression spec has {len(spec['blocks'])} block entries, the model has "
+                         f"{len(blocks)} blocks")
+    for i, entry in enumerate(spec["blocks"]):
+        if entry is None:
+            continue
+        if not isinstance(entry, Mapping) or set(entry) - {"attn", "mlp"}:
+            raise ValueError(f"compression spec entry of block {i} must be a dict with keys 'attn' and/or 'mlp', "
+                             f"got {entry!r:.200}")
+        blk = blocks[i]
+        if entry.get("attn") is not None:
+            old = blk.attn
+            a = entry["attn"]
+            ref = next(old.parameters())
+            dim = getattr(getattr(old, "qkv", None), "in_features", getattr(old, "dim", None))
+            if (a.get("dim"), a.get("num_heads")) != (dim, getattr(old, "num_heads", None)):
+                raise ValueError(f"compression spec of block {i}: attention (dim {a.get('dim')}, heads "
+                                 f"{a.get('num_heads')}) does not fit the model's (dim {dim}, heads "
+                                 f"{getattr(old, 'num_heads', None)})")
+            blk.attn = build_attention_layer(a).to(device=ref.device, dtype=ref.dtype)
+        if entry.get("mlp") is not None:
+            m = entry["mlp"]
+            try:
+                _replace_linear(blk.mlp, "fc1", m["fc1_rank"], m.get("fc1_bias", True))
+                _replace_linear(blk.mlp, "fc2", m["fc2_rank"], m.get("fc2_bias", True))
+            except KeyError as err:
+                raise ValueError(f"compression spec of block {i}: mlp entry misses {err}") from None
+    return model
+
+
+def _record_spec(model: nn.Module, entries: Dict[int, dict]) -> None:
+    depth = len(model.blocks)
+    old = compression_spec(model)
+    blocks: List[Optional[dict]] = [None] * depth
+    if old is not None and len(old.get("blocks", [])) == depth:
+        blocks = [None if e is None else dict(e) for e in old["blocks"]]
+    for i, e in entries.items():
+        blocks[i] = {**(blocks[i] or {}), **e}
+    spec = {"format": SPEC_FORMAT, "blocks": blocks}
+    kwargs = getattr(model, "init_kwargs", None)
+    params = inspect.signature(type(model).__init__).parameters
+    if isinstance(kwargs, dict) and "compression" in params:
+        kwargs["compression"] = spec
+    else:
+        model.compression = spec
+        warnings.warn(f"{type(model).__name__} has no `compression` constructor argument: the compressed model "
+                      "works but its save_pretrained checkpoint will not rebuild the compressed blocks",
+                      stacklevel=3)
+
+
+# ----------------------------------------------------------------------------- measurements
+@torch.no_grad()
+def collect_block_inputs(model: nn.Module, images: torch.Tensor, indices: Optional[Sequence[int]] = None,
+                         mlp: bool = False) -> Dict[int, Dict[str, torch.Tensor]]:
+    """Run ``model(images)`` (eval mode) with forward hooks and return, per block index, the tokens
+    entering its attention (``"attn"``, after ``norm1``) and, with ``mlp``, its MLP (``"mlp"``),
+    each (B, N, F), detached."""
+    blocks = _blocks(model)
+    idx = list(range(len(blocks))) if indices is None else list(indices)
+    out: Dict[int, Dict[str, torch.Tensor]] = {i: {} for i in idx}
+    hooks = []
+
+    def grab(i, key):
+        def hook(_m, args, _out):
+            out[i][key] = args[0].detach()
+        return hook
+
+    for i in idx:
+        hooks.append(blocks[i].attn.register_forward_hook(grab(i, "attn")))
+        if mlp:
+            hooks.append(blocks[i].mlp.register_forward_hook(grab(i, "mlp")))
+    try:
+        with eval_mode(model):
+            model(images)
+    finally:
+        for h in hooks:
+            h.remove()
+    missing = [i for i in idx if "attn" not in out[i]]
+    if missing:
+        raise ValueError(f"the forward pass did not call blocks {missing}'s attention")
+    return out
+
+
+def model_flops(model: nn.Module, x: torch.Tensor) -> Tuple[int, List[int]]:
+    """``(total FLOPs of model(x), [FLOPs of blocks[i].attn])`` counted by
+    ``torch.utils.flop_counter`` on the explicit attention path (see :func:`~.flops.count_flops`)."""
+    blocks = _blocks(model)
+    inputs = collect_block_inputs(model, x)
+    with eval_mode(model):
+        total = count_flops(model, x)
+        attn = [count_flops(blocks[i].attn, inputs[i]["attn"]) for i in range(len(blocks))]
+    return total, attn
+
+
+# ----------------------------------------------------------------------------- report
+def _jsonable(v):
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, Mapping):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, torch.Tensor):
+        return _jsonable(v.tolist())
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+@dataclass
+class CompressionReport:
+    """What :func:`compress` did (paper 004, Table 1's columns).
+
+    Attributes:
+        config: the arguments of the call.
+        blocks: one dict per block (see :meth:`to_dict`).
+        num_tokens: N used for the per-block MACs formulas and the rank budget.
+        params, params_orig: parameters of the whole model after / before.
+        flops, flops_orig: FLOPs of one image through the whole model (flop counter).
+        mhsa_flops, mhsa_flops_orig: FLOPs of the attention modules only (summed over blocks).
+        latency: optional ``{"batch_size", "before_ms", "after_ms", "speedup", ...}``.
+        extra: free-form results added by callers (e.g. fine-tuning accuracies).
+    """
+
+    config: dict
+    blocks: List[dict]
+    num_tokens: int
+    params: int
+    params_orig: int
+    flops: int
+    flops_orig: int
+    mhsa_flops: int
+    mhsa_flops_orig: int
+    latency: Optional[dict] = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def params_ratio(self) -> float:
+        return self.params / self.params_orig
+
+    @property
+    def flops_ratio(self) -> float:
+        """Whole-model FLOPs CR (Table 1 "FLOPs CR")."""
+        return self.flops / self.flops_orig
+
+    @property
+    def mhsa_flops_ratio(self) -> float:
+        """Attention-only FLOPs CR (Table 1 "MHSA FLOPs CR")."""
+        return self.mhsa_flops / self.mhsa_flops_orig
+
+    @property
+    def qk_macs_ratio(self) -> float:
+        """Sum of the blocks' QK MACs over the original (formulas of :mod:`.flops`)."""
+        return sum(b["qk_macs"] for b in self.blocks) / sum(b["qk_macs_orig"] for b in self.blocks)
+
+    def to_dict(self) -> dict:
+        """JSON-able dict: ``mhsa_flops_ratio``, ``flops_ratio``, ``params_ratio``, ``qk_macs_ratio``,
+        the counts, ``num_tokens``, ``config``, ``latency``, ``extra`` and ``blocks``: per block
+        ``index``, ``compressed``, ``method``, ``fusion``, ``qk_ranks`` (per head: truncatt r_h;
+        irratt the rank of head h's BTD block; cp R for every head, which all share the R terms;
+        F/H when QK is exact), ``qk_block_ranks`` (the layer's groups), ``vo_ranks``,
+        ``qk_rel_error``, ``vo_rel_error``, ``qk_macs``/``qk_macs_orig``/``qk_flops_ratio``,
+        ``vo_macs``/``vo_macs_orig``, ``attn_flops``/``attn_flops_orig`` (flop counter),
+        ``attn_params``/``attn_params_orig``, ``mlp_rank``, ``activation_aware``, ``details``."""
+        return _jsonable({
+            "mhsa_flops_ratio": self.mhsa_flops_ratio, "flops_ratio": self.flops_ratio,
+            "params_ratio": self.params_ratio, "qk_macs_ratio": self.qk_macs_ratio,
+            "flops": self.flops, "flops_orig": self.flops_orig, "mhsa_flops": self.mhsa_flops,
+            "mhsa_flops_orig": self.mhsa_flops_orig, "params": self.params, "params_orig": self.params_orig,
+            "num_tokens": self.num_tokens, "config": self.config, "latency": self.latency, "extra": self.extra,
+            "blocks": self.blocks,
+        })
+
+    def _summary_ranks(self) -> Tuple[str, str, str, str]:
+        comp = [b for b in self.blocks if b["compressed"]] or self.blocks
+        methods = sorted({b["method"] for b in comp})
+        qk = []
+        for b in comp:
+            r = b["qk_ranks"]
+            if b["method"] == "irratt":
+                v = str(sum(b["qk_block_ranks"]))
+            elif b["method"] == "cp":
+                v = str(r[0])
+            else:
+                v = str(r[0]) if len(set(r)) == 1 else "irregular"
+            if v not in qk:
+                qk.append(v)
+        vo = []
+        for b in comp:
+            r = b["vo_ranks"]
+            v = str(r[0]) if len(set(r)) == 1 else "irregular"
+            if v not in vo:
+                vo.append(v)
+        mlp = []
+        for b in comp:
+            v = "-" if b["mlp_rank"] is None else "/".join(str(x) for x in sorted(set(b["mlp_rank"])))
+            if v not in mlp:
+                mlp.append(v)
+        name = ", ".join(_METHOD_NAMES.get(m, m) for m in methods)
+        return name, "/".join(qk), "/".join(vo), "/".join(mlp)
+
+    def to_markdown(self) -> str:
+        """Markdown: a Table 1-style summary row, the counts, the latency and a per-block table."""
+        name, qk, vo, mlp = self._summary_ranks()
+        lines = ["## Attention compression report", "",
+                 "| QK block | QK rank | VO rank | MLP rank | MHSA FLOPs CR, % | FLOPs CR, % | # param CR, % |",
+                 "|---|---|---|---|---|---|---|",
+                 f"| {name} | {qk} | {vo} | {mlp} | {100 * self.mhsa_flops_ratio:.1f} | "
+                 f"{100 * self.flops_ratio:.1f} | {100 * self.params_ratio:.1f} |", "",
+                 f"N = {self.num_tokens} tokens. FLOPs of one image counted with torch.utils.flop_counter on the "
+                 "explicit attention path (softmax, GELU, norms not counted): "
+                 f"{self.flops_orig / 1e9:.4g} G -> {self.flops / 1e9:.4g} G (attention "
+                 f"{self.mhsa_flops_orig / 1e9:.4g} G -> {self.mhsa_flops / 1e9:.4g} G); parameters "
+                 f"{self.params_orig / 1e6:.4g} M -> {self.params / 1e6:.4g} M; QK MACs CR "
+                 f"{100 * self.qk_macs_ratio:.1f} %."]
+        if self.latency:
+            lat = self.latency
+            lines += ["", f"Latency (batch {lat['batch_size']}, {lat['device']}, median of {lat['runs']} runs): "
+                          f"{lat['before_ms']:.2f} ms -> {lat['after_ms']:.2f} ms (x{lat['speedup']:.2f})."]
+        for k, v in self.extra.items():
+            if isinstance(v, Mapping):
+                items = ", ".join(f"{a} = {b:.4g}" if isinstance(b, float) else f"{a} = {b}" for a, b in v.items())
+                lines += ["", f"{k}: {items}"]
+        lines += ["", "| block | QK | QK ranks (per head) | VO ranks | QK MACs CR, % | QK rel. error | "
+                      "VO rel. error | MLP rank |", "|---|---|---|---|---|---|---|---|"]
+        for b in self.blocks:
+            mlp_r = "-" if b["mlp_rank"] is None else ",".join(str(x) for x in b["mlp_rank"])
+            lines.append(f"| {b['index']} | {_METHOD_NAMES.get(b['method'], b['method'])} | "
+                         f"{','.join(str(r) for r in b['qk_ranks'])} | {','.join(str(r) for r in b['vo_ranks'])} | "
+                         f"{100 * b['qk_flops_ratio']:.1f} | {_fmt_err(b['qk_rel_error'])} | "
+                         f"{_fmt_err(b['vo_rel_error'])} | {mlp_r} |")
+        return "\n".join(lines) + "\n"
+
+
+def _fmt_err(v) -> str:
+    return "n/a" if v is None else f"{v:.4f}"
+
+
+def _per_head_qk(rep: BlockReport, heads: int) -> List[int]:
+    if rep.method == "irratt":
+        return list(rep.head_ranks if rep.head_ranks is not None else rep.qk_ranks)
+    if rep.method == "cp":
+        return [int(rep.qk_ranks[0])] * heads
+    return list(rep.qk_ranks)
+
+
+def _previous_entry(i: int, layer: CompressedAttention, N: int) -> dict:
+    """Entry of a block compressed by an earlier call (errors and original sizes unknown)."""
+    F, H, p = layer.dim, layer.num_heads, layer.head_dim
+    spec = layer_spec(layer)
+    method = {"truncatt": "truncatt", "irratt": "irratt", "cp_slimatt": "cp"}[spec["type"]]
+    groups = list(spec.get("qk_ranks") or spec.get("ranks") or [spec.get("rank")])
+    per_head = groups if method != "cp" else groups * H
+    if method == "irratt" and len(per_head) != H:
+        per_head = [None] * H
+    qo, vo = mhsa_qk_macs(N, F, H, p), mhsa_vo_macs(N, F, H, p)
+    return {"index": i, "compressed": True, "method": method, "fusion": spec.get("fusion"), "qk_ranks": per_head,
+            "qk_block_ranks": groups, "vo_ranks": list(layer.vo_ranks), "qk_rel_error": None, "vo_rel_error": None,
+            "qk_macs": layer.qk_macs(N), "qk_macs_orig": qo, "qk_flops_ratio": layer.qk_macs(N) / qo,
+            "vo_macs": layer.vo_macs(N), "vo_macs_orig": vo, "attn_params": _n_params(layer),
+            "attn_params_orig": None, "activation_aware": None, "details": {"previously_compressed": True}}
+
+
+def _block_entry(i: int, attn: nn.Module, rep: Optional[BlockReport], N: int) -> dict:
+    if rep is None and isinstance(attn, CompressedAttention):
+        return _previous_entry(i, attn, N)
+    spec = mhsa_spec(attn)
+    F, H, p = spec.dim, spec.num_heads, spec.head_dim
+    qo, vo = mhsa_qk_macs(N, F, H, p), mhsa_vo_macs(N, F, H, p)
+    n_orig = _n_params(attn)
+    if rep is None:
+        return {"index": i, "compressed": False, "method": "original", "fusion": None, "qk_ranks": [p] * H,
+                "qk_block_ranks": [p] * H, "vo_ranks": [p] * H, "qk_rel_error": 0.0, "vo_rel_error": 0.0,
+                "qk_macs": qo, "qk_macs_orig": qo, "qk_flops_ratio": 1.0, "vo_macs": vo, "vo_macs_orig": vo,
+                "attn_params": n_orig, "attn_params_orig": n_orig, "activation_aware": False, "details": {}}
+    return {"index": i, "compressed": True, "method": rep.method, "fusion": rep.fusion,
+            "qk_ranks": _per_head_qk(rep, H), "qk_block_ranks": list(rep.qk_ranks), "vo_ranks": list(rep.vo_ranks),
+            "qk_rel_error": rep.qk_rel_error, "vo_rel_error": rep.vo_rel_error, "qk_macs": rep.qk_macs,
+            "qk_macs_orig": rep.qk_macs_orig, "qk_flops_ratio": rep.qk_flops_ratio, "vo_macs": rep.vo_macs,
+            "vo_macs_orig": rep.vo_macs_orig, "attn_params": rep.params, "attn_params_orig": rep.params_orig,
+            "activation_aware": rep.activation_aware, "details": rep.details}
+
+
+# ----------------------------------------------------------------------------- compress
+def _check_calib(calib, model: nn.Module) -> torch.Tensor:
+    check_tensor(calib, "calib", 4)
+    if calib.shape[0] == 0:
+        raise ValueError(f"calib must be a non-empty batch of images (B, C, H, W), got shape {tuple(calib.shape)}")
+    ref = next(model.parameters())
+    return calib.detach().to(device=ref.device, dtype=ref.dtype)
+
+
+def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int, Sequence[int], None] = None,
+             qk_flops_ratio: Optional[float] = None, vo: Optional[str] = "truncatt",
+             vo_rank: Union[int, Sequence[int], None] = None, mlp_rank: Union[int, Sequence[int], None] = None,
+             calib: Optional[torch.Tensor] = None, *, fusion: str = "general", rank_allocation: str = "btd",
+             blocks: Optional[Sequence[int]] = None, num_tokens: Optional[int] = None, seed: int = 0,
+             cp_kwargs: Optional[dict] = None, btd_kwargs: Optional[dict] = None,
+             latency_batch: Optional[int] = None, latency_runs: int = 5, latency_warmup: int = 1
+             ) -> Tuple[nn.Module, CompressionReport]:
+    """Compress the attention (and optionally the MLPs) of a ViT / DeiT; ``model`` is left untouched.
+
+    Args:
+        model: a model with ``blocks[i].attn`` timm-layout MHSA (``qkv``, ``proj``, ``num_heads``) and a
+            ``patch_embed`` (e.g. ``create_model("deit_t_p16", ...)``).
+        qk: "irratt" (BTD-(L, L, 1), Sec. 3), "cp" (CP SlimAtt), "truncatt" (per-head SVD) or None
+            (QK exact).
+        qk_rank: truncatt: per-head rank (int or H ints); cp: R; irratt: total rank (int) or H per-head
+            ranks. The same for every block.
+        qk_flops_ratio: instead of ``qk_rank``: per block the largest rank with QK MACs <= ratio x the
+            original's (Sec. 3.4).
+        vo: "truncatt" or None; vo_rank: VO TruncAtt rank (int or H ints); None keeps VO exact.
+        mlp_rank: rank of the truncated-SVD MLP linears (int, or (rank_fc1, rank_fc2)); None: MLP kept.
+        calib: a calibration batch of images (B, C, H, W): each block's attention (and MLP) inputs
+            are collected with forward hooks and the decompositions become activation-aware.
+        fusion, rank_allocation, seed, cp_kwargs, btd_kwargs: see :func:`compress_attention`.
+        blocks: indices of the blocks to compress (default all).
+        num_tokens: N for the rank budget and the MACs (default: the model's patches + prefix tokens).
+        latency_batch: if given, measure the latency before/after (median of ``latency_runs`` runs
+            after ``latency_warmup``) on a random batch of that size.
+    Returns:
+        ``(new_model, CompressionReport)``; the new model records its compression spec in
+        ``init_kwargs["compression"]`` (checkpoints load back with ``create_model``).
+    Raises:
+        ValueError: a model without MHSA blocks (qkv/proj), bad options, ranks out of range or a
+        per-head rank list that does not match the number of heads (the message names the block);
+        TypeError / ValueError for a bad ``calib``.
+    """
+    bl = _blocks(model)
+    idx = _select(blocks, len(bl))
+    if qk not in _QK:
+        raise ValueError(f"qk must be one of 'irratt', 'cp', 'truncatt' or None, got {qk!r}")
+    if vo not in _VO:
+        raise ValueError(f"vo must be 'truncatt' or None, got {vo!r}")
+    qk = None if qk == "none" else qk
+    vo = None if vo == "none" else vo
+    if vo is None and vo_rank is not None:
+        raise ValueError("vo_rank given but vo=None (VO kept exact); pass vo='truncatt'")
+    if qk is None and (qk_rank is not None or qk_flops_ratio is not None):
+        raise ValueError("qk_rank / qk_flops_ratio given but qk=None (QK kept exact)")
+    if qk is not None and (qk_rank is None) == (qk_flops_ratio is None):
+        raise ValueError(f"qk={qk!r} needs exactly one of qk_rank and qk_flops_ratio")
+    do_attn = qk is not None or vo_rank is not None
+    if not do_attn and mlp_rank is None:
+        raise ValueError("nothing to compress: give qk (with qk_rank or qk_flops_ratio), vo_rank or mlp_rank")
+    for i in idx:
+        if do_attn:
+            _check_mhsa(model, i)
+        if mlp_rank is not None:
+            _check_mlp(model, i)
+    N = _num_tokens(model) if num_tokens is None else num_tokens
+    if isinstance(N, bool) or not isinstance(N, int) or N < 1:
+        raise ValueError(f"num_tokens must be a positive int, got {N!r}")
+
+    inputs: Dict[int, Dict[str, torch.Tensor]] = {}
+    if calib is not None:
+        inputs = collect_block_inputs(model, _check_calib(calib, model), idx, mlp=mlp_rank is not None)
+
+    x = example_images(model, 1)
+    flops_orig, attn_orig = model_flops(model, x)
+
+    new = copy.deepcopy(model)
+    reports: Dict[int, BlockReport] = {}
+    entries: Dict[int, dict] = {}
+    for i in idx:
+        blk = new.blocks[i]
+        entry: dict = {}
+        try:
+            if do_attn:
+                layer, rep = compress_attention(
+                    blk.attn, qk=qk, qk_rank=qk_rank, qk_flops_ratio=qk_flops_ratio, vo_rank=vo_rank,
+                    num_tokens=N, calib=inputs.get(i, {}).get("attn"), fusion=fusion,
+                    rank_allocation=rank_allocation, seed=seed, cp_kwargs=cp_kwargs, btd_kwargs=btd_kwargs)
+                blk.attn = layer
+                reports[i] = rep
+                entry["attn"] = layer_spec(layer)
+            if mlp_rank is not None:
+                r = tuple(mlp_rank) if isinstance(mlp_rank, (list, tuple)) else mlp_rank
+                blk.mlp = compress_mlp(blk.mlp, r, calib=inputs.get(i, {}).get("mlp"))
+                entry["mlp"] = _mlp_spec(blk.mlp)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"block {i}: {err}") from err
+        entries[i] = entry
+    _record_spec(new, entries)
+
+    flops_new, attn_new = model_flops(new, x)
+    rows = []
+    for i in range(len(bl)):
+        row = _block_entry(i, model.blocks[i].attn, reports.get(i), N)
+        row["attn_flops"], row["attn_flops_orig"] = attn_new[i], attn_orig[i]
+        row["mlp_rank"] = None
+        if "mlp" in entries.get(i, {}):
+            row["mlp_rank"] = [entries[i]["mlp"]["fc1_rank"], entries[i]["mlp"]["fc2_rank"]]
+            row["compressed"] = True
+        rows.append(row)
+
+    latency = None
+    if latency_batch is not None:
+        xb = example_images(model, latency_batch)
+        before = measure_latency(model, xb, runs=latency_runs, warmup=latency_warmup)
+        after = measure_latency(new, xb, runs=latency_runs, warmup=latency_warmup)
+        latency = {"batch_size": latency_batch, "device": before["device"], "runs": latency_runs,
+                   "before_ms": before["median_ms"], "after_ms": after["median_ms"],
+                   "speedup": before["median_ms"] / max(after["median_ms"], 1e-12)}
+
+    config = {"qk": qk, "qk_rank": qk_rank, "qk_flops_ratio": qk_flops_ratio, "vo": vo, "vo_rank": vo_rank,
+              "mlp_rank": mlp_rank, "calib": None if calib is None else list(calib.shape), "fusion": fusion,
+              "rank_allocation": rank_allocation, "blocks": idx, "seed": seed}
+    report = CompressionReport(config=_jsonable(config), blocks=rows, num_tokens=N, params=_n_params(new),
+                               params_orig=_n_params(model), flops=flops_new, flops_orig=flops_orig,
+                               mhsa_flops=sum(attn_new), mhsa_flops_orig=sum(attn_orig), latency=latency)
+    return new, report
+
+
+# ----------------------------------------------------------------------------- Sec. 3.3 constraints
+def _project_any(S: torch.Tensor) -> torch.Tensor:
+    """:func:`project_fusion`, extended to fewer columns than heads (a head left without columns
+    gets a zero row: S S^T is then diagonal with entries 0 or 1)."""
+    H, R = S.shape
+    if R >= H:
+        return project_fusion(S)
+    head = S.argmax(0)
+    cols = torch.arange(R, device=S.device)
+    P = torch.zeros_like(S)
+    P[head, cols] = S[head, cols].clamp_min(0)
+    n = P.norm(dim=1, keepdim=True)
+    return torch.where(n > 0, P / n.clamp_min(torch.finfo(S.dtype).tiny), P)
+
+
+def _component_slices(layer) -> List[slice]:
+    if isinstance(layer, IrrAtt):
+        off = layer.qk_layout.offsets
+        return [slice(off[b], off[b + 1]) for b in range(len(off) - 1)]
+    return [slice(r, r + 1) for r in range(layer.rank)]
+
+
+@torch.no_grad()
+def _scale_queries(layer, factors: torch.Tensor) -> None:
+    """Multiply the query factor of fusion column b by ``factors[b]`` (weight rows and bias)."""
+    for b, sl in enumerate(_component_slices(layer)):
+        f = factors[b].to(layer.q.weight.dtype)
+        layer.q.weight[sl] *= f
+        if layer.q.bias is not None:
+            layer.q.bias[sl] *= f
+
+
+@torch.no_grad()
+def apply_fusion_constraints(model: nn.Module, absorb_scale: bool = True) -> int:
+    """Project every head-fusion matrix of ``model`` (IrrAtt with general fusion, C of shape
+    (H, blocks); CP SlimAtt, S^H of shape (H, R)) onto ``{S >= 0, S S^T = I}`` (paper 004, Sec. 3.3,
+    Eq. 7) with :func:`~.constraints.project_fusion`: each column keeps only its head's entry, rows
+    get unit norm. Call after each optimizer step (projected gradient). Returns the number of
+    matrices projected (0 if the model has none).
+
+    ``absorb_scale`` (default): the logits ``sum_b C[h, b] q_b k_b^T`` are invariant under
+    ``C[:, b] -> C[:, b] / s``, ``q_b -> s q_b``, so before projecting each column's largest-magnitude
+    entry is made positive (flipping q_b) and afterwards the scale of every kept entry is moved into
+    its query factor: the projection then changes the model only by the dropped off-head entries.
+    With ``absorb_scale=False`` only the fusion matrices change (plain projection).
+    With fewer columns than heads (BTD blocks dropped), heads without a column get a zero row.
+    """
+    n = 0
+    for m in model.modules():
+        if not isinstance(m, (IrrAtt, CPSlimAtt)) or m.fusion is None:
+            continue
+        S = m.fusion.detach().to(torch.float64)
+        if absorb_scale:
+            cols = torch.arange(S.shape[1], device=S.device)
+            sign = torch.sign(S[S.abs().argmax(0), cols])
+            sign[sign == 0] = 1
+            S = S * sign
+            _scale_queries(m, sign)
+        P = _project_any(S)
+        if absorb_scale:
+            kept = P.argmax(0)
+            cols = torch.arange(S.shape[1], device=S.device)
+            p, s = P[kept, cols], S[kept, cols]
+            ok = (p > 0) & (s.abs() > 1e-12)
+            _scale_queries(m, torch.where(ok, s / torch.where(ok, p, torch.ones_like(p)), torch.ones_like(p)))
+        m.fusion.copy_(P.to(m.fusion.dtype))
+        n += 1
+    return n

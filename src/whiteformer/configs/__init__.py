@@ -1,0 +1,1 @@
+"""Packaged YAML configurations (``demo_digits.yaml``: the ``make demo`` run)."""

@@ -1,0 +1,132 @@
+"""``whiteformer eval`` and ``whiteformer generate``: load a trained model and measure or sample.
+
+A checkpoint argument may be a run directory (its ``final_ema/`` or ``final/``, else its newest
+valid checkpoint), a model directory written by ``save_pretrained`` (``final/``,
+``checkpoints/step_*``), or a foreign weights file (with ``model=NAME``). A run's dataset settings
+(``train_config.json`` next to the weights) are the defaults of ``eval``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+from ..data import build_dataset
+from .build import check_names, dataset_kwargs
+from .checkpoint import latest_checkpoint, verify_checkpoint
+from .config import EvalConfig, GenerateConfig
+from .configuration import ConfigError
+from .distributed import DistInfo, resolve_device
+from .tasks import ClassificationTask, LMTask, SequenceTask
+
+__all__ = ["resolve_checkpoint", "load_model", "evaluate", "generate"]
+
+
+def resolve_checkpoint(path, prefer_ema: bool = True) -> Tuple[Path, Optional[Dict[str, Any]]]:
+    """(model directory or file, the run's training configuration or None)."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError(f"checkpoint {str(path)!r} does not exist")
+    if p.is_dir() and not (p / "config.json").is_file():
+        candidates = (["final_ema"] if prefer_ema else []) + ["final"]
+        for name in candidates:
+            if (p / name / "config.json").is_file():
+                p = p / name
+                break
+        else:
+            found = latest_checkpoint(p / "checkpoints", loader=verify_checkpoint)
+            if found is None:
+                raise ConfigError(f"{str(path)!r} holds no model: expected a run directory (final/ or checkpoints/) "
+                                  f"or a directory with config.json + model.safetensors")
+            p = found[0]
+    elif p.is_dir() and (p / "manifest.json").is_file():
+        verify_checkpoint(p)  # a training checkpoint: refuse a corrupt one clearly
+    run_cfg = None
+    if p.is_dir() and (p / "train_config.json").is_file():
+        run_cfg = json.loads((p / "train_config.json").read_text(encoding="utf-8"))
+    return p, run_cfg
+
+
+def load_model(path: Path, model: Optional[str] = None, model_args: Optional[Dict[str, Any]] = None) -> nn.Module:
+    from ..models import create_model
+    from ..models.checkpoint import load_pretrained, read_config
+
+    try:
+        if path.is_dir() and read_config(path) is not None and model is None:
+            return load_pretrained(path, **(model_args or {}))
+        if model is None:
+            raise ConfigError(f"{str(path)!r} is not a whiteformer model directory; pass --model NAME to load it")
+        check_names(model, None)
+        return create_model(model, checkpoint_path=str(path), **(model_args or {}))
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"cannot load {str(path)!r}: {err}") from err
+
+
+def evaluate(cfg: EvalConfig) -> Dict[str, Any]:
+    """Loss and accuracy (or perplexity) of a checkpoint on ``cfg.split`` of a dataset."""
+    cfg.validate()
+    path, run = resolve_checkpoint(cfg.checkpoint, prefer_ema=cfg.ema)
+    run = run or {}
+    dataset = cfg.dataset or run.get("dataset")
+    if dataset is None:
+        raise ConfigError("give --dataset (the checkpoint does not record the one it was trained on)")
+    same = dataset == run.get("dataset")
+    data_dir = cfg.data_dir if cfg.data_dir is not None else (run.get("data_dir") if same else None)
+    data_args = {**(run.get("data_args", {}) if same else {}), **cfg.data_args}
+    check_names(None, dataset, data_dir)
+    device = resolve_device(cfg.device)
+    model = load_model(path, cfg.model, cfg.model_args).to(device).eval()
+    try:
+        ds = build_dataset(dataset, cfg.split, **dataset_kwargs(dataset, data_dir, data_args))
+    except (TypeError, ValueError, FileNotFoundError) as err:
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"cannot build dataset {dataset!r}: {err}") from err
+    dist = DistInfo(device=device)
+    if ds.kind == "lm":
+        block = cfg.block_size or run.get("block_size") or 128
+        task = LMTask(ds, ds, cfg.batch_size, 0, dist, block_size=block, eval_batches=cfg.eval_batches)
+    else:
+        n_cls = getattr(model, "num_classes", ds.num_classes)
+        if n_cls != ds.num_classes:
+            raise ConfigError(f"the model has {n_cls} classes, dataset {dataset!r} has {ds.num_classes}")
+        cls = SequenceTask if ds.kind == "sequence" else ClassificationTask
+        task = cls(ds, ds, 1, 0, dist, eval_batch_size=cfg.batch_size)
+    res = task.evaluate(model)
+    return {"checkpoint": str(path), "dataset": dataset, "split": cfg.split, **res}
+
+
+@torch.no_grad()
+def generate(cfg: GenerateConfig) -> list:
+    """Samples (prompt + continuation) from a character-level language model."""
+    from ..data.text import CharVocab
+
+    cfg.validate()
+    path, _ = resolve_checkpoint(cfg.checkpoint)
+    vocab_file = path / "vocab.json" if path.is_dir() else None
+    if vocab_file is None or not vocab_file.is_file():
+        raise ConfigError(f"{str(path)!r} has no vocab.json: generate needs a language model trained by "
+                          f"`whiteformer train --dataset text`")
+    vocab = CharVocab.from_json(json.loads(vocab_file.read_text(encoding="utf-8")))
+    device = resolve_device(cfg.device)
+    model = load_model(path).to(device).eval()
+    if not hasattr(model, "generate"):
+        raise ConfigError(f"{type(model).__name__} is not a language model (no generate())")
+    try:
+        idx = vocab.encode(cfg.prompt or "\n")
+    except ValueError as err:
+        raise ConfigError(f"prompt: {err}") from err
+    idx = idx.unsqueeze(0).repeat(cfg.num_samples, 1).to(device)
+    g = torch.Generator(device=device).manual_seed(cfg.seed)
+    try:
+        out = model.generate(idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k or None,
+                             generator=g)
+    except ValueError as err:  # e.g. past the context limit of a model with position embeddings
+        raise ConfigError(f"generate: {err}") from err
+    return [vocab.decode(row.cpu()) for row in out]
+

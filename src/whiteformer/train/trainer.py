@@ -1,0 +1,354 @@
+"""The training loop of ``whiteformer train`` (single process or DistributedDataParallel).
+
+One optimizer step: fetch the global batch of the step (this process's slice), forward (optional
+bf16 autocast), cross-entropy (label smoothing) or the LM loss, backward, gradient clipping,
+AdamW, warm-up + cosine LR, optional EMA. Every ``log_every`` steps the metrics go to the log; the
+model is evaluated every epoch (or ``eval_every`` steps) and checkpointed every ``ckpt_every``
+steps (or every epoch) and at the end. ``resume`` restores model, optimizer, scheduler, EMA, RNG
+states and the step from the newest valid checkpoint: since the data of a step depends only on
+``(seed, step)`` (see :mod:`.tasks`), a run killed at any moment and resumed ends with the same
+weights as an uninterrupted one (same seed, same number of processes, deterministic kernels).
+
+Rank 0 alone writes logs, checkpoints, the final model and the report.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+import torch.nn as nn
+
+from . import distributed as D
+from .build import build_datasets, build_model, check_names, describe
+from .checkpoint import latest_checkpoint, list_checkpoints, remove_stale_temporaries, rng_state, save_checkpoint, \
+    set_rng_state
+from .config import TrainConfig
+from .configuration import ConfigError, config_to_dict, save_config
+from .ema import ModelEMA
+from .metrics import MetricsLogger, truncate_metrics
+from .optim import build_optimizer
+from .schedule import build_scheduler
+from .tasks import make_task, seeded_generator
+
+__all__ = ["train", "Trainer"]
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _quiet(msg: str) -> None:
+    pass
+
+
+class Trainer:
+    """Holds the state of one run; :meth:`fit` trains and returns the results dictionary."""
+
+    def __init__(self, cfg: TrainConfig, dist: D.DistInfo, command: str = ""):
+        self.cfg = cfg
+        self.dist = dist
+        self.command = command
+        self.main = dist.is_main
+        self.say = _say if self.main else _quiet
+        self.run_dir = Path(cfg.out)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self._check_run_dir()
+
+        torch.manual_seed(cfg.seed)
+        self.train_ds, self.eval_ds = build_datasets(cfg.dataset, cfg.data_dir, cfg.data_args, cfg.eval_split)
+        if self.train_ds.kind == "lm" and cfg.steps <= 0:
+            raise ConfigError("language-model training needs --steps N (the number of optimizer steps)")
+        model = build_model(cfg.model, self.train_ds, cfg.model_args, cfg.finetune,
+                            block_size=cfg.block_size if self.train_ds.kind == "lm" else None)
+        try:
+            self.task = make_task(cfg, self.train_ds, self.eval_ds, dist)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+        self.steps_per_epoch = self.task.steps_per_epoch
+        self.total_steps = cfg.steps if cfg.steps > 0 else cfg.epochs * self.steps_per_epoch
+        self.warmup = cfg.warmup_steps or int(round(cfg.warmup_epochs * self.steps_per_epoch))
+
+        model = model.to(dist.device)
+        if dist.enabled:
+            model = D.convert_sync_batchnorm(model, dist.device)
+        self.module = model  # the plain model (what is saved)
+        self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
+        self.scheduler = build_scheduler(self.optimizer, self.total_steps, self.warmup, cfg.lr, cfg.min_lr)
+        self.ema = ModelEMA(model, cfg.ema_decay) if cfg.ema else None
+        if dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [dist.device.index] if dist.device.type == "cuda" else None
+            # One-channel conv weights have ambiguous strides; DDP's (harmless) layout warning is noise.
+            warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
+            # Buffers (BatchNorm statistics) stay equal across processes through the synchronised
+            # BatchNorm, so no per-forward buffer broadcast.
+            import inspect
+
+            sync_kw = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                       else "broadcast_buffers")
+            model = DDP(model, device_ids=ids, **{sync_kw: False})
+        if cfg.compile:
+            model = torch.compile(model)
+        self.model = model
+        self._prepare_run_dir()  # only now that the configuration is known to work
+        self.start_step = 0
+        self.prev_train_time = 0.0
+        self._resume()
+
+    # ------------------------------------------------------------------ run directory
+    def _check_run_dir(self) -> None:
+        cfg = self.cfg
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise ConfigError(f"--out {str(self.run_dir)!r} exists and is not a directory")
+        if list_checkpoints(self.ckpt_dir) and not (cfg.resume or cfg.overwrite):
+            raise ConfigError(f"run directory {str(self.run_dir)!r} already has checkpoints; pass --resume to "
+                              f"continue it, --overwrite to start afresh, or choose another --out")
+
+    def _prepare_run_dir(self) -> None:
+        cfg = self.cfg
+        if self.main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            if cfg.overwrite:
+                shutil.rmtree(self.ckpt_dir, ignore_errors=True)
+                for name in ("metrics.jsonl", "metrics.csv", "report.md", "report.json", "curves.png",
+                             "coding_rate.png", "membership.png"):
+                    (self.run_dir / name).unlink(missing_ok=True)
+                for name in ("final", "final_ema", "tensorboard"):
+                    shutil.rmtree(self.run_dir / name, ignore_errors=True)
+            remove_stale_temporaries(self.ckpt_dir)
+        D.barrier()
+
+    # ------------------------------------------------------------------ resume
+    def _resume(self) -> None:
+        cfg = self.cfg
+        found = latest_checkpoint(self.ckpt_dir, log=self.say) if cfg.resume else None
+        if cfg.resume and found is None:
+            self.say(f"resume: no valid checkpoint in {str(self.ckpt_dir)!r}; starting from step 0")
+        if found is None:
+            # Fresh run: a defined RNG stream per process (dropout, drop-path).
+            torch.manual_seed(int(seeded_generator(cfg.seed, 4, self.dist.rank).initial_seed()))
+            if self.main:
+                truncate_metrics(self.run_dir / "metrics.jsonl", -1)
+            return
+        path, ck = found
+        st = ck["trainer"]
+        if st.get("total_steps") not in (None, self.total_steps):
+            raise ConfigError(f"checkpoint {str(path)!r} belongs to a run of {st['total_steps']} steps, this "
+                              f"configuration has {self.total_steps}; resume with the same configuration")
+        self.module.load_state_dict(ck["model"])
+        self.optimizer.load_state_dict(st["optimizer"])
+        self.scheduler.load_state_dict(st["scheduler"])
+        if self.ema is not None:
+            if ck["ema"] is None:
+                raise ConfigError(f"checkpoint {str(path)!r} has no EMA weights but ema=true")
+            self.ema.load_state_dict(ck["ema"])
+        rngs = st["rng"]
+        if len(rngs) != self.dist.world_size:
+            self.say(f"warning: checkpoint written by {len(rngs)} process(es), now {self.dist.world_size}: "
+                     f"the continuation is not bit-exact")
+        set_rng_state(rngs[self.dist.rank % len(rngs)])
+        self.start_step = int(st["step"])
+        self.prev_train_time = float(st.get("train_time_s", 0.0))
+        if self.main:
+            truncate_metrics(self.run_dir / "metrics.jsonl", self.start_step)
+        self.say(f"resumed from {path} (step {self.start_step}/{self.total_steps})")
+
+    def _save(self, step: int, train_time: float) -> None:
+        rngs = D.all_gather_object(rng_state())
+        if self.main:
+            state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                     "rng": rngs, "total_steps": self.total_steps, "steps_per_epoch": self.steps_per_epoch,
+                     "world_size": self.dist.world_size, "train_time_s": train_time,
+                     "config": config_to_dict(self.cfg)}
+            save_checkpoint(self.ckpt_dir, step, self.module, state,
+                            self.ema.state_dict() if self.ema is not None else None, self.cfg.keep_last,
+                            extra_files=self._extra_files())
+        D.barrier()
+
+    def _extra_files(self) -> Dict[str, str]:
+        import json
+
+        files = {"train_config.json": json.dumps(config_to_dict(self.cfg), indent=1)}
+        vocab = getattr(self.train_ds, "vocab", None)
+        if vocab is not None and hasattr(vocab, "to_json"):
+            files["vocab.json"] = json.dumps(vocab.to_json())
+        return files
+
+    # ------------------------------------------------------------------ schedule of events
+    def _epoch_end(self, done: int) -> bool:
+        return self.task.kind == "classification" and done % self.steps_per_epoch == 0
+
+    def _should_eval(self, done: int) -> bool:
+        if done == self.total_steps:
+            return True
+        if self.cfg.eval_every > 0:
+            return done % self.cfg.eval_every == 0
+        if self.task.kind == "classification":
+            return self._epoch_end(done)
+        return done % max(1, self.total_steps // 10) == 0
+
+    def _should_ckpt(self, done: int) -> bool:
+        if done == self.total_steps:
+            return True
+        if self.cfg.ckpt_every > 0:
+            return done % self.cfg.ckpt_every == 0
+        if self.task.kind == "classification":
+            return self._epoch_end(done)
+        return done % max(1, self.total_steps // 10) == 0
+
+    # ------------------------------------------------------------------ training
+    def fit(self) -> Dict[str, Any]:
+        cfg, dist, task = self.cfg, self.dist, self.task
+        t_fit = time.perf_counter()
+        n_params, n_str = describe(self.module)
+        if self.main:
+            save_config(cfg, self.run_dir / "config.yaml")
+        self.say(f"run {self.run_dir}: {cfg.model} ({n_str} parameters) on {cfg.dataset} "
+                 f"({len(self.train_ds)} train / {len(self.eval_ds)} {cfg.eval_split}), {self.total_steps} steps "
+                 f"({self.steps_per_epoch} per epoch), batch {cfg.batch_size}, device {dist.device}"
+                 + (f", {dist.world_size} processes" if dist.enabled else "")
+                 + f", {torch.get_num_threads()} threads")
+        logger = MetricsLogger(self.run_dir, enabled=self.main, tensorboard=cfg.tensorboard)
+        pbar = None
+        if self.main and cfg.progress:
+            from tqdm.auto import tqdm
+
+            pbar = tqdm(total=self.total_steps, initial=self.start_step, desc="train", dynamic_ncols=True,
+                        file=sys.stderr)
+        model = self.model
+        model.train()
+        dev = dist.device
+        acc = torch.zeros(3, dtype=torch.float64, device=dev)  # loss * n, correct, n
+        t_seg = time.perf_counter()
+        t_int, n_int = time.perf_counter(), 0
+        last_eval: Dict[str, float] = {}
+        for step in range(self.start_step, self.total_steps):
+            x, y = task.train_batch(step)
+            loss, st = task.loss(model, x, y)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.clip_grad > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+            lr = self.optimizer.param_groups[0]["lr"]
+            self.optimizer.step()
+            self.scheduler.step()
+            if self.ema is not None:
+                self.ema.update(self.module)
+            done = step + 1
+            cnt = st["count"].double()
+            acc[0] += loss.detach().double() * cnt
+            acc[1] += st.get("correct", torch.zeros((), device=dev)).double()
+            acc[2] += cnt
+            n_int += cfg.batch_size
+            if pbar is not None:
+                pbar.update(1)
+            if done % cfg.log_every == 0 or self._epoch_end(done) or done == self.total_steps:
+                tot = D.all_reduce_sum(acc.clone())
+                mean_loss = (tot[0] / tot[2].clamp_min(1)).item()
+                if not math.isfinite(mean_loss):
+                    raise FloatingPointError(f"the training loss is {mean_loss} at step {done}; lower --lr or "
+                                             f"enable gradient clipping (--clip-grad 1.0)")
+                now = time.perf_counter()
+                rec = {"step": done, "epoch": round(done / self.steps_per_epoch, 4), "lr": lr,
+                       "train_loss": mean_loss, "samples_per_s": n_int / max(now - t_int, 1e-9)}
+                if task.kind == "classification":
+                    rec["train_acc"] = (tot[1] / tot[2].clamp_min(1)).item()
+                logger.log(rec)
+                if pbar is not None:
+                    post = {"loss": f"{mean_loss:.3f}"}
+                    if "train_acc" in rec:
+                        post["acc"] = f"{rec['train_acc']:.3f}"
+                    if last_eval:
+                        key = "acc" if "acc" in last_eval else "ppl"
+                        post[f"eval_{key}"] = f"{last_eval[key]:.3f}"
+                    post["samples/s"] = f"{rec['samples_per_s']:.0f}"
+                    pbar.set_postfix(post)
+                acc.zero_()
+                t_int, n_int = now, 0
+            if self._should_eval(done):
+                last_eval = task.evaluate(self._eval_model())
+                logger.log({"step": done, "epoch": round(done / self.steps_per_epoch, 4),
+                            **{f"eval_{k}": v for k, v in last_eval.items()}})
+            if self._should_ckpt(done):
+                self._save(done, self.prev_train_time + time.perf_counter() - t_seg)
+            if cfg.throttle > 0:
+                time.sleep(cfg.throttle)
+        if pbar is not None:
+            pbar.close()
+        self._last_eval = last_eval if self.start_step < self.total_steps else None
+        train_time = self.prev_train_time + time.perf_counter() - t_seg
+        results = self._finish(logger, train_time)
+        results["total_time_s"] = time.perf_counter() - t_fit
+        return results
+
+    def _eval_model(self) -> nn.Module:
+        return self.ema.module if self.ema is not None else self.module
+
+    def _finish(self, logger: MetricsLogger, train_time: float) -> Dict[str, Any]:
+        cfg = self.cfg
+        final = getattr(self, "_last_eval", None) or self.task.evaluate(self._eval_model())
+        results: Dict[str, Any] = {"final_eval": final, "train_time_s": train_time}
+        if self.ema is not None:
+            results["ema_eval"] = final
+            results["raw_eval"] = self.task.evaluate(self.module)
+        logger.close(csv_path=self.run_dir / "metrics.csv" if self.main else None)
+        if self.main:
+            extra = self._extra_files()
+            for name, mod in (("final", self.module), ("final_ema", self.ema.module if self.ema else None)):
+                if mod is None:
+                    continue
+                out = mod.save_pretrained(self.run_dir / name)
+                for fname, text in extra.items():
+                    (out / fname).write_text(text, encoding="utf-8")
+            info = {"model": cfg.model, "dataset": cfg.dataset, "command": self.command, "eval_split": cfg.eval_split,
+                    "steps": self.total_steps, "epochs": round(self.total_steps / self.steps_per_epoch, 2),
+                    "params": describe(self.module)[1], "device": str(self.dist.device),
+                    "threads": torch.get_num_threads(), "world_size": self.dist.world_size,
+                    "run_dir": str(self.run_dir)}
+            if cfg.report:
+                report_model = self._eval_model()
+                results["report"] = str(write_report_safe(self.run_dir, report_model, self.task, results, info,
+                                                          cfg.report_images, self.say))
+            results["final_dir"] = str(self.run_dir / ("final_ema" if self.ema is not None else "final"))
+        D.barrier()
+        return results
+
+
+def write_report_safe(run_dir, model, task, results, info, num_images, say) -> Optional[Path]:
+    from .report import write_report
+
+    try:
+        return write_report(run_dir, model, task, results, info, num_images)
+    except Exception as err:  # noqa: BLE001 - the report must never lose a finished run
+        say(f"warning: the run report failed: {type(err).__name__}: {err}")
+        return None
+
+
+def train(cfg: TrainConfig, command: str = "") -> Dict[str, Any]:
+    """Run ``whiteformer train`` with a resolved configuration; returns the results dictionary
+    (``final_eval``, ``train_time_s``, ``report``, ``final_dir``, ...)."""
+    cfg.validate()
+    check_names(cfg.model, cfg.dataset, cfg.data_dir)
+    if cfg.finetune is not None and not Path(cfg.finetune).expanduser().exists():
+        raise ConfigError(f"finetune checkpoint {cfg.finetune!r} does not exist")
+    if cfg.num_threads > 0:
+        torch.set_num_threads(cfg.num_threads)
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    try:
+        dist = D.setup(cfg.device)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    try:
+        return Trainer(cfg, dist, command).fit()
+    finally:
+        D.cleanup()
