@@ -17,15 +17,6 @@ TINY = dict(img_size=16, patch_size=4, depth=2, embed_dim=32, num_heads=4, num_c
 VISION = {"tssa": "tost_t12_p16", "dmsa": "dmst_t12_p16", "eca": "eca_t"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny models: one thread is faster than two contended ones
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _vision(attn: str, **kw):
     extra = {"attn_kwargs": {"rank": 2}} if attn == "eca" else {}
     return whiteformer.create_model(VISION[attn], **{**TINY, **extra, **kw}).eval()

@@ -9,18 +9,9 @@ import torch
 from whiteformer.compress import (HeadFactors, Whitening, allocate_ranks_spectral, btd_ll1, cp, head_spectra,
                                   truncatt)
 from whiteformer.compress.btd import assign_cp_terms, btd_from_cp
-from whiteformer.compress.cp import cp_als, cp_sensitivity
+from whiteformer.compress.cp import cp_sensitivity
 
 DT = torch.float64
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # small dense linear algebra: one thread is faster and avoids contention on shared cores
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def rel(a, b):

@@ -13,14 +13,6 @@ from whiteformer.compress.cp import cp
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_formulas():
     N, F, H, D = 197, 384, 6, 64
     assert mhsa_macs(N, F, H, D) == 4 * N * F * D * H + 2 * H * N * N * D

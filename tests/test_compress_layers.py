@@ -13,14 +13,6 @@ from whiteformer.compress.reference import attention_from_tensors
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 class Attention(nn.Module):
     """Tiny timm-layout MHSA (qkv (3, H, p) rows, proj), with the library's (B, N) keep-mask contract."""
 

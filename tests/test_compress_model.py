@@ -14,14 +14,6 @@ from whiteformer.models import create_model
 F_, H_, P_ = 48, 3, 16  # tiny DeiT: embed 48, 3 heads of 16, img 32 / patch 8 -> N = 17 tokens
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the machine is shared: more threads only contend
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny(**kw):
     cfg = dict(img_size=32, patch_size=8, in_chans=3, num_classes=5, depth=2, embed_dim=F_, num_heads=H_)
     cfg.update(kw)

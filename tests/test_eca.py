@@ -1,5 +1,4 @@
 """ECAttention (paper 003): operators vs reference, basis, fallback, padding, sketches, layer."""
-import math
 
 import pytest
 import torch

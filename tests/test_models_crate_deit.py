@@ -11,14 +11,6 @@ from whiteformer.models import create_model, list_models
 from whiteformer.models.deit import resample_abs_pos_embed
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny tensors: intra-op threads only add synchronisation cost on a loaded machine
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 # ---------------------------------------------------------------------------- parameter counts
 # CRATE: official CRATE_tiny/small/base/large (paper: 6.09M/13.12M/22.80M/77.64M);
 # DeiT: timm deit_{tiny,small,base}_patch16_224 (5,717,416 / 22,050,664 / 86,567,656).

@@ -17,15 +17,6 @@ PAPER = {"tost_lm_base": 110.38e6, "tost_lm_medium": 304.71e6, "tost_lm_large": 
 TINY = dict(vocab_size=61, dim=32, depth=2, num_heads=4, max_len=48)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny tensors: intra-op threads only add synchronisation cost on a loaded machine
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _expected_count(name, vocab=50304, block=1024):
     """nanoGPT convention: every parameter once (tied wte/lm_head once), wpe included."""
     depth, heads, d = DIMS[name.split("_")[-1]]
