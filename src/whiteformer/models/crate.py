@@ -21,17 +21,16 @@ import torch
 import torch.nn as nn
 from einops import rearrange
 
-from .._checks import check_tensor
 from ..attention.baselines import MSSA
-from .blocks import ISTA, to_2tuple
+from .blocks import ISTA
 from .checkpoint import PretrainedMixin
-from .deit import resample_abs_pos_embed, vit_forward_intermediates
+from .deit import PatchGrid, resample_abs_pos_embed, vit_forward_intermediates
 from .registry import build_with_defaults, register_model
 
 __all__ = ["CRATE", "CRATEBlock", "CRATEPatchEmbed"]
 
 
-class CRATEPatchEmbed(nn.Module):
+class CRATEPatchEmbed(PatchGrid):
     """Non-overlapping patches flattened in the official ``(p1 p2 c)`` order, then
     ``patch_norm`` (LayerNorm over p*p*C) -> ``proj`` (Linear to D) -> ``norm`` (LayerNorm).
 
@@ -39,28 +38,14 @@ class CRATEPatchEmbed(nn.Module):
     """
 
     def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, embed_dim: int = 384):
-        super().__init__()
-        self.img_size = to_2tuple(img_size, "img_size")
-        self.patch_size = to_2tuple(patch_size, "patch_size")
-        if self.img_size[0] % self.patch_size[0] or self.img_size[1] % self.patch_size[1]:
-            raise ValueError(f"img_size {self.img_size} must be divisible by patch_size {self.patch_size}")
-        if isinstance(in_chans, bool) or not isinstance(in_chans, int) or in_chans <= 0:
-            raise ValueError(f"in_chans must be a positive int, got {in_chans!r}")
-        self.in_chans = in_chans
-        self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
-        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        super().__init__(img_size, patch_size, in_chans)
         patch_dim = in_chans * self.patch_size[0] * self.patch_size[1]
         self.patch_norm = nn.LayerNorm(patch_dim)
         self.proj = nn.Linear(patch_dim, embed_dim)
         self.norm = nn.LayerNorm(embed_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_tensor(x, "x", 4)
-        if x.shape[0] == 0:
-            raise ValueError(f"x must be a non-empty image batch, got shape {tuple(x.shape)}")
-        if x.shape[1] != self.in_chans or tuple(x.shape[2:]) != self.img_size:
-            raise ValueError(f"x must have shape (B, {self.in_chans}, {self.img_size[0]}, {self.img_size[1]}), "
-                             f"got {tuple(x.shape)}")
+        self.check_images(x)
         p1, p2 = self.patch_size
         x = rearrange(x, "b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=p1, p2=p2)
         return self.norm(self.proj(self.patch_norm(x)))

@@ -79,13 +79,11 @@ def resample_abs_pos_embed(posemb: torch.Tensor, new_size: Tuple[int, int],
     return torch.cat([prefix, grid], dim=1)
 
 
-class PatchEmbed(nn.Module):
-    """Image to patch tokens with a strided conv ``proj`` (timm ``PatchEmbed``).
+class PatchGrid(nn.Module):
+    """Geometry and input check shared by the non-overlapping patch embeddings (ViT, CRATE):
+    ``img_size`` divisible by ``patch_size``; ``grid_size``, ``num_patches``."""
 
-    (B, C, H, W) with (H, W) == ``img_size`` -> (B, N, D), N = ``num_patches``.
-    """
-
-    def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, embed_dim: int = 768):
+    def __init__(self, img_size=224, patch_size=16, in_chans: int = 3):
         super().__init__()
         self.img_size = to_2tuple(img_size, "img_size")
         self.patch_size = to_2tuple(patch_size, "patch_size")
@@ -96,15 +94,29 @@ class PatchEmbed(nn.Module):
         self.in_chans = in_chans
         self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
         self.num_patches = self.grid_size[0] * self.grid_size[1]
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def check_images(self, x: torch.Tensor) -> None:
+        """x must be (B, in_chans, *img_size) with B > 0."""
         check_tensor(x, "x", 4)
         if x.shape[0] == 0:
             raise ValueError(f"x must be a non-empty image batch, got shape {tuple(x.shape)}")
         if x.shape[1] != self.in_chans or tuple(x.shape[2:]) != self.img_size:
             raise ValueError(f"x must have shape (B, {self.in_chans}, {self.img_size[0]}, {self.img_size[1]}), "
                              f"got {tuple(x.shape)}")
+
+
+class PatchEmbed(PatchGrid):
+    """Image to patch tokens with a strided conv ``proj`` (timm ``PatchEmbed``).
+
+    (B, C, H, W) with (H, W) == ``img_size`` -> (B, N, D), N = ``num_patches``.
+    """
+
+    def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, embed_dim: int = 768):
+        super().__init__(img_size, patch_size, in_chans)
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_images(x)
         return self.proj(x).flatten(2).transpose(1, 2)
 
 
