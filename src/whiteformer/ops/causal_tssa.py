@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from .._checks import check_mask, check_nonempty, check_tensor, stats_dtype
 from .tssa import PI_EPS, _autocast_off, _check_drop, _check_heads_input, _check_temp
+from .tssa_fused import causal_tssa_fused, fused_supported
 
 __all__ = ["CausalTSSAState", "causal_tssa", "causal_tssa_step"]
 
@@ -112,7 +113,23 @@ def causal_tssa(
 
 
 def _causal_tssa_forward(w, temp, pos_bias, attn_mask, drop_p):
-    """Single dispatch point (inputs validated); a fused kernel can be selected here."""
+    """Single dispatch point (inputs validated): the fused kernel (:mod:`.tssa_fused`) when it
+    supports ``w`` and there is no dropout, else the pure-PyTorch path
+    (``WHITEFORMER_DISABLE_KERNELS=1`` forces the latter)."""
+    if drop_p == 0.0 and fused_supported(w):
+        n, p = w.shape[-2], w.shape[-1]
+        bias = None
+        if pos_bias is not None:
+            if attn_mask is None:
+                bias = p * pos_bias[:, :n, 0]  # (H, N)
+            else:
+                pos = (attn_mask.long().cumsum(dim=-1) - 1).clamp_min(0)  # (B, N)
+                bias = p * pos_bias[:, pos, 0].transpose(0, 1)  # (B, H, N)
+        out, pi, sum_sq, sum_pi, sum_sq_pi = causal_tssa_fused(w, temp, bias, attn_mask)
+        t = n if attn_mask is None else attn_mask.long().sum(dim=-1)
+        sd = stats_dtype(w)
+        state = CausalTSSAState(sum_sq.to(sd), sum_pi.to(sd), sum_sq_pi.to(sd), t)
+        return out, pi, state
     return _causal_tssa_torch(w, temp, pos_bias, attn_mask, drop_p)
 
 

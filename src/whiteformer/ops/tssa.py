@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .._checks import check_mask, check_nonempty, check_tensor, stats_dtype
+from .tssa_fused import fused_supported, tssa_fused
 
 __all__ = ["tssa"]
 
@@ -92,8 +93,12 @@ def tssa(
 def _tssa_forward(
     w: torch.Tensor, temp: torch.Tensor, attn_mask: Optional[torch.Tensor], drop_p: float
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Single dispatch point (inputs already validated). A fused kernel (C++/OpenMP extension
-    or custom autograd.Function) can be selected here by device/dtype without touching callers."""
+    """Single dispatch point (inputs already validated): the fused kernel
+    (:mod:`.tssa_fused`; chosen by device type and dtype, see :mod:`._kernels`) when it
+    supports ``w`` and there is no dropout, else the pure-PyTorch path.
+    ``WHITEFORMER_DISABLE_KERNELS=1`` forces the pure-PyTorch path."""
+    if drop_p == 0.0 and fused_supported(w):
+        return tssa_fused(w, temp, attn_mask)
     return _tssa_torch(w, temp, attn_mask, drop_p)
 
 

@@ -1,0 +1,1258 @@
+// Fused CPU kernels for TSSA and causal TSSA (ToST, Wu et al., ICLR 2025, Eqs. (11), (28),
+// memberships Eqs. (32)-(34) and (39)), forward and hand-derived backward. The equations and
+// the derivation of the backward are in whiteformer/ops/tssa_fused.py.
+//
+// Layout: w is (B, H, N, p) with a contiguous feature axis and arbitrary strides for b, h, n
+// (so the (B, N, H, p) view a layer gets from its projection needs no copy). Work is split over
+// (batch, chunk of tokens); an item handles all heads of its tokens, because the membership
+// softmax couples the heads at each token. Sums over tokens are accumulated in T over blocks of
+// BLK tokens, then in double per chunk, and reduced in chunk order: results do not depend on the
+// number of threads. p in {32, 48, 64} is a compile-time constant (feature loops unrolled,
+// accumulators in registers); other p use the generic instantiation. Large outputs are written
+// with non-temporal stores (no read-for-ownership; the input stays cached for the next pass).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t DEFAULT_CHUNK = 256;  // tokens per work item (and per causal checkpoint)
+constexpr int BLK = 16;                 // tokens summed in T before adding to a double total
+constexpr double NORM_EPS2 = 1e-24;     // F.normalize eps (1e-12), squared
+constexpr double PI_EPS = 1e-8;         // added to the membership mass
+constexpr double RATIO_EPS = 1e-12;     // clamp of the causal prefix energy
+
+// ------------------------------------------------------------------ exp for x <= 0 (vectorisable)
+// exp(x) = 2^k exp(r), k = round(x / ln 2), |r| <= ln2 / 2; 2^k is built from the bits of the
+// "shifter" sum, exp(r) is a Taylor polynomial (relative error < 1e-7 in float, 3e-16 in double).
+template <typename T> struct ExpC;
+template <> struct ExpC<float> {
+  using U = uint32_t;
+  static constexpr float lo = -87.0f, log2e = 1.44269504088896341f;
+  static constexpr float shifter = 12582912.0f + 127.0f;  // 1.5 * 2^23 + exponent bias
+  static constexpr float ln2hi = 0.693145751953125f, ln2lo = 1.428606765330187045e-06f;
+  static constexpr int mbits = 23;
+};
+template <> struct ExpC<double> {
+  using U = uint64_t;
+  static constexpr double lo = -708.0, log2e = 1.4426950408889634074;
+  static constexpr double shifter = 6755399441055744.0 + 1023.0;  // 1.5 * 2^52 + exponent bias
+  static constexpr double ln2hi = 6.93147180369123816490e-01, ln2lo = 1.90821492927058770002e-10;
+  static constexpr int mbits = 52;
+};
+
+inline float exp_poly(float r) {
+  constexpr float c2 = 1.f / 2, c3 = 1.f / 6, c4 = 1.f / 24, c5 = 1.f / 120, c6 = 1.f / 720, c7 = 1.f / 5040;
+  return 1.f + r * (1.f + r * (c2 + r * (c3 + r * (c4 + r * (c5 + r * (c6 + r * c7))))));
+}
+inline double exp_poly(double r) {
+  constexpr double c2 = 1. / 2, c3 = 1. / 6, c4 = 1. / 24, c5 = 1. / 120, c6 = 1. / 720, c7 = 1. / 5040,
+                   c8 = 1. / 40320, c9 = 1. / 362880, c10 = 1. / 3628800, c11 = 1. / 39916800,
+                   c12 = 1. / 479001600, c13 = 1. / 6227020800.;
+  const double hi = c7 + r * (c8 + r * (c9 + r * (c10 + r * (c11 + r * (c12 + r * c13)))));
+  return 1. + r * (1. + r * (c2 + r * (c3 + r * (c4 + r * (c5 + r * (c6 + r * hi))))));
+}
+
+template <typename T>
+inline T exp_nonpos(T x) {
+  using C = ExpC<T>;
+  using U = typename C::U;
+  x = x < C::lo ? C::lo : x;
+  const T t = x * C::log2e + C::shifter;
+  const T k = t - C::shifter;
+  const T r = (x - k * C::ln2hi) - k * C::ln2lo;
+  const U bits = __builtin_bit_cast(U, t) << C::mbits;
+  return exp_poly(r) * __builtin_bit_cast(T, bits);
+}
+
+// softmax over heads, in place: lg[h * ld + i] for h < H, i < cnt; tmp holds cnt values
+template <typename T>
+inline void softmax_heads(T* __restrict lg, int64_t H, int64_t ld, int64_t cnt, T* __restrict tmp) {
+  for (int64_t i = 0; i < cnt; ++i) tmp[i] = lg[i];
+  for (int64_t h = 1; h < H; ++h) {
+    const T* row = lg + h * ld;
+    for (int64_t i = 0; i < cnt; ++i) tmp[i] = row[i] > tmp[i] ? row[i] : tmp[i];
+  }
+  for (int64_t h = 0; h < H; ++h) {
+    T* row = lg + h * ld;
+#pragma omp simd
+    for (int64_t i = 0; i < cnt; ++i) row[i] = exp_nonpos<T>(row[i] - tmp[i]);
+  }
+  for (int64_t i = 0; i < cnt; ++i) tmp[i] = lg[i];
+  for (int64_t h = 1; h < H; ++h) {
+    const T* row = lg + h * ld;
+    for (int64_t i = 0; i < cnt; ++i) tmp[i] += row[i];
+  }
+  for (int64_t i = 0; i < cnt; ++i) tmp[i] = T(1) / tmp[i];
+  for (int64_t h = 0; h < H; ++h) {
+    T* row = lg + h * ld;
+    for (int64_t i = 0; i < cnt; ++i) row[i] *= tmp[i];
+  }
+}
+
+// ------------------------------------------------------------------ tensor helpers
+// (B, H, N, p) tensor with a contiguous feature axis
+template <typename T>
+struct Rows {
+  T* ptr;
+  int64_t sb, sh, sn;
+  inline T* row(int64_t b, int64_t h, int64_t n) const { return ptr + b * sb + h * sh + n * sn; }
+};
+
+template <typename T>
+Rows<T> rows_of(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 4, name, " must be 4-D (B, H, N, p)");
+  TORCH_CHECK(t.size(3) == 1 || t.stride(3) == 1, name, " must have a contiguous last dimension");
+  return {static_cast<T*>(t.data_ptr()), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+void check_common(const at::Tensor& w, const at::Tensor& temp, const c10::optional<at::Tensor>& mask) {
+  TORCH_CHECK(w.device().is_cpu(), "tssa_cpu: w must be a CPU tensor");
+  TORCH_CHECK(w.dim() == 4, "tssa_cpu: w must be 4-D (B, H, N, p)");
+  TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kDouble,
+              "tssa_cpu: w must be float32 or float64");
+  TORCH_CHECK(temp.is_contiguous() && temp.numel() == w.size(1) && temp.scalar_type() == w.scalar_type(),
+              "tssa_cpu: temp must be a contiguous (H,) / (H, 1) tensor of w's dtype");
+  if (mask.has_value()) {
+    const auto& m = *mask;
+    TORCH_CHECK(m.scalar_type() == at::kBool && m.is_contiguous() && m.dim() == 2 && m.size(0) == w.size(0) &&
+                    m.size(1) == w.size(2),
+                "tssa_cpu: mask must be a contiguous (B, N) bool tensor");
+  }
+}
+
+void check_like(const at::Tensor& t, const at::Tensor& w, const char* name) {
+  TORCH_CHECK(t.sizes() == w.sizes() && t.scalar_type() == w.scalar_type(), "tssa_cpu: ", name,
+              " must have w's shape and dtype");
+}
+
+void check_small(const at::Tensor& t, at::IntArrayRef shape, at::ScalarType dt, const char* name) {
+  TORCH_CHECK(t.is_contiguous() && t.sizes() == shape && t.scalar_type() == dt, "tssa_cpu: ", name,
+              " must be contiguous with shape ", shape, " and dtype ", dt);
+}
+
+const bool* mask_ptr(const c10::optional<at::Tensor>& mask) {
+  return mask.has_value() ? mask->data_ptr<bool>() : nullptr;
+}
+
+inline int64_t nchunks(int64_t N, int64_t chunk) { return (N + chunk - 1) / chunk; }
+inline int64_t pick_chunk(int64_t chunk) { return chunk > 0 ? chunk : DEFAULT_CHUNK; }
+
+// dst[b * len + k] = sum over chunks c (in order) of part[(b * nc + c) * len + k]
+void reduce_chunks(const std::vector<double>& part, double* dst, int64_t B, int64_t nc, int64_t len) {
+  for (int64_t b = 0; b < B; ++b) {
+    double* d = dst + b * len;
+    std::fill(d, d + len, 0.0);
+    for (int64_t c = 0; c < nc; ++c) {
+      const double* s = part.data() + (b * nc + c) * len;
+      for (int64_t k = 0; k < len; ++k) d[k] += s[k];
+    }
+  }
+}
+
+// feature-sized scratch: a fixed aligned array when p is a compile-time constant (kept in
+// registers), else a heap buffer
+template <typename T, int PC>
+struct Buf {
+  alignas(64) T v[PC];
+  explicit Buf(int64_t) {}
+  T* data() { return v; }
+};
+template <typename T>
+struct Buf<T, 0> {
+  std::vector<T> v;
+  explicit Buf(int64_t P) : v(P) {}
+  T* data() { return v.data(); }
+};
+
+// sum of v[0:P) (a vectorised reduction; measured faster than an explicit pairwise tree)
+template <typename T, int PC>
+inline T row_sum(const T* __restrict v, int64_t P) {
+  T s = T(0);
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < (PC > 0 ? PC : P); ++j) s += v[j];
+  return s;
+}
+
+// ------------------------------------------------------------------ output rows
+int64_t l3_bytes() {
+  static const int64_t v = [] {
+    long s = -1;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    s = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+    // the reported size may be the whole host's; a process rarely gets more than 32 MB
+    return std::min<int64_t>(s > 0 ? int64_t(s) : int64_t(32) << 20, int64_t(32) << 20);
+  }();
+  return v;
+}
+
+// non-temporal stores when the output is larger than half the last-level cache and its rows
+// are 32-byte aligned (p a compile-time constant with p * sizeof(T) % 32 == 0)
+template <typename T, int PC>
+bool want_stream(const at::Tensor& out) {
+#if defined(__AVX__)
+  if (PC == 0 || (PC * sizeof(T)) % 32 != 0 || out.numel() * int64_t(sizeof(T)) < l3_bytes() / 2) return false;
+  if (reinterpret_cast<uintptr_t>(out.data_ptr()) % 32 != 0) return false;
+  for (int d = 0; d < 3; ++d)
+    if ((out.stride(d) * int64_t(sizeof(T))) % 32 != 0) return false;
+  return true;
+#else
+  (void)out;
+  return false;
+#endif
+}
+
+template <typename T, int PC>
+struct RowWriter {
+  bool stream;
+  Buf<T, PC> buf;
+  RowWriter(bool s, int64_t P) : stream(s), buf(P) {}
+  // y[j] = f(j) for j < P (f is called once per j, in order)
+  template <typename F>
+  inline void put(T* __restrict y, int64_t P, F f) {
+#if defined(__AVX__)
+    if (PC > 0 && stream) {
+      T* r = buf.data();
+#pragma omp simd
+      for (int64_t j = 0; j < P; ++j) r[j] = f(j);
+      if constexpr (std::is_same_v<T, float>) {
+        for (int64_t j = 0; j < P; j += 8) _mm256_stream_ps(y + j, _mm256_load_ps(r + j));
+      } else {
+        for (int64_t j = 0; j < P; j += 4) _mm256_stream_pd(y + j, _mm256_load_pd(r + j));
+      }
+      return;
+    }
+#endif
+#pragma omp simd
+    for (int64_t j = 0; j < P; ++j) y[j] = f(j);
+  }
+  void zero(T* y, int64_t P) {
+    put(y, P, [](int64_t) { return T(0); });
+  }
+  ~RowWriter() {
+#if defined(__AVX__)
+    if (stream) _mm_sfence();
+#endif
+  }
+};
+
+// calls fn(std::integral_constant<int, PC>) with PC = P for the specialised sizes, else 0
+template <typename Fn>
+void with_p(int64_t P, Fn&& fn) {
+  switch (P) {
+    case 32: fn(std::integral_constant<int, 32>{}); break;
+    case 48: fn(std::integral_constant<int, 48>{}); break;
+    case 64: fn(std::integral_constant<int, 64>{}); break;
+    default: fn(std::integral_constant<int, 0>{}); break;
+  }
+}
+
+// Software prefetch of the row about 8 KB ahead in the same head: the hardware prefetcher alone
+// leaves the passes well below the memory bandwidth (measured: forward 4.0 -> 2.8 ms).
+inline void prefetch_row(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+}
+inline int64_t prefetch_distance(int64_t row_bytes) { return std::max<int64_t>(8, 8192 / std::max<int64_t>(row_bytes, 1)); }
+#define PREFETCH_ROW(R, b, h, n) prefetch_row((R).row(b, h, std::min(n + PFD, N - 1)), RB)
+
+// ================================================================== non-causal TSSA
+// Statistics per (b, h) (double): s_j = sum_n w_nj^2, T_j = sum_n Pi_n w_nj^2, M = sum_n Pi_n.
+// Derived: r_j = 1 / max(s_j, eps^2), c = 1 / (M + 1e-8), d_j = c T_j, g_j = 1 / (1 + d_j).
+
+inline double inv_energy(double s) { return 1.0 / std::max(s, NORM_EPS2); }
+
+template <typename T>
+struct Dims {
+  int64_t B, H, N, P, CHUNK, nc;
+};
+
+// tokens per group: loops visit a group's rows head by head, so the whole chunk for the usual
+// (B, H, N, p) layout (long sequential runs per head), BLK tokens when the heads of a token are
+// adjacent in memory (the (B, N, H, p) view of a projection)
+inline int64_t group_size(int64_t sh, int64_t sn, int64_t chunk) { return sh > sn ? chunk : BLK; }
+
+template <typename T, int PC>
+void tssa_fwd_impl(Rows<const T> W, const T* temp, const bool* mk, Rows<T> O, bool stream, T* pi, double* s,
+                   double* Tm, double* M, Dims<T> D) {
+  const int64_t B = D.B, H = D.H, N = D.N, P = PC > 0 ? PC : D.P, CHUNK = D.CHUNK, nc = D.nc, HP = H * P;
+  auto kept = [&](int64_t b, int64_t n) { return !mk || mk[b * N + n]; };
+  const int64_t GRP = group_size(W.sh, W.sn, CHUNK), RB = P * int64_t(sizeof(T)), PFD = prefetch_distance(RB);
+
+  // pass 1: feature energies s
+  std::vector<double> part(B * nc * HP);
+  at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
+    Buf<T, PC> buf(P);
+    for (int64_t it = lo; it < hi; ++it) {
+      const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
+      double* acc = part.data() + it * HP;
+      std::fill(acc, acc + HP, 0.0);
+      for (int64_t ng = n0; ng < n1; ng += GRP) {
+        const int64_t ge = std::min(n1, ng + GRP);
+        for (int64_t h = 0; h < H; ++h) {
+          double* tot = acc + h * P;
+          for (int64_t nb = ng; nb < ge; nb += BLK) {
+            T* a = buf.data();
+            for (int64_t j = 0; j < P; ++j) a[j] = T(0);
+            for (int64_t n = nb; n < std::min(ge, nb + BLK); ++n) {
+              PREFETCH_ROW(W, b, h, n);
+              if (!kept(b, n)) continue;
+              const T* __restrict x = W.row(b, h, n);
+#pragma omp simd
+              for (int64_t j = 0; j < P; ++j) a[j] += x[j] * x[j];
+            }
+            for (int64_t j = 0; j < P; ++j) tot[j] += double(a[j]);
+          }
+        }
+      }
+    }
+  });
+  reduce_chunks(part, s, B, nc, HP);
+  std::vector<T> r(B * HP);
+  for (int64_t k = 0; k < B * HP; ++k) r[k] = T(inv_energy(s[k]));
+
+  // pass 2: logits, Pi (softmax over heads) and the Pi-weighted moments
+  std::vector<double> partM(B * nc * H);
+  at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<T> lg(H * GRP), tmp(GRP);
+    Buf<T, PC> buf(P), vb(P);
+    for (int64_t it = lo; it < hi; ++it) {
+      const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
+      double* accT = part.data() + it * HP;
+      double* accM = partM.data() + it * H;
+      std::fill(accT, accT + HP, 0.0);
+      std::fill(accM, accM + H, 0.0);
+      for (int64_t ng = n0; ng < n1; ng += GRP) {
+        const int64_t ge = std::min(n1, ng + GRP);
+        for (int64_t h = 0; h < H; ++h) {
+          const T* __restrict rh = r.data() + (b * H + h) * P;
+          const T th = temp[h];
+          for (int64_t n = ng; n < ge; ++n) {
+            T dot = T(0);
+            PREFETCH_ROW(W, b, h, n);
+            if (kept(b, n)) {
+              const T* __restrict x = W.row(b, h, n);
+              T* v = vb.data();
+#pragma omp simd
+              for (int64_t j = 0; j < P; ++j) v[j] = x[j] * x[j] * rh[j];
+              dot = row_sum<T, PC>(v, P);
+            }
+            lg[h * GRP + (n - ng)] = th * dot;
+          }
+        }
+        softmax_heads<T>(lg.data(), H, GRP, ge - ng, tmp.data());
+        for (int64_t h = 0; h < H; ++h) {
+          T* pih = pi + (b * H + h) * N;
+          double* tot = accT + h * P;
+          double m = 0.0;
+          for (int64_t nb = ng; nb < ge; nb += BLK) {
+            T* a = buf.data();
+            for (int64_t j = 0; j < P; ++j) a[j] = T(0);
+            for (int64_t n = nb; n < std::min(ge, nb + BLK); ++n) {
+              if (!kept(b, n)) {
+                pih[n] = T(0);
+                continue;
+              }
+              const T pv = lg[h * GRP + (n - ng)];
+              pih[n] = pv;
+              m += double(pv);
+              const T* __restrict x = W.row(b, h, n);
+#pragma omp simd
+              for (int64_t j = 0; j < P; ++j) a[j] += pv * x[j] * x[j];
+            }
+            for (int64_t j = 0; j < P; ++j) tot[j] += double(a[j]);
+          }
+          accM[h] += m;
+        }
+      }
+    }
+  });
+  reduce_chunks(part, Tm, B, nc, HP);
+  reduce_chunks(partM, M, B, nc, H);
+
+  // pass 3: out = -w Pi g
+  std::vector<T> gain(B * HP);
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const double c = 1.0 / (M[bh] + PI_EPS);
+    for (int64_t j = 0; j < P; ++j) gain[bh * P + j] = T(1.0 / (1.0 + c * Tm[bh * P + j]));
+  }
+  at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
+    RowWriter<T, PC> out(stream, P);
+    for (int64_t it = lo; it < hi; ++it) {
+      const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
+      for (int64_t ng = n0; ng < n1; ng += GRP) {
+        const int64_t ge = std::min(n1, ng + GRP);
+        for (int64_t h = 0; h < H; ++h) {
+          const T* __restrict g = gain.data() + (b * H + h) * P;
+          const T* pih = pi + (b * H + h) * N;
+          for (int64_t n = ng; n < ge; ++n) {
+            T* y = O.row(b, h, n);
+            if (!kept(b, n)) {
+              out.zero(y, P);
+              continue;
+            }
+            PREFETCH_ROW(W, b, h, n);
+            const T* __restrict x = W.row(b, h, n);
+            const T pv = -pih[n];
+            out.put(y, P, [&](int64_t j) { return x[j] * pv * g[j]; });
+          }
+        }
+      }
+    }
+  });
+}
+
+std::vector<at::Tensor> tssa_fwd(const at::Tensor& w, const at::Tensor& temp, const c10::optional<at::Tensor>& mask,
+                                 int64_t chunk) {
+  check_common(w, temp, mask);
+  const int64_t B = w.size(0), H = w.size(1), N = w.size(2), P = w.size(3), CHUNK = pick_chunk(chunk);
+  auto out = at::empty_like(w);
+  auto pi = at::empty({B, H, N}, w.options());
+  auto od = w.options().dtype(at::kDouble);
+  auto s = at::empty({B, H, P}, od), Tm = at::empty({B, H, P}, od), M = at::empty({B, H}, od);
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_fwd", [&] {
+    using T = scalar_t;
+    with_p(P, [&](auto pc) {
+      constexpr int PC = decltype(pc)::value;
+      tssa_fwd_impl<T, PC>(rows_of<const T>(w, "w"), temp.data_ptr<T>(), mask_ptr(mask), rows_of<T>(out, "out"),
+                           want_stream<T, PC>(out), pi.data_ptr<T>(), s.data_ptr<double>(), Tm.data_ptr<double>(),
+                           M.data_ptr<double>(), Dims<T>{B, H, N, P, CHUNK, nchunks(N, CHUNK)});
+    });
+  });
+  return {out, pi, s, Tm, M};
+}
+
+template <typename T, int PC>
+void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp, const bool* mk, const T* pi,
+                   const double* s, const double* Tm, const double* M, Rows<T> DW, bool stream, double* dtemp,
+                   Dims<T> D) {
+  const int64_t B = D.B, H = D.H, N = D.N, P = PC > 0 ? PC : D.P, CHUNK = D.CHUNK, nc = D.nc, HP = H * P;
+  const int64_t GRP = group_size(W.sh, W.sn, CHUNK), RB = P * int64_t(sizeof(T)), PFD = prefetch_distance(RB);
+  auto kept = [&](int64_t b, int64_t n) { return !mk || mk[b * N + n]; };
+
+  // per (b, h) statistics
+  std::vector<double> r(B * HP), live(B * HP), g(B * HP), d(B * HP), c(B * H);
+  std::vector<T> gT(B * HP);
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    c[bh] = 1.0 / (M[bh] + PI_EPS);
+    for (int64_t j = 0; j < P; ++j) {
+      const int64_t k = bh * P + j;
+      r[k] = inv_energy(s[k]);
+      live[k] = s[k] > NORM_EPS2 ? 1.0 : 0.0;
+      d[k] = c[bh] * Tm[k];
+      g[k] = 1.0 / (1.0 + d[k]);
+      gT[k] = T(g[k]);
+    }
+  }
+  // pass A: q_j = sum_n w Pi G (dL/dg_j = -q_j), a_n = -sum_j w g G (dL/dPi through out)
+  std::vector<T> a(B * H * N);
+  std::vector<double> part(B * nc * HP);
+  at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
+    Buf<T, PC> buf(P), vb(P);
+    for (int64_t it = lo; it < hi; ++it) {
+      const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
+      double* acc = part.data() + it * HP;
+      std::fill(acc, acc + HP, 0.0);
+      for (int64_t ng = n0; ng < n1; ng += GRP) {
+        const int64_t ge = std::min(n1, ng + GRP);
+        for (int64_t h = 0; h < H; ++h)
+        for (int64_t nb = ng; nb < ge; nb += BLK) {
+          const int64_t ne = std::min(ge, nb + BLK);
+          const T* __restrict gh = gT.data() + (b * H + h) * P;
+          T* q = buf.data();
+          for (int64_t j = 0; j < P; ++j) q[j] = T(0);
+          for (int64_t n = nb; n < ne; ++n) {
+            PREFETCH_ROW(W, b, h, n);
+            PREFETCH_ROW(G, b, h, n);
+            T& an = a[(b * H + h) * N + n];
+            if (!kept(b, n)) {
+              an = T(0);
+              continue;
+            }
+            const T* __restrict x = W.row(b, h, n);
+            const T* __restrict gr = G.row(b, h, n);
+            const T pv = pi[(b * H + h) * N + n];
+            T* v = vb.data();
+#pragma omp simd
+            for (int64_t j = 0; j < P; ++j) {
+              const T xg = x[j] * gr[j];
+              q[j] += pv * xg;
+              v[j] = gh[j] * xg;
+            }
+            an = -row_sum<T, PC>(v, P);
+          }
+          double* tot = acc + h * P;
+          for (int64_t j = 0; j < P; ++j) tot[j] += double(q[j]);
+        }
+      }
+    }
+  });
+  std::vector<double> q(B * HP), cD(B * HP), K(B * H);
+  reduce_chunks(part, q.data(), B, nc, HP);
+  std::vector<T> cDT(B * HP), rT(B * HP);
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    double k = 0.0;
+    for (int64_t j = 0; j < P; ++j) {
+      const int64_t i = bh * P + j;
+      const double Dj = g[i] * g[i] * q[i];  // dL/dd_j = -g^2 dL/dg_j
+      cD[i] = c[bh] * Dj;
+      k += Dj * d[i];
+      cDT[i] = T(cD[i]);
+      rT[i] = T(r[i]);
+    }
+    K[bh] = c[bh] * k;  // = c^2 sum_j D_j T_j
+  }
+  // pass B: dL/dPi, softmax over heads -> lambda = temp dL/dlogit; sum_n lambda w^2
+  std::vector<T> lam(B * H * N);
+  std::vector<double> partT(B * nc * H);
+  at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<double> Pg(H * GRP), Rs(H * GRP);
+    Buf<T, PC> buf(P), vb(P), vb2(P);
+    for (int64_t it = lo; it < hi; ++it) {
+      const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
+      double* accT = partT.data() + it * H;
+      double* accS = part.data() + it * HP;
+      std::fill(accT, accT + H, 0.0);
+      std::fill(accS, accS + HP, 0.0);
+      for (int64_t ng = n0; ng < n1; ng += GRP) {
+        const int64_t ge = std::min(n1, ng + GRP);
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t bh = b * H + h;
+          const T* __restrict cDh = cDT.data() + bh * P;
+          const T* __restrict rh = rT.data() + bh * P;
+          for (int64_t n = ng; n < ge; ++n) {
+            double pn = 0.0, rn = 0.0;
+            PREFETCH_ROW(W, b, h, n);
+            if (kept(b, n)) {
+              const T* __restrict x = W.row(b, h, n);
+              T* v1 = vb.data();
+              T* v2 = vb2.data();
+#pragma omp simd
+              for (int64_t j = 0; j < P; ++j) {
+                const T x2 = x[j] * x[j];
+                v1[j] = cDh[j] * x2;
+                v2[j] = rh[j] * x2;
+              }
+              const T pt = row_sum<T, PC>(v1, P), rt = row_sum<T, PC>(v2, P);
+              pn = double(pt) + double(a[bh * N + n]) - K[bh] + (gpi ? double(gpi[bh * N + n]) : 0.0);
+              rn = double(rt);
+            }
+            Pg[h * GRP + n - ng] = pn;
+            Rs[h * GRP + n - ng] = rn;
+          }
+        }
+        for (int64_t n = ng; n < ge; ++n) {
+          const int64_t i = n - ng;
+          const bool k = kept(b, n);
+          double mean = 0.0;
+          for (int64_t h = 0; h < H; ++h) mean += double(pi[(b * H + h) * N + n]) * Pg[h * GRP + i];
+          for (int64_t h = 0; h < H; ++h) {
+            const double Lam = k ? double(pi[(b * H + h) * N + n]) * (Pg[h * GRP + i] - mean) : 0.0;
+            lam[(b * H + h) * N + n] = T(double(temp[h]) * Lam);
+            accT[h] += Lam * Rs[h * GRP + i];
+          }
+        }
+        for (int64_t h = 0; h < H; ++h)
+        for (int64_t nb = ng; nb < ge; nb += BLK) {
+          const int64_t ne = std::min(ge, nb + BLK);
+          T* sa = buf.data();
+          for (int64_t j = 0; j < P; ++j) sa[j] = T(0);
+          for (int64_t n = nb; n < ne; ++n) {
+            if (!kept(b, n)) continue;
+            const T l = lam[(b * H + h) * N + n];
+            const T* __restrict x = W.row(b, h, n);
+#pragma omp simd
+            for (int64_t j = 0; j < P; ++j) sa[j] += l * x[j] * x[j];
+          }
+          double* tot = accS + h * P;
+          for (int64_t j = 0; j < P; ++j) tot[j] += double(sa[j]);
+        }
+      }
+    }
+  });
+  std::vector<double> Ssum(B * HP);
+  reduce_chunks(part, Ssum.data(), B, nc, HP);
+  reduce_chunks(partT, dtemp, B, nc, H);
+  // per-feature coefficients of 2 w_nj: c D_j Pi_n + lambda_n r_j + dL/ds_j,
+  // dL/ds_j = -r_j^2 sum_n lambda_n w_nj^2
+  std::vector<T> ST(B * HP);
+  for (int64_t k = 0; k < B * HP; ++k) {
+    cDT[k] = T(2.0 * cD[k]);
+    rT[k] = T(2.0 * r[k]);
+    ST[k] = T(-2.0 * r[k] * r[k] * Ssum[k] * live[k]);
+  }
+  // pass C: dw = -Pi g G + 2 w (c D Pi + lambda r + dL/ds)
+  at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
+    RowWriter<T, PC> out(stream, P);
+    for (int64_t it = lo; it < hi; ++it) {
+      const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
+      for (int64_t ng = n0; ng < n1; ng += GRP) {
+        const int64_t ge = std::min(n1, ng + GRP);
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t bh = b * H + h;
+          const T* __restrict gh = gT.data() + bh * P;
+          const T* __restrict cdh = cDT.data() + bh * P;
+          const T* __restrict rh = rT.data() + bh * P;
+          const T* __restrict sh = ST.data() + bh * P;
+          for (int64_t n = ng; n < ge; ++n) {
+            T* y = DW.row(b, h, n);
+            if (!kept(b, n)) {
+              out.zero(y, P);
+              continue;
+            }
+            PREFETCH_ROW(W, b, h, n);
+            PREFETCH_ROW(G, b, h, n);
+            const T* __restrict x = W.row(b, h, n);
+            const T* __restrict gr = G.row(b, h, n);
+            const T pv = pi[bh * N + n];
+            const T l = lam[bh * N + n];
+            out.put(y, P, [&](int64_t j) { return x[j] * (cdh[j] * pv + l * rh[j] + sh[j]) - pv * gh[j] * gr[j]; });
+          }
+        }
+      }
+    }
+  });
+}
+
+std::vector<at::Tensor> tssa_bwd(const at::Tensor& grad_out, const c10::optional<at::Tensor>& grad_pi,
+                                 const at::Tensor& w, const at::Tensor& temp, const c10::optional<at::Tensor>& mask,
+                                 const at::Tensor& pi, const at::Tensor& s, const at::Tensor& Tm,
+                                 const at::Tensor& M, int64_t chunk) {
+  check_common(w, temp, mask);
+  const int64_t B = w.size(0), H = w.size(1), N = w.size(2), P = w.size(3), CHUNK = pick_chunk(chunk);
+  check_like(grad_out, w, "grad_out");
+  check_small(pi, {B, H, N}, w.scalar_type(), "pi");
+  check_small(s, {B, H, P}, at::kDouble, "s");
+  check_small(Tm, {B, H, P}, at::kDouble, "T");
+  check_small(M, {B, H}, at::kDouble, "M");
+  if (grad_pi.has_value()) check_small(*grad_pi, {B, H, N}, w.scalar_type(), "grad_pi");
+  auto dw = at::empty_like(w);
+  auto dtemp = at::empty({B, H}, w.options().dtype(at::kDouble));
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_bwd", [&] {
+    using T = scalar_t;
+    with_p(P, [&](auto pc) {
+      constexpr int PC = decltype(pc)::value;
+      tssa_bwd_impl<T, PC>(rows_of<const T>(grad_out, "grad_out"),
+                           grad_pi.has_value() ? grad_pi->data_ptr<T>() : nullptr, rows_of<const T>(w, "w"),
+                           temp.data_ptr<T>(), mask_ptr(mask), pi.data_ptr<T>(), s.data_ptr<double>(),
+                           Tm.data_ptr<double>(), M.data_ptr<double>(), rows_of<T>(dw, "grad_w"),
+                           want_stream<T, PC>(dw), dtemp.data_ptr<double>(),
+                           Dims<T>{B, H, N, P, CHUNK, nchunks(N, CHUNK)});
+    });
+  });
+  return {dw, dtemp};
+}
+
+// ================================================================== causal TSSA
+// Per (b, h) and token t (prefix sums over kept tokens s <= t):
+//   E_t = sum w_s^2, rho_t = w_t^2 / max(E_t, 1e-12), logit_t = temp (sum_j rho_tj + lb_t),
+//   Pi_t = softmax_heads, Q_t = sum Pi_s w_s^2, M_t = sum Pi_s, out_t = -w_t Pi_t / (1 + Q_t / (M_t + 1e-8)).
+// Checkpoints (double) Ec/Qc (B, nc + 1, H, p), Mc (B, nc + 1, H): the prefix sums before each
+// chunk; index nc holds the totals (the final recurrent state). Running sums are double.
+// The scans go over blocks of BLK tokens and, inside a block, head by head, so the per-token
+// work of different tokens overlaps (the only sequential dependence is the running sums).
+
+template <typename T>
+struct CausalArgs {
+  Rows<const T> W;
+  const T* temp;
+  const T* lb;  // (B, H, N) logit bias or nullptr
+  const bool* mk;
+  int64_t B, H, N, P, nc, CHUNK;
+  inline bool kept(int64_t b, int64_t n) const { return !mk || mk[b * N + n]; }
+};
+
+
+// Within a block the running sums are a T base (the double sum before the block, rounded) plus
+// a T sum over at most BLK tokens; the block's sum is added to the double total at its end. The
+// per-token work is then all in T, and the rounding error stays ~2 ulp however long the prefix.
+
+// tokens [nb, ne) (ne - nb <= BLK), all heads: E += w^2 and the logits lg[h * BLK + i]
+template <typename T, int PC>
+inline void causal_logits(const CausalArgs<T>& A, int64_t b, int64_t nb, int64_t ne, double* E, T* lg, T* v,
+                          T* base, T* loc) {
+  const int64_t H = A.H, P = PC > 0 ? PC : A.P, RB = P * int64_t(sizeof(T)), pfd = prefetch_distance(RB);
+  for (int64_t h = 0; h < H; ++h) {
+    double* __restrict e = E + h * P;
+    for (int64_t j = 0; j < P; ++j) {
+      base[j] = T(e[j]);
+      loc[j] = T(0);
+    }
+    const T th = A.temp[h];
+    for (int64_t n = nb; n < ne; ++n) {
+      prefetch_row(A.W.row(b, h, std::min(n + pfd, A.N - 1)), RB);
+      T& l = lg[h * BLK + (n - nb)];
+      if (!A.kept(b, n)) {
+        l = T(0);
+        continue;
+      }
+      const T* __restrict x = A.W.row(b, h, n);
+#pragma omp simd
+      for (int64_t j = 0; j < P; ++j) {
+        const T x2 = x[j] * x[j];
+        loc[j] += x2;
+        v[j] = x2 / std::max(base[j] + loc[j], T(RATIO_EPS));
+      }
+      T rs = row_sum<T, PC>(v, P);
+      if (A.lb) rs += A.lb[(b * H + h) * A.N + n];
+      l = th * rs;
+    }
+    for (int64_t j = 0; j < P; ++j) e[j] += double(loc[j]);
+  }
+}
+
+// tokens [nb, ne), all heads, Pi in pv[h * BLK + i]: Q += Pi w^2, M += Pi, out rows
+template <typename T, int PC>
+inline void causal_out(const CausalArgs<T>& A, Rows<T> O, RowWriter<T, PC>& wr, int64_t b, int64_t nb, int64_t ne,
+                       const T* pv, double* Q, double* M, T* base, T* loc) {
+  const int64_t H = A.H, P = PC > 0 ? PC : A.P;
+  for (int64_t h = 0; h < H; ++h) {
+    double* __restrict q = Q + h * P;
+    for (int64_t j = 0; j < P; ++j) {
+      base[j] = T(q[j]);
+      loc[j] = T(0);
+    }
+    for (int64_t n = nb; n < ne; ++n) {
+      T* y = O.row(b, h, n);
+      if (!A.kept(b, n)) {
+        wr.zero(y, P);
+        continue;
+      }
+      const T* __restrict x = A.W.row(b, h, n);
+      const T pt = pv[h * BLK + (n - nb)], np = -pt;
+      M[h] += double(pt);
+      const T c = T(1.0 / (M[h] + PI_EPS));
+      wr.put(y, P, [&](int64_t j) {
+        loc[j] += pt * x[j] * x[j];
+        return x[j] * np / (T(1) + (base[j] + loc[j]) * c);
+      });
+    }
+    for (int64_t j = 0; j < P; ++j) q[j] += double(loc[j]);
+  }
+}
+
+template <typename T, int PC>
+void causal_fwd_impl(const CausalArgs<T>& A, Rows<T> O, bool stream, T* pi, double* Ec, double* Qc, double* Mc,
+                     bool one_pass) {
+  const int64_t B = A.B, H = A.H, N = A.N, P = PC > 0 ? PC : A.P, nc = A.nc, CHUNK = A.CHUNK, HP = H * P;
+  const int64_t RB = P * int64_t(sizeof(T)), PFD = prefetch_distance(RB);
+  auto ck = [&](double* base, int64_t b, int64_t c, int64_t len) { return base + (b * (nc + 1) + c) * len; };
+  auto store_pi = [&](int64_t b, int64_t nb, int64_t ne, const T* lg) {
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t n = nb; n < ne; ++n) pi[(b * H + h) * N + n] = A.kept(b, n) ? lg[h * BLK + (n - nb)] : T(0);
+  };
+
+  if (one_pass) {
+    // sequential over the tokens of each sequence, parallel over the batch
+    at::parallel_for(0, B, 1, [&](int64_t lo, int64_t hi) {
+      std::vector<double> E(HP), Q(HP), M(H);
+      std::vector<T> lg(H * BLK), tmp(BLK);
+      Buf<T, PC> vb(P), bb(P), lb_(P);
+      RowWriter<T, PC> wr(stream, P);
+      for (int64_t b = lo; b < hi; ++b) {
+        std::fill(E.begin(), E.end(), 0.0);
+        std::fill(Q.begin(), Q.end(), 0.0);
+        std::fill(M.begin(), M.end(), 0.0);
+        for (int64_t c = 0; c <= nc; ++c) {
+          std::copy(E.begin(), E.end(), ck(Ec, b, c, HP));
+          std::copy(Q.begin(), Q.end(), ck(Qc, b, c, HP));
+          std::copy(M.begin(), M.end(), ck(Mc, b, c, H));
+          if (c == nc) break;
+          const int64_t n1 = std::min(N, (c + 1) * CHUNK);
+          for (int64_t nb = c * CHUNK; nb < n1; nb += BLK) {
+            const int64_t ne = std::min(n1, nb + BLK);
+            causal_logits<T, PC>(A, b, nb, ne, E.data(), lg.data(), vb.data(), bb.data(), lb_.data());
+            softmax_heads<T>(lg.data(), H, BLK, ne - nb, tmp.data());
+            store_pi(b, nb, ne, lg.data());
+            causal_out<T, PC>(A, O, wr, b, nb, ne, lg.data(), Q.data(), M.data(), bb.data(), lb_.data());
+          }
+        }
+      }
+    });
+    return;
+  }
+  // Fewer sequences than threads: chunks in parallel, never waiting for another thread.
+  // Pass A: chunk sums of w^2 -> E at every chunk start. Pass B, a pool of work items taken by
+  // whichever thread is free: "pi" of chunk c (E, logits, Pi, and the chunk's sums of Pi w^2 and
+  // Pi, folded in chunk order into the Q / M prefix sums as soon as all earlier chunks are in),
+  // and "out" of chunk c (once the prefix at its start is known). A thread prefers "out" items,
+  // takes a new "pi" item otherwise, and stops when neither is available: the thread that
+  // publishes the last missing chunk then finds the remaining "out" items ready and runs them.
+  // The prefix sums are folded in chunk order, so the result does not depend on the timing.
+  const int64_t NI = B * nc;
+  std::vector<double> part(NI * HP), partM(NI * H);
+  at::parallel_for(0, NI, 1, [&](int64_t lo, int64_t hi) {
+    Buf<T, PC> buf(P);
+    for (int64_t it = lo; it < hi; ++it) {
+      const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
+      double* acc = part.data() + it * HP;
+      std::fill(acc, acc + HP, 0.0);
+      for (int64_t h = 0; h < H; ++h) {
+        double* tot = acc + h * P;
+        for (int64_t nb = n0; nb < n1; nb += BLK) {
+          T* a = buf.data();
+          for (int64_t j = 0; j < P; ++j) a[j] = T(0);
+          for (int64_t n = nb; n < std::min(n1, nb + BLK); ++n) {
+            prefetch_row(A.W.row(b, h, std::min(n + PFD, N - 1)), RB);
+            if (!A.kept(b, n)) continue;
+            const T* __restrict x = A.W.row(b, h, n);
+#pragma omp simd
+            for (int64_t j = 0; j < P; ++j) a[j] += x[j] * x[j];
+          }
+          for (int64_t j = 0; j < P; ++j) tot[j] += double(a[j]);
+        }
+      }
+    }
+  });
+  for (int64_t b = 0; b < B; ++b) {
+    double* e0 = ck(Ec, b, 0, HP);
+    std::fill(e0, e0 + HP, 0.0);
+    for (int64_t c = 0; c < nc; ++c)
+      for (int64_t k = 0; k < HP; ++k) e0[(c + 1) * HP + k] = e0[c * HP + k] + part[(b * nc + c) * HP + k];
+    std::fill(ck(Qc, b, 0, HP), ck(Qc, b, 0, HP) + HP, 0.0);
+    std::fill(ck(Mc, b, 0, H), ck(Mc, b, 0, H) + H, 0.0);
+  }
+
+  std::mutex mu;                                       // guards the bookkeeping below
+  std::vector<char> published(NI, 0);                  // "pi" of the chunk done
+  std::vector<int64_t> folded(B, 0), out_next(B, 0);  // chunks in the Q/M prefix; next "out"
+  std::atomic<int64_t> next_pi{0};
+  auto claim_out = [&]() -> int64_t {  // under mu: lowest chunk of some b whose "out" can run
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t c = out_next[b];
+      if (c < nc && c <= folded[b] && published[b * nc + c]) {
+        ++out_next[b];
+        return b * nc + c;
+      }
+    }
+    return -1;
+  };
+  auto publish = [&](int64_t it) {  // under mu
+    const int64_t b = it / nc;
+    published[it] = 1;
+    for (int64_t& c = folded[b]; c < nc && published[b * nc + c]; ++c) {
+      const double* q = part.data() + (b * nc + c) * HP;
+      const double* m = partM.data() + (b * nc + c) * H;
+      for (int64_t k = 0; k < HP; ++k) ck(Qc, b, c + 1, HP)[k] = ck(Qc, b, c, HP)[k] + q[k];
+      for (int64_t k = 0; k < H; ++k) ck(Mc, b, c + 1, H)[k] = ck(Mc, b, c, H)[k] + m[k];
+    }
+  };
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    std::vector<double> S(HP), M(H);
+    std::vector<T> lg(H * BLK), tmp(BLK);
+    Buf<T, PC> vb(P), bb(P), lb_(P);
+    RowWriter<T, PC> wr(stream, P);
+    for (;;) {
+      int64_t it;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        it = claim_out();
+      }
+      if (it >= 0) {  // out of chunk it
+        const int64_t b = it / nc, c = it % nc, n1 = std::min(N, (c + 1) * CHUNK);
+        std::copy(ck(Qc, b, c, HP), ck(Qc, b, c, HP) + HP, S.begin());
+        std::copy(ck(Mc, b, c, H), ck(Mc, b, c, H) + H, M.begin());
+        for (int64_t nb = c * CHUNK; nb < n1; nb += BLK) {
+          const int64_t ne = std::min(n1, nb + BLK);
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t n = nb; n < ne; ++n) lg[h * BLK + (n - nb)] = pi[(b * H + h) * N + n];
+          causal_out<T, PC>(A, O, wr, b, nb, ne, lg.data(), S.data(), M.data(), bb.data(), lb_.data());
+        }
+        continue;
+      }
+      it = next_pi.fetch_add(1);
+      if (it >= NI) break;
+      // pi of chunk it, and its sums of Pi w^2 and Pi
+      const int64_t b = it / nc, c = it % nc, n1 = std::min(N, (c + 1) * CHUNK);
+      std::copy(ck(Ec, b, c, HP), ck(Ec, b, c, HP) + HP, S.begin());
+      double* accQ = part.data() + it * HP;
+      double* accM = partM.data() + it * H;
+      std::fill(accQ, accQ + HP, 0.0);
+      std::fill(accM, accM + H, 0.0);
+      for (int64_t nb = c * CHUNK; nb < n1; nb += BLK) {
+        const int64_t ne = std::min(n1, nb + BLK);
+        causal_logits<T, PC>(A, b, nb, ne, S.data(), lg.data(), vb.data(), bb.data(), lb_.data());
+        softmax_heads<T>(lg.data(), H, BLK, ne - nb, tmp.data());
+        store_pi(b, nb, ne, lg.data());
+        for (int64_t h = 0; h < H; ++h) {
+          T* a = vb.data();
+          for (int64_t j = 0; j < P; ++j) a[j] = T(0);
+          for (int64_t n = nb; n < ne; ++n) {
+            if (!A.kept(b, n)) continue;
+            const T pt = lg[h * BLK + (n - nb)];
+            accM[h] += double(pt);
+            const T* __restrict x = A.W.row(b, h, n);
+#pragma omp simd
+            for (int64_t j = 0; j < P; ++j) a[j] += pt * x[j] * x[j];
+          }
+          for (int64_t j = 0; j < P; ++j) accQ[h * P + j] += double(a[j]);
+        }
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      publish(it);
+    }
+  });
+}
+
+template <typename T>
+CausalArgs<T> causal_args(const at::Tensor& w, const at::Tensor& temp, const c10::optional<at::Tensor>& lb,
+                          const c10::optional<at::Tensor>& mask, int64_t CHUNK) {
+  const int64_t B = w.size(0), H = w.size(1), N = w.size(2), P = w.size(3);
+  if (lb.has_value()) check_small(*lb, {B, H, N}, w.scalar_type(), "logit bias");
+  return {rows_of<const T>(w, "w"), temp.data_ptr<T>(), lb.has_value() ? lb->data_ptr<T>() : nullptr,
+          mask_ptr(mask), B, H, N, P, nchunks(N, CHUNK), CHUNK};
+}
+
+std::vector<at::Tensor> causal_fwd(const at::Tensor& w, const at::Tensor& temp, const c10::optional<at::Tensor>& lb,
+                                   const c10::optional<at::Tensor>& mask, int64_t mode, int64_t chunk) {
+  check_common(w, temp, mask);
+  const int64_t B = w.size(0), H = w.size(1), N = w.size(2), P = w.size(3), CHUNK = pick_chunk(chunk),
+                nc = nchunks(N, CHUNK);
+  auto out = at::empty_like(w);
+  auto pi = at::empty({B, H, N}, w.options());
+  auto od = w.options().dtype(at::kDouble);
+  auto Ec = at::empty({B, nc + 1, H, P}, od), Qc = at::empty({B, nc + 1, H, P}, od);
+  auto Mc = at::empty({B, nc + 1, H}, od);
+  // mode 1: one sequential pass per sequence (parallel over the batch); 0: chunks in parallel
+  // (an extra read of w); -1: one pass when the batch alone keeps every thread busy
+  const bool one_pass = mode == 1 || (mode < 0 && B >= at::get_num_threads());
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "causal_fwd", [&] {
+    using T = scalar_t;
+    const CausalArgs<T> A = causal_args<T>(w, temp, lb, mask, CHUNK);
+    with_p(P, [&](auto pc) {
+      constexpr int PC = decltype(pc)::value;
+      causal_fwd_impl<T, PC>(A, rows_of<T>(out, "out"), want_stream<T, PC>(out), pi.data_ptr<T>(),
+                             Ec.data_ptr<double>(), Qc.data_ptr<double>(), Mc.data_ptr<double>(), one_pass);
+    });
+  });
+  return {out, pi, Ec, Qc, Mc};
+}
+
+// ------------------------------------------------------------------ causal backward
+// With D_t = g_t^2 w_t Pi_t G_t (= dL/d dots_t), c_t = 1 / (M_t + 1e-8), d_t = c_t Q_t:
+//   dL/dQ_t = c_t D_t, dL/dM_t = -c_t sum_j D_tj d_tj,
+//   U_s = sum_{t>=s} dL/dQ_t, V_s = sum_{t>=s} dL/dM_t (reverse cumulative sums, + state grads),
+//   dL/dPi_s = gPi_s - sum_j w g G + sum_j U_sj w_sj^2 + V_s,
+//   Lambda = Pi (dL/dPi - sum_heads Pi dL/dPi), lambda = temp Lambda (= dL/dlb),
+//   dL/dE_t = -lambda_t w_t^2 / E_t^2 (0 where clamped), W_s = sum_{t>=s} dL/dE_t,
+//   dw = -Pi g G + 2 w (U Pi + lambda / max(E, 1e-12) + W).
+// Three passes over (b, chunk): (1) chunk sums of dL/dQ, dL/dM -> suffix sums; (2) per chunk a
+// forward recompute from the checkpoint (1/E and d into a scratch), then a reverse scan giving
+// lambda and the chunk sums of dL/dE -> suffix sums; (3) the same reverse scan writing dw.
+template <typename T>
+struct CausalGrads {
+  Rows<const T> G;
+  const T* gpi;  // (B, H, N) or nullptr
+  const T* pi;
+  const double *Ec, *Qc, *Mc;
+};
+
+template <typename T, int PC>
+void causal_bwd_impl(const CausalArgs<T>& A, const CausalGrads<T>& Z, const double* gE, const double* gQ,
+                     const double* gM, Rows<T> DW, bool stream, T* dlb, double* dtemp) {
+  const int64_t B = A.B, H = A.H, N = A.N, P = PC > 0 ? PC : A.P, nc = A.nc, CHUNK = A.CHUNK, HP = H * P;
+  const int64_t RB = P * int64_t(sizeof(T)), PFD = prefetch_distance(RB);
+  auto ck = [&](const double* base, int64_t b, int64_t c, int64_t len) { return base + (b * (nc + 1) + c) * len; };
+  auto piv = [&](int64_t b, int64_t h, int64_t n) { return Z.pi[(b * H + h) * N + n]; };
+  // rows visited backwards: prefetch the one PFD rows before
+  auto prefetch_back = [&](const Rows<const T>& R, int64_t b, int64_t h, int64_t n) {
+    prefetch_row(R.row(b, h, std::max<int64_t>(n - PFD, 0)), RB);
+  };
+
+  // pass 1: chunk sums of dL/dQ and dL/dM (no coupling between heads: head by head)
+  std::vector<double> pQ(B * nc * HP), pM(B * nc * H);
+  at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
+    Buf<T, PC> vb(P);
+    Buf<double, PC> qb(P);
+    for (int64_t it = lo; it < hi; ++it) {
+      const int64_t b = it / nc, c = it % nc, n0 = c * CHUNK, n1 = std::min(N, n0 + CHUNK);
+      for (int64_t h = 0; h < H; ++h) {
+        double* __restrict q = qb.data();
+        std::copy(ck(Z.Qc, b, c, HP) + h * P, ck(Z.Qc, b, c, HP) + (h + 1) * P, q);
+        double M = ck(Z.Mc, b, c, H)[h], am = 0.0;
+        double* __restrict u = pQ.data() + it * HP + h * P;
+        std::fill(u, u + P, 0.0);
+        for (int64_t n = n0; n < n1; ++n) {
+          PREFETCH_ROW(A.W, b, h, n);
+          PREFETCH_ROW(Z.G, b, h, n);
+          if (!A.kept(b, n)) continue;
+          const T* __restrict x = A.W.row(b, h, n);
+          const T* __restrict gr = Z.G.row(b, h, n);
+          const T pv = piv(b, h, n);
+          M += double(pv);
+          const double cc = 1.0 / (M + PI_EPS);
+          const T ct = T(cc);
+          T* v = vb.data();
+#pragma omp simd
+          for (int64_t j = 0; j < P; ++j) {
+            const T x2 = x[j] * x[j];
+            q[j] += double(pv * x2);
+            const T d = T(q[j] * cc), g = T(1) / (T(1) + d);
+            const T Dj = g * g * x[j] * pv * gr[j];
+            u[j] += double(ct * Dj);
+            v[j] = Dj * d;
+          }
+          am -= cc * double(row_sum<T, PC>(v, P));
+        }
+        pM[it * H + h] = am;
+      }
+    }
+  });
+  // suffix sums: the value after chunk c (tokens of later chunks + the state gradients)
+  auto suffix = [&](const std::vector<double>& pt, const double* g0, std::vector<double>& off, int64_t len) {
+    off.assign(B * nc * len, 0.0);
+    std::vector<double> run(len);
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t k = 0; k < len; ++k) run[k] = g0 ? g0[b * len + k] : 0.0;
+      for (int64_t c = nc - 1; c >= 0; --c) {
+        std::copy(run.begin(), run.end(), off.begin() + (b * nc + c) * len);
+        const double* s = pt.data() + (b * nc + c) * len;
+        for (int64_t k = 0; k < len; ++k) run[k] += s[k];
+      }
+    }
+  };
+  std::vector<double> Uoff, Voff, Woff;
+  suffix(pQ, gQ, Uoff, HP);
+  suffix(pM, gM, Voff, H);
+
+  // scratch of one chunk, [h][token] rows: iE = 1 / max(E, 1e-12) (negative where clamped), d = Q c; c
+  struct Scratch {
+    std::vector<T> iE, d;
+    std::vector<double> c;
+  };
+  auto recompute = [&](Scratch& S, int64_t b, int64_t c, int64_t n0, int64_t n1) {
+    Buf<double, PC> eb(P), qb(P);
+    for (int64_t h = 0; h < H; ++h) {
+      double* __restrict e = eb.data();
+      double* __restrict q = qb.data();
+      std::copy(ck(Z.Ec, b, c, HP) + h * P, ck(Z.Ec, b, c, HP) + (h + 1) * P, e);
+      std::copy(ck(Z.Qc, b, c, HP) + h * P, ck(Z.Qc, b, c, HP) + (h + 1) * P, q);
+      double M = ck(Z.Mc, b, c, H)[h];
+      for (int64_t n = n0; n < n1; ++n) {
+        PREFETCH_ROW(A.W, b, h, n);
+        if (!A.kept(b, n)) continue;
+        const int64_t i = h * CHUNK + (n - n0);
+        const T* __restrict x = A.W.row(b, h, n);
+        const T pv = piv(b, h, n);
+        M += double(pv);
+        const double cc = 1.0 / (M + PI_EPS);
+        S.c[i] = cc;
+        T* __restrict ie = S.iE.data() + i * P;
+        T* __restrict sd = S.d.data() + i * P;
+#pragma omp simd
+        for (int64_t j = 0; j < P; ++j) {
+          const T x2 = x[j] * x[j];
+          e[j] += double(x2);
+          q[j] += double(pv * x2);
+          ie[j] = e[j] > RATIO_EPS ? T(1) / T(e[j]) : T(-1.0 / RATIO_EPS);
+          sd[j] = T(q[j] * cc);
+        }
+      }
+    }
+  };
+
+  // pass 2, reverse over blocks of a chunk: lambda (= dL/dlb), dtemp and the chunk sums of dL/dE
+  std::vector<double> pE(B * nc * HP), pT(B * nc * H);
+  auto lambdas = [&](Scratch& S, int64_t it) {
+    const int64_t b = it / nc, c = it % nc, n0 = c * CHUNK, n1 = std::min(N, n0 + CHUNK);
+    std::vector<double> U(Uoff.begin() + it * HP, Uoff.begin() + (it + 1) * HP);
+    std::vector<double> V(Voff.begin() + it * H, Voff.begin() + (it + 1) * H);
+    std::vector<double> Pg(H * BLK), Rs(H * BLK);
+    Buf<T, PC> v1(P), v2(P), v3(P);
+    Buf<double, PC> v4(P);
+    double* aE = pE.data() + it * HP;
+    double* aT = pT.data() + it * H;
+    std::fill(aE, aE + HP, 0.0);
+    std::fill(aT, aT + H, 0.0);
+    const int64_t nblk = (n1 - n0 + BLK - 1) / BLK;
+    for (int64_t kb = nblk - 1; kb >= 0; --kb) {
+      const int64_t nb = n0 + kb * BLK, ne = std::min(n1, nb + BLK);
+      // dL/dPi (into Pg) for every head; U and V run backwards
+      for (int64_t h = 0; h < H; ++h) {
+        double* __restrict u = U.data() + h * P;
+        for (int64_t n = ne - 1; n >= nb; --n) {
+          const int64_t k = h * BLK + (n - nb);
+          if (!A.kept(b, n)) {
+            Pg[k] = Rs[k] = 0.0;
+            continue;
+          }
+          const int64_t i = h * CHUNK + (n - n0);
+          const T* __restrict x = A.W.row(b, h, n);
+          const T* __restrict gr = Z.G.row(b, h, n);
+          const T* __restrict ie = S.iE.data() + i * P;
+          const T* __restrict sd = S.d.data() + i * P;
+          const T pv = piv(b, h, n);
+          const double cc = S.c[i];
+          const T ct = T(cc);
+          T* an_ = v1.data();
+          T* dm_ = v2.data();
+          T* rs_ = v3.data();
+          double* ue_ = v4.data();
+#pragma omp simd
+          for (int64_t j = 0; j < P; ++j) {
+            const T x2 = x[j] * x[j], g = T(1) / (T(1) + sd[j]);
+            const T gxg = g * x[j] * gr[j];
+            u[j] += double(ct * g * pv * gxg);
+            dm_[j] = g * pv * gxg * sd[j];
+            an_[j] = gxg;
+            ue_[j] = u[j] * double(x2);
+            rs_[j] = x2 * std::abs(ie[j]);
+          }
+          V[h] -= cc * double(row_sum<T, PC>(dm_, P));
+          Pg[k] = row_sum<double, PC>(ue_, P) - double(row_sum<T, PC>(an_, P)) + V[h] +
+                  (Z.gpi ? double(Z.gpi[(b * H + h) * N + n]) : 0.0);
+          Rs[k] = double(row_sum<T, PC>(rs_, P)) + (A.lb ? double(A.lb[(b * H + h) * N + n]) : 0.0);
+        }
+      }
+      // softmax over heads
+      for (int64_t n = nb; n < ne; ++n) {
+        const bool kp = A.kept(b, n);
+        double mean = 0.0;
+        for (int64_t h = 0; h < H; ++h) mean += double(piv(b, h, n)) * Pg[h * BLK + (n - nb)];
+        for (int64_t h = 0; h < H; ++h) {
+          const double Lam = kp ? double(piv(b, h, n)) * (Pg[h * BLK + (n - nb)] - mean) : 0.0;
+          aT[h] += Lam * Rs[h * BLK + (n - nb)];
+          dlb[(b * H + h) * N + n] = T(double(A.temp[h]) * Lam);
+        }
+      }
+      // dL/dE = -lambda w^2 / E^2 (0 where clamped), summed over the block
+      for (int64_t h = 0; h < H; ++h) {
+        T* a = v1.data();
+        for (int64_t j = 0; j < P; ++j) a[j] = T(0);
+        for (int64_t n = nb; n < ne; ++n) {
+          if (!A.kept(b, n)) continue;
+          const int64_t i = h * CHUNK + (n - n0);
+          const T lam = dlb[(b * H + h) * N + n];
+          const T* __restrict x = A.W.row(b, h, n);
+          const T* __restrict ie = S.iE.data() + i * P;
+#pragma omp simd
+          for (int64_t j = 0; j < P; ++j) a[j] += ie[j] > T(0) ? -lam * x[j] * x[j] * ie[j] * ie[j] : T(0);
+        }
+        double* __restrict ae = aE + h * P;
+        for (int64_t j = 0; j < P; ++j) ae[j] += double(a[j]);
+      }
+    }
+  };
+  // pass 3: dw, head by head backwards over the chunk (U, W run backwards)
+  auto grads = [&](Scratch& S, RowWriter<T, PC>& wr, int64_t it) {
+    const int64_t b = it / nc, c = it % nc, n0 = c * CHUNK, n1 = std::min(N, n0 + CHUNK);
+    Buf<double, PC> ub(P), wb(P);
+    for (int64_t h = 0; h < H; ++h) {
+      double* __restrict u = ub.data();
+      double* __restrict wv = wb.data();
+      std::copy(Uoff.begin() + it * HP + h * P, Uoff.begin() + it * HP + (h + 1) * P, u);
+      std::copy(Woff.begin() + it * HP + h * P, Woff.begin() + it * HP + (h + 1) * P, wv);
+      for (int64_t n = n1 - 1; n >= n0; --n) {
+        prefetch_back(Z.G, b, h, n);
+        T* y = DW.row(b, h, n);
+        if (!A.kept(b, n)) {
+          wr.zero(y, P);
+          continue;
+        }
+        const int64_t i = h * CHUNK + (n - n0);
+        const T* __restrict x = A.W.row(b, h, n);
+        const T* __restrict gr = Z.G.row(b, h, n);
+        const T* __restrict ie = S.iE.data() + i * P;
+        const T* __restrict sd = S.d.data() + i * P;
+        const T pv = piv(b, h, n);
+        const T ct = T(S.c[i]);
+        const T lam = dlb[(b * H + h) * N + n];
+        wr.put(y, P, [&](int64_t j) {
+          const T g = T(1) / (T(1) + sd[j]);
+          const T gxg = g * x[j] * gr[j];
+          u[j] += double(ct * g * pv * gxg);
+          const T ia = std::abs(ie[j]);
+          wv[j] += ie[j] > T(0) ? double(-lam * x[j] * x[j] * ia * ia) : 0.0;
+          return T(2) * x[j] * (T(u[j]) * pv + lam * ia + T(wv[j])) - pv * g * gr[j];
+        });
+      }
+    }
+  };
+  auto run_pass = [&](bool write_dw) {
+    at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
+      Scratch S{std::vector<T>(CHUNK * HP), std::vector<T>(CHUNK * HP), std::vector<double>(CHUNK * H)};
+      RowWriter<T, PC> wr(stream && write_dw, P);
+      for (int64_t it = lo; it < hi; ++it) {
+        const int64_t b = it / nc, c = it % nc, n0 = c * CHUNK, n1 = std::min(N, n0 + CHUNK);
+        recompute(S, b, c, n0, n1);
+        if (write_dw)
+          grads(S, wr, it);
+        else
+          lambdas(S, it);
+      }
+    });
+  };
+  run_pass(false);
+  suffix(pE, gE, Woff, HP);
+  reduce_chunks(pT, dtemp, B, nc, H);
+  run_pass(true);
+}
+
+std::vector<at::Tensor> causal_bwd(const at::Tensor& grad_out, const c10::optional<at::Tensor>& grad_pi,
+                                   const c10::optional<at::Tensor>& grad_E, const c10::optional<at::Tensor>& grad_Q,
+                                   const c10::optional<at::Tensor>& grad_M, const at::Tensor& w,
+                                   const at::Tensor& temp, const c10::optional<at::Tensor>& lb,
+                                   const c10::optional<at::Tensor>& mask, const at::Tensor& pi, const at::Tensor& Ec,
+                                   const at::Tensor& Qc, const at::Tensor& Mc, int64_t chunk) {
+  check_common(w, temp, mask);
+  const int64_t B = w.size(0), H = w.size(1), N = w.size(2), P = w.size(3), CHUNK = pick_chunk(chunk),
+                nc = nchunks(N, CHUNK);
+  check_like(grad_out, w, "grad_out");
+  check_small(pi, {B, H, N}, w.scalar_type(), "pi");
+  check_small(Ec, {B, nc + 1, H, P}, at::kDouble, "E checkpoints");
+  check_small(Qc, {B, nc + 1, H, P}, at::kDouble, "Q checkpoints");
+  check_small(Mc, {B, nc + 1, H}, at::kDouble, "M checkpoints");
+  if (grad_pi.has_value()) check_small(*grad_pi, {B, H, N}, w.scalar_type(), "grad_pi");
+  auto state_grad = [&](const c10::optional<at::Tensor>& t, at::IntArrayRef shape, const char* name) -> const double* {
+    if (!t.has_value()) return nullptr;
+    check_small(*t, shape, at::kDouble, name);
+    return t->data_ptr<double>();
+  };
+  const double* gE = state_grad(grad_E, {B, H, P}, "grad of sum_sq");
+  const double* gQ = state_grad(grad_Q, {B, H, P}, "grad of sum_sq_pi");
+  const double* gM = state_grad(grad_M, {B, H}, "grad of sum_pi");
+  auto dw = at::empty_like(w);
+  auto dlb = at::empty({B, H, N}, w.options());
+  auto dtemp = at::empty({B, H}, w.options().dtype(at::kDouble));
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "causal_bwd", [&] {
+    using T = scalar_t;
+    const CausalArgs<T> A = causal_args<T>(w, temp, lb, mask, CHUNK);
+    const CausalGrads<T> Z{rows_of<const T>(grad_out, "grad_out"),
+                           grad_pi.has_value() ? grad_pi->data_ptr<T>() : nullptr,
+                           pi.data_ptr<T>(),
+                           Ec.data_ptr<double>(),
+                           Qc.data_ptr<double>(),
+                           Mc.data_ptr<double>()};
+    with_p(P, [&](auto pc) {
+      constexpr int PC = decltype(pc)::value;
+      causal_bwd_impl<T, PC>(A, Z, gE, gQ, gM, rows_of<T>(dw, "grad_w"), want_stream<T, PC>(dw), dlb.data_ptr<T>(),
+                             dtemp.data_ptr<double>());
+    });
+  });
+  return {dw, dlb, dtemp};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("tssa_fwd", &tssa_fwd, "fused TSSA forward -> (out, pi, s, T, M)");
+  m.def("tssa_bwd", &tssa_bwd, "fused TSSA backward -> (grad_w, grad_temp per (b, h))");
+  m.def("causal_fwd", &causal_fwd, "fused causal TSSA forward -> (out, pi, E, Q, M checkpoints)");
+  m.def("causal_bwd", &causal_bwd, "fused causal TSSA backward -> (grad_w, grad_logit_bias, grad_temp per (b, h))");
+  m.attr("DEFAULT_CHUNK") = DEFAULT_CHUNK;
+}

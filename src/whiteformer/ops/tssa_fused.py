@@ -1,0 +1,270 @@
+r"""Fused TSSA and causal TSSA (ToST, Wu et al., ICLR 2025, Eqs. (11), (28); memberships
+Eqs. (32)-(34), (39)): custom ops with a hand-derived backward that saves only ``w``, ``Pi``
+and O(B H p) statistics and recomputes everything else.
+
+The ops are ``torch.library`` custom ops (``whiteformer::tssa_fused_fwd`` / ``_bwd``,
+``whiteformer::causal_tssa_fused_fwd`` / ``_bwd``) with a CPU implementation (the C++/OpenMP
+extension ``_kernels/tssa_cpu.cpp``), a fake (meta) implementation and a registered autograd
+formula, so they also work inside ``torch.compile(fullgraph=True)``. The dispatchers in
+:mod:`.tssa` / :mod:`.causal_tssa` call them through :func:`fused_supported`; set
+``WHITEFORMER_DISABLE_KERNELS=1`` to use the pure-PyTorch path instead. A backward that must
+itself be differentiable (``create_graph=True``, e.g. gradient penalties) recomputes the
+gradients with differentiable PyTorch ops instead of the kernel.
+
+Non-causal TSSA, per (b, h), w of shape (N, p), kept tokens only (a padded token has Pi = 0,
+out = 0 and gradient 0)::
+
+    s_j = sum_n w_nj^2,   r_j = 1 / max(s_j, 1e-24)                 (F.normalize over tokens)
+    R_n = sum_j w_nj^2 r_j,   logit_n = temp R_n,   Pi_n = softmax_heads(logit)_n
+    M = sum_n Pi_n,  c = 1 / (M + 1e-8),  T_j = sum_n Pi_n w_nj^2,  d_j = c T_j,  g_j = 1 / (1 + d_j)
+    out_nj = -w_nj Pi_n g_j
+
+Backward, with G = dL/dout and gPi = dL/dPi (returned Pi)::
+
+    q_j = sum_n w_nj Pi_n G_nj              (dL/dg_j = -q_j)
+    D_j = dL/dd_j = g_j^2 q_j               (dg/dd = -g^2)
+    dL/dT_j = c D_j,  dL/dM = -c^2 sum_j D_j T_j = -c sum_j D_j d_j =: -K
+    dL/dPi_n = gPi_n - sum_j w_nj g_j G_nj + sum_j c D_j w_nj^2 - K
+    Lambda_n = Pi_n (dL/dPi_n - sum_heads Pi dL/dPi)         (softmax over heads at token n)
+    dL/dtemp = sum_{b, n} Lambda_n R_n,   lambda_n = temp Lambda_n = dL/dR_n
+    dL/ds_j = -r_j^2 sum_n lambda_n w_nj^2   (0 where s_j <= 1e-24: the clamp is active)
+    dL/dw_nj = -Pi_n g_j G_nj + 2 w_nj (c D_j Pi_n + lambda_n r_j + dL/ds_j)
+
+Forward: 3 reads of w (energies; logits + softmax + Pi-moments, fused per token block; output)
+and 1 write; backward: 3 reads of w, 2 of G, 1 write. Saved: w, Pi (an output), s, T, M.
+
+Causal TSSA (prefix sums over tokens s <= t, per (b, h))::
+
+    E_t = sum w_s^2,  rho_t = w_t^2 / max(E_t, 1e-12),  logit_t = temp (sum_j rho_tj + lb_t)
+    Pi_t = softmax_heads,  Q_t = sum Pi_s w_s^2,  M_t = sum Pi_s,  c_t = 1 / (M_t + 1e-8)
+    d_t = c_t Q_t,  g_t = 1 / (1 + d_t),  out_t = -w_t Pi_t g_t
+
+where ``lb = p * pos_bias[position]`` (computed by the caller, so autograd handles the gather).
+Backward: D_t = g_t^2 w_t Pi_t G_t; dL/dQ_t = c_t D_t; dL/dM_t = -c_t sum_j D_tj d_tj; their
+reverse cumulative sums U_s, V_s (plus the gradients of the returned final state); then
+dL/dPi_s = gPi_s - sum_j w g G + sum_j U_sj w_sj^2 + V_s, Lambda and lambda = temp Lambda
+(= dL/dlb) as above, dL/dtemp = sum Lambda (sum_j rho + lb), dL/dE_t = -lambda_t w_t^2 / E_t^2
+(0 where clamped) with reverse cumulative sum W_s, and
+dL/dw = -Pi g G + 2 w (U Pi + lambda / max(E, 1e-12) + W). The forward reads w once and writes
+out once (one sequential scan per sequence; with fewer sequences than threads, a two-stage
+pipeline on two threads) and saves the prefix sums (E, Q, M) at every chunk start
+(O(B H p N / 256), a few % of w); the backward recomputes each chunk from them.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ._kernels import fused_supported
+from ._kernels.cpu import load_extension
+
+__all__ = ["tssa_fused", "causal_tssa_fused", "fused_supported"]
+
+# tokens per work item / causal checkpoint (0: kernel default, 256); tests use tiny values
+CHUNK = 0
+# causal forward schedule: 1 one pass per sequence (parallel over the batch); 0 a two-stage
+# pipeline per sequence on two threads (logits/Pi, then out); -1 auto (1 when B >= threads)
+CAUSAL_MODE = -1
+
+
+def _ext():
+    ext = load_extension()
+    if ext is None:
+        raise RuntimeError("whiteformer fused TSSA kernel is not available on this machine")
+    return ext
+
+
+def _rows(t: Tensor) -> Tensor:
+    """The kernels need a contiguous feature axis; other strides are free."""
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
+def _d64(t: Tensor, *shape) -> Tensor:
+    return t.new_empty(shape, dtype=torch.float64)
+
+
+# ------------------------------------------------------------------------------ double backward
+# The same forward in differentiable PyTorch ops, used only by a backward with create_graph=True.
+
+
+def _tssa_torch_outputs(w: Tensor, temp: Tensor, mask: Optional[Tensor]):
+    x = w if mask is None else w.masked_fill(~mask[:, None, :, None], 0.0)
+    x2 = x * x
+    r = x2.sum(dim=-2).clamp_min(1e-24).reciprocal()
+    pi = torch.softmax(torch.einsum("bhnp,bhp->bhn", x2, r) * temp, dim=1)
+    if mask is not None:
+        pi = pi.masked_fill(~mask[:, None, :], 0.0)
+    dots = torch.einsum("bhn,bhnp->bhp", pi / (pi.sum(-1, keepdim=True) + 1e-8), x2)
+    return -(x * pi.unsqueeze(-1)) / (1.0 + dots).unsqueeze(-2), pi
+
+
+def _causal_torch_outputs(w: Tensor, temp: Tensor, lb: Optional[Tensor], mask: Optional[Tensor]):
+    x = w if mask is None else w.masked_fill(~mask[:, None, :, None], 0.0)
+    x2 = x * x
+    energy = x2.cumsum(dim=-2)
+    logits = (x2 / energy.clamp_min(1e-12)).sum(-1)
+    pi = torch.softmax((logits if lb is None else logits + lb) * temp, dim=1)
+    if mask is not None:
+        pi = pi.masked_fill(~mask[:, None, :], 0.0)
+    sq_pi = (x2 * pi.unsqueeze(-1)).cumsum(dim=-2)
+    mass = pi.cumsum(dim=-1)
+    out = -(x * pi.unsqueeze(-1)) / (1.0 + sq_pi / (mass + 1e-8).unsqueeze(-1))
+    return out, pi, energy[:, :, -1], sq_pi[:, :, -1], mass[:, :, -1]
+
+
+def _double_backward(outs, inputs, grads):
+    pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
+    return torch.autograd.grad([o for o, _ in pairs], inputs, [g.to(o.dtype) for o, g in pairs],
+                               create_graph=True, allow_unused=True)
+
+
+# ------------------------------------------------------------------------------ non-causal
+
+
+@torch.library.custom_op("whiteformer::tssa_fused_fwd", mutates_args=(), device_types="cpu")
+def _tssa_fwd(
+    w: Tensor, temp: Tensor, mask: Optional[Tensor], chunk: int
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    out, pi, s, t, m = _ext().tssa_fwd(w, temp, mask, chunk)
+    return out, pi, s, t, m
+
+
+@_tssa_fwd.register_fake
+def _(w, temp, mask, chunk):
+    b, h, n, p = w.shape
+    return torch.empty_like(w), w.new_empty(b, h, n), _d64(w, b, h, p), _d64(w, b, h, p), _d64(w, b, h)
+
+
+@torch.library.custom_op("whiteformer::tssa_fused_bwd", mutates_args=(), device_types="cpu")
+def _tssa_bwd(
+    grad_out: Tensor, grad_pi: Optional[Tensor], w: Tensor, temp: Tensor, mask: Optional[Tensor],
+    pi: Tensor, s: Tensor, t: Tensor, m: Tensor, chunk: int,
+) -> Tuple[Tensor, Tensor]:
+    dw, dtemp = _ext().tssa_bwd(grad_out, grad_pi, w, temp, mask, pi, s, t, m, chunk)
+    return dw, dtemp
+
+
+@_tssa_bwd.register_fake
+def _(grad_out, grad_pi, w, temp, mask, pi, s, t, m, chunk):
+    return torch.empty_like(w), _d64(w, w.shape[0], w.shape[1])
+
+
+def _tssa_setup(ctx, inputs, output):
+    w, temp, mask, chunk = inputs
+    _, pi, s, t, m = output
+    ctx.chunk = chunk
+    ctx.save_for_backward(w, temp, mask, pi, s, t, m)
+
+
+def _tssa_backward(ctx, g_out, g_pi, *_):
+    w, temp, mask, pi, s, t, m = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph: differentiable recomputation
+        return (*_double_backward(_tssa_torch_outputs(w, temp, mask), (w, temp), (g_out, g_pi)), None, None)
+    g_out = torch.zeros_like(w) if g_out is None else _rows(g_out)
+    g_pi = None if g_pi is None else g_pi.contiguous()
+    dw, dtemp = _tssa_bwd(g_out, g_pi, w, temp, mask, pi, s, t, m, ctx.chunk)
+    return dw, dtemp.sum(0).to(temp.dtype).view_as(temp), None, None
+
+
+_tssa_fwd.register_autograd(_tssa_backward, setup_context=_tssa_setup)
+
+
+def tssa_fused(w: Tensor, temp: Tensor, attn_mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """Fused TSSA (no dropout): w (B, H, N, p) float32/float64 on a supported device, temp
+    (H, 1), attn_mask (B, N) bool or None -> (out (B, H, N, p), pi (B, H, N)). Inputs are
+    assumed validated (see :func:`whiteformer.ops.tssa`)."""
+    w = _rows(w)
+    mask = None if attn_mask is None else attn_mask.contiguous()
+    out, pi, _, _, _ = _tssa_fwd(w, temp.to(w.dtype).contiguous(), mask, CHUNK)
+    return out, pi
+
+
+# ------------------------------------------------------------------------------ causal
+
+
+@torch.library.custom_op("whiteformer::causal_tssa_fused_fwd", mutates_args=(), device_types="cpu")
+def _causal_fwd(
+    w: Tensor, temp: Tensor, lb: Optional[Tensor], mask: Optional[Tensor], mode: int, chunk: int
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    out, pi, ec, qc, mc = _ext().causal_fwd(w, temp, lb, mask, mode, chunk)
+    return out, pi, ec, qc, mc
+
+
+@_causal_fwd.register_fake
+def _(w, temp, lb, mask, mode, chunk):
+    b, h, n, p = w.shape
+    size = chunk if chunk > 0 else 256
+    nc = (n + size - 1) // size + 1
+    return (torch.empty_like(w), w.new_empty(b, h, n), _d64(w, b, nc, h, p), _d64(w, b, nc, h, p),
+            _d64(w, b, nc, h))
+
+
+@torch.library.custom_op("whiteformer::causal_tssa_fused_bwd", mutates_args=(), device_types="cpu")
+def _causal_bwd(
+    grad_out: Tensor, grad_pi: Optional[Tensor], grad_e: Optional[Tensor], grad_q: Optional[Tensor],
+    grad_m: Optional[Tensor], w: Tensor, temp: Tensor, lb: Optional[Tensor], mask: Optional[Tensor],
+    pi: Tensor, ec: Tensor, qc: Tensor, mc: Tensor, chunk: int,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    dw, dlb, dtemp = _ext().causal_bwd(grad_out, grad_pi, grad_e, grad_q, grad_m, w, temp, lb, mask, pi, ec, qc,
+                                       mc, chunk)
+    return dw, dlb, dtemp
+
+
+@_causal_bwd.register_fake
+def _(grad_out, grad_pi, grad_e, grad_q, grad_m, w, temp, lb, mask, pi, ec, qc, mc, chunk):
+    b, h, n, _ = w.shape
+    return torch.empty_like(w), w.new_empty(b, h, n), _d64(w, b, h)
+
+
+def _causal_setup(ctx, inputs, output):
+    w, temp, lb, mask, _, chunk = inputs
+    _, pi, ec, qc, mc = output
+    ctx.chunk = chunk
+    ctx.has_lb = lb is not None
+    ctx.save_for_backward(w, temp, lb, mask, pi, ec, qc, mc)
+
+
+def _last(g: Optional[Tensor]) -> Optional[Tensor]:
+    # only the final prefix sums (the returned state) are visible to callers
+    return None if g is None else g[:, -1].contiguous()
+
+
+def _causal_backward(ctx, g_out, g_pi, g_ec, g_qc, g_mc):
+    w, temp, lb, mask, pi, ec, qc, mc = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph: differentiable recomputation
+        inputs = (w, temp) if lb is None else (w, temp, lb)
+        grads = _double_backward(_causal_torch_outputs(w, temp, lb, mask), inputs,
+                                 (g_out, g_pi, _last(g_ec), _last(g_qc), _last(g_mc)))
+        return grads[0], grads[1], grads[2] if lb is not None else None, None, None, None
+    g_out = torch.zeros_like(w) if g_out is None else _rows(g_out)
+    g_pi = None if g_pi is None else g_pi.contiguous()
+    dw, dlb, dtemp = _causal_bwd(g_out, g_pi, _last(g_ec), _last(g_qc), _last(g_mc), w, temp, lb, mask, pi, ec, qc,
+                                 mc, ctx.chunk)
+    return dw, dtemp.sum(0).to(temp.dtype).view_as(temp), dlb if ctx.has_lb else None, None, None, None
+
+
+_causal_fwd.register_autograd(_causal_backward, setup_context=_causal_setup)
+
+
+def causal_tssa_fused(
+    w: Tensor, temp: Tensor, logit_bias: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Fused causal TSSA (no dropout).
+
+    Args:
+        w: (B, H, N, p) float32/float64; temp: (H, 1); logit_bias: (B or 1, H, N) added to
+            ``sum_p ratio`` before the temperature (``p * pos_bias`` at each token's position),
+            or None; attn_mask: (B, N) bool keep-mask or None.
+
+    Returns:
+        out (B, H, N, p), pi (B, H, N) and the final running sums sum_sq (B, H, p),
+        sum_pi (B, H), sum_sq_pi (B, H, p) (float64; differentiable).
+    """
+    w = _rows(w)
+    b, h, n, _ = w.shape
+    lb = None if logit_bias is None else logit_bias.to(w.dtype).expand(b, h, n).contiguous()
+    mask = None if attn_mask is None else attn_mask.contiguous()
+    out, pi, ec, qc, mc = _causal_fwd(w, temp.to(w.dtype).contiguous(), lb, mask, CAUSAL_MODE, CHUNK)
+    return out, pi, ec[:, -1], mc[:, -1], qc[:, -1]

@@ -1,0 +1,319 @@
+"""Fused TSSA / causal TSSA kernels (issue 7, "Fast TSSA"): forward and hand-derived gradients
+against the references (float64 tight, float32 within 1e-5), gradcheck, strides, the dispatcher
+(kernel used when available; torch path for other dtypes, devices, dropout, the environment
+variable), torch.compile and the memory kept for backward."""
+import sys
+
+import pytest
+import torch
+
+from whiteformer.attention import TSSA, CausalTSSA
+from whiteformer.ops import causal_tssa, tssa
+from whiteformer.ops import tssa_fused as fused
+from whiteformer.ops._kernels import ENV_DISABLE, fused_supported, kernels_disabled
+from whiteformer.ops._kernels import cpu as kcpu
+from whiteformer.ops.reference import causal_tssa_reference, tssa_reference
+
+# the dispatcher modules (the package attributes of the same names are the functions)
+tssa_mod = sys.modules["whiteformer.ops.tssa"]
+causal_mod = sys.modules["whiteformer.ops.causal_tssa"]
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """The compiled extension (built once per machine, ~1 min); skips where it cannot be built."""
+    if kcpu.load_extension() is None:
+        pytest.skip(f"fused TSSA kernel unavailable (no C++ compiler / ninja?): {kcpu.build_error()}")
+    return kcpu.load_extension()
+
+
+@pytest.fixture(autouse=True)
+def _kernels_enabled(monkeypatch):
+    monkeypatch.delenv(ENV_DISABLE, raising=False)
+    monkeypatch.setattr(fused, "CHUNK", 0)
+    monkeypatch.setattr(fused, "CAUSAL_MODE", -1)
+
+
+def _inputs(shape, dtype, grad=True, scale=1.0):
+    w = (torch.randn(*shape, dtype=dtype) * scale).requires_grad_(grad)
+    temp = (torch.rand(shape[1], 1, dtype=dtype) * 0.5 + 0.5).requires_grad_(grad)
+    return w, temp
+
+
+def _mask(b, n):
+    m = torch.rand(b, n) > 0.3
+    m[:, 0] = True
+    m[0] = True
+    return m
+
+
+def _pos_logit_bias(bias, mask, n, p):
+    """The logit bias the dispatcher passes: p * pos_bias at each real token's position."""
+    if mask is None:
+        return p * bias[:, :n, 0]
+    pos = (mask.long().cumsum(-1) - 1).clamp_min(0)
+    return p * bias[:, pos, 0].transpose(0, 1)
+
+
+def _fused_and_ref(kind, w, temp, mask, bias=None):
+    if kind == "tssa":
+        return fused.tssa_fused(w, temp, mask), tssa_reference(w, temp, mask, return_pi=True)
+    lb = None if bias is None else _pos_logit_bias(bias, mask, w.shape[2], w.shape[3])
+    out, pi, *_ = fused.causal_tssa_fused(w, temp, lb, mask)
+    return (out, pi), causal_tssa_reference(w, temp, bias, mask, return_pi=True)
+
+
+def _grads(outs, params, g_out, g_pi):
+    out, pi = outs
+    return torch.autograd.grad((out * g_out).sum() + (pi * g_pi).sum(), params)
+
+
+# shapes: N = 1, H = 1, p = 1, the compile-time head dims (32, 48, 64) and generic ones
+SHAPES = [(2, 3, 7, 5), (1, 4, 1, 3), (2, 1, 6, 1), (2, 2, 20, 32), (1, 3, 9, 48), (2, 2, 5, 64)]
+
+
+@pytest.mark.parametrize("kind", ["tssa", "causal"])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("chunk, mode", [(0, -1), (3, 0), (2, 1)])
+def test_float64_forward_and_grads_match_reference(kernel, monkeypatch, kind, shape, masked, chunk, mode):
+    monkeypatch.setattr(fused, "CHUNK", chunk)  # tiny chunks: several chunks / checkpoints
+    monkeypatch.setattr(fused, "CAUSAL_MODE", mode)  # 0: two-stage pipeline, 1: one pass
+    w, temp = _inputs(shape, torch.float64, scale=2.0)
+    mask = _mask(shape[0], shape[2]) if masked else None
+    bias = (torch.randn(shape[1], shape[2] + 2, 1, dtype=torch.float64) * 0.3).requires_grad_(True)
+    params = (w, temp) if kind == "tssa" else (w, temp, bias)
+    g_out, g_pi = torch.randn(shape, dtype=torch.float64), torch.randn(shape[:3], dtype=torch.float64)
+    got, ref = _fused_and_ref(kind, w, temp, mask, bias)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    for a, b in zip(_grads(got, params, g_out, g_pi), _grads(ref, params, g_out, g_pi)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+def _assert_rel(a, b, tol=1e-5):
+    """max |a - b| <= tol * max |b| (relative to the tensor's scale)."""
+    err = (a.double() - b.double()).abs().max().item()
+    scale = b.double().abs().max().item()
+    assert err <= tol * scale, f"relative error {err / scale:.2e} > {tol:.0e}"
+
+
+@pytest.mark.parametrize("kind", ["tssa", "causal"])
+@pytest.mark.parametrize("shape, chunk", [((2, 8, 600, 48), 0), ((1, 4, 300, 64), 0), ((2, 3, 50, 7), 4)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_float32_within_1e5_of_float64_reference(kernel, monkeypatch, kind, shape, chunk, masked):
+    monkeypatch.setattr(fused, "CHUNK", chunk)
+    w, temp = _inputs(shape, torch.float32)
+    mask = _mask(shape[0], shape[2]) if masked else None
+    bias = (torch.randn(shape[1], shape[2], 1) * 0.1).requires_grad_(True)
+    params = (w, temp) if kind == "tssa" else (w, temp, bias)
+    g_out, g_pi = torch.randn(shape), torch.randn(shape[:3])
+    got, _ = _fused_and_ref(kind, w, temp, mask, bias)
+    w64, t64, b64 = (p.detach().double().requires_grad_(True) for p in (w, temp, bias))
+    _, ref = _fused_and_ref(kind, w64, t64, mask, b64)
+    assert got[0].dtype == torch.float32 and got[1].dtype == torch.float32
+    for a, b in zip(got, ref):
+        _assert_rel(a, b)
+    params64 = (w64, t64) if kind == "tssa" else (w64, t64, b64)
+    for a, b in zip(_grads(got, params, g_out, g_pi), _grads(ref, params64, g_out.double(), g_pi.double())):
+        _assert_rel(a, b)
+
+
+def test_gradcheck(kernel, monkeypatch):
+    monkeypatch.setattr(fused, "CHUNK", 2)
+    w, temp = _inputs((2, 3, 5, 4), torch.float64)
+    mask = torch.tensor([[True] * 5, [False, True, True, False, True]])
+    assert torch.autograd.gradcheck(lambda w, t: fused.tssa_fused(w, t), (w, temp))
+    assert torch.autograd.gradcheck(lambda w, t: fused.tssa_fused(w, t, mask), (w, temp))
+    lb = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    for mode in (0, 1):
+        monkeypatch.setattr(fused, "CAUSAL_MODE", mode)
+        # all outputs, including the final running sums (the recurrent state)
+        assert torch.autograd.gradcheck(lambda w, t, b: fused.causal_tssa_fused(w, t, b), (w, temp, lb))
+        assert torch.autograd.gradcheck(lambda w, t, b: fused.causal_tssa_fused(w, t, b, mask), (w, temp, lb))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_causal_chunk_parallel_schedule(kernel, monkeypatch, threads):
+    """Mode 0 (chunks taken by whichever thread is free) gives the one-pass result, any thread count."""
+    monkeypatch.setattr(fused, "CHUNK", 4)
+    w, temp = _inputs((1, 3, 37, 5), torch.float64, grad=False)
+    lb = torch.randn(1, 3, 37, dtype=torch.float64)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        monkeypatch.setattr(fused, "CAUSAL_MODE", 0)
+        chunked = fused.causal_tssa_fused(w, temp, lb)
+        monkeypatch.setattr(fused, "CAUSAL_MODE", 1)
+        one_pass = fused.causal_tssa_fused(w, temp, lb)
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(chunked, one_pass):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_double_backward(kernel):
+    """create_graph=True (e.g. gradient penalties) recomputes differentiably: gradgradcheck."""
+    w, temp = _inputs((2, 3, 4, 3), torch.float64)
+    mask = torch.tensor([[True] * 4, [False, True, True, True]])
+    lb = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda w, t: fused.tssa_fused(w, t, mask), (w, temp))
+    assert torch.autograd.gradgradcheck(lambda w, t, b: fused.causal_tssa_fused(w, t, b, mask), (w, temp, lb))
+
+
+def test_clamped_energies_match_reference(kernel):
+    """Zero features (F.normalize's eps clamp) and leading zero tokens (causal 1e-12 clamp)."""
+    w, temp = _inputs((1, 2, 6, 4), torch.float64)
+    w = w.detach().clone()
+    w[:, 0, :, 1] = 0.0  # a feature with no energy
+    w[:, :, :2] = 0.0  # causal prefix energy 0 for the first tokens
+    w.requires_grad_(True)
+    bias = torch.zeros(2, 6, 1, dtype=torch.float64, requires_grad=True)
+    g_out, g_pi = torch.randn(w.shape, dtype=torch.float64), torch.randn(w.shape[:3], dtype=torch.float64)
+    for kind in ("tssa", "causal"):
+        got, ref = _fused_and_ref(kind, w, temp, None, bias)
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+        for a, b in zip(_grads(got, (w, temp), g_out, g_pi), _grads(ref, (w, temp), g_out, g_pi)):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+def test_causal_state_matches_torch_path(kernel, monkeypatch):
+    w, temp = _inputs((2, 3, 11, 5), torch.float32, grad=False)
+    bias = torch.randn(3, 16, 1) * 0.3
+    mask = _mask(2, 11)
+    out, pi, state = causal_tssa(w, temp, bias, mask, return_pi=True, return_state=True)
+    monkeypatch.setenv(ENV_DISABLE, "1")
+    out_t, pi_t, state_t = causal_tssa(w, temp, bias, mask, return_pi=True, return_state=True)
+    torch.testing.assert_close(out, out_t, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(pi, pi_t, rtol=1e-5, atol=1e-6)
+    for a, b in zip(state[:3], state_t[:3]):
+        assert a.dtype == b.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert torch.equal(state.t, state_t.t)
+
+
+# ----------------------------------------------------------------------------- strides
+
+
+def test_strided_inputs(kernel):
+    b, h, n, p = 2, 3, 10, 48
+    x = torch.randn(b, n, h * p, dtype=torch.float64)
+    w = x.view(b, n, h, p).transpose(1, 2)  # a layer's (B, N, H, p) view: used without a copy
+    assert not w.is_contiguous() and w.stride(-1) == 1
+    temp = torch.rand(h, 1, dtype=torch.float64) + 0.5
+    out, _ = fused.tssa_fused(w, temp)
+    assert out.stride() == w.stride()  # output in the same layout (the layer's merge is a view)
+    torch.testing.assert_close(out, tssa_reference(w.contiguous(), temp), rtol=1e-10, atol=1e-12)
+    out_c, _, *_ = fused.causal_tssa_fused(w, temp)
+    torch.testing.assert_close(out_c, causal_tssa_reference(w.contiguous(), temp), rtol=1e-10, atol=1e-12)
+    # features not contiguous (a transposed view): copied by the dispatcher
+    wt = torch.randn(b, h, p, n, dtype=torch.float64).transpose(-1, -2)
+    assert wt.stride(-1) != 1
+    torch.testing.assert_close(tssa(wt, temp), tssa_reference(wt.contiguous(), temp), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(causal_tssa(wt, temp), causal_tssa_reference(wt.contiguous(), temp),
+                               rtol=1e-10, atol=1e-12)
+    # gradients through strided views and a non-contiguous upstream gradient
+    wg = w.detach().requires_grad_(True)
+    g = torch.randn(b, h, p, n, dtype=torch.float64).transpose(-1, -2)
+    (gw,) = torch.autograd.grad((fused.tssa_fused(wg, temp)[0] * g).sum(), wg)
+    w2 = w.detach().contiguous().requires_grad_(True)
+    (gw_ref,) = torch.autograd.grad((tssa_reference(w2, temp) * g).sum(), w2)
+    torch.testing.assert_close(gw, gw_ref, rtol=1e-9, atol=1e-11)
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts the calls the dispatchers make to the fused functions."""
+    counter = {"tssa": 0, "causal": 0}
+
+    def wrap(fn, key):
+        def inner(*args, **kwargs):
+            counter[key] += 1
+            return fn(*args, **kwargs)
+        return inner
+
+    monkeypatch.setattr(tssa_mod, "tssa_fused", wrap(fused.tssa_fused, "tssa"))
+    monkeypatch.setattr(causal_mod, "causal_tssa_fused", wrap(fused.causal_tssa_fused, "causal"))
+    return counter
+
+
+def test_dispatcher_uses_kernel_when_available(kernel, calls):
+    for dtype in (torch.float32, torch.float64):
+        w, temp = _inputs((2, 2, 6, 4), dtype, grad=False)
+        assert fused_supported(w)
+        torch.testing.assert_close(tssa(w, temp), tssa_reference(w, temp))
+        torch.testing.assert_close(causal_tssa(w, temp), causal_tssa_reference(w, temp))
+    assert calls == {"tssa": 2, "causal": 2}
+
+
+def test_dispatcher_falls_back(kernel, calls, monkeypatch):
+    w, temp = _inputs((2, 2, 6, 4), torch.float32, grad=False)
+    # half precision, dropout in training: the torch path
+    tssa(w.half(), temp)
+    causal_tssa(w.bfloat16(), temp)
+    tssa(w, temp, attn_drop=0.5, training=True)
+    causal_tssa(w, temp, attn_drop=0.5, training=True)
+    assert calls == {"tssa": 0, "causal": 0}
+    # other devices never reach the CPU kernel
+    assert not fused_supported(torch.empty(1, 1, 1, 1, device="meta"))
+    # the environment variable
+    monkeypatch.setenv(ENV_DISABLE, "1")
+    assert kernels_disabled() and not fused_supported(w)
+    torch.testing.assert_close(tssa(w, temp), tssa_reference(w, temp), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(causal_tssa(w, temp), causal_tssa_reference(w, temp), rtol=1e-5, atol=1e-6)
+    assert calls == {"tssa": 0, "causal": 0}
+    monkeypatch.setenv(ENV_DISABLE, "0")
+    tssa(w, temp)
+    assert calls["tssa"] == 1
+
+
+def test_no_compiler_falls_back_to_torch_path(calls, monkeypatch):
+    """Where the extension cannot be built, fast_path_available() is False: the torch path runs."""
+    monkeypatch.setattr(kcpu, "fast_path_available", lambda: False)
+    w, temp = _inputs((2, 2, 6, 4), torch.float32, grad=False)
+    assert not fused_supported(w)
+    torch.testing.assert_close(tssa(w, temp), tssa_reference(w, temp), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(causal_tssa(w, temp), causal_tssa_reference(w, temp), rtol=1e-5, atol=1e-6)
+    assert calls == {"tssa": 0, "causal": 0}
+
+
+def test_saved_for_backward_is_w_plus_small_stats(kernel):
+    """Only w, Pi and O(B H p) statistics (+ causal checkpoints every 256 tokens) are kept."""
+    w, temp = _inputs((1, 4, 2048, 48), torch.float32)
+    for fn in (tssa, causal_tssa):
+        sizes = {}
+
+        def pack(t, sizes=sizes):
+            st = t.untyped_storage()
+            sizes[st.data_ptr()] = st.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = fn(w, temp)
+        saved = sum(sizes.values())
+        assert w.nbytes <= saved <= 1.1 * w.nbytes, (fn.__name__, saved / w.nbytes)
+        out.sum().backward()
+
+
+@pytest.mark.compile
+def test_layers_compile_fullgraph_with_kernel(kernel, monkeypatch):
+    counter = {"n": 0}
+    real = fused._ext
+
+    def counting_ext():
+        counter["n"] += 1
+        return real()
+
+    monkeypatch.setattr(fused, "_ext", counting_ext)
+    torch._dynamo.reset()
+    for layer in (TSSA(16, num_heads=2).eval(), CausalTSSA(16, num_heads=2, max_len=8).eval()):
+        x = torch.randn(2, 5, 16)
+        mask = torch.tensor([[True] * 5, [False, True, True, True, True]])
+        compiled = torch.compile(layer, fullgraph=True)
+        before = counter["n"]
+        torch.testing.assert_close(compiled(x, mask), layer(x, mask), rtol=1e-5, atol=1e-6)
+        assert counter["n"] >= before + 2  # the compiled graph and the eager call both ran the kernel
