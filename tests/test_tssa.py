@@ -205,3 +205,37 @@ def test_layer_compile_fullgraph():
     mask = torch.tensor([[True] * 4, [True, True, False, False]])
     compiled = torch.compile(layer, fullgraph=True)
     torch.testing.assert_close(compiled(x, mask), layer(x, mask), rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------- normalize=False (ToST Table 8)
+def test_no_l2_normalisation_matches_reference_and_formula():
+    torch.manual_seed(1)
+    w = torch.randn(2, 3, 5, 4, dtype=torch.float64, requires_grad=True)
+    temp = (torch.rand(3, 1, dtype=torch.float64) + 0.5).requires_grad_()
+    out, pi = tssa(w, temp, return_pi=True, normalize=False)
+    ref_out, ref_pi = tssa_reference(w, temp, return_pi=True, normalize=False)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(pi, ref_pi)
+    # literal: Pi = softmax over heads of temp * sum_p w^2 (no division by the token norms)
+    torch.testing.assert_close(pi, torch.softmax(temp * (w**2).sum(-1), dim=1))
+    g = torch.randn_like(out)
+    gw, gt = torch.autograd.grad(out, (w, temp), g)
+    rw, rt = torch.autograd.grad(ref_out, (w, temp), g)
+    torch.testing.assert_close(gw, rw)
+    torch.testing.assert_close(gt, rt)
+    assert not torch.allclose(pi, tssa(w, temp, return_pi=True)[1])  # the option changes Pi
+    assert torch.autograd.gradcheck(lambda a, b: tssa(a, b, normalize=False), (w[:1, :, :3], temp))
+
+
+def test_no_l2_normalisation_layer_option():
+    layer = TSSA(16, num_heads=4, normalize=False)
+    x = torch.randn(2, 6, 16)
+    mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    y = layer(x, attn_mask=mask)
+    y_alone = layer(x[1:, :4])
+    torch.testing.assert_close(y[1:, :4], y_alone, rtol=1e-5, atol=1e-6)
+    normed = TSSA(16, num_heads=4)
+    normed.load_state_dict(layer.state_dict())
+    assert not torch.allclose(layer(x), normed(x))
+    with pytest.raises(TypeError, match="normalize"):
+        TSSA(16, num_heads=4, normalize="no")

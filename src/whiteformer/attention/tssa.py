@@ -36,12 +36,16 @@ class TSSA(nn.Module):
 
     Parameters: ``qkv`` Linear(dim, dim, bias=qkv_bias), ``temp`` (H, 1) ones, ``proj``
     Linear(dim, dim). ``attn_drop`` is dropout on the gain 1/(1+dots), ``proj_drop`` on the output.
+    ``normalize=False`` drops the l2 normalisation over tokens in the memberships (ToST Table 8).
     Official checkpoints name ``proj`` ``to_out.0``.
     """
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0):
+                 proj_drop: float = 0.0, normalize: bool = True):
         super().__init__()
+        if not isinstance(normalize, bool):
+            raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
+        self.normalize = normalize
         self.head_dim = check_divisible(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
         self.attn_drop = _check_prob(attn_drop, "attn_drop")
@@ -51,7 +55,7 @@ class TSSA(nn.Module):
         self.proj_drop = nn.Dropout(_check_prob(proj_drop, "proj_drop"))
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, num_heads={self.num_heads}, attn_drop={self.attn_drop}"
+        return f"dim={self.dim}, num_heads={self.num_heads}, attn_drop={self.attn_drop}, normalize={self.normalize}"
 
     def no_weight_decay(self):
         return {"temp"}
@@ -60,7 +64,8 @@ class TSSA(nn.Module):
         """x (B, N, C), attn_mask (B, N) bool keep-mask -> y (B, N, C), or ``(y, {"pi": (B, H, N)})``."""
         check_tokens_input(x, "x", self.dim)
         w = rearrange(self.qkv(x), "b n (h d) -> b h n d", h=self.num_heads)
-        out, pi = tssa(w, self.temp, attn_mask, return_pi=True, attn_drop=self.attn_drop, training=self.training)
+        out, pi = tssa(w, self.temp, attn_mask, return_pi=True, attn_drop=self.attn_drop, training=self.training,
+                       normalize=self.normalize)
         y = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
         y = _zero_padded(y, attn_mask)
         return (y, {"pi": pi}) if return_pi else y

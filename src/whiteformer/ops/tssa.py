@@ -63,6 +63,7 @@ def tssa(
     *,
     attn_drop: float = 0.0,
     training: bool = False,
+    normalize: bool = True,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Token Statistics Self-Attention (ToST Eq. (11), memberships Eq. (10)/(34)).
 
@@ -75,6 +76,9 @@ def tssa(
         return_pi: also return the memberships Pi.
         attn_drop: dropout probability on the gain ``1 / (1 + dots)`` (as the official layer).
         training: dropout is applied only when True.
+        normalize: l2-normalise each feature over the tokens before computing Pi (Eq. (32)-(34),
+            the official default). ``False`` gives ``Pi = softmax_heads(temp * sum_p w^2)``: the
+            "no l2 normalisation" row of the ToST Table 8 ablation (always the PyTorch path).
 
     Returns:
         out (B, H, N, p) in ``w``'s dtype; with ``return_pi``, ``(out, pi)`` with pi (B, H, N)
@@ -86,7 +90,13 @@ def tssa(
     _check_temp(temp, w.shape[1])
     attn_mask = check_mask(attn_mask, w.shape[0], w.shape[2])
     _check_drop(attn_drop)
-    out, pi = _tssa_forward(w, temp, attn_mask, float(attn_drop) if training else 0.0)
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
+    drop_p = float(attn_drop) if training else 0.0
+    if normalize:
+        out, pi = _tssa_forward(w, temp, attn_mask, drop_p)
+    else:
+        out, pi = _tssa_torch(w, temp, attn_mask, drop_p, normalize=False)
     return (out, pi) if return_pi else out
 
 
@@ -103,7 +113,8 @@ def _tssa_forward(
 
 
 def _tssa_torch(
-    w: torch.Tensor, temp: torch.Tensor, attn_mask: Optional[torch.Tensor], drop_p: float
+    w: torch.Tensor, temp: torch.Tensor, attn_mask: Optional[torch.Tensor], drop_p: float,
+    normalize: bool = True,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Pure-PyTorch TSSA: returns (out (B,H,N,p), pi (B,H,N)) in ``w``'s dtype.
 
@@ -119,8 +130,11 @@ def _tssa_torch(
             x = x.masked_fill(~attn_mask[:, None, :, None], 0.0)
         x2 = x * x  # (B, H, N, p)
         # F.normalize divides by max(||w||, eps): squared, max(sum_n w^2, eps^2)
-        inv_energy = x2.sum(dim=-2).clamp_min(NORM_EPS * NORM_EPS).reciprocal()  # (B, H, p)
-        logits = torch.einsum("bhnp,bhp->bhn", x2, inv_energy) * temp.to(sd)
+        if normalize:
+            inv_energy = x2.sum(dim=-2).clamp_min(NORM_EPS * NORM_EPS).reciprocal()  # (B, H, p)
+            logits = torch.einsum("bhnp,bhp->bhn", x2, inv_energy) * temp.to(sd)
+        else:
+            logits = x2.sum(dim=-1) * temp.to(sd)
         pi = torch.softmax(logits, dim=1)  # over heads
         if attn_mask is not None:
             pi = pi.masked_fill(~attn_mask[:, None, :], 0.0)

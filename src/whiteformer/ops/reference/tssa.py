@@ -16,9 +16,9 @@ from ..._checks import stats_dtype
 __all__ = ["tssa_reference"]
 
 
-def _tssa_literal(w: torch.Tensor, temp: torch.Tensor, attn_drop: float, training: bool):
+def _tssa_literal(w: torch.Tensor, temp: torch.Tensor, attn_drop: float, training: bool, normalize: bool = True):
     """Official formula on w (B, H, N, p), temp (H, 1); returns (out, Pi)."""
-    w_normed = F.normalize(w, dim=-2)  # l2 over tokens, eps 1e-12
+    w_normed = F.normalize(w, dim=-2) if normalize else w  # l2 over tokens, eps 1e-12
     Pi = torch.softmax(torch.sum(w_normed**2, dim=-1) * temp, dim=1)  # (B, H, N), over heads
     dots = torch.matmul((Pi / (Pi.sum(dim=-1, keepdim=True) + 1e-8)).unsqueeze(-2), w**2)  # (B, H, 1, p)
     attn = 1.0 / (1 + dots)
@@ -35,6 +35,7 @@ def tssa_reference(
     *,
     attn_drop: float = 0.0,
     training: bool = False,
+    normalize: bool = True,
 ):
     """Reference TSSA. w (B, H, N, p), temp (H, 1), attn_mask (B, N) bool keep-mask or None.
 
@@ -44,14 +45,14 @@ def tssa_reference(
     sd = stats_dtype(w)
     x, tp = w.to(sd), temp.to(sd)
     if attn_mask is None:
-        out, Pi = _tssa_literal(x, tp, attn_drop, training)
+        out, Pi = _tssa_literal(x, tp, attn_drop, training, normalize)
     else:
         out, Pi = torch.zeros_like(x), x.new_zeros(x.shape[:3])
         for b in range(x.shape[0]):
             keep = attn_mask[b]
             if not bool(keep.any()):
                 continue
-            o, pb = _tssa_literal(x[b : b + 1, :, keep], tp, attn_drop, training)
+            o, pb = _tssa_literal(x[b : b + 1, :, keep], tp, attn_drop, training, normalize)
             out[b, :, keep] = o[0]
             Pi[b, :, keep] = pb[0]
     out, Pi = out.to(w.dtype), Pi.to(w.dtype)
