@@ -1,0 +1,200 @@
+"""Shared helpers of the reproduction experiments (issue 8).
+
+Every experiment script:
+
+* reads a YAML config from ``experiments/configs/<name>.yaml`` (``--config`` to override);
+* runs single-threaded (``torch.set_num_threads(1)``: the machine is shared) and one run at a time;
+* is resumable: a finished run leaves ``result.json`` in its run directory and is skipped next time;
+  an interrupted training run continues from its newest checkpoint (the trainer's ``resume``);
+* writes its small summary files (JSON / CSV / PNG) to ``experiments/results/<name>/`` and its
+  large run directories (checkpoints) to ``runs/experiments/<name>/`` (git-ignored);
+* has a ``--smoke`` mode (tiny model, a few steps, built-in data) used by ``tests/test_experiments.py``,
+  which writes to a separate output root so it never mixes with the real results.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO / "experiments" / "configs"
+RESULTS_DIR = REPO / "experiments" / "results"
+RUNS_DIR = REPO / "runs" / "experiments"
+MNIST_DIR = (REPO / ".." / "shared" / "data" / "mnist").resolve()
+SHAKESPEARE = (REPO / ".." / "shared" / "data" / "shakespeare" / "complete_works.txt.xz").resolve()
+
+
+def parser(name: str, doc: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"experiments/{name}.py", description=doc)
+    p.add_argument("--config", default=str(CONFIG_DIR / f"{name}.yaml"), help="YAML config (default: %(default)s)")
+    p.add_argument("--smoke", action="store_true", help="tiny budget (seconds), built-in data: keeps the script from rotting")
+    p.add_argument("--out", default=None, help="results directory (default experiments/results/<name>; "
+                                               "smoke: runs/experiments/smoke/<name>)")
+    p.add_argument("--runs", default=None, help="run directories root (default runs/experiments/<name>)")
+    p.add_argument("--max-minutes", type=float, default=None, help="stop starting new runs after this time")
+    return p
+
+
+class Setup:
+    """Resolved paths, config and time budget of one invocation."""
+
+    def __init__(self, name: str, args: argparse.Namespace):
+        import yaml
+
+        torch.set_num_threads(1)
+        self.name, self.args, self.smoke = name, args, bool(args.smoke)
+        with open(args.config, encoding="utf-8") as f:
+            cfg = yaml.safe_load(f) or {}
+        self.cfg: Dict[str, Any] = dict(cfg.get("smoke", {}) if self.smoke else cfg.get("full", {}))
+        root = RUNS_DIR / "smoke" if self.smoke else RUNS_DIR
+        self.out = Path(args.out) if args.out else (root / "results" / name if self.smoke else RESULTS_DIR / name)
+        self.runs = Path(args.runs) if args.runs else root / name
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.runs.mkdir(parents=True, exist_ok=True)
+        mm = args.max_minutes if args.max_minutes is not None else self.cfg.get("max_minutes", 30)
+        self.deadline = time.time() + 60.0 * float(mm)
+        self.cfg.setdefault("max_minutes", mm)
+
+    def time_left(self) -> bool:
+        return time.time() < self.deadline
+
+    def command(self, script: str) -> str:
+        extra = " --smoke" if self.smoke else ""
+        return f".venv/bin/python experiments/{script}.py{extra}"
+
+
+def read_json(path: Path) -> Optional[dict]:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=_jsonable), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _jsonable(o):
+    if isinstance(o, (torch.Tensor,)):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    return str(o)
+
+
+def write_csv(path: Path, rows: List[dict]) -> None:
+    if not rows:
+        return
+    keys: List[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _fmt(r.get(k)) for k in keys})
+
+
+def _fmt(v):
+    return f"{v:.6g}" if isinstance(v, float) else v
+
+
+def num_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def mean_std(xs: Iterable[float]) -> Dict[str, float]:
+    xs = [float(x) for x in xs]
+    if not xs:
+        return {"mean": math.nan, "std": math.nan, "n": 0}
+    return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
+
+
+def _median_throughput(run_dir: Path) -> Optional[float]:
+    """Median ``samples_per_s`` of the logged training intervals (evaluation excluded)."""
+    vals = []
+    try:
+        with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
+            for line in f:
+                rec = json.loads(line)
+                if "samples_per_s" in rec:
+                    vals.append(rec["samples_per_s"])
+    except FileNotFoundError:
+        return None
+    # the first interval includes start-up costs; drop it when there are others
+    vals = vals[1:] if len(vals) > 2 else vals
+    return statistics.median(vals) if vals else None
+
+
+def train_run(run_dir: Path, **cfg_kwargs: Any) -> Dict[str, Any]:
+    """Train one configuration with :func:`whiteformer.train.train` (resumable) and return its
+    summary (also written to ``run_dir/result.json``; a run with that file is not trained again)."""
+    from whiteformer.models import create_model  # noqa: F401  (registers the models)
+    from whiteformer.train import TrainConfig, latest_checkpoint, train
+
+    run_dir = Path(run_dir)
+    done = read_json(run_dir / "result.json")
+    if done is not None:
+        return done
+    resume = latest_checkpoint(run_dir / "checkpoints") is not None
+    kw = dict(progress=False, tensorboard=False, report=False, num_threads=1, device="cpu", keep_last=1)
+    kw.update(cfg_kwargs)
+    cfg = TrainConfig(out=str(run_dir), resume=resume, **kw)
+    res = train(cfg, command="experiments (whiteformer.train.train)")
+    from whiteformer.models import create_model as _cm
+
+    final = Path(res["final_dir"])
+    try:
+        model = _cm(cfg.model, checkpoint_path=str(final))
+        params = num_params(model)
+    except Exception:  # noqa: BLE001 - the parameter count is informative only
+        params = None
+    summary = {"model": cfg.model, "model_args": cfg.model_args, "dataset": cfg.dataset, "data_args": cfg.data_args,
+               "seed": cfg.seed, "steps": res.get("steps"), "batch_size": cfg.batch_size,
+               "final_eval": res["final_eval"], "train_time_s": res["train_time_s"], "params": params,
+               "train_samples_per_s": _median_throughput(run_dir), "final_dir": str(final),
+               "threads": torch.get_num_threads()}
+    write_json(run_dir / "result.json", summary)
+    return summary
+
+
+def load_trained(run_dir: Path) -> torch.nn.Module:
+    from whiteformer.models import create_model
+
+    res = read_json(Path(run_dir) / "result.json")
+    if res is None:
+        raise FileNotFoundError(f"{run_dir} has no result.json: train it first")
+    return create_model(res["model"], checkpoint_path=res["final_dir"]).eval()
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, ds, batch_size: int = 500, limit: Optional[int] = None) -> float:
+    n = len(ds) if limit is None else min(limit, len(ds))
+    correct = 0
+    model.eval()
+    for i in range(0, n, batch_size):
+        x, y = ds.get_batch(torch.arange(i, min(i + batch_size, n)))
+        correct += (model(x).argmax(-1) == y).sum().item()
+    return correct / n
+
+
+def image_batch(ds, n: int, offset: int = 0):
+    return ds.get_batch(torch.arange(offset, offset + min(n, len(ds) - offset)))
+
+
+def fmt_pm(ms: Dict[str, float], scale: float = 100.0, nd: int = 2) -> str:
+    if ms.get("n", 0) == 0:
+        return "not run yet"
+    return f"{ms['mean'] * scale:.{nd}f} ± {ms['std'] * scale:.{nd}f} (n={ms['n']})"

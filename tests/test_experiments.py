@@ -1,0 +1,113 @@
+"""Smoke tests of the reproduction experiments (experiments/*.py --smoke): each script runs on a tiny
+budget with built-in data and writes its result files; a second run is skipped (resumable)."""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "experiments"))
+
+pytest.importorskip("yaml")
+pytest.importorskip("sklearn")  # the smoke runs use scikit-learn's bundled digits
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory):
+    base = tmp_path_factory.mktemp("experiments")
+    return base
+
+
+def _run(mod_name: str, roots: Path, extra=()):
+    import importlib
+
+    mod = importlib.import_module(mod_name)
+    out, runs = roots / "results" / mod_name, roots / "runs" / mod_name
+    assert mod.main(["--smoke", "--out", str(out), "--runs", str(runs), *extra]) == 0
+    return out, runs
+
+
+def _csv(path: Path):
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_exp1_vision_then_whitebox_and_ablations(roots):
+    out, runs = _run("exp1_vision", roots)
+    summary = json.loads((out / "summary.json").read_text())
+    names = [s["name"] for s in summary["summary"]]
+    assert names == ["tost", "vit_cab", "xcit", "dmst", "eca", "crate"]
+    for s in summary["summary"]:
+        assert s["n_seeds"] == 1 and 0.0 <= s["acc_mean"] <= 1.0 and s["params"] > 0
+    assert len(_csv(out / "runs.csv")) == 6
+    # resumable: a second invocation trains nothing (result.json of every run is reused)
+    mtimes = {p: p.stat().st_mtime for p in runs.glob("*/result.json")}
+    assert len(mtimes) == 6
+    _run("exp1_vision", roots)
+    assert {p: p.stat().st_mtime for p in runs.glob("*/result.json")} == mtimes
+
+    out3, _ = _run("exp3_whitebox", roots)
+    s3 = json.loads((out3 / "summary.json").read_text())
+    assert set(s3["models"]) == {"tost", "crate", "tost_init"} and not s3["missing"]
+    assert len(s3["models"]["tost"]["R_c_var"]) == 1
+    assert (out3 / "tost" / "memberships_last.png").stat().st_size > 0
+
+    out2, _ = _run("exp2_ablations", roots)
+    rows = {r["name"]: r for r in _csv(out2 / "ablations.csv")}
+    assert rows["tost_no_l2norm"]["status"] == "pending the option"
+    assert rows["tost_mlp"]["status"] == "done" and rows["tost_ista"]["status"] == "done"
+    assert int(rows["tost_ista"]["params"]) < int(rows["tost_mlp"]["params"])  # ISTA has fewer weights than the MLP
+    eca = [r for r in json.loads((out2 / "results.json").read_text())["rows"] if r["name"] == "eca_raw"][0]
+    assert len(eca["alpha"]) == 1 and len(eca["beta"]) == 1
+
+
+def test_exp4_compression(roots):
+    out, _ = _run("exp4_compression", roots)
+    res = json.loads((out / "results.json").read_text())
+    rows = {r["name"]: r for r in res["rows"]}
+    assert set(rows) == {"truncatt_0.5", "cp_0.5", "irratt_0.5", "vo_truncatt_8"}
+    for name in ("truncatt_0.5", "cp_0.5", "irratt_0.5"):
+        assert rows[name]["qk_flops_ratio"] <= 0.5 + 1e-9
+        assert rows[name]["mhsa_flops_ratio"] < 1.0 and rows[name]["params_ratio"] < 1.0
+    assert rows["vo_truncatt_8"]["qk_flops_ratio"] == pytest.approx(1.0)
+
+
+def test_exp5_language(roots):
+    out, _ = _run("exp5_language", roots)
+    res = json.loads((out / "results.json").read_text())
+    params = {r["name"]: r["params"] for r in res["train"]}
+    assert abs(params["tost"] - params["gpt"]) / params["gpt"] < 0.05  # equal-parameter comparison
+    gen = {(r["name"], r["position"]): r for r in res["generation"]}
+    # ToST's recurrent state does not grow with the position; GPT's key/value cache does
+    assert gen[("tost", 16)]["state_bytes"] == gen[("tost", 64)]["state_bytes"]
+    assert gen[("gpt", 64)]["state_bytes"] > gen[("gpt", 16)]["state_bytes"]
+
+
+def test_exp6_listops_and_exp7_index(roots):
+    out, _ = _run("exp6_listops", roots)
+    res = json.loads((out / "results.json").read_text())
+    assert {r["name"] for r in res["runs"]} == {"tost", "gpt"}
+    assert 0.0 < res["majority_class_acc"] <= 1.0
+    out7, _ = _run("exp7_efficiency", roots)
+    idx = json.loads((out7 / "index.json").read_text())
+    assert "attention" in idx["targets"]
+
+
+def test_make_results_md_reads_only_result_files(roots, tmp_path):
+    import make_results_md
+
+    doc = tmp_path / "results.md"
+    # an empty results root: every section says "not run yet" with its command
+    assert make_results_md.main(["--results", str(tmp_path / "none"), "--doc", str(doc)]) == 0
+    text = doc.read_text()
+    assert text.count("**Not run yet.**") == 7
+    assert "experiments/exp4_compression.py" in text
+    # the smoke results of the tests above (run earlier in this module)
+    assert make_results_md.main(["--results", str(roots / "results"), "--doc", str(doc)]) == 0
+    text = doc.read_text()
+    assert "| tost | `tost_t12_p16` |" in text and "pending the option" in text
+    assert "## Summary" in text
