@@ -1,0 +1,183 @@
+"""Smoke tests of the benchmark suite (benchmarks/ at the repository root): each benchmark runs in a
+tiny configuration and writes its outputs, so that the suite does not rot. No timing assertions."""
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import attention_scaling, common, compressed_attention, generation  # noqa: E402
+from benchmarks import report  # noqa: E402
+from benchmarks import run as bench_run  # noqa: E402
+
+TINY_ATTN = dict(tokens=[256, 512], dims=[192], dim_sweep_tokens=256, dim_modes=["fwd"], depth=1, repeats=1,
+                 budget_per_config=0.5, long_run=0.5, target_tokens=512)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The three benchmarks in tiny configurations, written to one directory."""
+    out = tmp_path_factory.mktemp("bench")
+    return dict(
+        out=out,
+        attention=attention_scaling.run(quick=True, out_dir=out, overrides=TINY_ATTN, sweeps=["tokens"],
+                                        command="pytest"),
+        generation=generation.run(quick=True, out_dir=out, prefill="real", command="pytest"),
+        compression=compressed_attention.run(quick=True, out_dir=out, command="pytest"),
+    )
+
+
+def test_every_method_builds_and_keeps_shape():
+    x = torch.randn(1, 256, 192)
+    for method in attention_scaling.METHODS:
+        stack = attention_scaling.build_stack(method, 192, 8, 2).eval()
+        with torch.no_grad():
+            y = stack(x)
+        assert y.shape == x.shape and torch.isfinite(y).all(), method
+    with pytest.raises(ValueError, match="unknown method"):
+        attention_scaling.build_stack("nope", 192, 8, 1)
+
+
+def test_mhsa_variants_use_their_paths():
+    assert attention_scaling.build_layer("mhsa_sdpa", 64, 4).fused_attn is True
+    assert attention_scaling.build_layer("mhsa_explicit", 64, 4).fused_attn is False
+
+
+def test_attention_scaling_tiny(tiny, tmp_path):
+    res = tiny["attention"]
+    rows = res["rows"]
+    # every method x 2 sizes x 2 modes, each in its own child process
+    assert len(rows) == len(attention_scaling.METHODS) * 4
+    bad = [(r["method"], r["n"], r["mode"], r["status"]) for r in rows if r["status"] != "ok"]
+    assert not bad, bad
+    for r in rows:
+        assert r["time_s"] > 0 and r["runs"] >= 1 and r["peak_mem_bytes"] >= 0
+        assert r["env"]["torch"] == torch.__version__ and r["env"]["command"] == "pytest"
+    # the target row carries a side-by-side TSSA measurement
+    assert res["target"]["speedup"] is not None and "side_by_side" in res["target"]
+    saved = json.loads((tiny["out"] / "attention_scaling_quick.json").read_text())
+    assert len(saved["rows"]) == len(rows)
+    assert "| TSSA (ToST)" in (tiny["out"] / "attention_scaling_quick.md").read_text()
+    assert (tiny["out"] / "attention_scaling_tokens_quick.png").stat().st_size > 0
+    # width sweep (forward only by default in the full run)
+    res = attention_scaling.run(quick=True, out_dir=tmp_path, methods=["tssa", "eca_nochol"], sweeps=["dim"],
+                                overrides=TINY_ATTN)
+    assert [(r["method"], r["dim"], r["n"], r["status"]) for r in res["rows"]] == [
+        ("tssa", 192, 256, "ok"), ("eca_nochol", 192, 256, "ok")]
+    assert (tmp_path / "attention_scaling_dim_quick.png").stat().st_size > 0
+
+
+def test_budget_skips_are_recorded(tmp_path):
+    # a 1 ms budget: the first size runs, the next ones are skipped from the estimate
+    over = dict(TINY_ATTN, tokens=[256, 512, 1024], time_budget=1e-3, time_budget_fwdbwd=1e-3)
+    rows = attention_scaling.run(quick=True, out_dir=tmp_path, methods=["tssa"], sweeps=["tokens"], overrides=over,
+                                 write=False)["rows"]
+    status = {(r["n"], r["mode"]): r["status"] for r in rows}
+    assert status[(256, "fwd")] == "ok"
+    assert status[(512, "fwd")] == status[(1024, "fwd")] == "skipped (budget)"
+    over = dict(TINY_ATTN, tokens=[256, 512], mem_budget=1)
+    rows = attention_scaling.run(quick=True, out_dir=tmp_path, methods=["mhsa_explicit"], sweeps=["tokens"],
+                                 overrides=over, write=False)["rows"]
+    assert {r["status"] for r in rows if r["n"] == 512} == {"skipped (memory)"}
+
+
+def _check_generation(res, prefill):
+    rows = res["rows"]
+    assert {(r["model"], r["position"]) for r in rows} == {(m, p) for m in ("tost", "gpt") for p in (64, 256)}
+    by = {(r["model"], r["position"]): r for r in rows}
+    # ToST's state does not grow; GPT's KV cache grows linearly with the position
+    assert by[("tost", 64)]["state_bytes"] == by[("tost", 256)]["state_bytes"]
+    assert by[("gpt", 256)]["state_bytes"] == 4 * by[("gpt", 64)]["state_bytes"]
+    assert all(r["per_token_s"] > 0 and r["prefill"] == prefill and r["steps"] >= 1 for r in rows)
+    s = res["summary"]["tiny"]
+    assert math.isfinite(s["tost_ratio_last_first"]) and set(s["gpt_over_tost"]) == {"64", "256"}
+
+
+def test_allocator_keep_option(tmp_path):
+    over = dict(TINY_ATTN, tokens=[256], allocator="keep")
+    rows = attention_scaling.run(quick=True, methods=["tssa"], sweeps=["tokens"], overrides=over, write=False)["rows"]
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+
+
+def test_generation_tiny(tiny):
+    _check_generation(tiny["generation"], "real")
+    assert (tiny["out"] / "generation_quick.png").stat().st_size > 0
+    assert "per-token time" in (tiny["out"] / "generation_quick.md").read_text()
+    _check_generation(generation.run(quick=True, prefill="extend", write=False), "extend")
+
+
+def test_extend_state_matches_prefill_shapes():
+    cfg = generation.QUICK["extra_configs"]["tiny"]
+    for kind in ("tost", "gpt"):
+        model = generation.build_model(kind, cfg, "cpu")
+        idx = torch.randint(0, cfg["vocab_size"], (1, 24))
+        with torch.no_grad():
+            real = generation._prefill_state(model, idx)
+            ext = generation.extend_state(kind, generation._prefill_state(model, idx[:, :8]), 24)
+            assert ext.pos == real.pos == 24
+            for a, b in zip(ext.layers, real.layers):
+                for u, v in zip(a, b):
+                    if isinstance(u, torch.Tensor):
+                        assert u.shape == v.shape
+                    else:
+                        assert u == v
+            logits, _ = model.step(idx[:, -1], ext)
+            assert torch.isfinite(logits).all()
+
+
+def test_compressed_attention_tiny(tiny):
+    assert compressed_attention.available()
+    rows = tiny["compression"]["rows"]
+    layers = {r["layer"] for r in rows}
+    assert layers == {"mhsa", "truncatt", "cp_slimatt", "irratt_general", "irratt_identity"}
+    for r in rows:
+        assert r["time_s"] > 0
+        if r["layer"] != "mhsa":  # ranks chosen within the QK FLOPs budget
+            assert r["qk_macs_ratio"] <= r["target_qk_ratio"] + 1e-9
+    assert (tiny["out"] / "compressed_attention_quick.md").stat().st_size > 0
+
+
+def test_report_renders_every_section(tiny):
+    page = report.render(tiny["out"], "_quick")
+    for heading in ("## 1. Attention scaling", "### Target", "### Where the time goes", "## 2. Causal generation",
+                    "## 3. Compressed attention", "## 4. Fused TSSA kernel", "## Caveats"):
+        assert heading in page, heading
+    assert "attention_scaling_tokens_quick.png" in page and "| TSSA (ToST)" in page
+
+
+def test_irregular_ranks():
+    r = compressed_attention.irregular_ranks(30, 4)
+    assert sum(r) == 30 and min(r) >= 1 and r == sorted(r, reverse=True) and len(set(r)) > 1
+    with pytest.raises(ValueError, match="total rank"):
+        compressed_attention.irregular_ranks(3, 4)
+
+
+def test_peak_memory_sees_an_allocation():
+    with common.PeakMemory("cpu") as pm:
+        t = torch.ones(64 * 2 ** 20 // 4)  # 64 MiB, touched
+        del t
+    assert pm.delta >= 32 * 2 ** 20, (pm.delta, pm.method)
+
+
+def test_run_isolated_reports_child_errors():
+    with pytest.raises(common.ChildFailed, match="unknown method"):
+        common.run_isolated(attention_scaling.build_stack, "nope", 8, 2, 1, timeout=120)
+
+
+def test_runner_cli_parses_and_dispatches(tmp_path, monkeypatch):
+    calls = []
+    for mod, name in ((attention_scaling, "attention"), (generation, "generation"),
+                      (compressed_attention, "compression")):
+        monkeypatch.setattr(mod, "run", lambda name=name, **kw: calls.append((name, kw["quick"])) or {})
+    monkeypatch.setattr(bench_run, "_run_fused", lambda quick, out: calls.append(("fused", quick)) or {})
+    out = bench_run.main(["all", "--quick", "--out", str(tmp_path)])
+    assert calls == [("attention", True), ("generation", True), ("compression", True), ("fused", True)]
+    assert set(out) == {"attention", "generation", "compression", "fused"}
+    with pytest.raises(SystemExit):
+        bench_run.main(["nonsense"])
