@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..._checks import stats_dtype
+from ._masking import per_sequence
 
 __all__ = ["causal_tssa_reference"]
 
@@ -49,16 +50,6 @@ def causal_tssa_reference(
     sd = stats_dtype(w)
     x, tp = w.to(sd), temp.to(sd)
     pb = None if pos_bias is None else pos_bias.to(sd)
-    if attn_mask is None:
-        out, Pi = _causal_tssa_literal(x, tp, pb, attn_drop, training)
-    else:
-        out, Pi = torch.zeros_like(x), x.new_zeros(x.shape[:3])
-        for b in range(x.shape[0]):
-            keep = attn_mask[b]
-            if not bool(keep.any()):
-                continue
-            o, pib = _causal_tssa_literal(x[b : b + 1, :, keep], tp, pb, attn_drop, training)
-            out[b, :, keep] = o[0]
-            Pi[b, :, keep] = pib[0]
+    out, Pi = per_sequence(lambda z: _causal_tssa_literal(z, tp, pb, attn_drop, training), x, attn_mask)
     out, Pi = out.to(w.dtype), Pi.to(w.dtype)
     return (out, Pi) if return_pi else out

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..._checks import stats_dtype
+from ._masking import per_sequence
 
 __all__ = ["tssa_reference"]
 
@@ -44,16 +45,6 @@ def tssa_reference(
     """
     sd = stats_dtype(w)
     x, tp = w.to(sd), temp.to(sd)
-    if attn_mask is None:
-        out, Pi = _tssa_literal(x, tp, attn_drop, training, normalize)
-    else:
-        out, Pi = torch.zeros_like(x), x.new_zeros(x.shape[:3])
-        for b in range(x.shape[0]):
-            keep = attn_mask[b]
-            if not bool(keep.any()):
-                continue
-            o, pb = _tssa_literal(x[b : b + 1, :, keep], tp, attn_drop, training, normalize)
-            out[b, :, keep] = o[0]
-            Pi[b, :, keep] = pb[0]
+    out, Pi = per_sequence(lambda z: _tssa_literal(z, tp, attn_drop, training, normalize), x, attn_mask)
     out, Pi = out.to(w.dtype), Pi.to(w.dtype)
     return (out, Pi) if return_pi else out
