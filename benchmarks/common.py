@@ -16,7 +16,6 @@ configurations apart and costs ~50 ms per child instead of a fresh ``import torc
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import gc
@@ -440,13 +439,6 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
-
-
-@contextlib.contextmanager
-def timer(label: str, log: Callable[[str], None] = print):
-    t0 = time.perf_counter()
-    yield
-    log(f"[{label}] {time.perf_counter() - t0:.1f} s")
 
 
 def log(msg: str) -> None:

@@ -57,7 +57,11 @@ def header(att, gen, comp) -> List[str]:
     c = {**A.FULL, **(att["config"] if att else {})}
     gib = c["mem_budget"] / common.GiB
     m = first["machine"]
-    cmds = sorted({x["command"] for x in (att, gen, comp) if x and x.get("command")})
+    which: Dict[str, List[str]] = {}
+    for name, x in (("attention scaling", att), ("generation", gen), ("compressed attention", comp)):
+        if x and x.get("command"):
+            which.setdefault(x["command"], []).append(name)
+    cmds = [f"{c}   # -> {', '.join(v)} results below" for c, v in which.items()]
     all_rows = [r for x in (att, gen, comp) if x for r in x["rows"]]
     threads = sorted({r["env"]["threads"] for r in all_rows})
     return [
@@ -80,7 +84,7 @@ def header(att, gen, comp) -> List[str]:
         "",
         "```sh",
         "make bench                                  # = python -m benchmarks.run (all, --threads auto)",
-        *[c.replace("python ", ".venv/bin/python ", 1) + "   # the run reported here" for c in cmds],
+        *[c.replace("python ", ".venv/bin/python ", 1) for c in cmds],
         "python -m benchmarks.run --quick            # 1-2 minute smoke run -> benchmarks/results/quick/",
         "python -m benchmarks.run attention          # or: generation | compression | fused",
         "python -m benchmarks.attention_scaling --methods tssa,mhsa_sdpa --sweeps tokens --time-budget 300",
@@ -96,7 +100,7 @@ def header(att, gen, comp) -> List[str]:
         "",
         "Outputs in `benchmarks/results/`: `attention_scaling.{json,md}`, `attention_scaling_{tokens,dim}.png`, "
         "`generation.{json,md,png}`, `compressed_attention.{json,md}`, `tssa_fused.json` (fused-kernel benchmark, "
-        "`benchmarks/tssa_fused.py`). Every result row carries `env`: machine, threads, torch version, command and "
+        "`benchmarks/tssa_fused.py`), `allocator_{default,keep}/` (the allocator comparison of section 1). Every result row carries `env`: machine, threads, torch version, command and "
         "load average.",
         "",
         "## How it is measured",
@@ -160,6 +164,16 @@ def attention_section(att: Dict[str, Any], results: Path, suffix: str = "") -> L
     if "tssa" in profs and "mhsa_sdpa" in profs:
         bound = (f"profile below: GEMMs take {_share(profs['tssa'], *gemm):.0%} of TSSA's forward, the SDPA kernel "
                  f"and GEMMs {_share(profs['mhsa_sdpa'], 'scaled_dot_product', *gemm):.0%} of MHSA's")
+    explicit = ""
+    r_e = max((r for r in rows if r["sweep"] == "tokens" and r["method"] == "mhsa_explicit" and r["mode"] == "fwd"
+               and r["status"] == "ok"), key=lambda r: r["n"], default=None)
+    if r_e is not None:
+        r_s = _row(rows, sweep="tokens", method="mhsa_sdpa", mode="fwd", n=r_e["n"])
+        r_t = _row(rows, sweep="tokens", method="tssa", mode="fwd", n=r_e["n"])
+        if r_s and r_t and r_s["status"] == r_t["status"] == "ok":
+            explicit = (f"Explicit-softmax MHSA is slower still: {r_e['time_s'] / r_s['time_s']:.1f}x the SDPA time "
+                        f"and {r_e['time_s'] / r_t['time_s']:.0f}x the TSSA time at n = {fmt_tokens(r_e['n'])} "
+                        "(sweep rows), and over the budgets beyond.")
     if t and t.get("speedup") is not None:
         sb = t.get("side_by_side", {})
         out += [
@@ -175,7 +189,7 @@ def attention_section(att: Dict[str, Any], results: Path, suffix: str = "") -> L
             f"output projection; its statistics are O(n d)). Both stacks are compute-bound on this CPU ({bound}), "
             f"so the measured speedup lands near this ratio; 50x would need 2 + n/d >= 50, i.e. n >= "
             f"{48 * cfg['dim']} at d = {cfg['dim']}, or an attention kernel slower than this CPU's flash SDPA. "
-            "Against explicit-softmax MHSA (the papers' baseline code) the gap is wider (tables below).",
+            f"{explicit}",
             "",
         ]
     out += [A.tables(rows), ""]
@@ -184,7 +198,40 @@ def attention_section(att: Dict[str, Any], results: Path, suffix: str = "") -> L
         if p.exists():
             out += [f"![attention scaling vs {'n' if axis == 'tokens' else 'd'}](../{_rel(p)})", ""]
     out += where_time_goes(att), ""
+    out += allocator_section(results)
     return out
+
+
+def allocator_section(results: Path) -> List[str]:
+    """Supplementary: the same sweep under glibc's default allocator settings vs ``--allocator keep``."""
+    d = _load(results / "allocator_default", "attention_scaling.json")
+    k = _load(results / "allocator_keep", "attention_scaling.json")
+    if not (d and k):
+        return []
+    out = [
+        "### Large n: allocator page faults",
+        "",
+        "From 32k tokens on, the linear methods' forward time grows faster than n in the tables above. At d = 384 "
+        "a float32 activation of 32k tokens is 48 MiB, above glibc's largest mmap threshold (32 MiB): every such "
+        "tensor is a fresh `mmap`, returned to the OS when freed, so each allocation page-faults on first touch, "
+        "which costs a lot on this VM (smaller blocks can hit the same path while glibc's dynamic threshold has "
+        "not risen yet). With `--allocator keep` (glibc `mallopt`: mmap and trim thresholds raised to 1 GiB, so "
+        "freed blocks are reused) the time is proportional to n again. The table measures both settings (a "
+        "process-wide option, so two runs): "
+        f"`{d['command']}` and `{k['command']}` (run one after the other on a quieter machine, load "
+        f"{_loads(d['rows'] + k['rows'])}; forward, median or single run):",
+        "",
+    ]
+    header = ["method", "n", "default allocator", "keep freed blocks", "default / keep"]
+    body = []
+    for r in d["rows"]:
+        if r["mode"] != "fwd" or r["status"] != "ok":
+            continue
+        q = _row(k["rows"], method=r["method"], n=r["n"], mode="fwd", sweep="tokens")
+        if q and q["status"] == "ok":
+            body.append([r["label"], fmt_tokens(r["n"]), fmt_time(r["time_s"]), fmt_time(q["time_s"]),
+                         f"{r['time_s'] / q['time_s']:.2f}x"])
+    return out + [common.markdown_table(header, body), ""]
 
 
 def where_time_goes(att: Dict[str, Any]) -> str:
@@ -216,10 +263,15 @@ def where_time_goes(att: Dict[str, Any]) -> str:
     if "eca" in profs and "eca_nochol" in profs:
         p, q = profs["eca"], profs["eca_nochol"]
         chol = _share(p, "cholesky", "solve_triangular")
+        smallest = min(o["share"] for o in p["ops"])
+        chol_s = (f"takes {chol:.0%}" if chol >= 0.01 else
+                  f"takes under 1% ({chol:.1%} among the {len(p['ops'])} largest operators, the rest below "
+                  f"{smallest:.1%} each)")
         notes.append(f"**ECA**: GEMMs/batched matmuls take {_share(p, *gemm):.0%}; the Cholesky step "
-                     f"(`linalg_cholesky_ex` + `linalg_solve_triangular`) takes {chol:.0%} of the forward at "
-                     f"n = {p['n']} (r = 20, a 20 x 20 and a 160 x 160 factorisation per head/layer, independent of "
-                     f"n), so removing it changes little here: {fmt_time(p['total_s'])} vs "
+                     f"(`linalg_cholesky_ex` + `linalg_solve_triangular`) {chol_s} of the forward at "
+                     f"n = {p['n']} (its size does not depend on n: a 160 x 160 Gram matrix per layer for the "
+                     "expansion, 20 x 20 per head for the compression), so removing it changes little here: "
+                     f"{fmt_time(p['total_s'])} vs "
                      f"{fmt_time(q['total_s'])} profiled. Not timed: generating ECA's fixed Gaussian sketches "
                      "(`whiteformer.ops.eca.eca_omega`, a counter-based hash + Box-Muller) is a one-time cost per "
                      "(layer, n), cached by the layer; it is slow (a one-off check: 32 s for the 12 layers at "
@@ -314,6 +366,17 @@ def compression_section(comp: Optional[Dict[str, Any]]) -> List[str]:
         "",
     ]
     ex = [r for r in rows if r["path"] == "explicit" and r["layer"] != "mhsa"]
+    irr_parts = []
+    for path in ("sdpa", "explicit"):
+        q = []
+        for r in rows:
+            if r["layer"] == "irratt_identity" and r["path"] == path:
+                t = _row(rows, layer="truncatt", path=path, block=r["block"], target_qk_ratio=r["target_qk_ratio"])
+                if t:
+                    q.append(r["time_s"] / t["time_s"])
+        if q:
+            irr_parts.append(f"{min(q):.2f}-{max(q):.2f}x on the {'SDPA' if path == 'sdpa' else 'explicit'} path")
+    irr = ", ".join(irr_parts) or "n/a"
     if ex:
         best = min(ex, key=lambda r: r["time_vs_mhsa_same_path"])
         worst = max(ex, key=lambda r: r["time_vs_mhsa_same_path"])
@@ -326,9 +389,10 @@ def compression_section(comp: Optional[Dict[str, Any]]) -> List[str]:
             "the QK part is only part of the block (VO and the output projection are unchanged), and the "
             "compressed layers run separate q, k and v projections (three GEMMs instead of one fused qkv GEMM) "
             "plus, for IrrAtt with general fusion, an N^2 H B head-fusion step that the SDPA kernel cannot absorb.",
-            "* Irregular ranks (IrrAtt, identity fusion) cost padding on the SDPA path (ranks zero-padded to the "
-            "largest) and per-head loops on the explicit path; the paper notes that irregular ranks 'require some "
-            "extra low-level optimization' to turn FLOPs into speed, which these numbers confirm on CPU.",
+            f"* Irregular vs equal ranks at the same budget, IrrAtt (identity fusion) / TruncAtt time: {irr}. On "
+            "the SDPA path irregular ranks are zero-padded to the largest; on the explicit path the per-head "
+            "logits are separate matmuls. The paper notes that irregular ranks need 'extra low-level "
+            "optimization' to turn their FLOPs into speed.",
             "",
         ]
     return out
