@@ -184,6 +184,7 @@ def attention_section(att: Dict[str, Any], results: Path, suffix: str = "") -> L
             f"forward: MHSA {fmt_time(sb.get('mhsa_sdpa_s'))}, TSSA median {fmt_time(sb.get('tssa_s'))} "
             f"(samples {', '.join(fmt_time(x) for x in sb.get('tssa_samples_s', []))}).",
             f"* From the two sweep rows (separate processes, minutes apart): {t['sweep_speedup']:.1f}x.",
+            *target_lines(results, suffix),
             f"* Ceiling: the multiply-add count of MHSA over TSSA per layer is (4 n d^2 + 2 n^2 d) / (2 n d^2) = "
             f"2 + n/d = **{t['flop_ratio']:.1f}x** at n = {t['n']}, d = {cfg['dim']} (TSSA: the projection U and the "
             f"output projection; its statistics are O(n d)). Both stacks are compute-bound on this CPU ({bound}), "
@@ -199,6 +200,26 @@ def attention_section(att: Dict[str, Any], results: Path, suffix: str = "") -> L
             out += [f"![attention scaling vs {'n' if axis == 'tokens' else 'd'}](../{_rel(p)})", ""]
     out += where_time_goes(att), ""
     out += allocator_section(results)
+    return out
+
+
+def target_lines(results: Path, suffix: str = "") -> List[str]:
+    """Bullets for the dedicated side-by-side target run (:mod:`benchmarks.attention_target`)."""
+    tg = _load(results, f"attention_target{suffix}.json")
+    if not tg:
+        return []
+    out = []
+    for r in tg["runs"]:
+        if "speedup" not in r:
+            out.append(f"* Dedicated run, allocator `{r['allocator']}`: failed ({r.get('error')}).")
+            continue
+        out.append(
+            f"* **Dedicated run, allocator `{r['allocator']}`: {r['speedup']:.1f}x** "
+            f"({'met' if r['met'] else 'not met'}; median over {len(r['ratios'])} alternating rounds of "
+            f"time(MHSA) / time(TSSA): {', '.join(f'{x:.1f}x' for x in r['ratios'])}; TSSA "
+            f"{', '.join(fmt_time(x) for x in r['tssa_samples_s'])}, MHSA (SDPA) "
+            f"{', '.join(fmt_time(x) for x in r['mhsa_sdpa_samples_s'])}). Command: `{tg['command']}`, "
+            f"{tg['threads']} thread(s), load {tg['machine'].get('loadavg')} -> {tg.get('loadavg_end')}.")
     return out
 
 

@@ -2,6 +2,9 @@
 
 * ``attention``: time and peak memory of 12 stacked attention layers vs n and d
   (:mod:`benchmarks.attention_scaling`);
+* ``target``: the 50x target (TSSA vs MHSA (SDPA) stacks at n = 16384, forward) measured on its
+  own, alternating the two stacks in one process, under both allocator settings
+  (:mod:`benchmarks.attention_target`);
 * ``generation``: per-token latency and memory of causal ToST vs GPT with a KV cache
   (:mod:`benchmarks.generation`);
 * ``compression``: TruncAtt / CP SlimAtt / IrrAtt vs MHSA at the same QK FLOPs ratio
@@ -27,7 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from . import common
 
-TARGETS = ("attention", "generation", "compression", "fused")
+TARGETS = ("attention", "target", "generation", "compression", "fused")
 
 
 def _fused_available() -> bool:
@@ -65,6 +68,17 @@ def _run_fused(quick: bool, out: Optional[Path]) -> Dict[str, Any]:
     return res if isinstance(res, dict) else {"result": res, "argv": argv}
 
 
+def _target_kwargs(quick: bool, out: Optional[Path], threads: Optional[int], device: str, command: str):
+    """Arguments of :func:`benchmarks.attention_target.run`; quick: 2 layers at n = 1024."""
+    kw: Dict[str, Any] = dict(threads=threads, device=device, command=command)
+    if quick:
+        kw.update(n=1024, depth=2, rounds=1, allocators=("default",))
+    if quick or out is not None:
+        base = Path(out) if out is not None else common.RESULTS_DIR / "quick"
+        kw["out"] = base / ("attention_target_quick.json" if quick else "attention_target.json")
+    return kw
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run",
                                 description="whiteformer benchmarks (see docs/benchmarks.md)")
@@ -84,7 +98,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     a = build_parser().parse_args(argv)
     command = common.command_string("benchmarks.run", argv)
     targets = TARGETS if a.what == "all" else (a.what,)
-    from . import attention_scaling, compressed_attention, generation
+    from . import attention_scaling, attention_target, compressed_attention, generation
 
     results: Dict[str, Any] = {}
     t0 = time.perf_counter()
@@ -96,6 +110,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         kw = dict(quick=a.quick, out_dir=a.out, threads=threads, device=a.device, command=command)
         if t == "attention":
             results[t] = attention_scaling.run(**kw)
+        elif t == "target":
+            results[t] = attention_target.run(**_target_kwargs(a.quick, a.out, threads, a.device, command))
         elif t == "generation":
             results[t] = generation.run(**kw)
         elif t == "compression":

@@ -107,19 +107,6 @@ def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-300))
 
 
-def keep_freed_memory() -> bool:
-    """glibc: keep freed blocks in the heap (no mmap / trim for blocks below 1 GiB)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        return bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))
-    except (OSError, AttributeError):
-        return False
-
-
 def run(args) -> Dict[str, Any]:
     from whiteformer.ops._kernels import fused_supported
     from whiteformer.ops._kernels.cpu import build_error
@@ -206,7 +193,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     env_start = common.row_env(command, threads=args.threads)
     results: Dict[str, Any] = {}
     for mode in (["default", "keep"] if args.allocator == "both" else [args.allocator]):
-        if mode == "keep" and not keep_freed_memory():
+        if mode == "keep" and not common.keep_freed_memory():
             results[mode] = {"rows": [], "fused_vs_reference_max_rel_diff": {}, "status": "mallopt unavailable"}
             continue
         common.log(f"allocator: {mode}")

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import attention_scaling, common, compressed_attention, generation  # noqa: E402
+from benchmarks import attention_scaling, attention_target, common, compressed_attention, generation  # noqa: E402
 from benchmarks import report  # noqa: E402
 from benchmarks import run as bench_run  # noqa: E402
 
@@ -30,6 +30,8 @@ def tiny(tmp_path_factory):
                                         command="pytest"),
         generation=generation.run(quick=True, out_dir=out, prefill="real", command="pytest"),
         compression=compressed_attention.run(quick=True, out_dir=out, command="pytest"),
+        target=attention_target.run(n=256, depth=1, rounds=2, out=out / "attention_target_quick.json",
+                                    command="pytest"),
     )
 
 
@@ -151,6 +153,19 @@ def test_report_renders_every_section(tiny):
     assert "attention_scaling_tokens_quick.png" in page and "| TSSA (ToST)" in page
 
 
+def test_attention_target_tiny(tiny):
+    res = json.loads((tiny["out"] / "attention_target_quick.json").read_text())
+    assert [r["allocator"] for r in res["runs"]] == ["default", "keep"]
+    for r in res["runs"]:
+        assert len(r["tssa_samples_s"]) == len(r["mhsa_sdpa_samples_s"]) == len(r["ratios"]) == 2
+        assert r["speedup"] > 0 and isinstance(r["met"], bool)
+    assert res["mac_ratio"] == pytest.approx(2 + 256 / 384)
+    page = report.render(tiny["out"], "_quick")
+    assert "Dedicated run, allocator `keep`" in page
+    with pytest.raises(SystemExit, match="divisible"):
+        attention_target.main(["--dim", "100", "--heads", "8"])
+
+
 def test_irregular_ranks():
     r = compressed_attention.irregular_ranks(30, 4)
     assert sum(r) == 30 and min(r) >= 1 and r == sorted(r, reverse=True) and len(set(r)) > 1
@@ -175,9 +190,11 @@ def test_runner_cli_parses_and_dispatches(tmp_path, monkeypatch):
     for mod, name in ((attention_scaling, "attention"), (generation, "generation"),
                       (compressed_attention, "compression")):
         monkeypatch.setattr(mod, "run", lambda name=name, **kw: calls.append((name, kw["quick"])) or {})
+    monkeypatch.setattr(attention_target, "run", lambda **kw: calls.append(("target", kw["n"] == 1024)) or {})
     monkeypatch.setattr(bench_run, "_run_fused", lambda quick, out: calls.append(("fused", quick)) or {})
     out = bench_run.main(["all", "--quick", "--out", str(tmp_path)])
-    assert calls == [("attention", True), ("generation", True), ("compression", True), ("fused", True)]
-    assert set(out) == {"attention", "generation", "compression", "fused"}
+    assert calls == [("attention", True), ("target", True), ("generation", True), ("compression", True),
+                     ("fused", True)]
+    assert set(out) == {"attention", "target", "generation", "compression", "fused"}
     with pytest.raises(SystemExit):
         bench_run.main(["nonsense"])
