@@ -436,6 +436,44 @@ def fused_section(results: Path, suffix: str = "") -> List[str]:
     return out
 
 
+def gpu_section() -> List[str]:
+    """What a GPU (Triton) kernel would change, and where it plugs in (no GPU here: not measured)."""
+    return [
+        "## 5. A GPU kernel (Triton): what it would change, and where it plugs in",
+        "",
+        "Not measured (no GPU on this machine); this is the design the CPU kernel was written to leave room for.",
+        "",
+        "* **Same passes, different bottleneck.** TSSA's operator is a bandwidth problem on any device: per (b, h) "
+        "the forward needs the feature energies s_j = sum_n w_nj^2 (a reduction over tokens), then per token the "
+        "logits of *all* heads, a softmax over heads and the Pi-weighted moments T_j, M (a second reduction), "
+        "then the elementwise output: 3 reads of w and 1 write, as in the CPU kernel. On a GPU the two "
+        "reductions over tokens become split reductions (token blocks in parallel, partial sums combined by a "
+        "second small kernel or atomics in float32); a program handles all heads of a token block, because the "
+        "softmax couples them (H <= 16 fits in registers). Under bf16/fp16 inputs the statistics accumulate in "
+        "float32, as the PyTorch path does.",
+        "* **Causal.** The chunked scan of the CPU kernel carries over directly (it is the chunkwise form "
+        "flash-linear-attention uses for linear attention): chunk sums of w^2, Pi w^2 and Pi, an exclusive prefix "
+        "over chunks (the checkpoints the backward already uses), then within each chunk a cumulative sum "
+        "(`tl.cumsum`) from the chunk's starting state. Parallel over (batch, chunk) instead of sequential over "
+        "tokens; recurrent generation stays one O(H p) state update per token.",
+        "* **Backward.** The same recomputation scheme: save w, Pi and O(B H p) statistics, recompute g, d and "
+        "the logits' inputs in the backward kernels (3 reads of w, 2 of the output gradient, 1 write).",
+        "* **What the ratios would look like.** On a GPU the projections run on tensor cores and SDPA is "
+        "FlashAttention, so the TSSA-vs-MHSA ratio is again bounded by the multiply-add ratio 2 + n/d of section 1 "
+        "once both are compute-bound; the operator's own share of the layer (6% here) would matter more at small "
+        "d, where it is memory-bound and the GEMMs are cheap.",
+        "* **Where it plugs in (no caller changes).** `whiteformer.ops.tssa` and `causal_tssa` call the fused "
+        "path through one predicate, `whiteformer.ops._kernels.fused_supported(w)`, which looks up the tensor's "
+        "device type in `BACKENDS`. The fused ops are `torch.library` custom ops (`whiteformer::tssa_fused_fwd` / "
+        "`_bwd`, `whiteformer::causal_tssa_fused_fwd` / `_bwd`) whose fake (meta) implementation and autograd "
+        "formula are device-independent. A Triton kernel is added with `_tssa_fwd.register_kernel(\"cuda\")` (and "
+        "the three others) in `whiteformer/ops/tssa_fused.py` plus `register_backend(\"cuda\", dtypes, available)`; "
+        "layers, models, `torch.compile` graphs and the reference tests stay as they are "
+        "(`WHITEFORMER_DISABLE_KERNELS=1` still selects the PyTorch path, the oracle for the new kernel's tests).",
+        "",
+    ]
+
+
 def render(results: Path, suffix: str = "") -> str:
     """The page for the result files in ``results`` (``suffix`` "_quick" for a --quick run)."""
     att = _load(results, f"attention_scaling{suffix}.json")
@@ -450,6 +488,7 @@ def render(results: Path, suffix: str = "") -> str:
         lines += generation_section(gen, results, suffix)
     lines += compression_section(comp)
     lines += fused_section(results, suffix)
+    lines += gpu_section()
     lines += [
         "## Caveats",
         "",
