@@ -159,7 +159,12 @@ def ablations(out, verdicts):
         d = done["tost_mlp"]["test_acc"] - done["tost_ista"]["test_acc"]
         verdicts.append(("ToST Table 8: MLP better than ISTA", f"{'agrees' if d > 0 else 'does not agree'} "
                          f"(MLP - ISTA = {100 * d:+.2f} pts, 1 seed)"))
-    verdicts.append(("ToST Table 8: l2 normalisation of Pi", "pending the option (TSSA has no switch)"))
+    if "tost_mlp" in done and "tost_no_l2norm" in done:
+        d = done["tost_mlp"]["test_acc"] - done["tost_no_l2norm"]["test_acc"]
+        verdicts.append(("ToST Table 8: l2 normalisation of Pi helps (+6.0 pts with the MLP)",
+                         f"{'agrees' if d > 0 else 'does not agree'} (with - without = {100 * d:+.2f} pts, 1 seed)"))
+    else:
+        verdicts.append(("ToST Table 8: l2 normalisation of Pi", "not run yet"))
     if all(k in done for k in ("dmsa_heads", "dmsa_tokens", "dmsa_both")):
         acc = {k: done[k]["test_acc"] for k in ("dmsa_heads", "dmsa_tokens", "dmsa_both")}
         best = max(acc, key=acc.get)
@@ -190,14 +195,26 @@ def whitebox(out, verdicts):
                f"(eps = {cfg['eps']}), averaged over images; `_init` = the same architecture untrained (contrast). "
                "R_c^var needs memberships and bases (TSSA, DMSA, ECA); MSSA/MHSA/XCA rows give R only (and "
                "R_c(Z|U) for CRATE).\n")
-    out.append("| model | R_c^var per block (first -> last) | falls at every block? | R per block |\n"
-               "| --- | --- | --- | --- |")
+    has_in = any(e.get("R_c_var_input") for e in s["models"].values())
+    if has_in:
+        out.append("Block outputs grow in scale with depth (residual stream), which by itself raises every rate; "
+                   "the `input` columns measure the same rates on each attention layer's input after the block's "
+                   "norm (the tokens the memberships are computed from), where the scale is fixed.\n")
+    seq = lambda xs, d: ", ".join(f"{v:.{d}f}" for v in xs) or "-"  # noqa: E731
+    mono = lambda m: "-" if m is None else ("yes" if m else "no")  # noqa: E731
+    head = "| model | R_c^var per block, outputs | falls at every block? | R per block, outputs |"
+    rule = "| --- | --- | --- | --- |"
+    if has_in:
+        head += " R_c^var per block, attention inputs | falls at every block? |"
+        rule += " --- | --- |"
+    out.append(head + "\n" + rule)
     for tag, e in s["models"].items():
-        var = e.get("R_c_var") or []
-        mono = e.get("R_c_var_monotone_decreasing")
-        out.append(f"| {tag} | {', '.join(f'{v:.2f}' for v in var) or '-'} | "
-                   f"{'-' if mono is None else ('yes' if mono else 'no')} | "
-                   f"{', '.join(f'{v:.1f}' for v in e['R'])} |")
+        line = (f"| {tag} | {seq(e.get('R_c_var') or [], 2)} | {mono(e.get('R_c_var_monotone_decreasing'))} | "
+                f"{seq(e['R'], 1)} |")
+        if has_in:
+            line += (f" {seq(e.get('R_c_var_input') or [], 2)} | "
+                     f"{mono(e.get('R_c_var_input_monotone_decreasing'))} |")
+        out.append(line)
     out.append("")
     for tag in s["models"]:
         p = R / "exp3_whitebox" / tag / "layerwise_report.png"
@@ -210,12 +227,14 @@ def whitebox(out, verdicts):
             out.append(f"{tag}, memberships of the last block (digits {s.get('labels_of_map_images')}):\n\n"
                        f"![{tag} memberships]({REL}/exp3_whitebox/{tag}/memberships_last.png)\n")
     for tag in ("tost", "dmst"):
-        e = s["models"].get(tag)
-        if e and e.get("R_c_var_first_last"):
-            a, b = e["R_c_var_first_last"]
-            verdicts.append((f"R_c^var falls with depth ({tag}; ToST Fig. 4a / DMSA Fig. 5)",
+        e = s["models"].get(tag) or {}
+        for sfx, where in (("", "block outputs"), ("_input", "attention inputs")):
+            if not e.get(f"R_c_var{sfx}_first_last"):
+                continue
+            a, b = e[f"R_c_var{sfx}_first_last"]
+            verdicts.append((f"R_c^var falls with depth ({tag}, {where}; ToST Fig. 4a / DMSA Fig. 5)",
                              f"{'agrees' if b < a else 'does not agree'}: {a:.2f} -> {b:.2f} "
-                             f"({'monotone' if e.get('R_c_var_monotone_decreasing') else 'not monotone'})"))
+                             f"({'monotone' if e.get(f'R_c_var{sfx}_monotone_decreasing') else 'not monotone'})"))
 
 
 # ----------------------------------------------------------------------------- 4. compression
