@@ -6,6 +6,7 @@ without result files is marked "not run yet" with its command.
 """
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -371,14 +372,97 @@ def listops(out, verdicts):
     out.append("")
 
 
+def _growth(g) -> str:
+    parts = []
+    for k in ("time", "memory"):
+        if g.get(k):
+            parts.append(f"{k} ~ n^{g[k]['slope']:.2f} ({fmt_n(g[k]['from'])} -> {fmt_n(g[k]['to'])})")
+    return ", ".join(parts) or "not measured"
+
+
+def fmt_n(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def _efficiency_row(f) -> tuple:
+    """(measured text, verdict) of one figure entry of exp7's index."""
+    m = f["measured"]
+    fig = f["figure"]
+    if fig.startswith("ToST Fig. 1 / Fig. 6"):
+        t, h, e = m["tssa"], m["mhsa_sdpa"], m["mhsa_explicit"]
+        text = (f"TSSA: {_growth(t)}; MHSA (SDPA): {_growth(h)}; MHSA (explicit softmax): {_growth(e)}")
+        ok = t.get("time") and t["time"]["slope"] < 1.3 and h.get("time") and h["time"]["slope"] > 1.6
+        note = " (SDPA's flash kernel keeps MHSA's memory linear; the explicit softmax's is quadratic)"
+        return text, ("agrees" if ok else "does not agree") + note
+    if fig.startswith("ToST Fig. 1 (speed)"):
+        sp = m["speedup_by_allocator"]
+        text = ", ".join(f"{v:.1f}x ({k} allocator)" for k, v in sp.items())
+        text += f"; multiply-add ratio 2 + n/d = {m['mac_ratio']:.1f}x"
+        best = max(sp.values()) if sp else 0.0
+        return text, f"much faster: yes; the issue's 50x {'met' if best >= 50 else 'not met'} (best {best:.1f}x)"
+    if fig == "DMSA Fig. 4":
+        d = m["dmsa"]
+        ok = d.get("memory") and d["memory"]["slope"] < 1.3
+        return f"DMSA: {_growth(d)}; TSSA: {_growth(m['tssa'])}", "agrees" if ok else "does not agree"
+    if fig == "ECA Fig. 2":
+        r = m.get("median_eca_over_no_cholesky")
+        ok = m["eca"].get("time") and m["eca"]["time"]["slope"] < 1.3
+        extra = f"; with / without Cholesky: median {r:.2f}x over the token counts" if r else ""
+        return f"ECA: {_growth(m['eca'])}{extra}", "agrees" if ok else "does not agree"
+    if fig == "ToST Fig. 8":
+        parts, ok = [], True
+        for cfg, v in m.items():
+            a, b = v["positions"][0], v["positions"][-1]
+            st = v["state_bytes_at_last"]
+            parts.append(f"{cfg}: per-token time at {fmt_n(b)} / at {fmt_n(a)} = ToST {v['tost_last_over_first']:.2f}, "
+                         f"GPT {v['gpt_last_over_first']:.2f}; GPT / ToST at {fmt_n(b)} = "
+                         f"{v['gpt_over_tost_at_last']:.1f}x; state ToST {st.get('tost', 0) / 1024:.0f} KiB vs GPT "
+                         f"KV cache {st.get('gpt', 0) / 2 ** 20:.0f} MiB")
+            ok = ok and v["tost_last_over_first"] <= 1.2
+        return "; ".join(parts), "agrees" if ok else "does not agree"
+    if fig.startswith("IrrAtt Table 1"):
+        rows = [(k, v) for k, v in m.items() if "(sdpa)" in k]
+        faster = sum(v["time_vs_mhsa_sdpa"] < 1.0 for _, v in rows)
+        groups = {}
+        for k, v in rows:  # "<block> <layer> (sdpa) QK ratio <r>"
+            block, layer = k.split(" ")[:2]
+            groups.setdefault(block, {}).setdefault(layer, []).append((k.rsplit(" ", 1)[1], v))
+        text = "; ".join(
+            f"{block}: " + ", ".join(f"{layer} " + " / ".join(f"{v['time_vs_mhsa_sdpa']:.2f}x" for _, v in lst)
+                                     for layer, lst in layers.items())
+            + " MHSA time (QK ratio " + " / ".join(r for r, _ in next(iter(layers.values()))) + "; block MACs "
+            + " / ".join(f"{v['block_macs_ratio']:.2f}x" for _, v in next(iter(layers.values()))) + ")"
+            for block, layers in groups.items())
+        return text, (f"partly: {faster} of {len(rows)} compressed blocks (SDPA path) faster than MHSA; "
+                      "the time saved is smaller than the MACs saved at 197 tokens")
+    return json.dumps(m)[:300], "-"
+
+
 def efficiency(out, verdicts):
     s = C.read_json(R / "exp7_efficiency" / "index.json")
     out.append("## 7. Efficiency figures (benchmark suite)\n")
-    out.append(f"Command: {cmd('exp7_efficiency')} (indexes `benchmarks/results/`; the benchmarks themselves run "
-               "with `.venv/bin/python -m benchmarks.run all`, see `docs/benchmarks.md`).\n")
+    out.append(f"Command: {cmd('exp7_efficiency')} (reads `benchmarks/results/`; the benchmarks themselves run "
+               "with `.venv/bin/python -m benchmarks.run all`, single-threaded measuring processes, see "
+               "`docs/benchmarks.md` for the full tables, the method and the machine load).\n")
     if s is None:
         out.append(not_run("exp7_efficiency"))
+        verdicts.append(("Efficiency figures (ToST Fig. 1/6/8, DMSA Fig. 4, ECA Fig. 2)", "not run yet"))
         return
+    figs = s.get("figures") or []
+    if figs:
+        out.append("Growth exponents are log-log slopes of the forward time / peak memory of 12 stacked layers "
+                   "(d = 384, K = 8, batch 1) between the two token counts given (1 = linear, 2 = quadratic).\n")
+        out.append("| paper figure | claim | measured here | verdict | source |\n| --- | --- | --- | --- | --- |")
+        for f in figs:
+            text, verdict = _efficiency_row(f)
+            out.append(f"| {f['figure']} | {f['claim']} | {text} | {verdict} | `{f['source']}` |")
+            verdicts.append((f"{f['figure']}: {f['claim']}", f"{verdict}: {text}"))
+        out.append("")
+        for name, cap in (("attention_scaling_tokens.png", "time and memory vs n (ToST Fig. 1/6, DMSA Fig. 4)"),
+                          ("generation.png", "per-token generation time and memory vs position (ToST Fig. 8)")):
+            p = Path(s["results_dir"]) / name
+            if (C.REPO / p).exists():
+                out.append(f"{cap}:\n\n![{cap}](../{p})\n")
     out.append("| benchmark | paper figure | result files |\n| --- | --- | --- |")
     for t, e in s["targets"].items():
         files = ", ".join(f"[`{Path(f).name}`](../{f})" for f in e["files"]) or "not run yet"
