@@ -86,7 +86,8 @@ def header(att, gen, comp) -> List[str]:
         "make bench                                  # = python -m benchmarks.run (all, --threads auto)",
         *[c.replace("python ", ".venv/bin/python ", 1) for c in cmds],
         "python -m benchmarks.run --quick            # 1-2 minute smoke run -> benchmarks/results/quick/",
-        "python -m benchmarks.run attention          # or: generation | compression | fused",
+        "python -m benchmarks.run attention          # or: target | generation | compression | fused",
+        "python -m benchmarks.attention_target       # the 50x target alone: TSSA vs MHSA (SDPA) at 16k, both allocators",
         "python -m benchmarks.attention_scaling --methods tssa,mhsa_sdpa --sweeps tokens --time-budget 300",
         "python -m benchmarks.generation --configs gpt2_base --prefill real   # real 16k prefill (slow on CPU)",
         "python -m benchmarks.report                 # regenerate this page from benchmarks/results/*.json",
@@ -100,7 +101,9 @@ def header(att, gen, comp) -> List[str]:
         "",
         "Outputs in `benchmarks/results/`: `attention_scaling.{json,md}`, `attention_scaling_{tokens,dim}.png`, "
         "`generation.{json,md,png}`, `compressed_attention.{json,md}`, `tssa_fused.json` (fused-kernel benchmark, "
-        "`benchmarks/tssa_fused.py`), `allocator_{default,keep}/` (the allocator comparison of section 1). Every result row carries `env`: machine, threads, torch version, command and "
+        "`benchmarks/tssa_fused.py`), `attention_target.json` (the 50x target, `benchmarks/attention_target.py`), "
+        "`allocator_{default,keep}/` (the allocator comparison of section 1). Every result row carries `env`: "
+        "machine, threads, torch version, command and "
         "load average.",
         "",
         "## How it is measured",
