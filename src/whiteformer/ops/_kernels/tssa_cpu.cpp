@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <type_traits>
 #include <vector>
@@ -682,11 +683,102 @@ struct CausalArgs {
 // a T sum over at most BLK tokens; the block's sum is added to the double total at its end. The
 // per-token work is then all in T, and the rounding error stays ~2 ulp however long the prefix.
 
+// Float rows of 32 / 48 / 64 features with AVX-512: the running sums are held in PC / 16
+// registers and each division a / b is a reciprocal estimate r (vrcp14ps, relative error
+// < 2^-14) refined by one Newton step folded into the product, a / b ~ (a r) (2 - b r) (error
+// ~2^-28 before rounding, i.e. ~1 ulp in float), much cheaper than vdivps; the per-token sums
+// of rho are reduced 16 tokens at a time (hsum16). Double and the other builds (and other p)
+// keep the exact divisions of the generic code below.
+#if defined(__AVX512F__)
+template <typename T, int PC>
+constexpr bool kFastRows = std::is_same_v<T, float> && PC > 0 && PC % 16 == 0;
+inline void store_row16(float* y, __m512 v, bool stream) {
+  if (stream) {  // rows are 32-byte aligned (want_stream)
+    _mm256_stream_ps(y, _mm512_castps512_ps256(v));
+    _mm256_stream_ps(y + 8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  } else {
+    _mm512_storeu_ps(y, v);
+  }
+}
+// float(d[0:16)) in one vector (AVX-512F only)
+inline __m512 cvt16_ps(const double* d) {
+  const __m256 lo = _mm512_cvtpd_ps(_mm512_loadu_pd(d)), hi = _mm512_cvtpd_ps(_mm512_loadu_pd(d + 8));
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+// lane i of the result = sum of the lanes of s[4 (i % 4) + i / 4] (a 16 x 16 transpose-and-add)
+inline __m512 hsum16(const __m512* s) {
+  __m512 u[8], v[4], x[2];
+  for (int i = 0; i < 8; ++i)
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * i], s[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(s[2 * i], s[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)
+    v[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)
+    x[i] = _mm512_add_ps(_mm512_shuffle_ps(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(x[0], x[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+#else
+template <typename T, int PC>
+constexpr bool kFastRows = false;
+#endif
+
 // tokens [nb, ne) (ne - nb <= BLK), all heads: E += w^2 and the logits lg[h * BLK + i]
 template <typename T, int PC>
 inline void causal_logits(const CausalArgs<T>& A, int64_t b, int64_t nb, int64_t ne, double* E, T* lg, T* v,
                           T* base, T* loc) {
   const int64_t H = A.H, P = PC > 0 ? PC : A.P, RB = P * int64_t(sizeof(T)), pfd = prefetch_distance(RB);
+#if defined(__AVX512F__)
+  if constexpr (kFastRows<T, PC>) {
+    constexpr int K = PC / 16;
+    // den is clamped to the largest float: an overflowed (inf) prefix sum would make the Newton
+    // step inf * 0 = NaN; clamped, r is a tiny (denormal) estimate and the term ~0, as x / inf
+    const __m512 eps = _mm512_set1_ps(float(RATIO_EPS)), two = _mm512_set1_ps(2.f),
+                 big = _mm512_set1_ps(std::numeric_limits<float>::max());
+    for (int64_t h = 0; h < H; ++h) {
+      double* __restrict e = E + h * P;
+      __m512 bs[K], lc[K];
+      for (int k = 0; k < K; ++k) {
+        bs[k] = cvt16_ps(e + 16 * k);
+        lc[k] = _mm512_setzero_ps();
+      }
+      // per token, the lanes of sum_j rho_j in sv (transposed order for hsum16), reduced per block
+      static_assert(BLK == 16, "hsum16 reduces one block of 16 tokens");
+      __m512 sv[16];
+      __mmask16 km = 0;  // kept tokens of the block
+      for (int64_t n = nb; n < ne; ++n) {
+        prefetch_row(A.W.row(b, h, std::min(n + pfd, A.N - 1)), RB);
+        __m512 s = _mm512_setzero_ps();
+        if (A.kept(b, n)) {
+          km |= __mmask16(1u << (n - nb));
+          const float* __restrict x = A.W.row(b, h, n);
+          for (int k = 0; k < K; ++k) {
+            const __m512 xv = _mm512_loadu_ps(x + 16 * k);
+            const __m512 x2 = _mm512_mul_ps(xv, xv);
+            lc[k] = _mm512_add_ps(lc[k], x2);
+            // s += x2 / den as (x2 r) (2 - den r), r ~ 1 / den (the Newton step folded in)
+            const __m512 den = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(bs[k], lc[k]), eps), big),
+                         r = _mm512_rcp14_ps(den);
+            s = _mm512_fmadd_ps(_mm512_mul_ps(x2, r), _mm512_fnmadd_ps(den, r, two), s);
+          }
+        }
+        sv[4 * ((n - nb) % 4) + (n - nb) / 4] = s;
+      }
+      for (int64_t i = ne - nb; i < BLK; ++i) sv[4 * (i % 4) + i / 4] = _mm512_setzero_ps();
+      __m512 rs = hsum16(sv);
+      if (A.lb) rs = _mm512_add_ps(rs, _mm512_maskz_loadu_ps(km, A.lb + (b * H + h) * A.N + nb));
+      _mm512_storeu_ps(lg + h * BLK, _mm512_maskz_mul_ps(km, rs, _mm512_set1_ps(A.temp[h])));
+      for (int k = 0; k < K; ++k) {
+        alignas(64) float t[16];
+        _mm512_store_ps(t, lc[k]);
+        for (int j = 0; j < 16; ++j) e[16 * k + j] += double(t[j]);
+      }
+    }
+    return;
+  }
+#endif
   for (int64_t h = 0; h < H; ++h) {
     double* __restrict e = E + h * P;
     for (int64_t j = 0; j < P; ++j) {
@@ -721,6 +813,47 @@ template <typename T, int PC>
 inline void causal_out(const CausalArgs<T>& A, Rows<T> O, RowWriter<T, PC>& wr, int64_t b, int64_t nb, int64_t ne,
                        const T* pv, double* Q, double* M, T* base, T* loc) {
   const int64_t H = A.H, P = PC > 0 ? PC : A.P;
+#if defined(__AVX512F__)
+  if constexpr (kFastRows<T, PC>) {
+    constexpr int K = PC / 16;
+    const __m512 one = _mm512_set1_ps(1.f), big = _mm512_set1_ps(std::numeric_limits<float>::max());
+    for (int64_t h = 0; h < H; ++h) {
+      double* __restrict q = Q + h * P;
+      __m512 bs[K], lc[K];
+      for (int k = 0; k < K; ++k) {
+        bs[k] = cvt16_ps(q + 16 * k);
+        lc[k] = _mm512_setzero_ps();
+      }
+      double m = M[h];
+      for (int64_t n = nb; n < ne; ++n) {
+        float* y = O.row(b, h, n);
+        if (!A.kept(b, n)) {
+          for (int k = 0; k < K; ++k) store_row16(y + 16 * k, _mm512_setzero_ps(), wr.stream);
+          continue;
+        }
+        const float* __restrict x = A.W.row(b, h, n);
+        const float pt = pv[h * BLK + (n - nb)];
+        m += double(pt);
+        const __m512 vp = _mm512_set1_ps(pt), vc = _mm512_set1_ps(float(1.0 / (m + PI_EPS)));
+        for (int k = 0; k < K; ++k) {
+          // y = -(pt x) / den: q0 = pt x r, y = -(q0 + q0 (1 - den r))
+          const __m512 px = _mm512_mul_ps(vp, _mm512_loadu_ps(x + 16 * k));
+          lc[k] = _mm512_fmadd_ps(px, _mm512_loadu_ps(x + 16 * k), lc[k]);
+          const __m512 den = _mm512_min_ps(_mm512_fmadd_ps(_mm512_add_ps(bs[k], lc[k]), vc, one), big);  // as above
+          const __m512 r = _mm512_rcp14_ps(den), q0 = _mm512_mul_ps(px, r);
+          store_row16(y + 16 * k, _mm512_fnmsub_ps(q0, _mm512_fnmadd_ps(den, r, one), q0), wr.stream);
+        }
+      }
+      M[h] = m;
+      for (int k = 0; k < K; ++k) {
+        alignas(64) float t[16];
+        _mm512_store_ps(t, lc[k]);
+        for (int j = 0; j < 16; ++j) q[16 * k + j] += double(t[j]);
+      }
+    }
+    return;
+  }
+#endif
   for (int64_t h = 0; h < H; ++h) {
     double* __restrict q = Q + h * P;
     for (int64_t j = 0; j < P; ++j) {
