@@ -18,7 +18,7 @@ products; it is stored next to the measured ratio.
 Usage::
 
     python -m benchmarks.attention_target [--n 16384] [--rounds 3] [--threads 1]
-        [--allocator both|default|keep] [--out benchmarks/results/attention_target.json]
+        [--allocator both|default|keep] [--out benchmarks/results/attention_target.json] [--note TEXT]
 """
 from __future__ import annotations
 
@@ -67,13 +67,13 @@ def side_by_side(n: int, dim: int, heads: int, depth: int, rounds: int, *, threa
 
 def run(*, n: int = 16384, dim: int = 384, heads: int = 8, depth: int = 12, rounds: int = 3,
         allocators: Sequence[str] = ("default", "keep"), threads: Optional[int] = 1, device: str = "cpu",
-        out: Optional[Path] = None, command: str = "") -> Dict[str, Any]:
+        out: Optional[Path] = None, command: str = "", note: str = "") -> Dict[str, Any]:
     info = common.machine_info(device)
     log(f"attention target (TSSA vs MHSA (SDPA), n={n}, d={dim}, {depth} layers): {common.machine_string(info)}, "
         f"load {info['loadavg']}")
     res: Dict[str, Any] = {"benchmark": "attention_target", "n": n, "dim": dim, "heads": heads, "depth": depth,
                            "rounds": rounds, "target_speedup": TARGET, "mac_ratio": 2 + n / dim, "machine": info,
-                           "threads": threads, "command": command, "runs": []}
+                           "threads": threads, "command": command, "note": note, "runs": []}
     for alloc in allocators:
         try:
             r = common.run_isolated(side_by_side, n, dim, heads, depth, rounds, threads=threads, device=device,
@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allocator", default="both", choices=["both", "default", "keep"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/attention_target.json)")
+    p.add_argument("--note", default="", help="free text stored with the result (e.g. what else ran on the machine)")
     return p
 
 
@@ -121,7 +122,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     allocators = ("default", "keep") if a.allocator == "both" else (a.allocator,)
     return run(n=a.n, dim=a.dim, heads=a.heads, depth=a.depth, rounds=a.rounds, allocators=allocators,
                threads=common.resolve_threads(a.threads)[0], device=a.device, out=a.out,
-               command=common.command_string("benchmarks.attention_target", argv))
+               command=common.command_string("benchmarks.attention_target", argv), note=a.note)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -207,22 +208,33 @@ def attention_section(att: Dict[str, Any], results: Path, suffix: str = "") -> L
 
 
 def target_lines(results: Path, suffix: str = "") -> List[str]:
-    """Bullets for the dedicated side-by-side target run (:mod:`benchmarks.attention_target`)."""
-    tg = _load(results, f"attention_target{suffix}.json")
-    if not tg:
-        return []
+    """Bullets for the dedicated side-by-side target runs (:mod:`benchmarks.attention_target`):
+    ``attention_target.json`` (n = 16k) and any ``attention_target_<n>k.json`` (other n)."""
+    names = [f"attention_target{suffix}.json"]
+    if not suffix:
+        names += sorted(p.name for p in results.glob("attention_target_*k.json"))
     out = []
-    for r in tg["runs"]:
-        if "speedup" not in r:
-            out.append(f"* Dedicated run, allocator `{r['allocator']}`: failed ({r.get('error')}).")
+    for name in names:
+        tg = _load(results, name)
+        if not tg:
             continue
-        out.append(
-            f"* **Dedicated run, allocator `{r['allocator']}`: {r['speedup']:.1f}x** "
-            f"({'met' if r['met'] else 'not met'}; median over {len(r['ratios'])} alternating rounds of "
-            f"time(MHSA) / time(TSSA): {', '.join(f'{x:.1f}x' for x in r['ratios'])}; TSSA "
-            f"{', '.join(fmt_time(x) for x in r['tssa_samples_s'])}, MHSA (SDPA) "
-            f"{', '.join(fmt_time(x) for x in r['mhsa_sdpa_samples_s'])}). Command: `{tg['command']}`, "
-            f"{tg['threads']} thread(s), load {tg['machine'].get('loadavg')} -> {tg.get('loadavg_end')}.")
+        for r in tg["runs"]:
+            head = f"Dedicated run, n = {fmt_tokens(tg['n'])}, allocator `{r['allocator']}`"
+            if "speedup" not in r:
+                out.append(f"* {head}: failed ({r.get('error')}).")
+                continue
+            n, d, L = tg["n"], tg["dim"], tg["depth"]
+            rate_t = L * 2 * n * d * d / statistics.median(r["tssa_samples_s"]) / 1e9
+            rate_m = L * (4 * n * d * d + 2 * n * n * d) / statistics.median(r["mhsa_sdpa_samples_s"]) / 1e9
+            out.append(
+                f"* **{head}: {r['speedup']:.1f}x** ({'met' if r['met'] else 'not met'}; multiply-add rate "
+                f"TSSA {rate_t:.1f}, MHSA {rate_m:.1f} GMAC/s; multiply-add ratio "
+                f"{tg['mac_ratio']:.1f}x; median over {len(r['ratios'])} alternating round(s) of time(MHSA) / "
+                f"time(TSSA): {', '.join(f'{x:.1f}x' for x in r['ratios'])}; TSSA "
+                f"{', '.join(fmt_time(x) for x in r['tssa_samples_s'])}, MHSA (SDPA) "
+                f"{', '.join(fmt_time(x) for x in r['mhsa_sdpa_samples_s'])}). Command: `{tg['command']}`, "
+                f"{tg['threads']} thread(s), load {tg['machine'].get('loadavg')} -> {tg.get('loadavg_end')}"
+                + (f"; {tg['note']}" if tg.get("note") else "") + ".")
     return out
 
 

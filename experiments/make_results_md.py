@@ -178,6 +178,29 @@ def ablations(out, verdicts):
         verdicts.append(("ECA Table 9: expansion helps (+0.31 pts)", f"with - without = {100 * d:+.2f} pts (1 seed)"))
     else:
         verdicts.append(("ECA Table 9 (expansion on/off)", "not run yet"))
+    gates = {"ST (sparsemax)": "dmsa_heads", "sigmoid": "dmsa_gate_sigmoid", "ReLU": "dmsa_gate_relu",
+             "GELU": "dmsa_gate_gelu"}
+    if all(v in done for v in gates.values()):
+        acc = {k: done[v]["test_acc"] for k, v in gates.items()}
+        best = max(acc, key=acc.get)
+        verdicts.append(("DMSA Table III: the sparsemax (ST) gate is best (by 0.03-0.4 pts)",
+                         f"{'agrees' if best.startswith('ST') else 'does not agree'}: best here {best} "
+                         f"({', '.join(f'{k} {pct(v)}' for k, v in acc.items())}; 1 seed)"))
+    ranks = sorted((int(k.rsplit("_r", 1)[1]), v["test_acc"]) for k, v in done.items()
+                   if k.startswith("eca_softplus_r"))
+    if len(ranks) >= 2:
+        rising = all(b[1] >= a[1] for a, b in zip(ranks, ranks[1:]))
+        verdicts.append(("ECA Fig. 8(b): with softplus, a larger rank r gives higher accuracy",
+                         f"{'agrees' if rising else 'does not agree'}: "
+                         f"{', '.join(f'r = {r}: {pct(a)}' for r, a in ranks)} (1 seed, 2 epochs)"))
+    pairs = [(r, done[f"eca_softplus_r{r}"]["test_acc"], done[f"eca_raw_r{r}"]["test_acc"]) for r in (5, 20)
+             if f"eca_softplus_r{r}" in done and f"eca_raw_r{r}" in done]
+    if pairs:
+        better = sum(sp > raw for _, sp, raw in pairs)
+        verdicts.append(("ECA: softplus strengths better than raw ones (Fig. 7-8)",
+                         f"{'agrees' if better == len(pairs) else 'does not agree'}: "
+                         + "; ".join(f"r = {r}: softplus {pct(sp)} vs raw {pct(raw)}" for r, sp, raw in pairs)
+                         + " (1 seed)"))
 
 
 # ----------------------------------------------------------------------------- 3. white box
@@ -251,8 +274,9 @@ def compression(out, verdicts):
     cfg, base = s["config"], s["base"]
     ma, ft = cfg["model_args"], cfg["finetune"]
     out.append(f"Base: `{cfg['model']}` with D {ma['embed_dim']}, {ma['depth']} blocks, {ma['num_heads']} heads, "
-               f"patch {ma['patch_size']} (50 tokens), {base['params']:,} parameters, trained as in section 1 "
-               f"(first {cfg['train_limit']} images, {cfg['train'].get('epochs')} epochs): test accuracy "
+               f"patch {ma['patch_size']} (50 tokens), {base['params']:,} parameters, trained on "
+               f"{'the first ' + str(cfg['train_limit']) if cfg.get('train_limit') else 'all'} MNIST training images "
+               f"for {cfg['train'].get('epochs')} epochs (otherwise as in section 1): test accuracy "
                f"{pct(base['test_acc'])} %. Compression without calibration data (weights only); fine-tune: "
                f"{ft['steps']} AdamW steps of batch {ft['batch_size']} at lr {ft['lr']}. Latency: median of "
                f"{cfg['latency']['runs']} forward passes of batch {cfg['latency']['batch']}, 1 thread, shared "
@@ -276,25 +300,26 @@ def compression(out, verdicts):
                    "config, ~15 min here) is the first thing to change. Negative drops mean the compressed model is "
                    "more accurate than the base: the fine-tune simply continues training an under-trained model.\n")
     by = {r["name"]: r for r in s["rows"]}
+    ratios = sorted({r["name"].split("_", 1)[1] for r in s["rows"] if r["name"].startswith("truncatt_")}, key=float)
     parts = []
-    for ratio in ("0.25", "0.375", "0.5"):
+    for ratio in ratios:
         t, i = by.get(f"truncatt_{ratio}"), by.get(f"irratt_{ratio}")
         if t and i:
             parts.append(f"at {ratio}: IrrAtt drop {100 * i['drop']:.2f} vs TruncAtt {100 * t['drop']:.2f} "
                          f"(fine-tuned {100 * i['drop_ft']:.2f} vs {100 * t['drop_ft']:.2f})")
     if parts:
-        wins = sum(1 for ratio in ("0.25", "0.375", "0.5") if by.get(f"truncatt_{ratio}") and by.get(f"irratt_{ratio}")
+        wins = sum(1 for ratio in ratios if by.get(f"truncatt_{ratio}") and by.get(f"irratt_{ratio}")
                    and by[f"irratt_{ratio}"]["drop"] < by[f"truncatt_{ratio}"]["drop"])
         errs = "; ".join(f"QK rel. error at {ratio}: IrrAtt {by[f'irratt_{ratio}']['qk_rel_error']:.3f} vs TruncAtt "
                          f"{by[f'truncatt_{ratio}']['qk_rel_error']:.3f} vs CP {by[f'cp_{ratio}']['qk_rel_error']:.3f}"
-                         for ratio in ("0.25", "0.375", "0.5")
+                         for ratio in ratios
                          if all(by.get(f"{m}_{ratio}") for m in ("irratt", "truncatt", "cp")))
         verdicts.append(("IrrAtt loses less accuracy than TruncAtt at equal QK FLOPs (IrrAtt Table 1)",
                          ("inconclusive (under-trained base, see section 4): " if weak else "")
                          + f"IrrAtt lower drop at {wins}/{len(parts)} ratios before fine-tuning; " + "; ".join(parts)
                          + (f"; {errs}" if errs else "")))
     cp_parts = []
-    for lo, hi in (("0.25", "0.375"), ("0.375", "0.5")):
+    for lo, hi in zip(ratios, ratios[1:]):
         i, c = by.get(f"irratt_{lo}"), by.get(f"cp_{hi}")
         if i and c:
             cp_parts.append(f"IrrAtt@{lo} drop {100 * i['drop']:.2f} vs CP@{hi} {100 * c['drop']:.2f}")

@@ -161,7 +161,7 @@ def test_attention_target_tiny(tiny):
         assert r["speedup"] > 0 and isinstance(r["met"], bool)
     assert res["mac_ratio"] == pytest.approx(2 + 256 / 384)
     page = report.render(tiny["out"], "_quick")
-    assert "Dedicated run, allocator `keep`" in page
+    assert "Dedicated run, n = 256, allocator `keep`" in page
     with pytest.raises(SystemExit, match="divisible"):
         attention_target.main(["--dim", "100", "--heads", "8"])
 
