@@ -705,6 +705,12 @@ inline __m512 cvt16_ps(const double* d) {
   const __m256 lo = _mm512_cvtpd_ps(_mm512_loadu_pd(d)), hi = _mm512_cvtpd_ps(_mm512_loadu_pd(d + 8));
   return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
 }
+// d[0:16) += the lanes of v (a block's float sums folded into the double running totals)
+inline void add16_to(double* d, __m512 v) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  for (int j = 0; j < 16; ++j) d[j] += double(t[j]);
+}
 // lane i of the result = sum of the lanes of s[4 (i % 4) + i / 4] (a 16 x 16 transpose-and-add)
 inline __m512 hsum16(const __m512* s) {
   __m512 u[8], v[4], x[2];
@@ -770,11 +776,7 @@ inline void causal_logits(const CausalArgs<T>& A, int64_t b, int64_t nb, int64_t
       __m512 rs = hsum16(sv);
       if (A.lb) rs = _mm512_add_ps(rs, _mm512_maskz_loadu_ps(km, A.lb + (b * H + h) * A.N + nb));
       _mm512_storeu_ps(lg + h * BLK, _mm512_maskz_mul_ps(km, rs, _mm512_set1_ps(A.temp[h])));
-      for (int k = 0; k < K; ++k) {
-        alignas(64) float t[16];
-        _mm512_store_ps(t, lc[k]);
-        for (int j = 0; j < 16; ++j) e[16 * k + j] += double(t[j]);
-      }
+      for (int k = 0; k < K; ++k) add16_to(e + 16 * k, lc[k]);
     }
     return;
   }
@@ -845,11 +847,7 @@ inline void causal_out(const CausalArgs<T>& A, Rows<T> O, RowWriter<T, PC>& wr, 
         }
       }
       M[h] = m;
-      for (int k = 0; k < K; ++k) {
-        alignas(64) float t[16];
-        _mm512_store_ps(t, lc[k]);
-        for (int j = 0; j < 16; ++j) q[16 * k + j] += double(t[j]);
-      }
+      for (int k = 0; k < K; ++k) add16_to(q + 16 * k, lc[k]);
     }
     return;
   }
