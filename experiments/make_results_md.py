@@ -256,9 +256,13 @@ def whitebox(out, verdicts):
             if not e.get(f"R_c_var{sfx}_first_last"):
                 continue
             a, b = e[f"R_c_var{sfx}_first_last"]
+            mono = e.get(f"R_c_var{sfx}_monotone_decreasing")
+            # the papers' curves fall at every layer: monotone = agrees; lower at the end only = partly
+            verdict = "agrees" if mono and b < a else ("partly (lower at the end, not at every block)" if b < a
+                                                       else "does not agree")
+            seq = ", ".join(f"{v:.2f}" for v in e.get(f"R_c_var{sfx}") or [a, b])
             verdicts.append((f"R_c^var falls with depth ({tag}, {where}; ToST Fig. 4a / DMSA Fig. 5)",
-                             f"{'agrees' if b < a else 'does not agree'}: {a:.2f} -> {b:.2f} "
-                             f"({'monotone' if e.get(f'R_c_var{sfx}_monotone_decreasing') else 'not monotone'})"))
+                             f"{verdict}: {seq}"))
 
 
 # ----------------------------------------------------------------------------- 4. compression
