@@ -6,6 +6,7 @@ instead of failing deep inside torch or silently producing NaN.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import torch
@@ -71,3 +72,14 @@ def check_tokens_input(x, name: str = "x", dim: int | None = None) -> None:
 def stats_dtype(x: torch.Tensor) -> torch.dtype:
     """dtype in which statistics are computed: float32 for half types, else the input dtype."""
     return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+
+
+def autocast_off(x: torch.Tensor):
+    """Context with autocast disabled on ``x``'s device, so that statistics and reductions stay in
+    the dtype they are computed in (``stats_dtype``) under bf16/fp16 autocast; a no-op context
+    on devices without autocast."""
+    dev = x.device.type
+    if torch.amp.is_autocast_available(dev):
+        return torch.autocast(device_type=dev, enabled=False)
+    return contextlib.nullcontext()
+

@@ -12,8 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .._checks import check_divisible, check_mask, check_tokens_input, stats_dtype
-from ..ops.eca import _autocast_off, _check_eps, _check_rank, _compress, _expand, eca_omega
+from .._checks import autocast_off, check_divisible, check_mask, check_tokens_input, stats_dtype
+from ..ops.eca import _check_eps, _check_rank, _compress, _expand, eca_omega
 from .registry import register_attention
 
 __all__ = ["ECAttention"]
@@ -209,7 +209,7 @@ class ECAttention(nn.Module):
         if self.U is not None:
             cd = torch.promote_types(cd, stats_dtype(self.U))
         pi = None
-        with _autocast_off(x):
+        with autocast_off(x):
             xc = x.to(cd)
             y = xc
             if self.use_expand:

@@ -25,7 +25,6 @@ logits and softmax are computed in float32; outputs are in the input dtype.
 """
 from __future__ import annotations
 
-import contextlib
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -33,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import check_divisible, check_mask, check_tokens_input, stats_dtype
+from .._checks import autocast_off, check_divisible, check_mask, check_tokens_input, stats_dtype
 from ..attention.registry import register_attention
 from . import flops
 from .truncatt import normalize_ranks
@@ -43,12 +42,6 @@ __all__ = ["CompressedAttention", "TruncAtt", "CPSlimAtt", "IrrAtt", "LowRankLin
 Ranks = Union[int, Sequence[int], None]
 
 
-def _stats_region(x: torch.Tensor):
-    """Autocast off while logits/softmax are computed in float32."""
-    dev = x.device.type
-    if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
-        return torch.autocast(device_type=dev, enabled=False)
-    return contextlib.nullcontext()
 
 
 def _check_dropout(p, name: str) -> float:
@@ -170,7 +163,7 @@ class CompressedAttention(nn.Module):
         allowed = None
         if keep is not None:  # padded keys excluded; rows of padded queries opened (zeroed below)
             allowed = keep[:, None, None, :] | ~keep[:, None, :, None]
-        with _stats_region(x):
+        with autocast_off(x):
             qk = None if not self.fused_attn else self._sdpa_qk(proj, sd)
             if qk is None:
                 logits = self._logits(proj, sd)

@@ -10,13 +10,12 @@ float32 (also inside ``torch.autocast``); outputs are returned in the input dtyp
 """
 from __future__ import annotations
 
-import contextlib
 from numbers import Real
 
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_mask, check_nonempty, check_tensor, stats_dtype
+from .._checks import autocast_off, check_mask, check_nonempty, check_tensor, stats_dtype
 
 __all__ = ["mhsa", "mhsa_explicit", "xca", "mssa", "class_attention"]
 
@@ -24,12 +23,6 @@ __all__ = ["mhsa", "mhsa_explicit", "xca", "mssa", "class_attention"]
 # ----------------------------------------------------------------------------- helpers
 
 
-def _stats_region(x: torch.Tensor):
-    """Context in which float32 statistics stay float32: autocast is switched off if it is on."""
-    dev = x.device.type
-    if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
-        return torch.autocast(device_type=dev, enabled=False)
-    return contextlib.nullcontext()
 
 
 def _check_heads(x, name: str) -> None:
@@ -127,7 +120,7 @@ def mhsa_explicit(q, k, v, attn_mask=None, *, causal: bool = False, scale=None, 
     s = _scale(scale, q.shape[-1])
     sd = stats_dtype(q)
     n = q.shape[2]
-    with _stats_region(q):
+    with autocast_off(q):
         logits = (q.to(sd) @ k.to(sd).transpose(-2, -1)) * s
         if keep is not None:
             logits = logits.masked_fill(~_allowed(keep, keep, bool(causal)), float("-inf"))
@@ -189,7 +182,7 @@ def xca(q, k, v, temperature, attn_mask=None, *, dropout_p: float = 0.0):
     dropout_p = _check_dropout(dropout_p)
     temp = _check_temperature(temperature, q.shape[1], q)
     sd = stats_dtype(q)
-    with _stats_region(q):
+    with autocast_off(q):
         q, k, v32 = q.to(sd), k.to(sd), v.to(sd)
         if keep is not None:
             pad = ~keep[:, None, :, None]

@@ -21,8 +21,8 @@ from typing import NamedTuple, Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_mask, check_nonempty, check_tensor, stats_dtype
-from .tssa import PI_EPS, _autocast_off, _check_drop, _check_heads_input, _check_temp
+from .._checks import autocast_off, check_mask, check_nonempty, check_tensor, stats_dtype
+from .tssa import PI_EPS, _check_drop, _check_heads_input, _check_temp
 from .tssa_fused import causal_tssa_fused, fused_supported
 
 __all__ = ["CausalTSSAState", "causal_tssa", "causal_tssa_step"]
@@ -143,7 +143,7 @@ def _causal_tssa_torch(
     """Pure-PyTorch causal TSSA with prefix sums; returns (out, pi, final state)."""
     sd = stats_dtype(w)
     p, n = w.shape[-1], w.shape[-2]
-    with _autocast_off(w):
+    with autocast_off(w):
         x = w.to(sd)
         if attn_mask is not None:
             x = x.masked_fill(~attn_mask[:, None, :, None], 0.0)
@@ -233,7 +233,7 @@ def causal_tssa_step(
                 f"position t = {t} reached the positional bias table length T_max = {t_max}; "
                 f"causal TSSA with pos_bias cannot go past T_max tokens"
             )
-    with _autocast_off(w_t):
+    with autocast_off(w_t):
         x = w_t.to(sd)
         x2 = x * x
         sum_sq = state.sum_sq.to(sd) + x2

@@ -36,13 +36,12 @@ is Algorithm 1 written literally.
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Dict, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_mask, check_nonempty, check_tensor
+from .._checks import autocast_off, check_mask, check_nonempty, check_tensor
 
 __all__ = ["dmsa", "sparsemax", "SPARSITY", "ACTIVATIONS", "GATE_ACTIVATIONS", "MODES", "check_dmsa_options"]
 
@@ -72,11 +71,6 @@ def check_dmsa_options(sparsity: str, activation: str, mode: str, gate_activatio
         )
 
 
-def _autocast_off(x: torch.Tensor):
-    """Context disabling autocast on ``x``'s device, so statistics stay in ``stats_dtype``."""
-    if x.device.type in ("cpu", "cuda", "xpu", "mps"):
-        return torch.autocast(device_type=x.device.type, enabled=False)
-    return contextlib.nullcontext()
 
 
 def sparsemax(z: torch.Tensor, dim: int = -1, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -204,7 +198,7 @@ def _dmsa_torch(s, logits, attn_mask, sparsity, activation, mode, gate_activatio
     """Pure-PyTorch DMSA on validated inputs: returns (out (B,H,N,p), pi (B,H,N), gate (B,H))."""
     out_dtype = torch.promote_types(s.dtype, logits.dtype)
     sd = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype  # as stats_dtype
-    with _autocast_off(s):
+    with autocast_off(s):
         x = s.to(sd)
         lg = logits.to(sd).transpose(1, 2)  # (B, H, N)
         keep = None

@@ -28,7 +28,6 @@ half kernels); results are returned in the input dtype. float64 is computed in f
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Dict, Optional, Tuple, Union
 
@@ -36,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import check_mask, check_nonempty, check_tensor, stats_dtype
+from .._checks import autocast_off, check_mask, check_nonempty, check_tensor, stats_dtype
 
 __all__ = [
     "orthonormal_basis",
@@ -107,10 +106,6 @@ def cholesky_stats() -> Dict[str, float]:
 # --------------------------------------------------------------------------------------------
 # validation helpers
 # --------------------------------------------------------------------------------------------
-def _autocast_off(x: torch.Tensor):
-    if x.device.type in ("cpu", "cuda", "xpu", "mps"):
-        return torch.autocast(device_type=x.device.type, enabled=False)
-    return contextlib.nullcontext()
 
 
 def _check_eps(eps) -> float:
@@ -194,7 +189,7 @@ def orthonormal_basis(Y: torch.Tensor, eps: float = DEFAULT_EPS) -> torch.Tensor
     if r > m:
         raise ValueError(f"rank (columns of Y, {r}) must be <= the number of rows m ({m}) for an orthonormal basis")
     eps = _check_eps(eps)
-    with _autocast_off(Y):
+    with autocast_off(Y):
         return _basis(Y.to(stats_dtype(Y)), eps).to(Y.dtype)
 
 
@@ -332,7 +327,7 @@ def eca_expand(
     _check_rank(rank, x.shape[1], x.shape[2], "the feature dimension C", eps=eps)
     attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
     cd = stats_dtype(x)
-    with _autocast_off(x):
+    with autocast_off(x):
         out = _expand(x.to(cd), omega.to(cd), eps, attn_mask)
     return out.to(x.dtype)
 
@@ -412,7 +407,7 @@ def eca_compress(
         temp = temperature.to(cd)
     else:
         temp = torch.tensor(float(temperature), dtype=cd, device=x.device)
-    with _autocast_off(x):
+    with autocast_off(x):
         out, pi = _compress(x.to(cd), U.to(cd), omega.to(cd), temp, num_heads, eps, attn_mask)
     out = out.to(x.dtype)
     return (out, pi.to(x.dtype)) if return_pi else out

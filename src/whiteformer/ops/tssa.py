@@ -14,13 +14,12 @@ pure-PyTorch version; :func:`whiteformer.ops.reference.tssa_reference` is the li
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_mask, check_nonempty, check_tensor, stats_dtype
+from .._checks import autocast_off, check_mask, check_nonempty, check_tensor, stats_dtype
 from .tssa_fused import fused_supported, tssa_fused
 
 __all__ = ["tssa"]
@@ -29,11 +28,6 @@ NORM_EPS = 1e-12  # F.normalize default eps (on the l2 norm over tokens)
 PI_EPS = 1e-8  # added to the membership mass sum_n Pi_n
 
 
-def _autocast_off(x: torch.Tensor):
-    """Context disabling autocast on ``x``'s device, so statistics stay in ``stats_dtype``."""
-    if x.device.type in ("cpu", "cuda", "xpu", "mps"):
-        return torch.autocast(device_type=x.device.type, enabled=False)
-    return contextlib.nullcontext()
 
 
 def _check_temp(temp, heads: int) -> None:
@@ -123,7 +117,7 @@ def _tssa_torch(
     second moments are one more.
     """
     sd = stats_dtype(w)
-    with _autocast_off(w):
+    with autocast_off(w):
         x = w.to(sd)
         if attn_mask is not None:
             # padded tokens: zero entries contribute nothing to any token sum below
