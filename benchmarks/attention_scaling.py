@@ -18,7 +18,7 @@ recorded as ``skipped (budget)`` / ``skipped (memory)`` (and so are the larger s
 Usage::
 
     python -m benchmarks.attention_scaling [--quick] [--out DIR] [--methods tssa,mhsa_sdpa,...]
-        [--sweeps tokens,dim,profile] [--tokens 8192,65536] [--allocator default|keep]
+        [--sweeps tokens,dim,profile] [--tokens 8192,65536] [--allocator default|keep] [--merge]
         [--time-budget S] [--mem-budget-gib G] [--threads auto|N]
 """
 from __future__ import annotations
@@ -450,8 +450,12 @@ def plot(rows: List[Dict[str, Any]], out_dir: Path, suffix: str = "") -> List[Pa
 def run(*, quick: bool = False, out_dir: Optional[Path] = None, methods: Optional[Sequence[str]] = None,
         threads: Optional[int] = None, device: str = "cpu", command: str = "",
         sweeps: Sequence[str] = ("tokens", "dim", "profile"),
-        overrides: Optional[Dict[str, Any]] = None, write: bool = True) -> Dict[str, Any]:
-    """Run the sweeps and the side-by-side target check; write JSON, PNGs and tables."""
+        overrides: Optional[Dict[str, Any]] = None, write: bool = True, merge: bool = False) -> Dict[str, Any]:
+    """Run the sweeps and the side-by-side target check; write JSON, PNGs and tables.
+
+    ``merge``: re-measure only ``methods`` (e.g. after changing one operator) and replace their
+    rows and profiles in the existing result file of ``out_dir``, keeping every other method's;
+    the file's top-level ``merged`` list records each such update (its command, machine, load)."""
     cfg = dict(QUICK if quick else FULL)
     cfg.update(overrides or {})
     methods = list(methods or METHODS)
@@ -488,12 +492,40 @@ def run(*, quick: bool = False, out_dir: Optional[Path] = None, methods: Optiona
     result = {"benchmark": "attention_scaling", "quick": quick, "config": {k: v for k, v in cfg.items()},
               "machine": info, "command": command, "loadavg_end": common.loadavg(), "target": target,
               "profiles": profiles, "rows": rows}
+    suffix = "_quick" if quick else ""
+    if merge:
+        result = merge_into(out_dir / f"attention_scaling{suffix}.json", result, methods, sweeps)
+        rows = result["rows"]
     if write:
-        suffix = "_quick" if quick else ""
         common.write_json(out_dir / f"attention_scaling{suffix}.json", result)
         (out_dir / f"attention_scaling{suffix}.md").write_text(tables(rows) + "\n" + breakdown_table(profiles))
         result["plots"] = [str(p) for p in plot(rows, out_dir, suffix)]
     return result
+
+
+def merge_into(path: Path, new: Dict[str, Any], methods: Sequence[str], sweeps: Sequence[str]) -> Dict[str, Any]:
+    """The result stored at ``path`` with the rows (of ``sweeps``) and profiles of ``methods``
+    replaced by those of ``new``; the target check is redone on the merged rows."""
+    if not path.exists():
+        raise FileNotFoundError(f"--merge needs an existing result file, {path} not found")
+    import json
+
+    old = json.loads(path.read_text())
+    keep = [r for r in old["rows"] if not (r["method"] in methods and r["sweep"] in sweeps)]
+    rows = keep + new["rows"]
+    order = {m: i for i, m in enumerate(METHODS)}
+    rows.sort(key=lambda r: (r["sweep"] != "tokens", order.get(r["method"], 99)))
+    profiles = old.get("profiles", [])
+    if "profile" in sweeps:
+        profiles = [p for p in profiles if p["method"] not in methods] + new["profiles"]
+        profiles.sort(key=lambda p: order.get(p["method"], 99))
+    out = dict(old, rows=rows, profiles=profiles)
+    out["merged"] = old.get("merged", []) + [{"methods": list(methods), "sweeps": list(sweeps),
+                                               "command": new["command"], "machine": new["machine"],
+                                               "loadavg_end": new["loadavg_end"]}]
+    target = target_check(rows, out["config"]["target_tokens"])
+    out["target"] = target if target.get("speedup") is not None else old.get("target")
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -507,6 +539,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=float, default=None, help="max est. seconds of one forward run")
     p.add_argument("--mem-budget-gib", type=float, default=None, help="max est. peak memory (GiB)")
     p.add_argument("--tokens", default=None, help="comma-separated token counts of the token sweep")
+    p.add_argument("--merge", action="store_true",
+                   help="replace only these methods' rows in the existing result file (after changing one operator)")
     p.add_argument("--allocator", default="default", choices=["default", "keep"],
                    help="keep: glibc keeps freed blocks for reuse (no page faults on re-allocation)")
     return p
@@ -525,7 +559,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     overrides["allocator"] = a.allocator
     return run(quick=a.quick, out_dir=a.out, methods=a.methods.split(",") if a.methods else None,
                threads=common.resolve_threads(a.threads)[0], device=a.device,
-               command=common.command_string("benchmarks.attention_scaling", argv), sweeps=a.sweeps.split(","), overrides=overrides)
+               command=common.command_string("benchmarks.attention_scaling", argv), sweeps=a.sweeps.split(","),
+               overrides=overrides, merge=a.merge)
 
 
 if __name__ == "__main__":

@@ -107,6 +107,23 @@ def test_allocator_keep_option(tmp_path):
     assert [r["status"] for r in rows] == ["ok", "ok"]
 
 
+def test_merge_replaces_only_the_given_methods(tmp_path):
+    over = dict(TINY_ATTN, tokens=[256])
+    first = attention_scaling.run(quick=True, out_dir=tmp_path, methods=["tssa", "xca"], sweeps=["tokens"],
+                                  overrides=over, command="first")
+    kept = [r for r in first["rows"] if r["method"] == "tssa"]
+    attention_scaling.run(quick=True, out_dir=tmp_path, methods=["xca"], sweeps=["tokens"], overrides=over,
+                          command="second", merge=True)
+    saved = json.loads((tmp_path / "attention_scaling_quick.json").read_text())
+    assert [r for r in saved["rows"] if r["method"] == "tssa"] == kept
+    xca = [r for r in saved["rows"] if r["method"] == "xca"]
+    assert xca and all(r["env"]["command"] == "second" for r in xca)
+    assert [m["command"] for m in saved["merged"]] == ["second"] and saved["command"] == "first"
+    with pytest.raises(FileNotFoundError, match="--merge"):
+        attention_scaling.run(quick=True, out_dir=tmp_path / "none", methods=["xca"], sweeps=["tokens"],
+                              overrides=over, merge=True)
+
+
 def test_generation_tiny(tiny):
     _check_generation(tiny["generation"], "real")
     assert (tiny["out"] / "generation_quick.png").stat().st_size > 0
