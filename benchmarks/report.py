@@ -90,6 +90,7 @@ def header(att, gen, comp) -> List[str]:
         "python -m benchmarks.run attention          # or: target | generation | compression | fused",
         "python -m benchmarks.attention_target       # the 50x target alone: TSSA vs MHSA (SDPA) at 16k, both allocators",
         "python -m benchmarks.attention_scaling --methods tssa,mhsa_sdpa --sweeps tokens --time-budget 300",
+        "python -m benchmarks.attention_scaling --methods causal_tssa --sweeps tokens,profile --merge   # re-measure one",
         "python -m benchmarks.generation --configs gpt2_base --prefill real   # real 16k prefill (slow on CPU)",
         "python -m benchmarks.report                 # regenerate this page from benchmarks/results/*.json",
         "```",
@@ -161,6 +162,10 @@ def attention_section(att: Dict[str, Any], results: Path, suffix: str = "") -> L
         "(`fused_attn = False`: `softmax(q k^T) v`, materialises the n x n map).",
         "",
     ]
+    for m in att.get("merged", []):
+        out += [f"Rows of {', '.join(f'`{x}`' for x in m['methods'])} ({', '.join(m['sweeps'])}) were re-measured "
+                f"after a change to that operator and merged into this run's table: `{m['command']}`, load "
+                f"{m['machine'].get('loadavg')} -> {m.get('loadavg_end')}.", ""]
     t = att.get("target")
     profs = {p["method"]: p for p in att.get("profiles", [])}
     gemm = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
