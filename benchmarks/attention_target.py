@@ -31,7 +31,7 @@ from typing import Any, Dict, Optional, Sequence
 import torch
 
 from . import common
-from .attention_scaling import build_stack, prepare_process
+from .attention_scaling import build_stack, layer_macs, prepare_process
 from .common import log
 
 TARGET = 50.0
@@ -72,7 +72,8 @@ def run(*, n: int = 16384, dim: int = 384, heads: int = 8, depth: int = 12, roun
     log(f"attention target (TSSA vs MHSA (SDPA), n={n}, d={dim}, {depth} layers): {common.machine_string(info)}, "
         f"load {info['loadavg']}")
     res: Dict[str, Any] = {"benchmark": "attention_target", "n": n, "dim": dim, "heads": heads, "depth": depth,
-                           "rounds": rounds, "target_speedup": TARGET, "mac_ratio": 2 + n / dim, "machine": info,
+                           "rounds": rounds, "target_speedup": TARGET,
+                           "mac_ratio": layer_macs("mhsa_sdpa", n, dim) / layer_macs("tssa", n, dim), "machine": info,
                            "threads": threads, "command": command, "note": note, "runs": []}
     for alloc in allocators:
         try:

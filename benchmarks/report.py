@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import common
+from .attention_scaling import layer_macs
 from .common import fmt_bytes, fmt_time, fmt_tokens
 
 DOC = common.REPO_ROOT / "docs" / "benchmarks.md"
@@ -229,8 +230,8 @@ def target_lines(results: Path, suffix: str = "") -> List[str]:
                 out.append(f"* {head}: failed ({r.get('error')}).")
                 continue
             n, d, L = tg["n"], tg["dim"], tg["depth"]
-            rate_t = L * 2 * n * d * d / statistics.median(r["tssa_samples_s"]) / 1e9
-            rate_m = L * (4 * n * d * d + 2 * n * n * d) / statistics.median(r["mhsa_sdpa_samples_s"]) / 1e9
+            rate_t = L * layer_macs("tssa", n, d) / statistics.median(r["tssa_samples_s"]) / 1e9
+            rate_m = L * layer_macs("mhsa_sdpa", n, d) / statistics.median(r["mhsa_sdpa_samples_s"]) / 1e9
             out.append(
                 f"* **{head}: {r['speedup']:.1f}x** ({'met' if r['met'] else 'not met'}; multiply-add rate "
                 f"TSSA {rate_t:.1f}, MHSA {rate_m:.1f} GMAC/s; multiply-add ratio "
