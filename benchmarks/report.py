@@ -501,14 +501,15 @@ def gpu_section() -> List[str]:
         "FlashAttention, so the TSSA-vs-MHSA ratio is again bounded by the multiply-add ratio 2 + n/d of section 1 "
         "once both are compute-bound; the operator's own share of the layer (6% here) would matter more at small "
         "d, where it is memory-bound and the GEMMs are cheap.",
-        "* **Where it plugs in (no caller changes).** `whiteformer.ops.tssa` and `causal_tssa` call the fused "
-        "path through one predicate, `whiteformer.ops._kernels.fused_supported(w)`, which looks up the tensor's "
-        "device type in `BACKENDS`. The fused ops are `torch.library` custom ops (`whiteformer::tssa_fused_fwd` / "
-        "`_bwd`, `whiteformer::causal_tssa_fused_fwd` / `_bwd`) whose fake (meta) implementation and autograd "
-        "formula are device-independent. A Triton kernel is added with `_tssa_fwd.register_kernel(\"cuda\")` (and "
-        "the three others) in `whiteformer/ops/tssa_fused.py` plus `register_backend(\"cuda\", dtypes, available)`; "
-        "layers, models, `torch.compile` graphs and the reference tests stay as they are "
-        "(`WHITEFORMER_DISABLE_KERNELS=1` still selects the PyTorch path, the oracle for the new kernel's tests).",
+        "* **Where it plugs in (no caller changes).** `whiteformer.ops.tssa`, `causal_tssa` and `causal_tssa_step` "
+        "choose their implementation in one place, `whiteformer.ops._kernels` (the backend registry `BACKENDS`, "
+        "by device type and dtype, or forced with `WHITEFORMER_BACKEND=<name>`). The fused ops are "
+        "`torch.library` custom ops (`whiteformer::tssa_fused_fwd` / `_bwd`, `whiteformer::causal_tssa_fused_fwd` / "
+        "`_bwd`, in `whiteformer/ops/_kernels/fused.py`) whose fake (meta) implementation and autograd formula are "
+        "device-independent. A GPU kernel is added either with `register_kernel(\"cuda\")` on those ops, or as "
+        "`register_backend(\"cuda\", dtypes, available, name=\"triton\", kernels={...})`; layers, models, "
+        "`torch.compile` graphs and the reference tests stay as they are (`WHITEFORMER_DISABLE_KERNELS=1` still "
+        "selects the PyTorch path, the oracle for the new kernel's tests).",
         "",
     ]
 

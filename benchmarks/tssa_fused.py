@@ -5,7 +5,7 @@ Measures, side by side in one process, the time of ``tssa`` forward, forward+bac
 (the cost of one read and one write of ``w``), for three implementations:
 
 * ``reference``: :func:`whiteformer.ops.reference.tssa_reference` (the literal formula),
-* ``torch``: the pure-PyTorch path of :func:`whiteformer.ops.tssa` (``_tssa_torch``),
+* ``torch``: the pure-PyTorch path of :func:`whiteformer.ops.tssa` (``whiteformer.ops.tssa.parallel``),
 * ``fused``: :func:`whiteformer.ops.tssa` with the fused C++/OpenMP kernel (the default path
   when the kernel is available; recorded as unavailable otherwise).
 
@@ -52,15 +52,15 @@ OPS = ["tssa_fwd", "tssa_fwdbwd", "causal_fwd", "causal_fwdbwd"]
 def implementations() -> Dict[str, Dict[str, Callable]]:
     """impl -> {"tssa": f(w, temp) -> out, "causal": f(w, temp) -> out}."""
     from whiteformer.ops import causal_tssa, tssa
-    from whiteformer.ops.causal_tssa import _causal_tssa_torch
+    from whiteformer.ops.causal_tssa.parallel import causal_tssa_parallel
     from whiteformer.ops.reference import causal_tssa_reference, tssa_reference
-    from whiteformer.ops.tssa import _tssa_torch
+    from whiteformer.ops.tssa.parallel import tssa_parallel
 
     return {
         "reference": {"tssa": tssa_reference, "causal": causal_tssa_reference},
         "torch": {
-            "tssa": lambda w, t: _tssa_torch(w, t, None, 0.0)[0],
-            "causal": lambda w, t: _causal_tssa_torch(w, t, None, None, 0.0)[0],
+            "tssa": lambda w, t: tssa_parallel(w, t)[0],
+            "causal": lambda w, t: causal_tssa_parallel(w, t)[0],
         },
         "fused": {"tssa": tssa, "causal": causal_tssa},
     }
@@ -109,7 +109,7 @@ def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def run(args) -> Dict[str, Any]:
     from whiteformer.ops._kernels import fused_supported
-    from whiteformer.ops._kernels.cpu import build_error
+    from whiteformer.ops._kernels.build import build_error
 
     b, h, n, p = args.batch, args.heads, args.n, args.head_dim
     w = torch.randn(b, h, n, p)

@@ -2,21 +2,20 @@
 against the references (float64 tight, float32 within 1e-5), gradcheck, strides, the dispatcher
 (kernel used when available; torch path for other dtypes, devices, dropout, the environment
 variable), torch.compile and the memory kept for backward."""
-import sys
 
 import pytest
 import torch
 
 from whiteformer.attention import TSSA, CausalTSSA
 from whiteformer.ops import causal_tssa, tssa
-from whiteformer.ops import tssa_fused as fused
 from whiteformer.ops._kernels import ENV_DISABLE, fused_supported, kernels_disabled
-from whiteformer.ops._kernels import cpu as kcpu
+from whiteformer.ops._kernels import build as kcpu
+from whiteformer.ops._kernels import fused
 from whiteformer.ops.reference import causal_tssa_reference, tssa_reference
 
-# the dispatcher modules (the package attributes of the same names are the functions)
-tssa_mod = sys.modules["whiteformer.ops.tssa"]
-causal_mod = sys.modules["whiteformer.ops.causal_tssa"]
+# the dispatcher modules
+from whiteformer.ops.causal_tssa import dispatch as causal_mod  # noqa: E402
+from whiteformer.ops.tssa import dispatch as tssa_mod  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ instead of failing deep inside torch or silently producing NaN.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Sequence
 
 import torch
@@ -83,3 +84,78 @@ def autocast_off(x: torch.Tensor):
         return torch.autocast(device_type=dev, enabled=False)
     return contextlib.nullcontext()
 
+
+
+# ----------------------------------------------------------------------------- operator arguments
+
+
+def check_heads_input(w, name: str = "w") -> None:
+    """``w``: (B, H, N, p) floating, with H, N, p > 0."""
+    check_tensor(w, name, 4)
+    check_nonempty(w, name, 1, "heads")
+    check_nonempty(w, name, 2, "tokens")
+    check_nonempty(w, name, 3, "features (head dim p)")
+
+
+def check_temp(temp, heads: int, name: str = "temp") -> None:
+    """A per-head temperature of shape (H, 1)."""
+    check_tensor(temp, name, 2)
+    if temp.shape != (heads, 1):
+        raise ValueError(f"{name} must have shape (H, 1) = ({heads}, 1) to match w, got {tuple(temp.shape)}")
+
+
+def check_attn_drop(attn_drop, name: str = "attn_drop") -> float:
+    """A dropout probability in [0, 1); returns it as a float."""
+    if isinstance(attn_drop, bool) or not isinstance(attn_drop, (int, float)) or not 0.0 <= attn_drop < 1.0:
+        raise ValueError(f"{name} must be a float in [0, 1), got {attn_drop!r}")
+    return float(attn_drop)
+
+
+def check_pos_bias(pos_bias, heads: int, name: str = "pos_bias") -> None:
+    """None or a per-head, per-position bias of shape (H, T_max, 1) with T_max >= 1."""
+    if pos_bias is None:
+        return
+    check_tensor(pos_bias, name, 3)
+    if pos_bias.shape[0] != heads or pos_bias.shape[2] != 1 or pos_bias.shape[1] == 0:
+        raise ValueError(
+            f"{name} must have shape (H, T_max, 1) with H = {heads} and T_max >= 1, got {tuple(pos_bias.shape)}"
+        )
+
+
+def check_eps(eps, name: str = "eps") -> float:
+    """A finite number >= 0; returns it as a float."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {eps!r}")
+    return float(eps)
+
+
+def check_sketch_rank(rank: int, tokens: int, features: int, features_name: str,
+                      what: str = "rank (columns of omega)", eps: float = 0.0) -> None:
+    """The sketch rank R of an orthonormal basis of range(Z Omega) is at most ``features``.
+
+    R may exceed the number of tokens N only when ``eps > 0``: then range(Z Omega) has at most N
+    dimensions, the Gram matrix is singular, and the eps-regularised basis acts as a ridge
+    projector onto range(Z). The ECA paper's own configurations need this (ECA-B/B+/L sketch
+    16 * 20 = 320 columns over 196 tokens, with the fixed eps = 1e-2); with ``eps = 0`` it raises.
+    """
+    if rank < 1:
+        raise ValueError(f"{what} must be >= 1, got {rank}")
+    if rank > tokens and eps <= 0:
+        raise ValueError(
+            f"{what} = {rank} must be <= the number of tokens N ({tokens}) when eps = 0: the "
+            f"range of the N token features has at most N dimensions (use eps > 0 to allow it)"
+        )
+    if rank > features:
+        raise ValueError(
+            f"{what} = {rank} must be <= {features_name} ({features}): the "
+            f"basis of a {features}-dimensional space has at most {features} vectors"
+        )
+
+
+def check_same_device(w: torch.Tensor, name: str = "w", **operands) -> None:
+    """Every tensor in ``operands`` (name=value; None and non-tensors are skipped) is on ``w``'s
+    device, so that no kernel reads memory of another device (a CPU kernel handed a ``meta`` or
+    CUDA pointer)."""
+    for arg, value in operands.items():
+        if isinstance(value, torch.Tensor) and value.device != w.device:
+            raise ValueError(f"{arg} must be on {name}'s device ({w.device}), got {value.device}")

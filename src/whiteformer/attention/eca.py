@@ -12,8 +12,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .._checks import autocast_off, check_divisible, check_mask, check_tokens_input, stats_dtype
-from ..ops.eca import _check_eps, _check_rank, _compress, _expand, eca_omega
+from .._checks import (autocast_off, check_divisible, check_eps, check_mask, check_sketch_rank, check_tokens_input,
+                       stats_dtype)
+from ..ops.eca import _compress, _expand, eca_omega
 from .registry import register_attention
 
 __all__ = ["ECAttention"]
@@ -107,7 +108,7 @@ class ECAttention(nn.Module):
                 f"rank: the expansion sketch has expand_rank = {self.expand_rank} "
                 f"({'num_heads * rank' if expand_rank is None else 'given'}) columns, more than dim ({dim})"
             )
-        self.eps = _check_eps(eps)
+        self.eps = check_eps(eps)
         self.positive = bool(positive)
         self.use_expand, self.use_compress = bool(expand), bool(compress)
         self.resample_omega = bool(resample_omega)
@@ -202,9 +203,9 @@ class ECAttention(nn.Module):
         if return_pi and not self.use_compress:
             raise ValueError("return_pi=True needs the compression module (compress=False has no memberships)")
         if self.use_expand:
-            _check_rank(self.expand_rank, N, self.dim, "dim", "expand_rank (num_heads * rank by default)", self.eps)
+            check_sketch_rank(self.expand_rank, N, self.dim, "dim", "expand_rank (num_heads * rank by default)", self.eps)
         if self.use_compress:
-            _check_rank(self.rank, N, self.head_dim, "the head dimension p", "rank", self.eps)
+            check_sketch_rank(self.rank, N, self.head_dim, "the head dimension p", "rank", self.eps)
         cd = stats_dtype(x)
         if self.U is not None:
             cd = torch.promote_types(cd, stats_dtype(self.U))

@@ -1,7 +1,40 @@
 """Functional attention operators. Shapes: B batch, H heads, N tokens, p head dim.
 
-Each operator has a plain, readable reference version in :mod:`whiteformer.ops.reference`
-that the main version here is tested against (forward and gradients)."""
+Layout (in the manner of flash-linear-attention's ``fla/ops``): an operator with several
+implementations (kernels) has its own folder, the others are one module each.
+
+* ``tssa/``: :func:`tssa` (ToST Eq. (11)); ``dispatch.py`` (public function: checks, kernel
+  choice), ``parallel.py`` (the one differentiable PyTorch implementation: fallback path and
+  the fused kernels' double backward).
+* ``causal_tssa/``: :func:`causal_tssa`, :func:`causal_tssa_step`, :class:`CausalTSSAState`
+  (ToST Eq. (28)); ``dispatch.py``, ``parallel.py`` (prefix sums), ``recurrent.py`` (the step:
+  the parallel form on one token from a state), ``state.py``.
+* ``dmsa.py`` (+ ``rotary.py``), ``eca.py``, ``baselines.py`` (mhsa, xca, mssa, class_attention):
+  one PyTorch implementation each.
+* ``reference/``: plain, literal versions of every operator, the oracle the main versions are
+  tested against (forward and gradients, float64 gradcheck).
+* ``constants.py``: the epsilons, shared by every implementation (also compiled into the C++
+  kernel).
+* ``_kernels/``: the kernel backends of the TSSA operators. ``__init__.py`` is the plug that
+  chooses, per call, between a registered backend and the PyTorch path
+  (:func:`~whiteformer.ops._kernels.register_backend`, documented there: how a device backend
+  such as Triton on CUDA registers kernels for ``tssa`` / ``causal_tssa`` / ``causal_tssa_step``);
+  ``fused.py`` the ``torch.library`` custom ops ``whiteformer::tssa_fused_fwd`` / ``_bwd`` and
+  ``whiteformer::causal_tssa_fused_fwd`` / ``_bwd`` (hand-derived backward, fake tensors,
+  ``torch.compile``); ``build.py`` builds and loads the C++/OpenMP CPU kernel ``tssa_cpu.cpp``.
+
+Environment variables (read at each call in eager mode; fixed when a graph is compiled):
+
+* ``WHITEFORMER_DISABLE_KERNELS=1``: always the PyTorch path.
+* ``WHITEFORMER_BACKEND=<name>``: run the kernels of the backend registered under that name on any
+  device (e.g. ``triton`` on CPU tensors under ``TRITON_INTERPRET=1``); ``torch`` means the
+  PyTorch path, ``auto`` (or unset) the choice by device type and dtype.
+* ``WHITEFORMER_KERNEL_CACHE``: where the C++ kernel is built and kept (default
+  ``$XDG_CACHE_HOME/whiteformer/kernels``, i.e. ``~/.cache/whiteformer/kernels``).
+
+Every operator checks its arguments (shapes, dtypes, devices) before any kernel runs and raises a
+``ValueError``/``TypeError`` naming the argument.
+"""
 
 # --- tssa / causal_tssa ---
 from .tssa import tssa  # noqa: F401

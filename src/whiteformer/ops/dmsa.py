@@ -42,10 +42,10 @@ import torch
 import torch.nn.functional as F
 
 from .._checks import autocast_off, check_mask, check_nonempty, check_tensor
+from .constants import PI_EPS  # added to the membership mass sum_n Pi_n (as TSSA)
 
 __all__ = ["dmsa", "sparsemax", "SPARSITY", "ACTIVATIONS", "GATE_ACTIVATIONS", "MODES", "check_dmsa_options"]
 
-PI_EPS = 1e-8  # added to the membership mass sum_n Pi_n (as TSSA)
 
 SPARSITY = ("heads", "tokens", "both")
 ACTIVATIONS = ("sigmoid", "relu", "gelu", "sparsemax")

@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import autocast_off, check_mask, check_nonempty, check_tensor, stats_dtype
+from .._checks import (autocast_off, check_eps, check_mask, check_nonempty, check_sketch_rank, check_tensor,
+                       stats_dtype)
 
 __all__ = [
     "orthonormal_basis",
@@ -108,35 +109,6 @@ def cholesky_stats() -> Dict[str, float]:
 # --------------------------------------------------------------------------------------------
 
 
-def _check_eps(eps) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
-    return float(eps)
-
-
-def _check_rank(rank: int, tokens: int, features: int, features_name: str,
-                what: str = "rank (columns of omega)", eps: float = 0.0) -> None:
-    """The sketch rank R is at most ``features`` (a basis of a features-dimensional space).
-
-    R may exceed the number of tokens N only when ``eps > 0``: then range(Z Omega) has at most N
-    dimensions, the Gram matrix is singular, and the eps-regularised basis acts as a ridge
-    projector onto range(Z). The paper's own configurations need this (ECA-B/B+/L sketch
-    16 * 20 = 320 columns over 196 tokens, with the fixed eps = 1e-2); with ``eps = 0`` it raises.
-    """
-    if rank < 1:
-        raise ValueError(f"{what} must be >= 1, got {rank}")
-    if rank > tokens and eps <= 0:
-        raise ValueError(
-            f"{what} = {rank} must be <= the number of tokens N ({tokens}) when eps = 0: the "
-            f"range of the N token features has at most N dimensions (use eps > 0 to allow it)"
-        )
-    if rank > features:
-        raise ValueError(
-            f"{what} = {rank} must be <= {features_name} ({features}): the "
-            f"basis of a {features}-dimensional space has at most {features} vectors"
-        )
-
-
 def _check_omega(omega, tokens: int) -> int:
     check_tensor(omega, "omega", 2)
     if omega.shape[0] != tokens:
@@ -188,7 +160,7 @@ def orthonormal_basis(Y: torch.Tensor, eps: float = DEFAULT_EPS) -> torch.Tensor
         raise ValueError(f"Y must have m >= 1 rows and r >= 1 columns, got shape {tuple(Y.shape)}")
     if r > m:
         raise ValueError(f"rank (columns of Y, {r}) must be <= the number of rows m ({m}) for an orthonormal basis")
-    eps = _check_eps(eps)
+    eps = check_eps(eps)
     with autocast_off(Y):
         return _basis(Y.to(stats_dtype(Y)), eps).to(Y.dtype)
 
@@ -323,8 +295,8 @@ def eca_expand(
     """
     _check_x(x)
     rank = _check_omega(omega, x.shape[1])
-    eps = _check_eps(eps)
-    _check_rank(rank, x.shape[1], x.shape[2], "the feature dimension C", eps=eps)
+    eps = check_eps(eps)
+    check_sketch_rank(rank, x.shape[1], x.shape[2], "the feature dimension C", eps=eps)
     attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
     cd = stats_dtype(x)
     with autocast_off(x):
@@ -397,8 +369,8 @@ def eca_compress(
         )
     head_dim = U.shape[1] // num_heads
     rank = _check_omega(omega, x.shape[1])
-    eps = _check_eps(eps)
-    _check_rank(rank, x.shape[1], head_dim, "the head dimension p", eps=eps)
+    eps = check_eps(eps)
+    check_sketch_rank(rank, x.shape[1], head_dim, "the head dimension p", eps=eps)
     _check_temperature(temperature, num_heads)
     attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
     cd = torch.promote_types(stats_dtype(x), stats_dtype(U))

@@ -33,9 +33,10 @@ namespace {
 
 constexpr int64_t DEFAULT_CHUNK = 256;  // tokens per work item (and per causal checkpoint)
 constexpr int BLK = 16;                 // tokens summed in T before adding to a double total
-constexpr double NORM_EPS2 = 1e-24;     // F.normalize eps (1e-12), squared
-constexpr double PI_EPS = 1e-8;         // added to the membership mass
-constexpr double RATIO_EPS = 1e-12;     // clamp of the causal prefix energy
+// The epsilons come from whiteformer/ops/constants.py, passed as -D flags by _kernels/build.py.
+constexpr double NORM_EPS2 = double(WF_NORM_EPS) * double(WF_NORM_EPS);  // F.normalize eps, squared
+constexpr double PI_EPS = WF_PI_EPS;        // added to the membership mass
+constexpr double RATIO_EPS = WF_RATIO_EPS;  // clamp of the causal prefix energy
 
 // ------------------------------------------------------------------ exp for x <= 0 (vectorisable)
 // exp(x) = 2^k exp(r), k = round(x / ln 2), |r| <= ln2 / 2; 2^k is built from the bits of the

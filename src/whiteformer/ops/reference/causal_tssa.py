@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..._checks import stats_dtype
+from ..constants import PI_EPS, RATIO_EPS
 from ._masking import per_sequence
 
 __all__ = ["causal_tssa_reference"]
@@ -22,12 +23,12 @@ def _causal_tssa_literal(w, temp, pos_bias, attn_drop: float, training: bool):
     """Official formula on w (B, H, T, p), temp (H, 1), pos_bias (H, T_max, 1) or None."""
     T = w.shape[-2]
     w_sq = w**2
-    denom = torch.cumsum(w_sq, dim=-2).clamp_min(1e-12)
+    denom = torch.cumsum(w_sq, dim=-2).clamp_min(RATIO_EPS)
     w_normed = w_sq / denom
     if pos_bias is not None:
         w_normed = w_normed + pos_bias[:, :T, :]  # broadcast over p: adds p * bias after the sum
     Pi = torch.softmax(torch.sum(w_normed, dim=-1) * temp, dim=1)  # (B, H, T), over heads
-    dots = torch.cumsum(w_sq * Pi.unsqueeze(-1), dim=-2) / (Pi.cumsum(dim=-1) + 1e-8).unsqueeze(-1)
+    dots = torch.cumsum(w_sq * Pi.unsqueeze(-1), dim=-2) / (Pi.cumsum(dim=-1) + PI_EPS).unsqueeze(-1)
     attn = 1.0 / (1 + dots)
     attn = F.dropout(attn, p=attn_drop, training=training)
     y = -torch.mul(w.mul(Pi.unsqueeze(-1)), attn)

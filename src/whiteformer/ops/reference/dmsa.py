@@ -16,6 +16,7 @@ from einops import rearrange
 from entmax import sparsemax
 
 from ..._checks import stats_dtype
+from ..constants import PI_EPS
 
 __all__ = ["dmsa_reference", "rotary_reference"]
 
@@ -56,7 +57,7 @@ def _dmsa_literal(S, PI, sparsity, activation, mode, gate_activation, attn_drop,
     Pi = _activation(activation, rearrange(PI, "b n h -> b h n"), dim=1)
     if sparsity in ("tokens", "both"):
         Pi = sparsemax(Pi, dim=-1)  # ST along the token axis, used directly as the membership
-    dots = torch.matmul((Pi / (Pi.sum(dim=-1, keepdim=True) + 1e-8)).unsqueeze(-2), w**2)  # (B, H, 1, p)
+    dots = torch.matmul((Pi / (Pi.sum(dim=-1, keepdim=True) + PI_EPS)).unsqueeze(-2), w**2)  # (B, H, 1, p)
     attn = 1.0 / (1 + dots)
     attn = F.dropout(attn, p=attn_drop, training=training)
     if mode == "membership":

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..._checks import stats_dtype
+from ..constants import NORM_EPS, PI_EPS
 from ._masking import per_sequence
 
 __all__ = ["tssa_reference"]
@@ -19,9 +20,9 @@ __all__ = ["tssa_reference"]
 
 def _tssa_literal(w: torch.Tensor, temp: torch.Tensor, attn_drop: float, training: bool, normalize: bool = True):
     """Official formula on w (B, H, N, p), temp (H, 1); returns (out, Pi)."""
-    w_normed = F.normalize(w, dim=-2) if normalize else w  # l2 over tokens, eps 1e-12
+    w_normed = F.normalize(w, dim=-2, eps=NORM_EPS) if normalize else w  # l2 over tokens
     Pi = torch.softmax(torch.sum(w_normed**2, dim=-1) * temp, dim=1)  # (B, H, N), over heads
-    dots = torch.matmul((Pi / (Pi.sum(dim=-1, keepdim=True) + 1e-8)).unsqueeze(-2), w**2)  # (B, H, 1, p)
+    dots = torch.matmul((Pi / (Pi.sum(dim=-1, keepdim=True) + PI_EPS)).unsqueeze(-2), w**2)  # (B, H, 1, p)
     attn = 1.0 / (1 + dots)
     attn = F.dropout(attn, p=attn_drop, training=training)
     out = -torch.mul(w.mul(Pi.unsqueeze(-1)), attn)

@@ -21,6 +21,7 @@ from typing import Optional
 
 import torch
 
+from .. import constants
 from . import kernels_disabled
 
 __all__ = ["fast_path_available", "load_extension", "build_error"]
@@ -41,6 +42,11 @@ def _isa_flags() -> list:
     if cap == "AVX512":
         return ["-mavx2", "-mfma", "-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mprefer-vector-width=512"]
     return ["-mavx2", "-mfma"] if cap == "AVX2" else []
+
+
+def _constant_flags() -> list:
+    # the epsilons of whiteformer.ops.constants, compiled in (part of the build key)
+    return [f"-DWF_{name}={getattr(constants, name)!r}" for name in ("NORM_EPS", "PI_EPS", "RATIO_EPS")]
 
 
 def _build_dir(src: Path, flags: list) -> Path:
@@ -66,7 +72,7 @@ def load_extension():
             from torch.utils import cpp_extension
 
             src = _source_path()
-            flags = ["-O3", "-fno-trapping-math", "-fopenmp", *_isa_flags()]
+            flags = ["-O3", "-fno-trapping-math", "-fopenmp", *_isa_flags(), *_constant_flags()]
             _ext = cpp_extension.load(
                 name="whiteformer_tssa_cpu",
                 sources=[str(src)],

@@ -4,12 +4,16 @@ and O(B H p) statistics and recomputes everything else.
 
 The ops are ``torch.library`` custom ops (``whiteformer::tssa_fused_fwd`` / ``_bwd``,
 ``whiteformer::causal_tssa_fused_fwd`` / ``_bwd``) with a CPU implementation (the C++/OpenMP
-extension ``_kernels/tssa_cpu.cpp``), a fake (meta) implementation and a registered autograd
-formula, so they also work inside ``torch.compile(fullgraph=True)``. The dispatchers in
-:mod:`.tssa` / :mod:`.causal_tssa` call them through :func:`fused_supported`; set
-``WHITEFORMER_DISABLE_KERNELS=1`` to use the pure-PyTorch path instead. A backward that must
-itself be differentiable (``create_graph=True``, e.g. gradient penalties) recomputes the
-gradients with differentiable PyTorch ops instead of the kernel.
+extension ``_kernels/tssa_cpu.cpp``, built by :mod:`.build`), a fake (meta) implementation and a
+registered autograd formula, so they also work inside ``torch.compile(fullgraph=True)``. Another
+device adds its kernels with ``register_kernel(device_type)`` on the four ops (see
+:mod:`whiteformer.ops._kernels`). The dispatchers :mod:`whiteformer.ops.tssa.dispatch` /
+:mod:`whiteformer.ops.causal_tssa.dispatch` call them when :func:`fused_supported`. A backward
+that must itself be differentiable (``create_graph=True``, e.g. gradient penalties) recomputes
+the gradients through the PyTorch paths (:func:`whiteformer.ops.tssa.parallel.tssa_parallel`,
+:func:`whiteformer.ops.causal_tssa.parallel.causal_tssa_parallel`) instead of the kernel.
+The epsilons (``1e-24 = NORM_EPS^2``, ``1e-8 = PI_EPS``, ``1e-12 = RATIO_EPS`` below) come from
+:mod:`whiteformer.ops.constants`.
 
 Non-causal TSSA, per (b, h), w of shape (N, p), kept tokens only (a padded token has Pi = 0,
 out = 0 and gradient 0)::
@@ -57,8 +61,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ._kernels import fused_supported
-from ._kernels.cpu import load_extension
+from . import fused_supported
+from .build import load_extension
 
 __all__ = ["tssa_fused", "causal_tssa_fused", "fused_supported"]
 
@@ -86,32 +90,8 @@ def _d64(t: Tensor, *shape) -> Tensor:
 
 
 # ------------------------------------------------------------------------------ double backward
-# The same forward in differentiable PyTorch ops, used only by a backward with create_graph=True.
-
-
-def _tssa_torch_outputs(w: Tensor, temp: Tensor, mask: Optional[Tensor]):
-    x = w if mask is None else w.masked_fill(~mask[:, None, :, None], 0.0)
-    x2 = x * x
-    r = x2.sum(dim=-2).clamp_min(1e-24).reciprocal()
-    pi = torch.softmax(torch.einsum("bhnp,bhp->bhn", x2, r) * temp, dim=1)
-    if mask is not None:
-        pi = pi.masked_fill(~mask[:, None, :], 0.0)
-    dots = torch.einsum("bhn,bhnp->bhp", pi / (pi.sum(-1, keepdim=True) + 1e-8), x2)
-    return -(x * pi.unsqueeze(-1)) / (1.0 + dots).unsqueeze(-2), pi
-
-
-def _causal_torch_outputs(w: Tensor, temp: Tensor, lb: Optional[Tensor], mask: Optional[Tensor]):
-    x = w if mask is None else w.masked_fill(~mask[:, None, :, None], 0.0)
-    x2 = x * x
-    energy = x2.cumsum(dim=-2)
-    logits = (x2 / energy.clamp_min(1e-12)).sum(-1)
-    pi = torch.softmax((logits if lb is None else logits + lb) * temp, dim=1)
-    if mask is not None:
-        pi = pi.masked_fill(~mask[:, None, :], 0.0)
-    sq_pi = (x2 * pi.unsqueeze(-1)).cumsum(dim=-2)
-    mass = pi.cumsum(dim=-1)
-    out = -(x * pi.unsqueeze(-1)) / (1.0 + sq_pi / (mass + 1e-8).unsqueeze(-1))
-    return out, pi, energy[:, :, -1], sq_pi[:, :, -1], mass[:, :, -1]
+# create_graph=True: the same forward in the differentiable PyTorch paths (imported when needed:
+# those packages import this module).
 
 
 def _double_backward(outs, inputs, grads):
@@ -161,7 +141,9 @@ def _tssa_setup(ctx, inputs, output):
 def _tssa_backward(ctx, g_out, g_pi, *_):
     w, temp, mask, pi, s, t, m = ctx.saved_tensors
     if torch.is_grad_enabled():  # create_graph: differentiable recomputation
-        return (*_double_backward(_tssa_torch_outputs(w, temp, mask), (w, temp), (g_out, g_pi)), None, None)
+        from ..tssa.parallel import tssa_parallel
+
+        return (*_double_backward(tssa_parallel(w, temp, mask), (w, temp), (g_out, g_pi)), None, None)
     g_out = torch.zeros_like(w) if g_out is None else _rows(g_out)
     g_pi = None if g_pi is None else g_pi.contiguous()
     dw, dtemp = _tssa_bwd(g_out, g_pi, w, temp, mask, pi, s, t, m, ctx.chunk)
@@ -234,8 +216,11 @@ def _last(g: Optional[Tensor]) -> Optional[Tensor]:
 def _causal_backward(ctx, g_out, g_pi, g_ec, g_qc, g_mc):
     w, temp, lb, mask, pi, ec, qc, mc = ctx.saved_tensors
     if torch.is_grad_enabled():  # create_graph: differentiable recomputation
+        from ..causal_tssa.parallel import causal_tssa_parallel
+
         inputs = (w, temp) if lb is None else (w, temp, lb)
-        grads = _double_backward(_causal_torch_outputs(w, temp, lb, mask), inputs,
+        out, pi, sum_sq, sum_pi, sum_sq_pi = causal_tssa_parallel(w, temp, lb, mask)
+        grads = _double_backward((out, pi, sum_sq, sum_sq_pi, sum_pi), inputs,
                                  (g_out, g_pi, _last(g_ec), _last(g_qc), _last(g_mc)))
         return grads[0], grads[1], grads[2] if lb is not None else None, None, None, None
     g_out = torch.zeros_like(w) if g_out is None else _rows(g_out)

@@ -1,0 +1,154 @@
+"""The public :func:`causal_tssa` and :func:`causal_tssa_step`: argument checks, then the kernel
+that runs them (see :mod:`.._kernels`)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..._checks import (check_attn_drop, check_heads_input, check_mask, check_nonempty, check_pos_bias,
+                        check_same_device, check_temp, check_tensor, stats_dtype)
+from .._kernels import fused_supported, kernel_for
+from .._kernels.fused import causal_tssa_fused
+from .parallel import causal_tssa_parallel
+from .recurrent import causal_tssa_recurrent
+from .state import CausalTSSAState, check_state, position_logit_bias
+
+__all__ = ["causal_tssa", "causal_tssa_step"]
+
+
+def causal_tssa(
+    w: torch.Tensor,
+    temp: torch.Tensor,
+    pos_bias: Optional[torch.Tensor] = None,
+    attn_mask: Optional[torch.Tensor] = None,
+    return_pi: bool = False,
+    *,
+    return_state: bool = False,
+    attn_drop: float = 0.0,
+    training: bool = False,
+):
+    """Causal Token Statistics Self-Attention (ToST Eq. (28) with memberships Eq. (39)).
+
+    For each head, with w of shape (N, p) and prefix sums over tokens s <= t::
+
+        ratio_t = w_t^2 / max(sum_{s<=t} w_s^2, 1e-12)                       (Eq. 35, squared)
+        Pi_t    = softmax_heads( temp * (sum_p ratio_t + p * b_t) )          (Eq. 39, b = pos_bias)
+        dots_t  = sum_{s<=t} Pi_s w_s^2 / (sum_{s<=t} Pi_s + 1e-8)
+        out_t   = -(w_t * Pi_t) / (1 + dots_t)                                (Eq. 28)
+
+    The bias is added to every feature's ratio before the sum over p, as the official code does,
+    hence ``+ p * b_t``. ``out_t`` depends only on tokens ``<= t``.
+
+    Args:
+        w: (B, H, N, p) projected tokens per head.
+        temp: (H, 1) temperature.
+        pos_bias: optional (H, T_max, 1) per-head, per-position bias on the membership logits
+            (zeros at init). ``N > T_max`` raises ``ValueError``; ``None`` has no length limit.
+        attn_mask: optional (B, N) bool keep-mask (True = real token). Padded tokens are left
+            out of all cumulative statistics and their outputs (and Pi) are 0; a real token's
+            position (for ``pos_bias``) is its index among the real tokens of its sequence, so
+            each real token gets the result of its sequence alone (left or right padding).
+        return_pi: also return Pi (B, H, N).
+        return_state: also return the :class:`CausalTSSAState` after the last token (to
+            continue with :func:`causal_tssa_step`); with a mask, ``t`` is the (B,) count of
+            real tokens.
+        attn_drop: dropout probability on the gain ``1 / (1 + dots)`` (official code).
+        training: dropout is applied only when True.
+
+    Returns:
+        out (B, H, N, p) in ``w``'s dtype, or a tuple ``(out, [pi], [state])`` in that order.
+    """
+    check_heads_input(w)
+    heads, n, p = w.shape[1], w.shape[2], w.shape[3]
+    check_temp(temp, heads)
+    check_pos_bias(pos_bias, heads)
+    if pos_bias is not None and n > pos_bias.shape[1]:
+        raise ValueError(
+            f"sequence length N = {n} exceeds the positional bias table length T_max = "
+            f"{pos_bias.shape[1]} (pos_bias has shape {tuple(pos_bias.shape)})"
+        )
+    attn_mask = check_mask(attn_mask, w.shape[0], n)
+    check_same_device(w, temp=temp, pos_bias=pos_bias, attn_mask=attn_mask)
+    drop = check_attn_drop(attn_drop)
+    drop_p = drop if training else 0.0
+
+    bias = None if pos_bias is None else position_logit_bias(pos_bias, p, n, attn_mask)
+    kernel = None
+    if drop_p == 0.0:
+        kernel = kernel_for("causal_tssa", w)
+        if kernel is None and fused_supported(w):
+            kernel = causal_tssa_fused
+    if kernel is not None:
+        out, pi, *sums = kernel(w, temp, bias, attn_mask)
+    else:
+        out, pi, *sums = causal_tssa_parallel(w, temp, bias, attn_mask, drop_p)
+    if not (return_pi or return_state):
+        return out
+    res = (out,)
+    if return_pi:
+        res += (pi,)
+    if return_state:
+        sd = stats_dtype(w)
+        t = n if attn_mask is None else attn_mask.long().sum(dim=-1)
+        res += (CausalTSSAState(*(s.to(sd) for s in sums), t),)
+    return res
+
+
+def causal_tssa_step(
+    w_t: torch.Tensor,
+    state: Optional[CausalTSSAState],
+    temp: torch.Tensor,
+    pos_bias: Optional[torch.Tensor] = None,
+    *,
+    return_pi: bool = False,
+    attn_drop: float = 0.0,
+    training: bool = False,
+):
+    """One step of causal TSSA (recurrent form of :func:`causal_tssa`, same equations).
+
+    Args:
+        w_t: (B, H, p) the projected current token.
+        state: :class:`CausalTSSAState` of the previous tokens, or None to start.
+        temp: (H, 1) temperature.
+        pos_bias: optional (H, T_max, 1); raises ``ValueError`` once ``t`` reaches ``T_max``.
+        return_pi: also return pi_t (B, H).
+
+    Returns:
+        ``(out_t, new_state)`` (or ``(out_t, pi_t, new_state)``) with out_t (B, H, p) in
+        ``w_t``'s dtype. Stepping through a sequence reproduces :func:`causal_tssa`.
+    """
+    check_tensor(w_t, "w_t", 3)
+    check_nonempty(w_t, "w_t", 1, "heads")
+    check_nonempty(w_t, "w_t", 2, "features (head dim p)")
+    b, h, p = w_t.shape
+    check_temp(temp, h)
+    check_pos_bias(pos_bias, h)
+    check_same_device(w_t, "w_t", temp=temp, pos_bias=pos_bias)
+    drop = check_attn_drop(attn_drop)
+    drop_p = drop if training else 0.0
+    sd = stats_dtype(w_t)
+    if state is None:
+        zeros = torch.zeros(b, h, p, dtype=sd, device=w_t.device)
+        state = CausalTSSAState(zeros, torch.zeros(b, h, dtype=sd, device=w_t.device), zeros, 0)
+    else:
+        check_state(state, w_t)
+    t = state.t
+    bias = None
+    if pos_bias is not None:
+        t_max = pos_bias.shape[1]
+        too_long = bool((t >= t_max).any()) if isinstance(t, torch.Tensor) else t >= t_max
+        if too_long:
+            raise ValueError(
+                f"position t = {t} reached the positional bias table length T_max = {t_max}; "
+                f"causal TSSA with pos_bias cannot go past T_max tokens"
+            )
+        bias = position_logit_bias(pos_bias, p, 1, start=t)  # (H, 1) or (B, H, 1)
+    sums = tuple(s.to(sd) for s in state[:3])
+    kernel = kernel_for("causal_tssa_step", w_t) if drop_p == 0.0 else None
+    if kernel is not None:
+        out, pi, *sums = kernel(w_t, *sums, temp, bias)
+    else:
+        out, pi, *sums = causal_tssa_recurrent(w_t, *sums, temp, bias, drop_p)
+    new_state = CausalTSSAState(*sums, t + 1)
+    return (out, pi, new_state) if return_pi else (out, new_state)

@@ -1,0 +1,73 @@
+"""Causal TSSA in differentiable PyTorch ops: the one PyTorch implementation of ToST Eq. (28)
+with the memberships of Eq. (39), in prefix-sum form.
+
+It is the fallback path of :func:`whiteformer.ops.causal_tssa` and of
+:func:`whiteformer.ops.causal_tssa_step` (a sequence of one token continuing from a state,
+:mod:`.recurrent`), and the recomputation behind the fused kernels' double backward
+(:mod:`whiteformer.ops._kernels.fused`). Per head, with x = w (padded tokens zeroed), sums over
+s <= t (plus the state of earlier tokens), and lb_t the logit bias (``p * pos_bias[t]``)::
+
+    E_t    = sum_s x_s^2,   ratio_t = x_t^2 / max(E_t, RATIO_EPS)                   (Eq. 35, squared)
+    Pi_t   = softmax_heads(temp * (sum_p ratio_t + lb_t))                           (Eq. 39)
+    dots_t = sum_s Pi_s x_s^2 / (sum_s Pi_s + PI_EPS)
+    out_t  = -x_t Pi_t / (1 + dots_t)                                               (Eq. 28)
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ..._checks import autocast_off, stats_dtype
+from ..constants import PI_EPS, RATIO_EPS
+
+__all__ = ["causal_tssa_parallel"]
+
+
+def causal_tssa_parallel(
+    w: torch.Tensor,
+    temp: torch.Tensor,
+    logit_bias: Optional[torch.Tensor] = None,
+    attn_mask: Optional[torch.Tensor] = None,
+    drop_p: float = 0.0,
+    initial: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
+) -> Tuple[torch.Tensor, ...]:
+    """Causal TSSA on validated inputs.
+
+    Args:
+        w: (B, H, N, p); temp: (H, 1); logit_bias: (H, N) or (B, H, N) added to ``sum_p ratio``
+            (see :func:`.state.position_logit_bias`) or None; attn_mask: (B, N) bool or None;
+            drop_p: dropout on the gain 1 / (1 + dots);
+        initial: the sums (sum_sq (B, H, p), sum_pi (B, H), sum_sq_pi (B, H, p)) of earlier
+            tokens, or None to start from zero.
+
+    Returns:
+        out (B, H, N, p) and pi (B, H, N) in ``w``'s dtype, and the final sums sum_sq, sum_pi,
+        sum_sq_pi (float32 for half inputs).
+    """
+    sd = stats_dtype(w)
+    with autocast_off(w):
+        x = w.to(sd)
+        if attn_mask is not None:
+            x = x.masked_fill(~attn_mask[:, None, :, None], 0.0)
+        x2 = x * x
+        energy = x2.cumsum(dim=-2)  # (B, H, N, p)
+        if initial is not None:
+            energy = energy + initial[0].to(sd).unsqueeze(-2)
+        logits = (x2 / energy.clamp_min(RATIO_EPS)).sum(dim=-1)  # (B, H, N)
+        if logit_bias is not None:
+            logits = logits + logit_bias.to(sd)
+        pi = torch.softmax(logits * temp.to(sd), dim=1)  # over heads
+        if attn_mask is not None:
+            pi = pi.masked_fill(~attn_mask[:, None, :], 0.0)
+        mass = pi.cumsum(dim=-1)  # (B, H, N)
+        sq_pi = (x2 * pi.unsqueeze(-1)).cumsum(dim=-2)  # (B, H, N, p)
+        if initial is not None:
+            mass = mass + initial[1].to(sd).unsqueeze(-1)
+            sq_pi = sq_pi + initial[2].to(sd).unsqueeze(-2)
+        gain = (1.0 + sq_pi / (mass + PI_EPS).unsqueeze(-1)).reciprocal()
+        if drop_p > 0.0:
+            gain = F.dropout(gain, p=drop_p, training=True)
+        out = -(x * pi.unsqueeze(-1)) * gain
+    return out.to(w.dtype), pi.to(w.dtype), energy[:, :, -1], mass[:, :, -1], sq_pi[:, :, -1]

@@ -1,0 +1,74 @@
+"""The running statistics of causal TSSA (its recurrent state) and the position bias lookup."""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Union
+
+import torch
+
+from ..._checks import check_tensor
+
+__all__ = ["CausalTSSAState", "check_state", "position_logit_bias"]
+
+
+class CausalTSSAState(NamedTuple):
+    """Running statistics of causal TSSA after ``t`` tokens (memory independent of ``t``).
+
+    Fields (statistics dtype: float32 for half inputs):
+        sum_sq: (B, H, p) sum_{s<t} w_s^2.
+        sum_pi: (B, H) sum_{s<t} Pi_s.
+        sum_sq_pi: (B, H, p) sum_{s<t} Pi_s w_s^2.
+        t: number of tokens seen: an int, or a (B,) integer tensor (per-sequence counts, e.g.
+           after a padded prefill); it indexes ``pos_bias`` for the next token.
+    """
+
+    sum_sq: torch.Tensor
+    sum_pi: torch.Tensor
+    sum_sq_pi: torch.Tensor
+    t: Union[int, torch.Tensor]
+
+
+def check_state(state, w_t: torch.Tensor) -> None:
+    """``state`` continues a sequence of ``w_t`` (B, H, p): field shapes, device and ``t``."""
+    if not isinstance(state, CausalTSSAState):
+        raise TypeError(f"state must be a CausalTSSAState or None, got {type(state).__name__}")
+    b, h, p = w_t.shape
+    for name, shape in (("sum_sq", (b, h, p)), ("sum_pi", (b, h)), ("sum_sq_pi", (b, h, p))):
+        val = getattr(state, name)
+        check_tensor(val, f"state.{name}")
+        if val.shape != shape:
+            raise ValueError(f"state.{name} must have shape {shape} to match w_t, got {tuple(val.shape)}")
+        if val.device != w_t.device:
+            raise ValueError(f"state.{name} must be on w_t's device ({w_t.device}), got {val.device}")
+    t = state.t
+    if isinstance(t, torch.Tensor):
+        if t.dtype.is_floating_point or t.dtype == torch.bool or t.shape not in ((), (b,)):
+            raise ValueError(f"state.t must be an int or an integer tensor of shape () or ({b},), got {t}")
+        if t.device != w_t.device:
+            raise ValueError(f"state.t must be on w_t's device ({w_t.device}), got {t.device}")
+    elif isinstance(t, bool) or not isinstance(t, int) or t < 0:
+        raise ValueError(f"state.t must be a non-negative int or an integer tensor, got {t!r}")
+
+
+def position_logit_bias(
+    pos_bias: torch.Tensor, p: int, n: int, attn_mask: Optional[torch.Tensor] = None,
+    start: Union[int, torch.Tensor] = 0,
+) -> torch.Tensor:
+    """The logit bias ``p * b_t`` of ToST Eq. (39) for ``n`` tokens after ``start`` earlier ones.
+
+    ``pos_bias`` (H, T_max, 1) is added to each of the p ratios before their sum over features (as
+    the official code does), hence the factor p. A real token's position is ``start`` plus its
+    index among the real tokens of its sequence (``attn_mask`` (B, n), True = real; ``start`` an
+    int or a (B,) tensor). Returns (H, n) when every sequence has the same positions, else (B, H, n).
+    """
+    if attn_mask is None and isinstance(start, int):
+        return p * pos_bias[:, start:start + n, 0]
+    if attn_mask is None:
+        pos = torch.arange(n, device=pos_bias.device)
+    else:
+        pos = (attn_mask.long().cumsum(dim=-1) - 1).clamp_min(0)  # (B, n)
+    if isinstance(start, torch.Tensor):
+        pos = pos + start.reshape(-1, 1)
+    elif start:
+        pos = pos + start
+    bias = pos_bias[:, pos, 0]  # (H, n) or (H, B, n)
+    return p * (bias.transpose(0, 1) if bias.dim() == 3 else bias)

@@ -1,0 +1,64 @@
+"""The public :func:`tssa`: argument checks, then the kernel that runs it (see :mod:`.._kernels`)."""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+
+from ..._checks import check_attn_drop, check_heads_input, check_mask, check_same_device, check_temp
+from .._kernels import fused_supported, kernel_for
+from .._kernels.fused import tssa_fused
+from .parallel import tssa_parallel
+
+__all__ = ["tssa"]
+
+
+def tssa(
+    w: torch.Tensor,
+    temp: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = None,
+    return_pi: bool = False,
+    *,
+    attn_drop: float = 0.0,
+    training: bool = False,
+    normalize: bool = True,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Token Statistics Self-Attention (ToST Eq. (11), memberships Eq. (10)/(34)).
+
+    Args:
+        w: (B, H, N, p) projected tokens ``U_k^T Z`` per head.
+        temp: (H, 1) temperature (``1 / (2 eta)`` in Eq. (10)).
+        attn_mask: optional (B, N) bool keep-mask (True = real token). Padded tokens take no
+            part in any statistic (norms, membership sums, second moments) and their outputs
+            are 0, so each real token gets the result of its sequence alone.
+        return_pi: also return the memberships Pi.
+        attn_drop: dropout probability on the gain ``1 / (1 + dots)`` (as the official layer).
+        training: dropout is applied only when True.
+        normalize: l2-normalise each feature over the tokens before computing Pi (Eq. (32)-(34),
+            the official default). ``False`` gives ``Pi = softmax_heads(temp * sum_p w^2)``: the
+            "no l2 normalisation" row of the ToST Table 8 ablation (always the PyTorch path).
+
+    Returns:
+        out (B, H, N, p) in ``w``'s dtype; with ``return_pi``, ``(out, pi)`` with pi (B, H, N)
+        (softmax over heads; 0 at padded tokens).
+
+    Under float16/bfloat16 (or autocast) all statistics are computed in float32. The formula is
+    :func:`.parallel.tssa_parallel`; :func:`whiteformer.ops.reference.tssa_reference` is the literal
+    one.
+    """
+    check_heads_input(w)
+    check_temp(temp, w.shape[1])
+    attn_mask = check_mask(attn_mask, w.shape[0], w.shape[2])
+    check_same_device(w, temp=temp, attn_mask=attn_mask)
+    drop = check_attn_drop(attn_drop)
+    drop_p = drop if training else 0.0
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
+    if normalize and drop_p == 0.0:
+        kernel = kernel_for("tssa", w)
+        if kernel is None and fused_supported(w):
+            kernel = tssa_fused
+        out, pi = kernel(w, temp, attn_mask) if kernel is not None else tssa_parallel(w, temp, attn_mask)
+    else:
+        out, pi = tssa_parallel(w, temp, attn_mask, drop_p, normalize=normalize)
+    return (out, pi) if return_pi else out

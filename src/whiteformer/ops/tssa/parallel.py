@@ -1,0 +1,56 @@
+"""TSSA in differentiable PyTorch ops: the one PyTorch implementation of ToST Eq. (11).
+
+It is the fallback path of :func:`whiteformer.ops.tssa` (any device and dtype, dropout,
+``normalize=False``) and the recomputation behind the fused kernels' double backward
+(:mod:`whiteformer.ops._kernels.fused`). Per head, with x = w (padded tokens zeroed)::
+
+    R_n    = sum_p x_np^2 / max(sum_n x_np^2, NORM_EPS^2)    (= sum_p (x / ||x||_tokens)^2, Eq. 32)
+    Pi     = softmax_heads(temp * R)                          (Eqs. 33-34)
+    dots_p = sum_n Pi_n x_np^2 / (sum_n Pi_n + PI_EPS)
+    out_np = -x_np Pi_n / (1 + dots_p)                        (Eq. 31, grad f = 1 / (1 + x))
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ..._checks import autocast_off, stats_dtype
+from ..constants import NORM_EPS, PI_EPS
+
+__all__ = ["tssa_parallel"]
+
+
+def tssa_parallel(
+    w: torch.Tensor, temp: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, drop_p: float = 0.0,
+    normalize: bool = True,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """TSSA on validated inputs: w (B, H, N, p), temp (H, 1), attn_mask (B, N) bool or None.
+
+    Returns (out (B, H, N, p), pi (B, H, N)) in ``w``'s dtype, statistics in float32 for half
+    inputs. ``drop_p`` is dropout on the gain 1 / (1 + dots); ``normalize=False`` drops the l2
+    normalisation over tokens (ToST Table 8 ablation). Never materialises ``w_normed``: the
+    logits are one matrix-vector product of w^2 with the inverse per-feature energies.
+    """
+    sd = stats_dtype(w)
+    with autocast_off(w):
+        x = w.to(sd)
+        if attn_mask is not None:
+            # padded tokens: zero entries contribute nothing to any token sum below
+            x = x.masked_fill(~attn_mask[:, None, :, None], 0.0)
+        x2 = x * x  # (B, H, N, p)
+        if normalize:
+            inv_energy = x2.sum(dim=-2).clamp_min(NORM_EPS * NORM_EPS).reciprocal()  # (B, H, p)
+            logits = torch.einsum("bhnp,bhp->bhn", x2, inv_energy)
+        else:
+            logits = x2.sum(dim=-1)
+        pi = torch.softmax(logits * temp.to(sd), dim=1)  # over heads
+        if attn_mask is not None:
+            pi = pi.masked_fill(~attn_mask[:, None, :], 0.0)
+        dots = torch.einsum("bhn,bhnp->bhp", pi / (pi.sum(dim=-1, keepdim=True) + PI_EPS), x2)  # (B, H, p)
+        gain = (1.0 + dots).reciprocal()
+        if drop_p > 0.0:
+            gain = F.dropout(gain, p=drop_p, training=True)
+        out = -(x * pi.unsqueeze(-1)) * gain.unsqueeze(-2)
+    return out.to(w.dtype), pi.to(w.dtype)
