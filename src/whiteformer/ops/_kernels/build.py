@@ -1,35 +1,156 @@
-"""Loader of the fused CPU TSSA kernels (``tssa_cpu.cpp``, shipped as package data).
+"""Builds and loads the fused CPU TSSA kernel (``tssa_cpu.cpp``, shipped as package data).
 
-The extension is JIT-built once per machine with :func:`torch.utils.cpp_extension.load`
-(needs a C++ compiler and ``ninja``; ~30-60 s) into the user's cache,
-``$XDG_CACHE_HOME/whiteformer/kernels/<tag>`` (default ``~/.cache/...``; override with
-``WHITEFORMER_KERNEL_CACHE``), where ``<tag>`` names the Python, torch, source and ISA flags, so
-changed sources or another machine type rebuild instead of reusing a stale binary.
-If the build fails (no compiler, no ninja, ...) :func:`fast_path_available` returns False, a
-warning says why once, and the operators use their pure-PyTorch path.
+The extension is JIT-built once per machine with :func:`torch.utils.cpp_extension.load` (needs a
+C++ compiler and ``ninja``; about a minute) into the user's cache,
+``$WHITEFORMER_KERNEL_CACHE/<tag>`` (default ``$XDG_CACHE_HOME/whiteformer/kernels``, i.e.
+``~/.cache/whiteformer/kernels``). ``<tag>`` is a key on what the binary depends on: the source
+text, the compiler flags (ISA, the epsilons of :mod:`whiteformer.ops.constants`), Python and torch
+versions. The source is copied into that directory and built from there, so another checkout or
+install of the same version reuses the binary instead of rebuilding it.
+
+Concurrency and faults: the build runs under an OS file lock (``fcntl.flock`` on
+``<tag>/build.lock``), which the kernel releases when its owner dies, even by SIGKILL. While
+holding it, a ``lock`` file left in the directory by torch's own build lock (by a process killed
+mid-build) is stale and is removed, so it can no longer hang later processes. A process that finds
+the lock held says so on stderr ("waiting for another process building the kernel…") and waits
+at most ``WHITEFORMER_KERNEL_BUILD_TIMEOUT`` seconds (default 600); after that, like after a failed
+build (no compiler, no ninja, ...), :func:`fast_path_available` is False, a warning says why once,
+and the operators use their PyTorch path. A first build says so on stderr ("building the fused
+TSSA kernel (once per machine, ~1 min)…").
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.resources
 import os
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional, Sequence
 
 import torch
 
 from .. import constants
 from . import kernels_disabled
 
-__all__ = ["fast_path_available", "load_extension", "build_error"]
+__all__ = ["build_error", "cache_root", "extension_dir", "fast_path_available", "load_cpp_extension",
+           "load_extension"]
 
+ENV_CACHE = "WHITEFORMER_KERNEL_CACHE"
+ENV_TIMEOUT = "WHITEFORMER_KERNEL_BUILD_TIMEOUT"
+DEFAULT_TIMEOUT = 600.0  # seconds a process waits for another one's build
+LOCK_FILE = "build.lock"  # our OS lock (released on process death)
+TORCH_LOCK_FILE = "lock"  # torch.utils.cpp_extension's lock file (left behind by a killed build)
+
+_NAME = "whiteformer_tssa_cpu"
 _SOURCE = "tssa_cpu.cpp"
 _lock = threading.Lock()
 _ext = None
 _error: Optional[str] = None
+
+
+# ------------------------------------------------------------------------------ build key
+
+
+def cache_root() -> Path:
+    root = os.environ.get(ENV_CACHE)
+    if not root:
+        root = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "whiteformer", "kernels")
+    return Path(root)
+
+
+def extension_dir(name: str, source: bytes, cflags: Sequence[str], ldflags: Sequence[str]) -> Path:
+    """``<cache>/<tag>``: the tag keys the build on the source text, flags, Python and torch
+    (not on where the source lives, so every checkout shares one binary)."""
+    key = b"\0".join([name.encode(), source, " ".join(cflags).encode(), " ".join(ldflags).encode()])
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}_torch{torch.__version__}_{hashlib.sha1(key).hexdigest()[:12]}"
+    return cache_root() / tag.replace("+", "_")
+
+
+def _timeout() -> float:
+    raw = os.environ.get(ENV_TIMEOUT, "")
+    try:
+        value = float(raw) if raw.strip() else DEFAULT_TIMEOUT
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        raise ValueError(f"{ENV_TIMEOUT} must be a number of seconds >= 0, got {raw!r}")
+    return value
+
+
+# ------------------------------------------------------------------------------ OS lock
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        import msvcrt
+
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            return True
+        except OSError:
+            return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+@contextlib.contextmanager
+def build_lock(directory: Path, timeout: float) -> Iterator[None]:
+    """Hold the OS lock of ``directory`` (created if needed); raise ``TimeoutError`` when another
+    process holds it for more than ``timeout`` seconds. Released on exit and on process death."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if not _try_lock(fd):
+            print(f"whiteformer: waiting for another process building the kernel… ({path}, at most "
+                  f"{timeout:.0f} s, {ENV_TIMEOUT})", file=sys.stderr, flush=True)
+            deadline = time.monotonic() + timeout
+            while not _try_lock(fd):
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"another process has held the kernel build lock {path} for more than "
+                                       f"{timeout:.0f} s ({ENV_TIMEOUT})")
+                time.sleep(0.2)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())  # for people reading the directory
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+# ------------------------------------------------------------------------------ build and load
+
+
+def load_cpp_extension(name: str, source: Path, cflags: Sequence[str] = (), ldflags: Sequence[str] = (),
+                       timeout: Optional[float] = None, what: str = "kernel"):
+    """Build (once per machine) and import the extension ``name`` from one C++ ``source`` file,
+    under the OS lock of its cache directory (see the module docstring). Raises on failure."""
+    from torch.utils import cpp_extension
+
+    text = source.read_bytes()
+    directory = extension_dir(name, text, cflags, ldflags)
+    with build_lock(directory, _timeout() if timeout is None else timeout):
+        # we hold the OS lock: no other process is inside cpp_extension.load for this directory,
+        # so torch's own lock file, if present, was left by a killed process
+        (directory / TORCH_LOCK_FILE).unlink(missing_ok=True)
+        local = directory / source.name
+        if not local.exists() or local.read_bytes() != text:
+            tmp = local.with_name(f".{local.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(text)
+            os.replace(tmp, local)
+        if not (directory / f"{name}{'.pyd' if os.name == 'nt' else '.so'}").exists():
+            print(f"whiteformer: building the {what} (once per machine, ~1 min)… ({directory})",
+                  file=sys.stderr, flush=True)
+        return cpp_extension.load(name=name, sources=[str(local)], extra_cflags=list(cflags),
+                                  extra_ldflags=list(ldflags), build_directory=str(directory), verbose=False)
 
 
 def _source_path() -> Path:
@@ -49,15 +170,11 @@ def _constant_flags() -> list:
     return [f"-DWF_{name}={getattr(constants, name)!r}" for name in ("NORM_EPS", "PI_EPS", "RATIO_EPS")]
 
 
-def _build_dir(src: Path, flags: list) -> Path:
-    root = os.environ.get("WHITEFORMER_KERNEL_CACHE")
-    if root is None:
-        root = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "whiteformer", "kernels")
-    digest = hashlib.sha1(src.read_bytes() + " ".join(flags).encode()).hexdigest()[:12]
-    tag = f"py{sys.version_info.major}{sys.version_info.minor}_torch{torch.__version__}_{digest}"
-    path = Path(root) / tag.replace("+", "_")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+def tssa_build_args() -> dict:
+    """name, source and flags of the fused TSSA CPU kernel (for :func:`load_cpp_extension`)."""
+    return dict(name=_NAME, source=_source_path(),
+                cflags=["-O3", "-fno-trapping-math", "-fopenmp", *_isa_flags(), *_constant_flags()],
+                ldflags=["-fopenmp"], what="fused TSSA kernel")
 
 
 def load_extension():
@@ -69,19 +186,8 @@ def load_extension():
         if _ext is not None or _error is not None:
             return _ext
         try:
-            from torch.utils import cpp_extension
-
-            src = _source_path()
-            flags = ["-O3", "-fno-trapping-math", "-fopenmp", *_isa_flags(), *_constant_flags()]
-            _ext = cpp_extension.load(
-                name="whiteformer_tssa_cpu",
-                sources=[str(src)],
-                extra_cflags=flags,
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(_build_dir(src, flags)),
-                verbose=False,
-            )
-        except Exception as exc:  # no compiler / ninja / headers: use the torch path
+            _ext = load_cpp_extension(**tssa_build_args())
+        except Exception as exc:  # no compiler / ninja / headers, or the wait timed out: torch path
             _error = f"{type(exc).__name__}: {exc}".strip()[:2000]
             warnings.warn(
                 "whiteformer: could not build the fused CPU TSSA kernel, using the pure-PyTorch path "
