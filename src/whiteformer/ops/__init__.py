@@ -30,7 +30,12 @@ Environment variables (read at each call in eager mode; fixed when a graph is co
   device (e.g. ``triton`` on CPU tensors under ``TRITON_INTERPRET=1``); ``torch`` means the
   PyTorch path, ``auto`` (or unset) the choice by device type and dtype.
 * ``WHITEFORMER_KERNEL_CACHE``: where the C++ kernel is built and kept (default
-  ``$XDG_CACHE_HOME/whiteformer/kernels``, i.e. ``~/.cache/whiteformer/kernels``).
+  ``$XDG_CACHE_HOME/whiteformer/kernels``, i.e. ``~/.cache/whiteformer/kernels``), one directory
+  per build key (source text, flags, Python, torch), shared by every checkout. The first use on a
+  machine builds it (about a minute, announced on stderr) under an OS lock that dies with its
+  process, so a killed build never blocks the next one.
+* ``WHITEFORMER_KERNEL_BUILD_TIMEOUT``: seconds to wait for another process's build (default 600),
+  then the PyTorch path with a warning.
 
 Every operator checks its arguments (shapes, dtypes, devices) before any kernel runs and raises a
 ``ValueError``/``TypeError`` naming the argument.
