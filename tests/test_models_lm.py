@@ -119,6 +119,38 @@ def test_prefill_and_step_match_forward(name):
     torch.testing.assert_close(step_logits, full[:, -1], rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("name", ["tost_lm_base", "gpt_base"])
+def test_padded_batch_matches_each_sequence_alone(name):
+    """Left and right padding via attn_mask: every real token's logits, and the steps after a
+    padded prefill, equal those of its sequence run alone."""
+    model = _tiny(name).double().eval()
+    a, b = torch.randint(0, 61, (1, 9)), torch.randint(0, 61, (1, 5))
+    nxt = torch.randint(0, 61, (2, 3))
+    pad = torch.zeros(1, 4, dtype=torch.long)
+    for left in (True, False):
+        idx = torch.cat([a, torch.cat([pad, b], 1) if left else torch.cat([b, pad], 1)])
+        mask = idx.new_ones(idx.shape, dtype=torch.bool)
+        mask[1] = torch.arange(9) >= 4 if left else torch.arange(9) < 5
+        logits, _ = model(idx, attn_mask=mask)
+        torch.testing.assert_close(logits[0], model(a)[0][0])
+        torch.testing.assert_close(logits[1, mask[1]], model(b)[0][0])
+        assert bool(torch.isfinite(logits).all())
+        if not left:
+            continue
+        _, state = model.prefill(idx, attn_mask=mask)
+        _, alone_a = model.prefill(a)
+        _, alone_b = model.prefill(b)
+        for t in range(3):
+            got, state = model.step(nxt[:, t], state)
+            want_a, alone_a = model.step(nxt[:1, t], alone_a)
+            want_b, alone_b = model.step(nxt[1:, t], alone_b)
+            torch.testing.assert_close(got, torch.cat([want_a, want_b]), rtol=1e-9, atol=1e-9)
+    with pytest.raises(ValueError, match="without any real token"):
+        model(idx, attn_mask=torch.zeros_like(mask))
+    with pytest.raises(ValueError, match="attn_mask must have shape"):
+        model(idx, attn_mask=mask[:, :3])
+
+
 def test_tost_state_is_constant_size_gpt_cache_grows():
     tost, gpt = _tiny("tost_lm_base"), _tiny("gpt_base")
     idx = torch.randint(0, 61, (2, 3))

@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import check_divisible, check_tensor, check_tokens_input
+from .._checks import check_divisible, check_mask, check_tensor, check_tokens_input
 from ..attention.tssa import CausalTSSA
 from .checkpoint import PretrainedMixin
 from .deit import feature_take_indices
@@ -38,17 +38,21 @@ __all__ = ["CausalLM", "ToSTLM", "GPTLM", "CausalSelfAttention", "KVCache", "LMS
 
 
 class KVCache(NamedTuple):
-    """Keys and values of the tokens seen so far: k, v of shape (B, H, T, p)."""
+    """Keys and values of the tokens seen so far: k, v of shape (B, H, T, p); ``mask`` (B, T)
+    bool keep-mask of those tokens (None: all real), from a padded prefill."""
 
     k: torch.Tensor
     v: torch.Tensor
+    mask: Optional[torch.Tensor] = None
 
 
 class LMState(NamedTuple):
-    """Generation state of a :class:`CausalLM`: ``pos`` tokens consumed, one state per block
-    (a :class:`~whiteformer.ops.causal_tssa.CausalTSSAState` for ToST, a :class:`KVCache` for GPT)."""
+    """Generation state of a :class:`CausalLM`: ``pos`` real tokens consumed (an int, or a (B,)
+    integer tensor after a padded prefill: the next token's position per sequence), one state
+    per block (a :class:`~whiteformer.ops.causal_tssa.CausalTSSAState` for ToST, a
+    :class:`KVCache` for GPT)."""
 
-    pos: int
+    pos: Union[int, torch.Tensor]
     layers: Tuple[Any, ...]
 
 
@@ -92,19 +96,27 @@ class CausalSelfAttention(nn.Module):
         return self.proj_drop(self.proj(rearrange(y, "b h n d -> b n (h d)")))
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x (B, N, C) -> y (B, N, C); y[:, t] depends only on x[:, :t+1]."""
+        """x (B, N, C), attn_mask (B, N) bool keep-mask -> y (B, N, C); y[:, t] depends only on
+        the real tokens of x[:, :t+1]; padded outputs are 0."""
         return self.prefill(x, attn_mask)[0]
 
     def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None
                 ) -> Tuple[torch.Tensor, KVCache]:
         """Like :meth:`forward`, also returning the key/value cache of the N tokens."""
         check_tokens_input(x, "x", self.dim)
-        if attn_mask is not None:
-            raise ValueError("CausalSelfAttention does not support attn_mask (padding); pass attn_mask=None")
+        attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
         q, k, v = self._qkv(x)
         drop = self.attn_drop if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
-        return self._out(y), KVCache(k, v)
+        if attn_mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+            return self._out(y), KVCache(k, v)
+        n = x.shape[1]
+        eye = torch.eye(n, dtype=torch.bool, device=x.device)
+        # causal and real keys; a padded query keeps its own key so that no row is empty
+        allowed = (torch.ones_like(eye).tril() & attn_mask[:, None, None, :]) | eye
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
+        y = self._out(y).masked_fill(~attn_mask[..., None], 0.0)
+        return y, KVCache(k, v, attn_mask)
 
     def step(self, x_t: torch.Tensor, cache: Optional[KVCache] = None) -> Tuple[torch.Tensor, KVCache]:
         """One token x_t (B, C) attending to the cached tokens and itself -> (y_t (B, C), cache)."""
@@ -112,13 +124,17 @@ class CausalSelfAttention(nn.Module):
         if x_t.shape[-1] != self.dim:
             raise ValueError(f"x_t must have shape (B, {self.dim}), got {tuple(x_t.shape)}")
         q, k, v = self._qkv(x_t.unsqueeze(1))
+        mask = None
         if cache is not None:
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
             k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
+            if cache.mask is not None:
+                mask = torch.cat([cache.mask, cache.mask.new_ones(cache.mask.shape[0], 1)], dim=1)
         drop = self.attn_drop if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
-        return self._out(y)[:, 0], KVCache(k, v)
+        allowed = None if mask is None else mask[:, None, None, :]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
+        return self._out(y)[:, 0], KVCache(k, v, mask)
 
 
 class LMMlp(nn.Module):
@@ -152,11 +168,11 @@ class LMBlock(nn.Module):
         x = x + self.gamma1 * h
         return x + self.gamma2 * self.mlp(self.ln_2(x))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._finish(x, self.attn(self.ln_1(x)))
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self._finish(x, self.attn(self.ln_1(x), attn_mask))
 
-    def prefill(self, x: torch.Tensor) -> Tuple[torch.Tensor, Any]:
-        h, state = self.attn.prefill(self.ln_1(x))
+    def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Any]:
+        h, state = self.attn.prefill(self.ln_1(x), attn_mask)
         return self._finish(x, h), state
 
     def step(self, x_t: torch.Tensor, state: Any) -> Tuple[torch.Tensor, Any]:
@@ -264,7 +280,23 @@ class CausalLM(PretrainedMixin, nn.Module):
         if lo < 0 or hi >= self.vocab_size:
             raise ValueError(f"{name} has token ids in [{lo}, {hi}], expected [0, {self.vocab_size - 1}]")
 
-    def _check_len(self, t: int) -> None:
+    def _check_attn_mask(self, attn_mask, idx: torch.Tensor) -> Optional[torch.Tensor]:
+        """A (B, T) keep-mask (bool, or 0/1 integers as in ``transformers``) -> bool or None;
+        every sequence needs at least one real token."""
+        if attn_mask is None:
+            return None
+        if isinstance(attn_mask, torch.Tensor) and attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+            if bool(((attn_mask != 0) & (attn_mask != 1)).any()):
+                raise ValueError("attn_mask must hold 0/1 (or bool) values, 1/True = real token")
+            attn_mask = attn_mask.bool()
+        attn_mask = check_mask(attn_mask, idx.shape[0], idx.shape[1])
+        if not bool(attn_mask.any(dim=1).all()):
+            raise ValueError("attn_mask has a sequence without any real token (an all-False row)")
+        return attn_mask
+
+    def _check_len(self, t: Union[int, torch.Tensor]) -> None:
+        if isinstance(t, torch.Tensor):
+            t = int(t.max())
         limit = self.context_limit
         if limit is not None and t > limit:
             raise ValueError(
@@ -272,31 +304,48 @@ class CausalLM(PretrainedMixin, nn.Module):
                 f"with pos_emb=False{', pos_bias=False' if isinstance(self, ToSTLM) else ''} to remove it)")
 
     # ---- forward ------------------------------------------------------------------------------
-    def _embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
+    def _embed(self, idx: torch.Tensor, start: Union[int, torch.Tensor] = 0,
+               attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Token + position embedding. Positions count real tokens only: token t of a sequence
+        gets ``start + (number of real tokens before it)`` (``start`` an int or (B,) tensor)."""
         x = self.transformer.wte(idx)
         if self.has_pos_emb:
-            pos = torch.arange(start, start + idx.shape[1], dtype=torch.long, device=idx.device)
+            if attn_mask is None:
+                pos = torch.arange(idx.shape[1], dtype=torch.long, device=idx.device).expand(idx.shape[0], -1)
+            else:
+                pos = (attn_mask.long().cumsum(dim=1) - 1).clamp_min(0)
+            if isinstance(start, torch.Tensor):
+                pos = pos + start.to(pos.device, torch.long)[:, None]
+            else:
+                pos = pos + start
             x = x + self.transformer.wpe(pos)
         return self.transformer.drop(x)
 
-    def forward_features(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx (B, T) token ids -> final hidden states after ``ln_f`` (B, T, D)."""
+    def _real_len(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor]) -> Union[int, torch.Tensor]:
+        return idx.shape[1] if attn_mask is None else attn_mask.long().sum(dim=1)
+
+    def forward_features(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """idx (B, T) token ids, attn_mask (B, T) keep-mask (None: no padding; left or right
+        padding allowed) -> final hidden states after ``ln_f`` (B, T, D). Each real token sees
+        the real tokens of its own sequence only, at positions counted among them."""
         self._check_idx(idx)
-        self._check_len(idx.shape[1])
-        x = self._embed(idx)
+        attn_mask = self._check_attn_mask(attn_mask, idx)
+        self._check_len(self._real_len(idx, attn_mask))
+        x = self._embed(idx, 0, attn_mask)
         for blk in self.transformer.h:
-            x = blk(x)
+            x = blk(x, attn_mask)
         return self.transformer.ln_f(x)
 
-    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None
-                ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """idx (B, T) -> ``(logits (B, T, V), loss)``.
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
+                attn_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """idx (B, T) -> ``(logits (B, T, V), loss)``; ``attn_mask`` (B, T) keep-mask for padded
+        batches (see :meth:`forward_features`).
 
         Unlike nanoGPT, logits are returned for **all** positions even without targets. ``loss``
         is the mean next-token cross-entropy against ``targets`` (B, T) (``-1`` = ignored), or
         None.
         """
-        logits = self.lm_head(self.forward_features(idx))
+        logits = self.lm_head(self.forward_features(idx, attn_mask))
         loss = None
         if targets is not None:
             if not isinstance(targets, torch.Tensor) or targets.shape != idx.shape:
@@ -330,19 +379,24 @@ class CausalLM(PretrainedMixin, nn.Module):
         return self.transformer.ln_f(x), inter
 
     # ---- recurrent / cached inference ------------------------------------------------------------
-    def _prefill_hidden(self, idx: torch.Tensor) -> Tuple[torch.Tensor, LMState]:
+    def _prefill_hidden(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor] = None
+                        ) -> Tuple[torch.Tensor, LMState]:
         self._check_idx(idx)
-        self._check_len(idx.shape[1])
-        x = self._embed(idx)
+        attn_mask = self._check_attn_mask(attn_mask, idx)
+        real = self._real_len(idx, attn_mask)
+        self._check_len(real)
+        x = self._embed(idx, 0, attn_mask)
         states = []
         for blk in self.transformer.h:
-            x, st = blk.prefill(x)
+            x, st = blk.prefill(x, attn_mask)
             states.append(st)
-        return self.transformer.ln_f(x), LMState(idx.shape[1], tuple(states))
+        return self.transformer.ln_f(x), LMState(real, tuple(states))
 
-    def prefill(self, idx: torch.Tensor) -> Tuple[torch.Tensor, LMState]:
-        """Run a prompt idx (B, T): ``(logits (B, T, V), state)`` to continue with :meth:`step`."""
-        h, state = self._prefill_hidden(idx)
+    def prefill(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, LMState]:
+        """Run a prompt idx (B, T) (``attn_mask`` (B, T) keep-mask for a padded batch):
+        ``(logits (B, T, V), state)`` to continue with :meth:`step`. Steps after a padded
+        prefill continue each sequence from its own real tokens."""
+        h, state = self._prefill_hidden(idx, attn_mask)
         return self.lm_head(h), state
 
     def step(self, idx_t: torch.Tensor, state: Optional[LMState] = None) -> Tuple[torch.Tensor, LMState]:
