@@ -113,7 +113,7 @@ class ECAttention(nn.Module):
         self.use_expand, self.use_compress = bool(expand), bool(compress)
         self.resample_omega = bool(resample_omega)
         if seed is None:
-            seed = int(torch.randint(0, 2**31 - 1, ()).item())
+            seed = int(torch.randint(0, 2**31 - 1, (), device="cpu").item())  # cpu: also under a meta default
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
             raise ValueError(f"seed must be a non-negative integer (< 2**63), got {seed!r}")
         self.seed = seed

@@ -3,7 +3,8 @@
 Own format (a directory)::
 
     <dir>/model.safetensors   weights (tensors sharing storage, e.g. tied embeddings, stored once)
-    <dir>/config.json         {"format", "model_name", "architecture", "init_kwargs", "version"}
+    <dir>/config.json         {"format", "model_name", "architecture", "init_kwargs", "version",
+                               "model_type" (the family's name in transformers, see whiteformer.hf)}
 
 written atomically (temporary file + ``os.replace``) by ``model.save_pretrained(dir)``.
 ``create_model(name, checkpoint_path=dir)`` uses the saved ``init_kwargs`` as defaults under the
@@ -119,6 +120,9 @@ class PretrainedMixin:
 
     model_name: Optional[str] = None
     init_kwargs: Dict[str, Any]
+    #: ``model_type`` of the model's family in ``transformers`` (:mod:`whiteformer.hf`), written
+    #: into ``config.json`` so that ``AutoModel*.from_pretrained`` reads the directory.
+    hf_model_type: Optional[str] = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -190,6 +194,8 @@ def save_pretrained(model: nn.Module, save_dir: PathLike) -> Path:
         "architecture": f"{type(model).__module__}.{type(model).__qualname__}",
         "init_kwargs": _jsonable(dict(init_kwargs), "init_kwargs"),
     }
+    if getattr(model, "hf_model_type", None):
+        config["model_type"] = model.hf_model_type
     from .. import __version__
 
     config["version"] = __version__

@@ -97,6 +97,8 @@ class CRATE(PretrainedMixin, nn.Module):
     ``cls_token`` standard normal, ISTA dictionaries Kaiming-uniform.
     """
 
+    hf_model_type = "whiteformer-vision"
+
     def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, num_classes: int = 1000,
                  embed_dim: int = 384, depth: int = 12, num_heads: int = 6, dim_head: Optional[int] = None,
                  eta: float = 0.1, lambd: float = 0.1, global_pool: str = "token", attn_drop_rate: float = 0.0,

@@ -189,6 +189,8 @@ class VisionTransformer(PretrainedMixin, nn.Module):
     Shapes: images (B, in_chans, H, W) with (H, W) = img_size -> logits (B, num_classes).
     """
 
+    hf_model_type = "whiteformer-vision"
+
     def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, num_classes: int = 1000,
                  global_pool: str = "token", embed_dim: int = 768, depth: int = 12, num_heads: int = 12,
                  mlp_ratio: float = 4.0, qkv_bias: bool = True, init_values: Optional[float] = None,

@@ -561,6 +561,8 @@ class ToSTLM(CausalLM):
     removes every length limit.
     """
 
+    hf_model_type = "whiteformer-tost-lm"
+
     def __init__(self, vocab_size: int = 50304, dim: int = 768, depth: int = 12, num_heads: int = 12,
                  max_len: int = 1024, pos_emb: bool = True, pos_bias: bool = True, mlp_ratio: float = 4.0,
                  bias: bool = False, dropout: float = 0.0, init_values: float = 1e-5):
@@ -582,6 +584,8 @@ class GPTLM(CausalLM):
 
     Generation past ``max_len`` with a learned ``wpe`` crops the context as nanoGPT does.
     """
+
+    hf_model_type = "whiteformer-gpt"
 
     def __init__(self, vocab_size: int = 50304, dim: int = 768, depth: int = 12, num_heads: int = 12,
                  max_len: int = 1024, pos_emb: bool = True, mlp_ratio: float = 4.0, bias: bool = False,

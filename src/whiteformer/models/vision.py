@@ -162,6 +162,8 @@ class ToSTVision(PretrainedMixin, nn.Module):
     ``forward_intermediates(x)`` -> list of the ``depth`` blocks' outputs (B, N, D).
     """
 
+    hf_model_type = "whiteformer-vision"
+
     def __init__(
         self,
         img_size: Union[int, Sequence[int]] = 224,

@@ -1,0 +1,104 @@
+"""``transformers`` configurations of whiteformer models.
+
+A configuration names a registered whiteformer model (``model_name``, see
+``whiteformer.list_models()``) and its constructor arguments (``init_kwargs``) -- the same two
+fields as the ``config.json`` that ``whiteformer``'s own ``save_pretrained`` writes, so a directory
+saved either way loads either way. One ``model_type`` per family:
+
+- ``"whiteformer-tost-lm"``: causal ToST language models (``tost_lm_*``);
+- ``"whiteformer-gpt"``: the softmax GPT baseline (``gpt_*``);
+- ``"whiteformer-vision"``: image classifiers (``tost_*``, ``dmst_*``, ``eca_*``, ``deit_*``,
+  ``crate_*``, ``xcit_*``, ``vit_cab_*``).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from transformers import PretrainedConfig
+
+from ..models import list_models
+
+__all__ = ["WhiteformerConfig", "ToSTLMConfig", "WhiteformerGPTConfig", "WhiteformerVisionConfig"]
+
+# keys of whiteformer's own config.json that are not configuration
+_OWN_FORMAT_KEYS = ("format", "architecture", "version")
+
+
+class WhiteformerConfig(PretrainedConfig):
+    """Base: ``model_name`` (a registered whiteformer model) + ``init_kwargs`` (its constructor
+    overrides, e.g. ``dict(vocab_size=50304, depth=6)``); other keyword arguments are the usual
+    ``PretrainedConfig`` ones."""
+
+    model_type = "whiteformer"
+    default_model_name = ""
+
+    def __init__(self, model_name: Optional[str] = None, init_kwargs: Optional[Dict[str, Any]] = None, **kwargs):
+        for key in _OWN_FORMAT_KEYS:
+            kwargs.pop(key, None)
+        model_name = model_name or self.default_model_name
+        if not isinstance(model_name, str) or model_name not in list_models():
+            raise ValueError(f"model_name {model_name!r} is not a registered whiteformer model; see "
+                             f"whiteformer.list_models()")
+        if init_kwargs is not None and not isinstance(init_kwargs, dict):
+            raise TypeError(f"init_kwargs must be a dict of constructor arguments, got {type(init_kwargs).__name__}")
+        super().__init__(**kwargs)  # (resets the instance's attributes: set ours after it)
+        self.model_name = model_name
+        self.init_kwargs = dict(init_kwargs or {})
+        self._mirror()
+
+    #: (whiteformer constructor argument, transformers attribute) pairs copied by :meth:`_mirror`
+    mirrored = ()
+
+    def _mirror(self) -> None:
+        """Copy the constructor arguments ``transformers`` looks for under its own names."""
+        for ours, theirs in self.mirrored:
+            if ours in self.init_kwargs:
+                setattr(self, theirs, self.init_kwargs[ours])
+
+
+class _LMConfig(WhiteformerConfig):
+    def __init__(self, model_name: Optional[str] = None, init_kwargs: Optional[Dict[str, Any]] = None, **kwargs):
+        use_cache = bool(kwargs.pop("use_cache", True))
+        tie = bool(kwargs.pop("tie_word_embeddings", True))
+        super().__init__(model_name, init_kwargs, **kwargs)
+        self.use_cache = use_cache
+        self.tie_word_embeddings = tie  # wte is lm_head
+
+    mirrored = (("vocab_size", "vocab_size"), ("dim", "hidden_size"), ("depth", "num_hidden_layers"),
+                ("num_heads", "num_attention_heads"), ("max_len", "max_position_embeddings"))
+
+
+class ToSTLMConfig(_LMConfig):
+    """Causal ToST language model (``tost_lm_base`` / ``_medium`` / ``_large``)."""
+
+    model_type = "whiteformer-tost-lm"
+    default_model_name = "tost_lm_base"
+
+    def __init__(self, model_name: Optional[str] = None, init_kwargs: Optional[Dict[str, Any]] = None, **kwargs):
+        super().__init__(model_name, init_kwargs, **kwargs)  # (transformers only keeps an __init__ defined here)
+
+
+class WhiteformerGPTConfig(_LMConfig):
+    """Softmax GPT baseline in the same shell (``gpt_base`` / ``_medium`` / ``_large``)."""
+
+    model_type = "whiteformer-gpt"
+    default_model_name = "gpt_base"
+
+    def __init__(self, model_name: Optional[str] = None, init_kwargs: Optional[Dict[str, Any]] = None, **kwargs):
+        super().__init__(model_name, init_kwargs, **kwargs)  # (transformers only keeps an __init__ defined here)
+
+
+class WhiteformerVisionConfig(WhiteformerConfig):
+    """Image classifier of the zoo (``num_labels`` follows ``init_kwargs["num_classes"]``)."""
+
+    model_type = "whiteformer-vision"
+    default_model_name = "tost_t12_p16"
+
+    def __init__(self, model_name: Optional[str] = None, init_kwargs: Optional[Dict[str, Any]] = None, **kwargs):
+        classes = (init_kwargs or {}).get("num_classes")
+        if isinstance(classes, int) and classes > 0 and "id2label" not in kwargs:
+            kwargs.setdefault("num_labels", classes)
+        super().__init__(model_name, init_kwargs, **kwargs)
+
+    mirrored = (("img_size", "image_size"), ("patch_size", "patch_size"), ("in_chans", "num_channels"),
+                ("embed_dim", "hidden_size"), ("depth", "num_hidden_layers"))

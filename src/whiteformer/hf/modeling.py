@@ -1,0 +1,238 @@
+"""whiteformer models as ``transformers`` ``PreTrainedModel`` s.
+
+Each wrapper builds the whiteformer model named by its configuration (``create_model(model_name,
+**init_kwargs)``) and *is a second view of it*: the two share their tables of sub-modules,
+parameters and buffers, so the wrapper's ``state_dict`` keys are whiteformer's own
+(``transformer.h.0.attn.qkv.weight``, ``blocks.0.attn.qkv.weight``, ...) and one
+``model.safetensors`` loads both ways (``whiteformer.create_model(..., checkpoint_path=d)`` and
+``AutoModel*.from_pretrained(d)``). The wrapper's forward calls the whiteformer model's public
+methods (``forward``, ``prefill``, ``step``); ``.whiteformer`` returns that model.
+
+- :class:`ToSTForCausalLM`, :class:`WhiteformerGPTForCausalLM`: ``forward(input_ids,
+  attention_mask, labels, past_key_values / cache, use_cache)`` -> ``CausalLMOutputWithPast``
+  with ``transformers``' shifted-label loss; ``generate()`` (greedy, sampling, beam search,
+  left-padded batches) carries the state in a :class:`~whiteformer.hf.cache.WhiteformerCache`.
+- :class:`WhiteformerForImageClassification`: ``forward(pixel_values, labels)`` ->
+  ``ImageClassifierOutput``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import CausalLMOutputWithPast, ImageClassifierOutput
+
+from ..models import create_model
+from .cache import WhiteformerCache
+from .configuration import ToSTLMConfig, WhiteformerConfig, WhiteformerGPTConfig, WhiteformerVisionConfig
+
+__all__ = ["WhiteformerPreTrainedModel", "ToSTForCausalLM", "WhiteformerGPTForCausalLM",
+           "WhiteformerForImageClassification"]
+
+
+def _output(cls, **fields):
+    """Build a ``ModelOutput``; the cache field is ``cache`` in recent ``transformers`` and
+    ``past_key_values`` before."""
+    if "cache" in fields and "cache" not in cls.__dataclass_fields__:
+        fields["past_key_values"] = fields.pop("cache")
+    return cls(**fields)
+
+
+def _refuse(output_attentions, output_hidden_states, return_dict, inputs_embeds=None) -> None:
+    """Clear errors for the ``transformers`` options the wrappers do not implement."""
+    for name, value in (("output_attentions", output_attentions), ("output_hidden_states", output_hidden_states),
+                        ("inputs_embeds", inputs_embeds)):
+        if value is not None and value is not False:
+            raise ValueError(f"{name} is not supported by whiteformer models; leave it unset")
+    if return_dict is False:
+        raise ValueError("return_dict=False is not supported; read the fields of the returned output")
+
+
+class WhiteformerPreTrainedModel(PreTrainedModel):
+    """Shared wrapper: builds ``create_model(config.model_name, **config.init_kwargs)`` and shares
+    its parameters (see the module docstring)."""
+
+    config_class = WhiteformerConfig
+    base_model_prefix = ""
+    family: Optional[str] = None  # expected ``hf_model_type`` of the whiteformer model class
+
+    def __init__(self, config: WhiteformerConfig):
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}")
+        super().__init__(config)
+        net = create_model(config.model_name, **config.init_kwargs)
+        family = getattr(net, "hf_model_type", None)
+        if family != self.family:
+            raise ValueError(f"model_name {config.model_name!r} is a {family or 'non-transformers'} model, not a "
+                             f"{self.family} model; use the configuration class of its family")
+        config.init_kwargs = dict(net.init_kwargs)  # resolved: every constructor argument
+        config._mirror()
+        # one set of tensors: the wrapper's tables are the whiteformer model's
+        object.__setattr__(self, "_modules", net._modules)
+        object.__setattr__(self, "_parameters", net._parameters)
+        object.__setattr__(self, "_buffers", net._buffers)
+        object.__setattr__(self, "_non_persistent_buffers_set", net._non_persistent_buffers_set)
+        self.__dict__["_whiteformer"] = net
+        if not any(t.is_meta for t in self.state_dict().values()):
+            for t in list(self.parameters()) + list(self.buffers()):
+                t._is_hf_initialized = True  # built with whiteformer's own init: keep it
+        self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """``PreTrainedModel.from_pretrained``, then each layer's own state-dict load hook runs once
+        (``transformers`` sets tensors directly; e.g. ECAttention reads its sketch seed there)."""
+        out = super().from_pretrained(*args, **kwargs)
+        model = out[0] if isinstance(out, tuple) else out
+        with torch.no_grad():
+            model.whiteformer.load_state_dict(model.whiteformer.state_dict())
+        return out
+
+    @property
+    def whiteformer(self) -> nn.Module:
+        """The whiteformer model (same parameters as this wrapper)."""
+        return self.__dict__["_whiteformer"]
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.whiteformer.training = mode
+        return self
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """Weights ``from_pretrained`` did not find in the checkpoint get whiteformer's own init
+        (from a freshly built model); everything else is left as loaded."""
+        if module is not self:
+            return
+        todo = [(n, t) for n, t in list(self.named_parameters()) + list(self.named_buffers())
+                if not getattr(t, "_is_hf_initialized", False) and not t.is_meta]
+        if not todo:
+            return
+        with torch.device("cpu"):
+            fresh = create_model(self.config.model_name, **self.config.init_kwargs).state_dict()
+        for name, t in todo:
+            t.copy_(fresh[name])
+
+
+class _WhiteformerForCausalLM(WhiteformerPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # forward creates a WhiteformerCache
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.transformer.wte
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.transformer.wte = value
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def forward(
+        self,
+        input_ids: Optional[torch.LongTensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        labels: Optional[torch.LongTensor] = None,
+        past_key_values: Optional[Cache] = None,
+        use_cache: Optional[bool] = None,
+        cache: Optional[Cache] = None,
+        inputs_embeds: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.LongTensor] = None,
+        output_attentions: Optional[bool] = None,
+        output_hidden_states: Optional[bool] = None,
+        return_dict: Optional[bool] = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """input_ids (B, T); attention_mask (B, T) 1 = real token, 0 = padding (left or right);
+        labels (B, T) next-token targets, shifted inside as ``transformers`` does (-100 ignored).
+
+        With a non-empty cache, input_ids are the new tokens (their mask columns must be 1) and
+        the model steps through them from the cached state. Positions always come from
+        ``attention_mask`` (real tokens counted; ``position_ids``, which ``generate`` derives the
+        same way, are not read). ``use_cache`` (default
+        ``config.use_cache`` in eval mode, off in training) returns the state in
+        ``output.cache`` (``past_key_values`` in older ``transformers``).
+        """
+        _refuse(output_attentions, output_hidden_states, return_dict, inputs_embeds)
+        if input_ids is None:
+            raise ValueError("input_ids is required: a (B, T) tensor of token ids")
+        if cache is not None and past_key_values is not None and cache is not past_key_values:
+            raise ValueError("pass the cache once (cache or past_key_values), not both")
+        cache = cache if cache is not None else past_key_values
+        if use_cache is None:
+            use_cache = bool(getattr(self.config, "use_cache", True)) and not self.training
+        net = self.whiteformer
+        if cache is not None and not isinstance(cache, WhiteformerCache):
+            if not isinstance(cache, Cache) or cache.get_seq_length() != 0:
+                raise TypeError(f"cache must be a WhiteformerCache (from a previous forward), got "
+                                f"{type(cache).__name__}")
+            cache = None  # an empty transformers cache: start ours
+        mask = None if attention_mask is None else attention_mask
+        if cache is None or cache.state is None:
+            if use_cache or cache is not None:
+                logits, state = net.prefill(input_ids, attn_mask=mask)
+                cache = cache if cache is not None else WhiteformerCache()
+                cache.update_state(state, input_ids.shape[1])
+            else:
+                logits, _ = net(input_ids, attn_mask=mask)
+        else:
+            new = input_ids.shape[1] if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 else None
+            if new is None:
+                raise ValueError(f"input_ids must have shape (B, T), got {getattr(input_ids, 'shape', None)}")
+            if mask is not None and not bool((mask[:, -new:] != 0).all()):
+                raise ValueError("tokens fed after the cached prompt must be real (attention_mask 1): padding is "
+                                 "only supported in the prompt")
+            state, steps = cache.state, []
+            for j in range(new):
+                step_logits, state = net.step(input_ids[:, j], state)
+                steps.append(step_logits)
+            logits = torch.stack(steps, dim=1)
+            cache.update_state(state, new)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=net.vocab_size, **kwargs)
+        return _output(CausalLMOutputWithPast, loss=loss, logits=logits, cache=cache if use_cache else None)
+
+
+class ToSTForCausalLM(_WhiteformerForCausalLM):
+    """Causal ToST (``tost_lm_*``): generation carries the constant-size causal-TSSA statistics."""
+
+    config_class = ToSTLMConfig
+    family = "whiteformer-tost-lm"
+    _is_stateful = True  # the running statistics cannot be rolled back (no assisted decoding)
+
+
+class WhiteformerGPTForCausalLM(_WhiteformerForCausalLM):
+    """Softmax GPT baseline (``gpt_*``): generation carries a key/value cache."""
+
+    config_class = WhiteformerGPTConfig
+    family = "whiteformer-gpt"
+
+
+class WhiteformerForImageClassification(WhiteformerPreTrainedModel):
+    """Vision zoo model: ``forward(pixel_values (B, C, H, W), labels=None)`` ->
+    ``ImageClassifierOutput(loss, logits (B, num_classes))``; the loss follows
+    ``config.problem_type`` as in ``transformers`` (integer labels: cross-entropy)."""
+
+    config_class = WhiteformerVisionConfig
+    family = "whiteformer-vision"
+    main_input_name = "pixel_values"
+
+    def forward(self, pixel_values: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
+                output_attentions: Optional[bool] = None, output_hidden_states: Optional[bool] = None,
+                return_dict: Optional[bool] = None, **kwargs) -> ImageClassifierOutput:
+        _refuse(output_attentions, output_hidden_states, return_dict)
+        if pixel_values is None:
+            raise ValueError("pixel_values is required: a (B, C, H, W) image tensor")
+        logits = self.whiteformer(pixel_values)
+        loss = None
+        if labels is not None:
+            if self.config.num_labels != logits.shape[-1]:
+                self.config.num_labels = logits.shape[-1]
+            loss = self.loss_function(labels, logits, self.config, **kwargs)
+        return ImageClassifierOutput(loss=loss, logits=logits)

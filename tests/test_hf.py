@@ -1,0 +1,201 @@
+"""whiteformer in Hugging Face transformers (whiteformer.hf): Auto classes, forward/loss,
+generate() (greedy = whiteformer's own, sampling, beam search, left padding), the constant-size ToST
+cache, checkpoints loading both ways, vision classifiers, Trainer, torch.compile, bad input."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+transformers = pytest.importorskip("transformers", reason="needs the hf extra: pip install whiteformer[hf]")
+
+import whiteformer  # noqa: E402
+import whiteformer.hf  # noqa: E402,F401
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageClassification,  # noqa: E402
+                          Trainer, TrainingArguments)
+from whiteformer.hf import WhiteformerCache  # noqa: E402
+
+TINY = dict(vocab_size=61, dim=32, depth=2, num_heads=4, max_len=64)
+LM = {"whiteformer-tost-lm": "tost_lm_base", "whiteformer-gpt": "gpt_base"}
+
+
+def _lm(model_type, **over):
+    config = AutoConfig.for_model(model_type, model_name=LM[model_type], init_kwargs={**TINY, **over})
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("model_type", list(LM))
+def test_forward_loss_is_shifted_cross_entropy(model_type):
+    model = _lm(model_type)
+    assert type(model).__name__ == {"whiteformer-tost-lm": "ToSTForCausalLM",
+                                    "whiteformer-gpt": "WhiteformerGPTForCausalLM"}[model_type]
+    idx = torch.randint(0, 61, (2, 9))
+    labels = idx.clone()
+    labels[0, :3] = -100
+    out = model(idx, labels=labels)
+    logits, _ = model.whiteformer(idx)
+    torch.testing.assert_close(out.logits, logits)
+    want = F.cross_entropy(logits[:, :-1].reshape(-1, 61), labels[:, 1:].reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(out.loss, want)
+    assert isinstance(out.cache, WhiteformerCache) and out.cache.get_seq_length() == 9
+
+
+@pytest.mark.parametrize("model_type", list(LM))
+def test_greedy_generate_equals_whiteformer_generate(model_type):
+    model = _lm(model_type)
+    idx = torch.randint(0, 61, (2, 6))
+    out = model.generate(idx, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert torch.equal(out, model.whiteformer.generate(idx, 12, temperature=0))
+    assert torch.equal(out, model.generate(idx, max_new_tokens=12, do_sample=False, pad_token_id=0, use_cache=False))
+
+
+@pytest.mark.parametrize("model_type", list(LM))
+def test_sampling_and_beam_search_match_the_uncached_model(model_type):
+    """The cached path (state carried, beams reordered) picks the same tokens as re-running the
+    whole sequence each step (use_cache=False)."""
+    model = _lm(model_type).double()
+    idx = torch.randint(0, 61, (2, 5))
+    kw = dict(max_new_tokens=8, pad_token_id=0)
+    runs = []
+    for use_cache in (True, False):
+        torch.manual_seed(3)
+        runs.append(model.generate(idx, do_sample=True, top_k=10, use_cache=use_cache, **kw))
+    assert torch.equal(runs[0], runs[1]) and runs[0].shape == (2, 13)
+    beams = [model.generate(idx, num_beams=3, num_return_sequences=2, do_sample=False, use_cache=c, **kw)
+             for c in (True, False)]
+    assert beams[0].shape == (4, 13) and torch.equal(beams[0], beams[1])
+    assert not torch.equal(beams[0][0], beams[0][1])  # two different beams returned
+
+
+@pytest.mark.parametrize("model_type", list(LM))
+def test_left_padded_batch_generates_each_prompt_as_alone(model_type):
+    model = _lm(model_type)
+    a, b = torch.randint(1, 61, (1, 7)), torch.randint(1, 61, (1, 3))
+    batch = torch.cat([a, torch.cat([torch.zeros(1, 4, dtype=torch.long), b], 1)])
+    mask = torch.ones_like(batch)
+    mask[1, :4] = 0
+    out = model.generate(batch, attention_mask=mask, max_new_tokens=9, do_sample=False, pad_token_id=0)
+    assert torch.equal(out[0, 7:], model.generate(a, max_new_tokens=9, do_sample=False, pad_token_id=0)[0, 7:])
+    assert torch.equal(out[1, 7:], model.generate(b, max_new_tokens=9, do_sample=False, pad_token_id=0)[0, 3:])
+
+
+def test_tost_cache_size_does_not_grow_gpt_cache_does():
+    sizes = {}
+    for model_type in LM:
+        model = _lm(model_type, pos_emb=False, **({"pos_bias": False} if "tost" in model_type else {}))
+        out = model(torch.randint(0, 61, (2, 5)), use_cache=True)
+        cache, first = out.cache, out.cache.nbytes()
+        for _ in range(40):
+            out = model(torch.randint(0, 61, (2, 1)), cache=cache, use_cache=True)
+        assert cache.get_seq_length() == 45
+        sizes[model_type] = (first, cache.nbytes())
+    first, last = sizes["whiteformer-tost-lm"]
+    assert first == last > 0
+    first, last = sizes["whiteformer-gpt"]
+    assert last == first * 45 // 5
+
+
+@pytest.mark.parametrize("name", ["tost_lm_base", "gpt_base"])
+def test_checkpoints_load_both_ways(tmp_path, name):
+    net = whiteformer.create_model(name, **TINY).eval()
+    net.save_pretrained(tmp_path / "own")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "own").eval()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    idx = torch.randint(0, 61, (2, 8))
+    torch.testing.assert_close(model(idx).logits, net(idx)[0], rtol=0, atol=0)
+    model.save_pretrained(tmp_path / "hf")
+    assert not [f for f in os.listdir(tmp_path / "hf") if f.endswith((".bin", ".pt", ".pth", ".pkl"))]
+    back = whiteformer.create_model(name, checkpoint_path=str(tmp_path / "hf")).eval()
+    torch.testing.assert_close(back(idx)[0], net(idx)[0], rtol=0, atol=0)
+
+
+def test_official_tost_checkpoint_through_the_zoo(tmp_path):
+    from test_models_lm import _official_state_dict
+
+    sd = _official_state_dict(True, dtype=torch.float32)
+    torch.save({"model": {f"_orig_mod.{k}": v for k, v in sd.items()}}, tmp_path / "ckpt.pt")
+    net = whiteformer.create_model("tost_lm_base", vocab_size=61, dim=32, depth=2, num_heads=4, max_len=64,
+                                   checkpoint_path=str(tmp_path / "ckpt.pt")).eval()
+    net.save_pretrained(tmp_path / "converted")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "converted").eval()
+    idx = torch.randint(0, 61, (1, 10))
+    torch.testing.assert_close(model(idx).logits, net(idx)[0], rtol=0, atol=0)
+    assert torch.equal(model.generate(idx, max_new_tokens=5, do_sample=False, pad_token_id=0),
+                       net.generate(idx, 5, temperature=0))
+
+
+VISION = {"tost_t12_p16": {}, "dmst_t12_p16": {}, "eca_t": {}, "deit_t_p16": {}, "crate_t": {},
+          "xcit_s12_p16": {}, "vit_cab_s12_p16": {}}
+
+
+@pytest.mark.parametrize("name", list(VISION))
+def test_vision_classifiers(tmp_path, name):
+    kw = dict(img_size=32, patch_size=8, num_classes=5, depth=1)
+    net = whiteformer.create_model(name, **kw).eval()
+    net.save_pretrained(tmp_path)
+    model = AutoModelForImageClassification.from_pretrained(tmp_path).eval()
+    assert type(model).__name__ == "WhiteformerForImageClassification" and model.config.num_labels == 5
+    x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 4])
+    out = model(pixel_values=x, labels=y)
+    torch.testing.assert_close(out.logits, net(x), rtol=0, atol=0)
+    torch.testing.assert_close(out.loss, F.cross_entropy(net(x), y))
+
+
+def test_trainer_reduces_the_loss(tmp_path):
+    from torch.utils.data import Dataset
+
+    class Patterns(Dataset):
+        """Generated text: repeated random 4-token motifs (a language a tiny model learns fast)."""
+
+        def __init__(self, n):
+            g = torch.Generator().manual_seed(0)
+            motifs = torch.randint(0, 61, (n, 4), generator=g)
+            self.ids = motifs.repeat(1, 6)
+
+        def __len__(self):
+            return len(self.ids)
+
+        def __getitem__(self, i):
+            return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+    model = _lm("whiteformer-tost-lm").train()
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=16, max_steps=40,
+                             learning_rate=1e-2, logging_steps=5, save_strategy="no", report_to=[],
+                             use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=Patterns(64))
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) >= 4 and losses[-1] < 0.8 * losses[0], losses
+
+
+@pytest.mark.compile
+def test_torch_compile_forward():
+    model = _lm("whiteformer-tost-lm")
+    idx = torch.randint(0, 61, (2, 8))
+    compiled = torch.compile(model, backend="aot_eager")
+    torch.testing.assert_close(compiled(idx, labels=idx).loss, model(idx, labels=idx).loss)
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="not a registered whiteformer model"):
+        whiteformer.hf.ToSTLMConfig(model_name="tost_lm_huge")
+    with pytest.raises(ValueError, match="not a whiteformer-tost-lm model"):
+        AutoModelForCausalLM.from_config(whiteformer.hf.ToSTLMConfig(model_name="gpt_base", init_kwargs=TINY))
+    with pytest.raises(ValueError):
+        AutoConfig.for_model("whiteformer-nope")
+    model = _lm("whiteformer-tost-lm")
+    with pytest.raises(ValueError, match="inputs_embeds"):
+        model(inputs_embeds=torch.randn(1, 3, 32))
+    with pytest.raises(TypeError, match="WhiteformerCache"):
+        model(torch.tensor([[1]]), cache=object())
+    out = model(torch.tensor([[1, 2]]), use_cache=True)
+    with pytest.raises(ValueError, match="must be real"):
+        model(torch.tensor([[3]]), attention_mask=torch.tensor([[1, 1, 0]]), cache=out.cache)
+    code = ("import sys; sys.modules['transformers'] = None\n"
+            "try:\n    import whiteformer.hf\nexcept ImportError as e:\n    print(e)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert "pip install whiteformer[hf]" in res.stdout, res.stderr
