@@ -15,7 +15,7 @@ from numbers import Real
 import torch
 import torch.nn.functional as F
 
-from .._checks import autocast_off, check_mask, check_nonempty, check_tensor, stats_dtype
+from .._checks import autocast_off, check_mask, check_nonempty, check_same_device, check_tensor, stats_dtype
 
 __all__ = ["mhsa", "mhsa_explicit", "xca", "mssa", "class_attention"]
 
@@ -45,6 +45,7 @@ def _check_qkv(q, k, v) -> None:
     _check_heads(v, "v")
     _check_same(q, k, "q", "k")
     _check_same(q, v, "q", "v")
+    check_same_device(q, "q", k=k, v=v)
 
 
 def _check_dropout(dropout_p) -> float:
@@ -98,6 +99,7 @@ def mhsa(q, k, v, attn_mask=None, *, causal: bool = False, scale=None, dropout_p
     """
     _check_qkv(q, k, v)
     keep = check_mask(attn_mask, q.shape[0], q.shape[2])
+    check_same_device(q, "q", attn_mask=keep)
     dropout_p = _check_dropout(dropout_p)
     s = _scale(scale, q.shape[-1])
     if keep is None:
@@ -116,6 +118,7 @@ def mhsa_explicit(q, k, v, attn_mask=None, *, causal: bool = False, scale=None, 
     """
     _check_qkv(q, k, v)
     keep = check_mask(attn_mask, q.shape[0], q.shape[2])
+    check_same_device(q, "q", attn_mask=keep)
     dropout_p = _check_dropout(dropout_p)
     s = _scale(scale, q.shape[-1])
     sd = stats_dtype(q)
@@ -146,6 +149,7 @@ def mssa(w, attn_mask=None, *, scale=None, dropout_p: float = 0.0):
         (B, H, N, p).
     """
     _check_heads(w, "w")
+    check_same_device(w, attn_mask=attn_mask)
     return mhsa(w, w, w, attn_mask, scale=scale, dropout_p=dropout_p)
 
 
@@ -156,6 +160,7 @@ def _check_temperature(temperature, heads: int, q: torch.Tensor) -> torch.Tensor
     if isinstance(temperature, Real) and not isinstance(temperature, bool):
         return torch.full((1, heads, 1, 1), float(temperature), dtype=stats_dtype(q), device=q.device)
     check_tensor(temperature, "temperature")
+    check_same_device(q, "q", temperature=temperature)
     if temperature.numel() != heads or temperature.dim() > 3 or any(s != 1 for s in temperature.shape[1:]):
         raise ValueError(
             f"temperature must have shape (H, 1, 1) with H = {heads} heads, got {tuple(temperature.shape)}"
@@ -179,6 +184,7 @@ def xca(q, k, v, temperature, attn_mask=None, *, dropout_p: float = 0.0):
     """
     _check_qkv(q, k, v)
     keep = check_mask(attn_mask, q.shape[0], q.shape[2])
+    check_same_device(q, "q", attn_mask=keep)
     dropout_p = _check_dropout(dropout_p)
     temp = _check_temperature(temperature, q.shape[1], q)
     sd = stats_dtype(q)
@@ -225,6 +231,7 @@ def class_attention(q_cls, k, v, attn_mask=None, *, scale=None, dropout_p: float
     if k.dtype != q_cls.dtype:
         raise TypeError(f"k must have the dtype of q_cls ({q_cls.dtype}), got {k.dtype}")
     keep = check_mask(attn_mask, k.shape[0], k.shape[2])
+    check_same_device(k, "k", q_cls=q_cls, v=v, attn_mask=keep)
     dropout_p = _check_dropout(dropout_p)
     s = _scale(scale, q_cls.shape[-1])
     if keep is None:

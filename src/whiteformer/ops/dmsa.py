@@ -41,7 +41,7 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from .._checks import autocast_off, check_mask, check_nonempty, check_tensor
+from .._checks import autocast_off, check_attn_drop, check_mask, check_nonempty, check_same_device, check_tensor
 from .constants import PI_EPS  # added to the membership mass sum_n Pi_n (as TSSA)
 
 __all__ = ["dmsa", "sparsemax", "SPARSITY", "ACTIVATIONS", "GATE_ACTIVATIONS", "MODES", "check_dmsa_options"]
@@ -87,6 +87,20 @@ def sparsemax(z: torch.Tensor, dim: int = -1, mask: Optional[torch.Tensor] = Non
             0 and do not affect the others (the result on the kept entries equals sparsemax of the
             kept entries alone); an axis with no kept entry gives all zeros.
     """
+    check_tensor(z, "z")
+    if z.dim() == 0:
+        raise ValueError("sparsemax needs a tensor with at least one dimension, got a 0-d tensor")
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -z.dim() <= dim < z.dim():
+        raise ValueError(f"dim must be an int in [{-z.dim()}, {z.dim() - 1}] for z of shape {tuple(z.shape)}, "
+                         f"got {dim!r}")
+    if z.shape[dim] == 0:
+        raise ValueError(f"sparsemax over an empty dimension: z has size 0 along dim {dim} (shape "
+                         f"{tuple(z.shape)}); the simplex of 0 entries is empty")
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            raise TypeError(f"mask must be a bool tensor broadcastable to z, got "
+                            f"{mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__}")
+        check_same_device(z, "z", mask=mask)
     z = z.movedim(dim, -1)
     n = z.shape[-1]
     # sparsemax is shift invariant: subtracting the (constant) max only improves rounding
@@ -139,11 +153,6 @@ def _check_inputs(s, logits) -> None:
         )
 
 
-def _check_drop(attn_drop) -> None:
-    if not isinstance(attn_drop, (int, float)) or isinstance(attn_drop, bool) or not 0.0 <= attn_drop < 1.0:
-        raise ValueError(f"attn_drop must be a float in [0, 1), got {attn_drop!r}")
-
-
 def dmsa(
     s: torch.Tensor,
     logits: torch.Tensor,
@@ -187,8 +196,9 @@ def dmsa(
     """
     _check_inputs(s, logits)
     attn_mask = check_mask(attn_mask, s.shape[0], s.shape[2])
+    check_same_device(s, "s", logits=logits, attn_mask=attn_mask)
     check_dmsa_options(sparsity, activation, mode, gate_activation)
-    _check_drop(attn_drop)
+    check_attn_drop(attn_drop)
     out, pi, gate = _dmsa_torch(s, logits, attn_mask, sparsity, activation, mode, gate_activation,
                                 float(attn_drop) if training else 0.0)
     return (out, {"pi": pi, "gate": gate}) if return_stats else out

@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import (autocast_off, check_eps, check_mask, check_nonempty, check_sketch_rank, check_tensor,
+from .._checks import (autocast_off, check_eps, check_mask, check_nonempty, check_same_device, check_sketch_rank,
+                       check_tensor,
                        stats_dtype)
 
 __all__ = [
@@ -298,6 +299,7 @@ def eca_expand(
     eps = check_eps(eps)
     check_sketch_rank(rank, x.shape[1], x.shape[2], "the feature dimension C", eps=eps)
     attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
+    check_same_device(x, "x", omega=omega, attn_mask=attn_mask)
     cd = stats_dtype(x)
     with autocast_off(x):
         out = _expand(x.to(cd), omega.to(cd), eps, attn_mask)
@@ -373,6 +375,7 @@ def eca_compress(
     check_sketch_rank(rank, x.shape[1], head_dim, "the head dimension p", eps=eps)
     _check_temperature(temperature, num_heads)
     attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
+    check_same_device(x, "x", U=U, omega=omega, temperature=temperature, attn_mask=attn_mask)
     cd = torch.promote_types(stats_dtype(x), stats_dtype(U))
     if isinstance(temperature, torch.Tensor):
         cd = torch.promote_types(cd, stats_dtype(temperature))

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from .._checks import check_nonempty, check_tensor
+from .._checks import check_nonempty, check_same_device, check_tensor
 
 __all__ = ["rotary", "rotary_angles"]
 
@@ -60,6 +60,7 @@ def rotary(x: torch.Tensor, base: float = 10000.0, positions: Optional[torch.Ten
         if positions.shape not in ((N,), (B, N)):
             raise ValueError(f"positions must have shape (N,) = ({N},) or (B, N) = ({B}, {N}), "
                              f"got {tuple(positions.shape)}")
+        check_same_device(x, "x", positions=positions)
     cd = torch.float64 if x.dtype == torch.float64 else torch.float32
     ang = rotary_angles(positions, C, float(base), cd)  # (N, C/2) or (B, N, C/2)
     cos, sin = torch.cos(ang), torch.sin(ang)
