@@ -199,3 +199,64 @@ def test_bad_input():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert "pip install whiteformer[hf]" in res.stdout, res.stderr
+
+
+def _hf_vit(kind="vit", labels=5):
+    from transformers import DeiTConfig, DeiTForImageClassification, ViTConfig, ViTForImageClassification
+
+    cfg_cls, model_cls = (ViTConfig, ViTForImageClassification) if kind == "vit" else \
+        (DeiTConfig, DeiTForImageClassification)
+    config = cfg_cls(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=80,
+                     image_size=32, patch_size=8, num_labels=labels)
+    model = model_cls(config).eval()
+    with torch.no_grad():  # non-trivial norms and biases (transformers inits them to 1 / 0)
+        for name, p in model.named_parameters():
+            if "layernorm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize("target", ["dir", "file", "state_dict"])
+def test_transformers_vit_converts_to_deit_with_equal_logits(tmp_path, target):
+    from whiteformer.models.hf_vit import convert_hf_vit_state_dict
+
+    hf = _hf_vit()
+    hf.save_pretrained(tmp_path)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        want = hf(pixel_values=x).logits
+    if target == "state_dict":  # the in-memory layout of recent transformers (vit.layers.{i}.attention.q_proj)
+        net = whiteformer.create_model("deit_t_p16", img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4,
+                                       mlp_ratio=2.5, num_classes=5, norm_eps=1e-12).eval()
+        net.load_state_dict(convert_hf_vit_state_dict(hf.state_dict()))
+    else:
+        path = tmp_path if target == "dir" else tmp_path / "model.safetensors"
+        kw = {} if target == "dir" else dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4,
+                                             mlp_ratio=2.5, norm_eps=1e-12)
+        net = whiteformer.create_model("deit_s_p16", num_classes=5, checkpoint_path=str(path), **kw).eval()
+    with torch.no_grad():
+        got = net(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_transformers_vit_directory_compresses(tmp_path, capsys):
+    import json
+
+    from whiteformer.compress.cli import main as compress_main
+
+    _hf_vit().save_pretrained(tmp_path / "hf")
+    rc = compress_main(["--checkpoint", str(tmp_path / "hf"), "--qk", "truncatt", "--qk-rank", "4",
+                        "--vo-rank", "4", "--out", str(tmp_path / "out"), "--quiet"])
+    assert rc == 0
+    rep = json.loads((tmp_path / "out" / "compression_report.json").read_text())
+    assert len(rep["blocks"]) == 2 and rep["flops_ratio"] < 1
+    assert whiteformer.create_model("deit_b_p16", checkpoint_path=str(tmp_path / "out"))(
+        torch.randn(1, 3, 32, 32)).shape == (1, 5)
+
+
+def test_transformers_deit_distillation_is_refused(tmp_path):
+    _hf_vit("deit").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="distillation token"):
+        whiteformer.create_model("deit_t_p16", checkpoint_path=str(tmp_path))
+    with pytest.raises(ValueError, match="loads into the deit_\\* models"):
+        whiteformer.create_model("tost_t12_p16", checkpoint_path=str(tmp_path))

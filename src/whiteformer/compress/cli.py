@@ -186,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "SVD MLP; paper 'Vision Transformer with Irregular Attention'), optionally fine-tune, and save "
                     "the compressed checkpoint with its report.")
     p.add_argument("--checkpoint", required=True, help="model checkpoint (save_pretrained dir, .safetensors, .pth)")
-    p.add_argument("--model", default=None, help="registered model name (default: the checkpoint's model_name)")
+    p.add_argument("--model", default=None, help="registered model name (default: the checkpoint's model_name; "
+                   "deit_b_p16 sized by its config for a transformers ViT/DeiT directory)")
     p.add_argument("--model-arg", type=_model_arg, action="append", default=[], metavar="KEY=VALUE",
                    help="constructor override for create_model (JSON value), repeatable, e.g. img_size=32")
     p.add_argument("--qk", choices=["irratt", "cp", "truncatt", "none"], default="irratt", help="QK compression")
@@ -240,8 +241,10 @@ def _run(args: argparse.Namespace) -> int:
     say = (lambda _m: None) if args.quiet else (lambda m: print(m, flush=True))
     name = args.model
     if name is None:
+        from ..models.hf_vit import DEFAULT_MODEL_NAME, is_hf_vit_config
+
         cfg = read_config(args.checkpoint)
-        name = (cfg or {}).get("model_name")
+        name = (cfg or {}).get("model_name") or (DEFAULT_MODEL_NAME if is_hf_vit_config(cfg) else None)
         if not name:
             raise ValueError(f"--checkpoint {args.checkpoint!r} does not name its model; pass --model NAME")
     if (args.calib or args.finetune_epochs) and not args.data:

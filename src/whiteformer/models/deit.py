@@ -9,7 +9,7 @@ target of the compression toolkit. Block::
     x = x + drop_path(ls1(attn(norm1(x))))
     x = x + drop_path(ls2(mlp(norm2(x))))
 
-LayerNorm eps 1e-6, ``qkv_bias=True``, class token + learned position embedding (1, 1 + N, D).
+LayerNorm eps 1e-6 (``norm_eps``), ``qkv_bias=True``, class token + learned position embedding (1, 1 + N, D).
 A checkpoint whose position-embedding grid differs from the model's is resampled (bicubic, with
 antialiasing, as timm's ``resample_abs_pos_embed``) by :meth:`VisionTransformer.convert_state_dict`.
 """
@@ -26,6 +26,7 @@ from .._checks import check_divisible, check_tensor
 from ..attention.baselines import MHSA
 from .blocks import DropPath, LayerScale, Mlp, to_2tuple
 from .checkpoint import PretrainedMixin
+from .hf_vit import convert_hf_vit_state_dict, is_hf_vit_state_dict
 from .registry import build_with_defaults, register_model
 
 __all__ = ["VisionTransformer", "PatchEmbed", "ViTBlock", "resample_abs_pos_embed", "feature_take_indices"]
@@ -125,13 +126,13 @@ class ViTBlock(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True,
                  init_values: Optional[float] = None, proj_drop: float = 0.0, attn_drop: float = 0.0,
-                 drop_path: float = 0.0):
+                 drop_path: float = 0.0, norm_eps: float = 1e-6):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = MHSA(dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop)
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
@@ -185,7 +186,8 @@ class VisionTransformer(PretrainedMixin, nn.Module):
     embed_dim, depth, num_heads, mlp_ratio, qkv_bias, init_values (layer scale; None: off),
     drop_rate (head dropout), pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate
     (linearly increasing over blocks), compression (per-block specs of a model compressed by
-    :func:`whiteformer.compress.compress`, recorded in its checkpoint; None: plain ViT).
+    :func:`whiteformer.compress.compress`, recorded in its checkpoint; None: plain ViT), norm_eps
+    (LayerNorm epsilon: 1e-6 as timm; 1e-12 for checkpoints from transformers' ViT).
     Shapes: images (B, in_chans, H, W) with (H, W) = img_size -> logits (B, num_classes).
     """
 
@@ -195,7 +197,8 @@ class VisionTransformer(PretrainedMixin, nn.Module):
                  global_pool: str = "token", embed_dim: int = 768, depth: int = 12, num_heads: int = 12,
                  mlp_ratio: float = 4.0, qkv_bias: bool = True, init_values: Optional[float] = None,
                  drop_rate: float = 0.0, pos_drop_rate: float = 0.0, proj_drop_rate: float = 0.0,
-                 attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0, compression: Optional[dict] = None):
+                 attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0, compression: Optional[dict] = None,
+                 norm_eps: float = 1e-6):
         super().__init__()
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
@@ -220,11 +223,12 @@ class VisionTransformer(PretrainedMixin, nn.Module):
         # linearly increasing stochastic depth (torch.linspace(0, rate, depth) as timm)
         dpr = [drop_path_rate * i / (depth - 1) if depth > 1 else 0.0 for i in range(depth)]
         self.blocks = nn.Sequential(*[
-            ViTBlock(embed_dim, num_heads, mlp_ratio, qkv_bias, init_values, proj_drop_rate, attn_drop_rate, dpr[i])
+            ViTBlock(embed_dim, num_heads, mlp_ratio, qkv_bias, init_values, proj_drop_rate, attn_drop_rate, dpr[i],
+                     norm_eps)
             for i in range(depth)])
         use_fc_norm = global_pool == "avg"
-        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(embed_dim, eps=1e-6)
-        self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if use_fc_norm else nn.Identity()
+        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(embed_dim, eps=norm_eps)
+        self.fc_norm = nn.LayerNorm(embed_dim, eps=norm_eps) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         if compression is not None:  # compressed blocks (whiteformer.compress), rebuilt before loading weights
@@ -303,9 +307,12 @@ class VisionTransformer(PretrainedMixin, nn.Module):
                                          intermediates_only, self.norm, self.norm)
 
     def convert_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        """timm / official DeiT state_dicts have this model's keys; a position embedding on another
-        grid is resampled to ``patch_embed.grid_size`` (bicubic + antialias, as timm)."""
+        """timm / official DeiT state_dicts have this model's keys; transformers ViT / DeiT ones are
+        converted (:mod:`whiteformer.models.hf_vit`); a position embedding on another grid is
+        resampled to ``patch_embed.grid_size`` (bicubic + antialias, as timm)."""
         out = dict(state_dict)
+        if is_hf_vit_state_dict(out):
+            out = convert_hf_vit_state_dict(out)
         pe = out.get("pos_embed")
         if isinstance(pe, torch.Tensor) and pe.dim() == 3 and pe.shape[1] != self.pos_embed.shape[1]:
             out["pos_embed"] = resample_abs_pos_embed(pe, self.patch_embed.grid_size,

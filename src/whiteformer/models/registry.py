@@ -66,7 +66,8 @@ def create_model(
     ``num_classes`` (default 1000) and ``img_size`` (default 224) are passed to vision models;
     models that do not take them (language models) ignore them when left at their defaults and
     raise a ``TypeError`` when they are set explicitly. ``checkpoint_path`` loads weights after
-    building (own safetensors+JSON format, official ToST ``.pth`` files, timm state_dicts); for a
+    building (own safetensors+JSON format, official ToST ``.pth`` files, timm state_dicts, transformers
+    ViT/DeiT ``save_pretrained`` directories or their ``model.safetensors`` into ``deit_*``); for a
     directory written by ``save_pretrained``, its saved constructor arguments are used as defaults
     under ``overrides`` (so a small variant loads back), and its model name must equal ``name``.
     """
@@ -95,6 +96,13 @@ def create_model(
                 )
             # The saved constructor arguments are the defaults; the caller's overrides win.
             kwargs = {**config.get("init_kwargs", {}), **kwargs}
+            from .hf_vit import init_kwargs_from_config, is_hf_vit_config
+
+            if is_hf_vit_config(config):  # a transformers ViT / DeiT directory: sizes from its config.json
+                if not name.startswith("deit_"):
+                    raise ValueError(f"checkpoint {str(checkpoint_path)!r} is a transformers {config['model_type']} "
+                                     f"model; it loads into the deit_* models (timm layout), not {name!r}")
+                kwargs = {**init_kwargs_from_config(config), **kwargs}
     model = fn(**kwargs)
     model.model_name = name
     if checkpoint_path is not None:

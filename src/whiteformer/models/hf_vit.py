@@ -1,0 +1,129 @@
+"""Hugging Face ``transformers`` ViT / DeiT checkpoints into the timm-layout ``deit_*`` models.
+
+``ViTForImageClassification`` / ``DeiTForImageClassification`` (and the bare ``ViTModel`` /
+``DeiTModel``) state dicts, in the layout ``save_pretrained`` writes
+(``vit.encoder.layer.{i}.attention.attention.query``, ...) or the one recent ``transformers`` keep
+in memory (``vit.layers.{i}.attention.q_proj``, ...), map onto
+:class:`~whiteformer.models.deit.VisionTransformer`:
+
+==========================================================  ==========================
+transformers                                                 timm / whiteformer
+==========================================================  ==========================
+``embeddings.cls_token`` / ``position_embeddings``           ``cls_token`` / ``pos_embed``
+``embeddings.patch_embeddings.projection``                   ``patch_embed.proj``
+``query`` | ``key`` | ``value`` (``q_proj`` | ...)            ``blocks.i.attn.qkv`` (rows q, k, v)
+``attention.output.dense`` (``o_proj``)                      ``blocks.i.attn.proj``
+``intermediate.dense`` / ``output.dense`` (``mlp.fc1/2``)    ``blocks.i.mlp.fc1`` / ``fc2``
+``layernorm_before`` / ``layernorm_after``                   ``blocks.i.norm1`` / ``norm2``
+``layernorm`` / ``classifier``                               ``norm`` / ``head``
+==========================================================  ==========================
+
+Both models compute ``x + attn(LN(x))``, ``x + mlp(LN(x))`` with exact GELU and classify the
+final-normed class token, so with the configuration's ``layer_norm_eps`` (1e-12 in
+``transformers``, 1e-6 in timm) the logits agree. DeiT's distillation token takes part in every
+attention layer, which ``deit_*`` models do not have: such checkpoints are refused.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, Mapping, Optional
+
+import torch
+
+__all__ = ["HF_VIT_MODEL_TYPES", "is_hf_vit_config", "is_hf_vit_state_dict", "init_kwargs_from_config",
+           "convert_hf_vit_state_dict", "DEFAULT_MODEL_NAME"]
+
+HF_VIT_MODEL_TYPES = ("vit", "deit")
+#: registry name used for such a checkpoint when none is given (every size comes from its config)
+DEFAULT_MODEL_NAME = "deit_b_p16"
+
+_BLOCK = {  # transformers block sub-key (both layouts) -> timm sub-key
+    "attention.output.dense": "attn.proj", "attention.o_proj": "attn.proj",
+    "intermediate.dense": "mlp.fc1", "output.dense": "mlp.fc2", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2",
+    "layernorm_before": "norm1", "layernorm_after": "norm2",
+}
+_QKV = {"attention.attention.query": 0, "attention.attention.key": 1, "attention.attention.value": 2,
+        "attention.q_proj": 0, "attention.k_proj": 1, "attention.v_proj": 2}
+_BLOCK_KEY = re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.(.+)\.(weight|bias)$")
+
+
+def is_hf_vit_config(config: Optional[Mapping[str, Any]]) -> bool:
+    return bool(config) and config.get("model_type") in HF_VIT_MODEL_TYPES
+
+
+def _prefix(state_dict: Mapping[str, Any]) -> Optional[str]:
+    for key in state_dict:
+        if key.endswith("embeddings.patch_embeddings.projection.weight"):
+            return key[: -len("embeddings.patch_embeddings.projection.weight")]
+    return None
+
+
+def is_hf_vit_state_dict(state_dict: Mapping[str, Any]) -> bool:
+    """True for a transformers ViT / DeiT state dict (with or without the ``vit.`` / ``deit.`` prefix)."""
+    return _prefix(state_dict) is not None
+
+
+def init_kwargs_from_config(config: Mapping[str, Any]) -> Dict[str, Any]:
+    """``VisionTransformer`` constructor arguments from a transformers ``ViTConfig`` / ``DeiTConfig``
+    dict (``config.json``)."""
+    if config.get("hidden_act", "gelu") != "gelu":
+        raise ValueError(f"transformers ViT config has hidden_act={config.get('hidden_act')!r}; deit_* models use "
+                         "exact GELU ('gelu')")
+    hidden = int(config.get("hidden_size", 768))
+    kwargs: Dict[str, Any] = dict(
+        embed_dim=hidden, depth=int(config.get("num_hidden_layers", 12)),
+        num_heads=int(config.get("num_attention_heads", 12)),
+        mlp_ratio=int(config.get("intermediate_size", 4 * hidden)) / hidden,
+        img_size=config.get("image_size", 224), patch_size=config.get("patch_size", 16),
+        in_chans=int(config.get("num_channels", 3)), qkv_bias=bool(config.get("qkv_bias", True)),
+        norm_eps=float(config.get("layer_norm_eps", 1e-12)))
+    if any(a.endswith("ForImageClassification") for a in config.get("architectures") or []) and config.get("id2label"):
+        kwargs["num_classes"] = len(config["id2label"])
+    return kwargs
+
+
+def convert_hf_vit_state_dict(state_dict: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """A transformers ViT / DeiT state dict -> timm ``VisionTransformer`` keys (see the module
+    docstring). Raises ``ValueError`` for a DeiT distillation checkpoint and for unknown keys."""
+    prefix = _prefix(state_dict)
+    if prefix is None:
+        raise ValueError("not a transformers ViT/DeiT state dict (no embeddings.patch_embeddings.projection.weight)")
+    if f"{prefix}embeddings.distillation_token" in state_dict:
+        raise ValueError(
+            "this transformers DeiT checkpoint has a distillation token (DeiTForImageClassification[WithTeacher]); "
+            "it takes part in every attention layer and deit_* models (timm VisionTransformer) have no such token, "
+            "so the logits could not match. Convert a checkpoint without distillation (e.g. ViTForImageClassification)")
+    out: Dict[str, torch.Tensor] = {}
+    qkv: Dict[tuple, Dict[int, torch.Tensor]] = {}
+    for key, val in state_dict.items():
+        if key.startswith(prefix):
+            sub = key[len(prefix):]
+        elif prefix and not key.startswith(("classifier.", "cls_classifier.", "distillation_classifier.")):
+            raise ValueError(f"unexpected key {key!r} in a transformers ViT/DeiT state dict")
+        else:
+            sub = key
+        block = _BLOCK_KEY.match(sub)
+        if block:
+            i, name, kind = block.groups()
+            if name in _QKV:
+                qkv.setdefault((i, kind), {})[_QKV[name]] = val
+                continue
+            if name not in _BLOCK:
+                raise ValueError(f"unexpected key {key!r} in a transformers ViT/DeiT state dict")
+            out[f"blocks.{i}.{_BLOCK[name]}.{kind}"] = val
+            continue
+        if sub.startswith(("pooler.", "embeddings.mask_token")):
+            continue  # ViTModel's pooler / masked-image-modeling token: unused by a classifier
+        top = {"embeddings.cls_token": "cls_token", "embeddings.position_embeddings": "pos_embed",
+               "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
+               "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
+               "layernorm.weight": "norm.weight", "layernorm.bias": "norm.bias",
+               "classifier.weight": "head.weight", "classifier.bias": "head.bias"}.get(sub)
+        if top is None:
+            raise ValueError(f"unexpected key {key!r} in a transformers ViT/DeiT state dict")
+        out[top] = val
+    for (i, kind), parts in qkv.items():
+        if sorted(parts) != [0, 1, 2]:
+            raise ValueError(f"block {i}: the transformers checkpoint lacks some of query/key/value {kind}")
+        out[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat([parts[0], parts[1], parts[2]], dim=0)
+    return out
