@@ -88,14 +88,18 @@ def test_tost_cache_size_does_not_grow_gpt_cache_does():
         model = _lm(model_type, pos_emb=False, **({"pos_bias": False} if "tost" in model_type else {}))
         out = model(torch.randint(0, 61, (2, 5)), use_cache=True)
         cache, first = out.cache, out.cache.nbytes()
-        for _ in range(40):
-            out = model(torch.randint(0, 61, (2, 1)), cache=cache, use_cache=True)
+        for _ in range(40):  # (past_key_values is the older name of the cache argument)
+            out = model(torch.randint(0, 61, (2, 1)), past_key_values=cache, use_cache=True)
         assert cache.get_seq_length() == 45
         sizes[model_type] = (first, cache.nbytes())
     first, last = sizes["whiteformer-tost-lm"]
     assert first == last > 0
     first, last = sizes["whiteformer-gpt"]
     assert last == first * 45 // 5
+    model, idx = _lm("whiteformer-tost-lm"), torch.randint(0, 61, (2, 5))
+    caches = [model.generate(idx, max_new_tokens=n, do_sample=False, pad_token_id=0,
+                             return_dict_in_generate=True).cache for n in (3, 30)]
+    assert caches[1].get_seq_length() == 34 and caches[0].nbytes() == caches[1].nbytes()
 
 
 @pytest.mark.parametrize("name", ["tost_lm_base", "gpt_base"])
@@ -142,6 +146,16 @@ def test_vision_classifiers(tmp_path, name):
     out = model(pixel_values=x, labels=y)
     torch.testing.assert_close(out.logits, net(x), rtol=0, atol=0)
     torch.testing.assert_close(out.loss, F.cross_entropy(net(x), y))
+
+
+
+def test_vision_from_config_labels_follow_the_model():
+    config = AutoConfig.for_model("whiteformer-vision", model_name="deit_t_p16",
+                                  init_kwargs=dict(img_size=32, patch_size=16, depth=1))
+    model = AutoModelForImageClassification.from_config(config)
+    assert model.config.num_labels == 1000 and model.config.init_kwargs["embed_dim"] == 192
+    out = model(pixel_values=torch.randn(2, 3, 32, 32), labels=torch.tensor([0, 999]))
+    assert out.logits.shape == (2, 1000) and torch.isfinite(out.loss)
 
 
 def test_trainer_reduces_the_loss(tmp_path):

@@ -95,10 +95,13 @@ class WhiteformerVisionConfig(WhiteformerConfig):
     default_model_name = "tost_t12_p16"
 
     def __init__(self, model_name: Optional[str] = None, init_kwargs: Optional[Dict[str, Any]] = None, **kwargs):
-        classes = (init_kwargs or {}).get("num_classes")
-        if isinstance(classes, int) and classes > 0 and "id2label" not in kwargs:
-            kwargs.setdefault("num_labels", classes)
-        super().__init__(model_name, init_kwargs, **kwargs)
+        super().__init__(model_name, init_kwargs, **kwargs)  # (transformers only keeps an __init__ defined here)
 
     mirrored = (("img_size", "image_size"), ("patch_size", "patch_size"), ("in_chans", "num_channels"),
                 ("embed_dim", "hidden_size"), ("depth", "num_hidden_layers"))
+
+    def _mirror(self) -> None:
+        super()._mirror()
+        classes = self.init_kwargs.get("num_classes")
+        if isinstance(classes, int) and classes > 0 and self.num_labels != classes:
+            self.num_labels = classes

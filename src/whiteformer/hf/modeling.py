@@ -232,7 +232,5 @@ class WhiteformerForImageClassification(WhiteformerPreTrainedModel):
         logits = self.whiteformer(pixel_values)
         loss = None
         if labels is not None:
-            if self.config.num_labels != logits.shape[-1]:
-                self.config.num_labels = logits.shape[-1]
             loss = self.loss_function(labels, logits, self.config, **kwargs)
         return ImageClassifierOutput(loss=loss, logits=logits)
