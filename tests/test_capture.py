@@ -215,7 +215,7 @@ def test_layerwise_report_values(attn, tmp_path):
         Z = Z.double()
         Pi = st["pi"].double().transpose(1, 2)
         if attn == "eca":
-            Uk = blk.attn.U.detach().double().reshape(32, 4, 8).permute(1, 0, 2)
+            Uk = blk.attn.U.detach().double().reshape(32, 4, blk.attn.head_dim).permute(1, 0, 2)
         else:
             Uk = _per_head_bases(blk.attn)
         if attn == "dmsa":

@@ -226,7 +226,7 @@ def test_all_padded_sequence_is_finite():
     x = torch.randn(2, 4, 8)
     y, st = layer(x, mask, return_pi=True)
     assert torch.isfinite(y).all()
-    torch.testing.assert_close(y[0], x[0])
+    assert (y[0] == 0).all()  # no real token: zero update
     assert (st["pi"][0] == 0).all()
 
 
@@ -240,7 +240,7 @@ def test_layer_padding_equivalence(mask):
         yb, stb = layer(x[b:b + 1, mask[b]], return_pi=True)
         torch.testing.assert_close(y[b, mask[b]], yb[0])
         torch.testing.assert_close(st["pi"][b][:, mask[b]], stb["pi"][0])
-    torch.testing.assert_close(y[~mask], x[~mask])  # padded tokens pass through the residual
+    assert (y[~mask] == 0).all()  # padded tokens get no update
 
 
 # ----------------------------------------------------------------------------- sketches
@@ -303,7 +303,7 @@ def _layer_reference(layer, x, mask=None):
     e = eca_expand_reference(x, om_e, layer.eps, attn_mask=mask)
     c, pi = eca_compress_reference(x, layer.U, om_c, layer.temperature, layer.num_heads, layer.eps,
                                    attn_mask=mask, return_pi=True)
-    return x + layer.alpha * e - layer.beta * c, pi
+    return layer.alpha * e - layer.beta * c, pi  # the update; the caller adds x (Eq. 4)
 
 
 @pytest.mark.parametrize("B,N,C,H,r", [(2, 9, 8, 2, 2), (1, 4, 8, 2, 2), (2, 16, 16, 4, 3), (2, 1, 4, 1, 1)])
@@ -340,13 +340,13 @@ def test_ablations_expand_only_and_compress_only():
     e_only = ECAttention(16, num_heads=2, rank=3, compress=False).double()
     assert e_only.U is None and e_only.beta is None and e_only.temperature is None
     om = e_only.omega_for(10, "expand", dtype=F64)
-    torch.testing.assert_close(e_only(x), x + e_only.alpha * eca_expand_reference(x, om))
+    torch.testing.assert_close(e_only(x), e_only.alpha * eca_expand_reference(x, om))
     with pytest.raises(ValueError, match="return_pi"):
         e_only(x, return_pi=True)
     c_only = ECAttention(16, num_heads=2, rank=3, expand=False).double()
     assert c_only.alpha is None
     om = c_only.omega_for(10, "compress", dtype=F64)
-    ref = x - c_only.beta * eca_compress_reference(x, c_only.U, om, c_only.temperature, 2)
+    ref = -c_only.beta * eca_compress_reference(x, c_only.U, om, c_only.temperature, 2)
     torch.testing.assert_close(c_only(x), ref)
 
 
@@ -442,9 +442,8 @@ def test_bad_layer_arguments_raise():
         ECAttention(10, num_heads=4)
     with pytest.raises(ValueError, match="rank.*head dimension"):
         ECAttention(16, num_heads=4, rank=5)
-    ECAttention(16, num_heads=2, rank=8)  # expand_rank = 2 * 8 = 16 <= dim is fine ...
-    with pytest.raises(ValueError, match="expand_rank"):
-        ECAttention(16, num_heads=2, rank=9, compress=False)  # ... 18 > dim is not
+    assert ECAttention(16, num_heads=2, rank=8).expand_rank == 16  # num_heads * rank ...
+    assert ECAttention(16, num_heads=2, rank=9, compress=False).expand_rank == 16  # ... capped at dim
     with pytest.raises(ValueError, match="expand_rank"):
         ECAttention(16, num_heads=2, rank=2, expand_rank=17)
     with pytest.raises(ValueError, match="both be False"):
@@ -488,3 +487,47 @@ def test_sketch_rank_above_token_count_with_eps_is_a_ridge_projector():
     assert y.abs().max() < 1e-2 * x.abs().max()
     layer = ECAttention(16, num_heads=2, rank=3)  # expand_rank 6 > N = 5, eps = 1e-2
     assert torch.isfinite(layer(torch.randn(2, 5, 16))).all()
+
+
+# ----------------------------------------------------------------------------- contract (issue 14/17)
+def test_layer_returns_the_update_and_a_prenorm_block_adds_it_once():
+    layer = ECAttention(16, num_heads=2, rank=3).double()
+    x = torch.randn(2, 10, 16, dtype=F64)
+    y_ref, _ = _layer_reference(layer, x)
+    torch.testing.assert_close(layer(x), y_ref)
+    assert ECAttention.learned_scale is True  # alpha, beta are its layer scale
+
+
+def test_default_rank_is_min_20_head_dim():
+    layer = build("eca", 64, num_heads=4)  # p = 16 < 20
+    assert layer.rank == 16 and layer.expand_rank == 64 and layer.head_dim == 16
+    assert layer(torch.randn(2, 20, 64)).shape == (2, 20, 64)
+    wide = ECAttention(384, num_heads=8)  # p = 48
+    assert wide.rank == 20 and wide.expand_rank == 160
+
+
+def test_head_dim_argument():
+    layer = ECAttention(24, num_heads=4, head_dim=12, rank=5)  # p independent of dim / K
+    assert layer.U.shape == (24, 48) and layer.head_dim == 12 and layer.rank == 5
+    assert layer.expand_rank == 20
+    y, st = layer(torch.randn(2, 30, 24), return_pi=True)
+    assert y.shape == (2, 30, 24) and st["pi"].shape == (2, 4, 30)
+    torch.testing.assert_close(st["pi"].sum(1), torch.ones(2, 30))
+    assert ECAttention(10, num_heads=4, head_dim=8).rank == 8  # dim need not divide
+    assert ECAttention(64, num_heads=4, head_dim=64).expand_rank == 64  # K r = 80 capped at dim
+    with pytest.raises(ValueError, match="head_dim"):
+        ECAttention(16, num_heads=2, head_dim=0)
+    layer64 = ECAttention(8, num_heads=2, head_dim=6, rank=2).double()
+    x = torch.randn(2, 9, 8, dtype=F64, requires_grad=True)
+    y, st = layer64(x, return_pi=True)
+    y_ref, pi_ref = _layer_reference(layer64, x)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(st["pi"], pi_ref)
+
+
+def test_layer_on_meta_device():
+    with torch.device("meta"):
+        layer = ECAttention(32, num_heads=4)
+        y, st = layer(torch.empty(2, 12, 32), return_pi=True)
+    assert isinstance(layer.seed, int) and layer.U.is_meta
+    assert y.is_meta and y.shape == (2, 12, 32) and st["pi"].shape == (2, 4, 12)

@@ -33,6 +33,16 @@ def test_registry_is_populated():
     assert {"mhsa", "xca", "mssa", "class_attention"} <= set(NAMES)
 
 
+def test_every_layer_class_is_exported():
+    from whiteformer.attention import get_attention_class
+
+    exported = set(whiteformer.attention.__all__)
+    for name in NAMES:
+        cls = get_attention_class(name)
+        assert cls.__name__ in exported and getattr(whiteformer.attention, cls.__name__) is cls
+        assert cls.forward.__doc__, f"{cls.__name__}.forward has no docstring"
+
+
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("N", [1, 7])
 def test_shapes_and_gradients(name, N):

@@ -11,4 +11,7 @@ from .eca import ECAttention  # noqa: F401
 # --- baselines: mhsa, xca, mssa, class_attention ---
 from .baselines import MHSA, MSSA, XCA, ClassAttention  # noqa: F401
 
-__all__ = ["build", "get_attention_class", "list_attention", "register_attention"]
+__all__ = [
+    "build", "get_attention_class", "list_attention", "register_attention",
+    "TSSA", "CausalTSSA", "DMSA", "ECAttention", "MHSA", "MSSA", "XCA", "ClassAttention",
+]

@@ -66,6 +66,8 @@ class MHSA(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
+        """x (B, N, C), attn_mask (B, N) bool keep-mask (True = real token; padded keys are
+        excluded, combined with ``causal``) -> y (B, N, C), 0 at padded tokens."""
         check_tokens_input(x, "x", self.dim)
         keep = check_mask(attn_mask, x.shape[0], x.shape[1])
         q, k, v = _split_qkv(self.qkv(x), self.num_heads)
@@ -99,6 +101,8 @@ class XCA(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
+        """x (B, N, C), attn_mask (B, N) bool keep-mask (True = real token; padded tokens are left
+        out of the p x p cross-covariance) -> y (B, N, C), 0 at padded tokens."""
         check_tokens_input(x, "x", self.dim)
         keep = check_mask(attn_mask, x.shape[0], x.shape[1])
         q, k, v = _split_qkv(self.qkv(x), self.num_heads)
@@ -147,6 +151,8 @@ class MSSA(nn.Module):
             self.to_out = nn.Sequential(nn.Linear(inner, dim), nn.Dropout(proj_drop))
 
     def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
+        """x (B, N, C), attn_mask (B, N) bool keep-mask (True = real token; padded keys are
+        excluded) -> y (B, N, C), 0 at padded tokens."""
         check_tokens_input(x, "x", self.dim)
         keep = check_mask(attn_mask, x.shape[0], x.shape[1])
         w = rearrange(self.qkv(x), "b n (h p) -> b h n p", h=self.num_heads)
@@ -178,6 +184,8 @@ class ClassAttention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
+        """x (B, N, C) with the class token at index 0, attn_mask (B, N) bool keep-mask (padded
+        keys excluded) -> (B, N, C): the updated class token, tokens 1: unchanged."""
         check_tokens_input(x, "x", self.dim)
         keep = check_mask(attn_mask, x.shape[0], x.shape[1])
         C = self.dim

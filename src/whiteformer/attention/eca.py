@@ -1,6 +1,7 @@
-"""ECAttention layer (paper 003, Eq. 4; Algorithms 1-3): ``x + alpha * expand(x) - beta * compress(x)``.
+"""ECAttention layer (paper 003, Eq. 4; Algorithms 1-3): the update ``alpha * E(x) - beta * C(x)``.
 
-The layer includes the residual (it is the whole ECA layer: the ECA transformer has no MLP).
+Like every layer of :mod:`whiteformer.attention` it returns the update, not ``x + update``: the
+ECA model (and any pre-norm block) adds the residual, ``x + alpha E(x) - beta C(x)`` (Eq. 4).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ __all__ = ["ECAttention"]
 
 _EXPAND_STREAM, _COMPRESS_STREAM = 0, 1
 _CACHE_SIZE = 16
+DEFAULT_RANK = 20  # paper's recommended r (App. C.1), capped at the head dimension
 
 
 def _inverse_softplus(v: float) -> float:
@@ -41,30 +43,51 @@ def _finite(value, name: str) -> float:
 
 @register_attention("eca")
 class ECAttention(nn.Module):
-    """ECAttention (Eq. 4): ``z + alpha (I - Q Q^T) z - beta sum_k pi_k U_k (I - Q_k Q_k^T) U_k^T z``.
+    """ECAttention update (Eq. 4): ``alpha (I - Q Q^T) z - beta sum_k pi_k U_k (I - Q_k Q_k^T) U_k^T z``.
+
+    The layer returns the update only (timm's contract, like every other layer here); the
+    residual is the caller's: ``z + ECAttention(z)`` is the paper's ``z + alpha E(z) - beta C(z)``
+    (Eq. 4). The ECA models (``create_model("eca_*")``) add it in their pre-norm blocks, and
+    ``alpha``, ``beta`` are the layer's own learned scales (``learned_scale = True``: a shell
+    should not add a layer scale on top).
 
     Args:
-        dim: C. num_heads: K (subspaces). Head dimension p = dim // num_heads.
-        rank: r, the sketch rank per head (compression; paper default 20). The expansion sketch
-            has ``expand_rank`` columns, default ``num_heads * rank`` (paper Alg. 1, Eq. 5: K r <= d).
-            A sketch wider than the number of tokens N is allowed only with eps > 0 (the
-            regularised basis is then a ridge projector onto range(Z)), ValueError otherwise.
+        dim: C. num_heads: K (subspaces).
+        rank: r, the sketch rank per head (compression). Default ``min(20, head_dim)``: the
+            paper's r = 20, capped at the head dimension (a basis of a p-dimensional space has at
+            most p vectors), so e.g. ``build("eca", 64, num_heads=4)`` (p = 16) gets r = 16.
+            The expansion sketch has ``expand_rank`` columns, default ``min(num_heads * rank, dim)``
+            (paper Alg. 1, Eq. 5: K r <= d). A sketch wider than the number of tokens N is
+            allowed only with eps > 0 (the regularised basis is then a ridge projector onto
+            range(Z)), ValueError otherwise.
+        head_dim: p, the columns of each subspace basis U_k (default ``dim // num_heads``, which
+            then must divide). The paper's Table 3 lists p independently of d / K (ECA-T/S:
+            d / K = 48, but their parameter counts come out with p = 64).
         eps: Cholesky regulariser (paper default 1e-2, Table 10).
         alpha_init, beta_init: initial strengths (paper: 0.1 each).
         positive: alpha, beta = softplus(raw) with raw = inverse-softplus(init) (paper's
             recommended setting, Alg. 3, App. C.1); otherwise alpha, beta = raw, initialised to the
             init values.
         expand, compress: switch a module off (ablations, App. C.3); not both.
-        seed: seed of the fixed Gaussian sketches (see below). Default: drawn from torch's global
-            RNG at construction (reproducible under ``torch.manual_seed``, different per layer).
-            Stored as ``self.seed`` and, to travel with checkpoints, as the buffer ``omega_seed``.
+        seed: seed of the fixed Gaussian sketches (see below). Default: drawn from torch's CPU
+            global RNG at construction (reproducible under ``torch.manual_seed``, different per
+            layer; works under ``torch.device("meta")``). Stored as ``self.seed`` and, to travel
+            with checkpoints, as the buffer ``omega_seed``.
         resample_omega: draw fresh sketches (``torch.randn``, global RNG) at every forward in
             training mode; eval mode always uses the fixed sketches.
 
-    Parameters: ``U`` (dim, H*p), orthogonal init so that sum_k U_k U_k^T = I as App. A.2 assumes
-    (Alg. 2's pseudocode uses ``randn``, whose scale grows the compression output ~ dim);
-    ``temperature`` (1,) ones (eta of Eq. 7, Alg. 2); ``alpha_raw`` / ``beta_raw`` scalars.
+    Parameters: ``U`` (dim, K*p), orthogonal init (for p = dim / K: sum_k U_k U_k^T = I as App.
+    A.2 assumes; Alg. 2's pseudocode uses ``randn``, whose scale grows the compression output
+    ~ dim); ``temperature`` (1,) ones (eta of Eq. 7); ``alpha_raw`` / ``beta_raw`` scalars.
     Disabled modules have no parameters.
+
+    Memberships are Eq. 7, ``pi_n = softmax_k(||Q_k Q_k^T a_kn||^2 / (2 eta))`` (squared norm,
+    1 / (2 eta), softmax over the K heads), not the printed form of Alg. 2 (norm / eta, softmax
+    over tokens), which contradicts Eq. 7's shapes.
+
+    Precision: the basis computation needs Cholesky, which has no half kernels, so under
+    float16/bfloat16 inputs or bf16/fp16 autocast the whole layer runs in float32 (autocast is
+    switched off inside) and returns the input dtype; float64 stays float64.
 
     Sketches: the paper fixes N in a random buffer; here any N works. Omega for N tokens is
     :func:`whiteformer.ops.eca.eca_omega` ``(N, cols, seed, stream)`` (stream 0 expansion, 1
@@ -73,16 +96,18 @@ class ECAttention(nn.Module):
     exactly what each sequence alone gives. It is created on x's device in x's dtype and cached
     per (N, device, dtype) in eager mode (computed in the graph under ``torch.compile``).
 
-    ``forward(x, attn_mask=None, return_pi=False)``: x (B, N, C) -> (B, N, C); padded tokens
-    (attn_mask False) are left unchanged (both modules give 0 there). ``return_pi=True`` returns
-    ``(y, {"pi": (B, H, N)})`` (needs the compression module).
+    ``forward(x, attn_mask=None, return_pi=False)``: x (B, N, C) -> update (B, N, C); padded
+    tokens (attn_mask False) get a zero update. ``return_pi=True`` returns
+    ``(update, {"pi": (B, K, N)})`` (needs the compression module).
     """
+
+    learned_scale = True  # alpha and beta scale the update: no extra layer scale in a block
 
     def __init__(
         self,
         dim: int,
         num_heads: int = 8,
-        rank: int = 20,
+        rank: Optional[int] = None,
         eps: float = 1e-2,
         alpha_init: float = 0.1,
         beta_init: float = 0.1,
@@ -90,24 +115,30 @@ class ECAttention(nn.Module):
         expand: bool = True,
         compress: bool = True,
         *,
+        head_dim: Optional[int] = None,
         expand_rank: Optional[int] = None,
         seed: Optional[int] = None,
         resample_omega: bool = False,
     ):
         super().__init__()
-        self.head_dim = check_divisible(dim, num_heads)
+        if head_dim is None:
+            self.head_dim = check_divisible(dim, num_heads)
+        else:
+            _positive_int(dim, "dim")
+            _positive_int(num_heads, "num_heads")
+            self.head_dim = _positive_int(head_dim, "head_dim")
         self.dim, self.num_heads = dim, num_heads
         if not expand and not compress:
             raise ValueError("expand and compress cannot both be False: the layer would be the identity")
-        self.rank = _positive_int(rank, "rank")
-        self.expand_rank = num_heads * rank if expand_rank is None else _positive_int(expand_rank, "expand_rank")
+        self.rank = min(DEFAULT_RANK, self.head_dim) if rank is None else _positive_int(rank, "rank")
+        if expand_rank is None:
+            self.expand_rank = min(num_heads * self.rank, dim)
+        else:
+            self.expand_rank = _positive_int(expand_rank, "expand_rank")
         if compress and self.rank > self.head_dim:
-            raise ValueError(f"rank ({rank}) must be <= the head dimension p = dim // num_heads ({self.head_dim})")
+            raise ValueError(f"rank ({rank}) must be <= the head dimension p ({self.head_dim})")
         if expand and self.expand_rank > dim:
-            raise ValueError(
-                f"rank: the expansion sketch has expand_rank = {self.expand_rank} "
-                f"({'num_heads * rank' if expand_rank is None else 'given'}) columns, more than dim ({dim})"
-            )
+            raise ValueError(f"expand_rank ({self.expand_rank}) must be <= dim ({dim})")
         self.eps = check_eps(eps)
         self.positive = bool(positive)
         self.use_expand, self.use_compress = bool(expand), bool(compress)
@@ -134,7 +165,9 @@ class ECAttention(nn.Module):
             self.register_parameter("alpha_raw", None)
         if self.use_compress:
             self.beta_raw = raw(beta_init, "beta_init")
-            self.U = nn.Parameter(nn.init.orthogonal_(torch.empty(dim, num_heads * self.head_dim)))
+            self.U = nn.Parameter(torch.empty(dim, num_heads * self.head_dim))
+            if not self.U.is_meta:
+                nn.init.orthogonal_(self.U)
             self.temperature = nn.Parameter(torch.ones(1))
         else:
             self.register_parameter("beta_raw", None)
@@ -158,7 +191,8 @@ class ECAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"dim={self.dim}, num_heads={self.num_heads}, rank={self.rank}, expand_rank={self.expand_rank}, "
+            f"dim={self.dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, rank={self.rank}, "
+            f"expand_rank={self.expand_rank}, "
             f"eps={self.eps}, positive={self.positive}, expand={self.use_expand}, "
             f"compress={self.use_compress}, seed={self.seed}, resample_omega={self.resample_omega}"
         )
@@ -168,7 +202,8 @@ class ECAttention(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        self.seed = int(self.omega_seed)
+        if not self.omega_seed.is_meta:
+            self.seed = int(self.omega_seed)
         self._omega_cache.clear()
 
     # ---------------------------------------------------------------------------------------
@@ -195,15 +230,17 @@ class ECAttention(nn.Module):
         return om
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, return_pi: bool = False):
-        """x (B, N, C), attn_mask (B, N) bool keep-mask -> y (B, N, C) (Eq. 4), or
-        ``(y, {"pi": (B, H, N)})`` with ``return_pi``."""
+        """x (B, N, C), attn_mask (B, N) bool keep-mask (True = real token) -> the update
+        ``alpha E(x) - beta C(x)`` (B, N, C) (Eq. 4 without the residual; 0 at padded tokens), or
+        ``(update, {"pi": (B, K, N)})`` with ``return_pi`` (Eq. 7 memberships). Computed in
+        float32 for half inputs and under autocast (see the class docstring)."""
         check_tokens_input(x, "x", self.dim)
         B, N, _ = x.shape
         attn_mask = check_mask(attn_mask, B, N)
         if return_pi and not self.use_compress:
             raise ValueError("return_pi=True needs the compression module (compress=False has no memberships)")
         if self.use_expand:
-            check_sketch_rank(self.expand_rank, N, self.dim, "dim", "expand_rank (num_heads * rank by default)", self.eps)
+            check_sketch_rank(self.expand_rank, N, self.dim, "dim", "expand_rank", self.eps)
         if self.use_compress:
             check_sketch_rank(self.rank, N, self.head_dim, "the head dimension p", "rank", self.eps)
         cd = stats_dtype(x)
@@ -212,14 +249,15 @@ class ECAttention(nn.Module):
         pi = None
         with autocast_off(x):
             xc = x.to(cd)
-            y = xc
+            y = None
             if self.use_expand:
                 omega = self.omega_for(N, "expand", device=x.device, dtype=x.dtype).to(cd)
-                y = y + self.alpha.to(cd) * _expand(xc, omega, self.eps, attn_mask)
+                y = self.alpha.to(cd) * _expand(xc, omega, self.eps, attn_mask)
             if self.use_compress:
                 omega = self.omega_for(N, "compress", device=x.device, dtype=x.dtype).to(cd)
                 c, pi = _compress(xc, self.U.to(cd), omega, self.temperature.to(cd), self.num_heads, self.eps,
                                   attn_mask)
-                y = y - self.beta.to(cd) * c
+                c = self.beta.to(cd) * c
+                y = -c if y is None else y - c
         y = y.to(x.dtype)
         return (y, {"pi": pi.to(x.dtype)}) if return_pi else y

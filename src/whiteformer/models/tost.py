@@ -13,13 +13,17 @@ DMST (paper 002): ToST-T/S with DMSA (one ``Linear(D, H)`` membership per block 
 ``temp``): 5.778M / 22.627M (the paper's Table I: 5.58M / 22.25M, with its own TSSA baselines at
 5.57M / 22.20M; the difference to ours is the baseline count, the increment ~D*H*L is the same).
 
-ECA (paper 003, Table 3): ECAttention blocks without MLP (pre-norm, see ``Block``), the same conv
-patch embedding, Fourier encoding and two class-attention blocks (with MLPs) as ToST. Measured
-vs paper: T 1.763M vs 1.91M (-7.7%), S 6.614M vs 7.2M (-8.1%), M 14.72M vs 14.7M (+0.2%),
-B 21.04M vs 21.0M (+0.2%), B+ 57.71M vs 57.7M (+0.0%), L 70.31M vs 70M (+0.4%). M/B/B+/L agree,
-so the architecture is the one the paper counts; the T/S gap is almost exactly 4 D^2 parameters
-(0.147M = 4.0 x 192^2, 0.586M = 4.0 x 384^2), which the paper does not explain (no public code);
-left as is.
+ECA (paper 003, Table 3): ECAttention blocks without MLP, ``x + alpha E(norm1(x)) - beta C(norm1(x))``
+(Eq. 4 on pre-normalised features; alpha, beta are the layer's learned scales, no layer scale), the
+same conv patch embedding, Fourier encoding and two class-attention blocks (with MLPs) as ToST.
+Head dimension p (the columns of each subspace basis U_k, ``ECAttention(head_dim=...)``) as the
+parameter counts of Table 3 require. Measured vs paper: T 1.910M vs 1.91M, S 7.204M vs 7.2M,
+M 14.72M vs 14.7M, B 21.04M vs 21.0M, B+ 57.71M vs 57.7M, L 70.31M vs 70M. Table 3 is not
+self-consistent for T/S and B: it lists p 48 for T/S (= d / K), but their counts come out only with
+p = 64 (p = 48 gives 1.763M / 6.614M, exactly 4 d^2 fewer: L d (64 K - d) = 4 d^2), so T/S are
+built with p = 64; it lists p 64 for B, but with p = 64 ECA-B would have 33.6M (the bases alone
+L d K p = 25.2M), and 21.0M comes out only with p = d / K = 32, so B is built with p = 32 (as
+the paper's Algorithm 3 defaults it). Without public code we follow the counts.
 
 Baselines on the same shell: ``xcit_s12_p16`` (XCA, no LPI; = official ``xcit_cab_small_12_p16``,
 26.14M: its qkv is (3D, D)) and ``vit_cab_s12_p16`` (softmax MHSA, 6 heads, 26.14M).
@@ -118,47 +122,54 @@ def dmst_s12_p16(**kwargs) -> ToSTVision:
 
 
 # ---------------------------------------------------------------------------- ECA (ECAttention, no MLP)
-def _eca(embed_dim: int, depth: int, num_heads: int) -> Dict[str, Any]:
+def _eca(embed_dim: int, depth: int, num_heads: int, head_dim: int) -> Dict[str, Any]:
     # eta only scales the class-attention blocks (ECA blocks are scaled by their alpha, beta).
     return dict(patch_size=16, embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp="none", mlp_ratio=4.0,
-                qkv_bias=True, eta=1.0 if depth <= 12 else 1e-5, attn="eca")
+                qkv_bias=True, eta=1.0 if depth <= 12 else 1e-5, attn="eca", attn_kwargs={"head_dim": head_dim})
+
+
+def _build_eca(defaults: Dict[str, Any], overrides: Dict[str, Any]) -> ToSTVision:
+    # attn_kwargs overrides are merged into the defaults (head_dim stays unless overridden)
+    if isinstance(overrides.get("attn_kwargs"), dict):
+        overrides = {**overrides, "attn_kwargs": {**defaults["attn_kwargs"], **overrides["attn_kwargs"]}}
+    return _build(defaults, overrides)
 
 
 @register_model
 def eca_t(**kwargs) -> ToSTVision:
-    """ECA-T: K 4 heads, L 12, d 192 (p 48); paper 1.91M, ours 1.763M (see module docstring)."""
-    return _build(_eca(192, 12, 4), kwargs)
+    """ECA-T: K 4 heads, L 12, d 192, p 64 (Table 3 says 48; see module docstring); 1.91M as the paper."""
+    return _build_eca(_eca(192, 12, 4, 64), kwargs)
 
 
 @register_model
 def eca_s(**kwargs) -> ToSTVision:
-    """ECA-S: K 8, L 12, d 384 (p 48); paper 7.2M, ours 6.614M (see module docstring)."""
-    return _build(_eca(384, 12, 8), kwargs)
+    """ECA-S: K 8, L 12, d 384, p 64 (Table 3 says 48; see module docstring); 7.2M as the paper."""
+    return _build_eca(_eca(384, 12, 8, 64), kwargs)
 
 
 @register_model
 def eca_m(**kwargs) -> ToSTVision:
     """ECA-M: K 8, L 24, d 512 (p 64); paper 14.7M."""
-    return _build(_eca(512, 24, 8), kwargs)
+    return _build_eca(_eca(512, 24, 8, 64), kwargs)
 
 
 @register_model
 def eca_b(**kwargs) -> ToSTVision:
-    """ECA-B: K 16, L 48, d 512; paper 21.0M. Head dim p = d / K = 32 as in the paper's Algorithm 3
-    (its Table 3 lists p 64, which would need a (512, 1024) basis per layer: 25M for the bases alone)."""
-    return _build(_eca(512, 48, 16), kwargs)
+    """ECA-B: K 16, L 48, d 512, p 32 = d / K (Table 3 says 64, which would give 33.6M; see module
+    docstring); paper 21.0M."""
+    return _build_eca(_eca(512, 48, 16, 32), kwargs)
 
 
 @register_model
 def eca_bplus(**kwargs) -> ToSTVision:
     """ECA-B+: K 16, L 24, d 1024 (p 64); paper 57.7M."""
-    return _build(_eca(1024, 24, 16), kwargs)
+    return _build_eca(_eca(1024, 24, 16, 64), kwargs)
 
 
 @register_model
 def eca_l(**kwargs) -> ToSTVision:
     """ECA-L: K 16, L 36, d 1024 (p 64); paper 70M."""
-    return _build(_eca(1024, 36, 16), kwargs)
+    return _build_eca(_eca(1024, 36, 16, 64), kwargs)
 
 
 # ---------------------------------------------------------------------------- baselines on the same shell

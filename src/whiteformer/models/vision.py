@@ -32,8 +32,6 @@ from .checkpoint import PretrainedMixin
 
 __all__ = ["Block", "ToSTVision"]
 
-# Attention layers whose forward already returns ``x + update`` (ECAttention, paper 003 Alg. 3).
-_SELF_RESIDUAL_ATTN = {"eca"}
 _MLP_KINDS = ("mlp", "ista", "none")
 _NO_DECAY_SUFFIXES = ("temp", "temperature", "pos_bias", "cls_token", "pos_embed")
 
@@ -70,10 +68,10 @@ class Block(nn.Module):
     LayerNorm eps 1e-6; ``gamma`` initialised to ``eta`` (``eta=None``: no layer scale).
     ``mlp``: "mlp" (2-layer GELU MLP, ratio ``mlp_ratio``), "ista" (CRATE's ISTA step, ToST
     Table 8 ablation, in the same residual slot) or "none" (attention-only block, as ECA).
-    For a layer that includes its own residual (``attn="eca"``: ``y + alpha E(y) - beta C(y)``), the
-    block uses its update only, ``x = x + drop_path(attn(norm1(x)) - norm1(x))`` (paper 003 Eq. (4)
-    on the normalised features; alpha and beta are the learned scales, so no layer scale).
-    ``prenorm=False`` drops norm1/norm2 (for ECA: ``x = attn(x)``, Eq. (4) literally).
+    A layer with its own learned scales (class attribute ``learned_scale = True``, e.g. ECAttention:
+    ``x + alpha E(norm1(x)) - beta C(norm1(x))``, paper 003 Eq. (4) on the normalised features)
+    gets no layer scale gamma1. ``prenorm=False`` drops norm1/norm2 (for ECA:
+    ``x + alpha E(x) - beta C(x)``, Eq. (4) literally).
     Shapes: (B, N, C) -> (B, N, C).
     """
 
@@ -97,13 +95,12 @@ class Block(nn.Module):
         if mlp not in _MLP_KINDS:
             raise ValueError(f"mlp must be one of {_MLP_KINDS}, got {mlp!r}")
         self.dim = dim
-        self.self_residual = attn in _SELF_RESIDUAL_ATTN
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps) if prenorm else nn.Identity()
         self.attn = _attention.build(
             attn, dim, num_heads=num_heads, **_attention_kwargs(attn, qkv_bias, attn_drop, drop, attn_kwargs)
         )
         self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
-        use_gamma1 = eta is not None and not self.self_residual
+        use_gamma1 = eta is not None and not getattr(self.attn, "learned_scale", False)
         self.gamma1 = nn.Parameter(eta * torch.ones(dim)) if use_gamma1 else None
         if mlp == "none":
             self.norm2 = self.mlp = self.gamma2 = None
@@ -118,8 +115,6 @@ class Block(nn.Module):
             a, stats = self.attn(y, return_pi=True)
         else:
             a, stats = self.attn(y), None
-        if self.self_residual:
-            a = a - y
         if self.gamma1 is not None:
             a = self.gamma1 * a
         x = x + self.drop_path(a)
@@ -154,7 +149,7 @@ class ToSTVision(PretrainedMixin, nn.Module):
         use_pos: add the Fourier position encoding.
         prenorm: LayerNorm before the attention/MLP of each block (official: True). ECA models
             keep it by default (the ECA paper does not say; ``prenorm=False`` gives
-            ``x_{l+1} = ECAttention(x_l)``, paper 003 Eq. (4) literally).
+            ``x_{l+1} = x_l + ECAttention(x_l)``, paper 003 Eq. (4) literally).
 
     Shapes: ``forward`` (B, in_chans, H, W) -> logits (B, num_classes) (in training mode too; the
     official returns ``(x, x)`` there). ``forward_features`` -> (B, 1 + N, D) normalised tokens
