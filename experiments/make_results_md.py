@@ -499,6 +499,45 @@ def efficiency(out, verdicts):
     out.append("")
 
 
+# ----------------------------------------------------------------------------- 8. plain ViT drop-in
+_VARIANTS = (("cls", False, "[CLS] token"), ("mean", False, "mean pooling"), ("pool", False, "ClassAttentionPool"),
+             ("cls", True, "[CLS] + LPI"), ("pool", True, "ClassAttentionPool + LPI"))
+
+
+def plain_vit(out, verdicts):
+    s = C.read_json(R / "exp8_plain_vit" / "results.json")
+    out.append("## 8. The attentions as drop-ins in a plain ViT (issue 14)\n")
+    out.append(f"Command: {cmd('exp8_plain_vit', ' --data ../shared/data/mnist')}. "
+               "Files: `experiments/results/exp8_plain_vit/runs.csv`, `results.json`.\n")
+    claim = "TSSA as a drop-in for softmax attention in a plain ViT (issue 14)"
+    if s is None or not s["runs"]:
+        out.append(not_run("exp8_plain_vit"))
+        verdicts.append((claim, "not run yet"))
+        return
+    c = s["config"]
+    m, t = c["model"], c["train"]
+    out.append(f"A user's own TinyViT: {m['patch_size']}x{m['patch_size']} patches of {m['img_size']}x{m['img_size']} "
+               f"MNIST, width {m['dim']}, depth {m['depth']}, {m['num_heads']} heads, learned positions, pre-norm "
+               f"`ViTBlock`s with MLP ratio 4; seed {c['seed']}, AdamW lr {t['lr']}, batch {t['batch_size']}, "
+               f"**first {c['train_limit']} training images, {t['epochs']} epochs** (the issue's setting was 10k images "
+               f"and 5 epochs; reduced for the shared 2-core CPU), tested on the first {c['test_limit']} test images. "
+               "Readouts: a [CLS] token carried through the blocks, mean pooling, or "
+               "`whiteformer.attention.ClassAttentionPool` after the blocks; LPI: XCiT's local patch interaction "
+               "(`LocalPatchInteraction`) in every block. Test accuracy %; '-' = not run.\n")
+    runs = {(r["attn"], r["readout"], str(r["lpi"]) in ("True", "true", "1")): r for r in s["runs"]}
+    attns = list(dict.fromkeys(r["attn"] for r in s["runs"]))
+    out.append("| attention | " + " | ".join(v[2] for v in _VARIANTS) + " |")
+    out.append("| --- |" + " ---: |" * len(_VARIANTS))
+    for a in attns:
+        cells = [pct(runs[(a, ro, lpi)]["test_acc"]) if (a, ro, lpi) in runs else "-" for ro, lpi, _ in _VARIANTS]
+        out.append(f"| {a} | " + " | ".join(cells) + " |")
+    out.append("")
+    tc, tp, mc = (runs.get(k) for k in (("tssa", "cls", False), ("tssa", "pool", False), ("mhsa", "cls", False)))
+    if tc and tp and mc:
+        verdicts.append((claim, f"[CLS] readout: TSSA {pct(tc['test_acc'])} % vs softmax {pct(mc['test_acc'])} %; "
+                                f"with ClassAttentionPool TSSA {pct(tp['test_acc'])} % (exp8)"))
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -525,6 +564,7 @@ def main(argv=None) -> int:
     language(out, verdicts)
     listops(out, verdicts)
     efficiency(out, verdicts)
+    plain_vit(out, verdicts)
     out.append("## Summary\n")
     out.append("| claim | here |\n| --- | --- |")
     for claim, v in verdicts:

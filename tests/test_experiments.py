@@ -97,6 +97,22 @@ def test_exp6_listops_and_exp7_index(roots):
     assert "attention" in idx["targets"]
 
 
+def test_exp8_plain_vit(roots):
+    out, runs = _run("exp8_plain_vit", roots)
+    res = json.loads((out / "results.json").read_text())
+    got = {(r["attn"], r["readout"], r["lpi"]) for r in res["runs"]}
+    assert got == {("tssa", "cls", False), ("tssa", "mean", False), ("tssa", "pool", False), ("tssa", "pool", True),
+                   ("eca", "pool", False)}
+    for r in res["runs"]:
+        assert 0.0 <= r["test_acc"] <= 1.0 and r["params"] > 0
+    by = {(r["readout"], r["lpi"]): r["params"] for r in res["runs"] if r["attn"] == "tssa"}
+    assert by[("pool", False)] > by[("cls", False)] and by[("pool", True)] > by[("pool", False)]
+    mtimes = {p: p.stat().st_mtime for p in runs.glob("*/result.json")}
+    assert len(mtimes) == 5
+    _run("exp8_plain_vit", roots)  # resumable: nothing is trained again
+    assert {p: p.stat().st_mtime for p in runs.glob("*/result.json")} == mtimes
+
+
 def test_make_results_md_reads_only_result_files(roots, tmp_path):
     import make_results_md
 
@@ -104,7 +120,7 @@ def test_make_results_md_reads_only_result_files(roots, tmp_path):
     # an empty results root: every section says "not run yet" with its command
     assert make_results_md.main(["--results", str(tmp_path / "none"), "--doc", str(doc)]) == 0
     text = doc.read_text()
-    assert text.count("**Not run yet.**") == 7
+    assert text.count("**Not run yet.**") == 8
     assert "experiments/exp4_compression.py" in text
     # the smoke results of the tests above (run earlier in this module)
     assert make_results_md.main(["--results", str(roots / "results"), "--doc", str(doc)]) == 0
