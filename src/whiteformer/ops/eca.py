@@ -358,8 +358,9 @@ def eca_compress(
     Returns:
         out (B, N, C) = ``sum_k pi_kn U_k (I - Q_k Q_k^T) a_kn`` (Eq. 8 without the minus sign and
         the residual), with Q_k = basis(range(A_k Omega)) and
-        ``pi_n = softmax_k(||Q_k Q_k^T a_kn||^2 / (2 temperature))`` (Eq. 7; softmax over heads,
-        the appendix pseudocode's softmax over tokens contradicts Eq. 7's shapes).
+        ``pi_n = softmax_k(||Q_k Q_k^T a_kn||^2 / (2 temperature))``: Eq. 7 (squared norm,
+        1 / (2 eta), softmax over the heads), not Alg. 2's printed form (the norm / eta, softmax over
+        tokens, which contradicts Eq. 7's shapes).
         With ``return_pi``: ``(out, pi)`` with pi (B, H, N), 0 at padded tokens.
     """
     _check_x(x)
