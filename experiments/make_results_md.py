@@ -532,10 +532,19 @@ def plain_vit(out, verdicts):
         cells = [pct(runs[(a, ro, lpi)]["test_acc"]) if (a, ro, lpi) in runs else "-" for ro, lpi, _ in _VARIANTS]
         out.append(f"| {a} | " + " | ".join(cells) + " |")
     out.append("")
-    tc, tp, mc = (runs.get(k) for k in (("tssa", "cls", False), ("tssa", "pool", False), ("mhsa", "cls", False)))
+    tc, tp, tl, mc, ml = (runs.get(k) for k in (("tssa", "cls", False), ("tssa", "pool", False), ("tssa", "pool", True),
+                                                ("mhsa", "cls", False), ("mhsa", "pool", True)))
     if tc and tp and mc:
-        verdicts.append((claim, f"[CLS] readout: TSSA {pct(tc['test_acc'])} % vs softmax {pct(mc['test_acc'])} %; "
-                                f"with ClassAttentionPool TSSA {pct(tp['test_acc'])} % (exp8)"))
+        text = (f"[CLS] readout: TSSA {pct(tc['test_acc'])} % vs softmax {pct(mc['test_acc'])} %; "
+                f"with ClassAttentionPool TSSA {pct(tp['test_acc'])} %")
+        if tl:
+            text += f", with ClassAttentionPool + LPI {pct(tl['test_acc'])} %"
+        if ml:
+            text += f" (softmax with the same {pct(ml['test_acc'])} %)"
+        out.append("TSSA reads other tokens only through per-head, per-channel second moments: with a [CLS] token "
+                   "or mean pooling the model can neither gather the image into one token nor combine "
+                   "neighbouring patches. " + text + ".\n")
+        verdicts.append((claim, text + " (exp8)"))
 
 
 def main(argv=None) -> int:
