@@ -10,7 +10,7 @@ import torch.nn as nn
 from safetensors.torch import load_file
 
 from whiteformer.train import (CheckpointError, ConfigError, EvalConfig, GenerateConfig, TrainConfig, build_config,
-                               latest_checkpoint, load_checkpoint, save_checkpoint, train, verify_checkpoint)
+                               latest_checkpoint, load_training_checkpoint, save_checkpoint, train, verify_checkpoint)
 from whiteformer.train.build import build_model
 from whiteformer.train.checkpoint import list_checkpoints, remove_stale_temporaries, rng_state, set_rng_state
 from whiteformer.train.configuration import parse_overrides
@@ -146,7 +146,7 @@ def test_checkpoint_roundtrip_and_keep_last(tmp_path):
     for step in (1, 2, 3, 4):
         m, path = _save_tiny(tmp_path, step, keep=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000003", "step_00000004"]
-    ck = load_checkpoint(path)
+    ck = load_training_checkpoint(path)
     assert ck["trainer"]["step"] == 4 and ck["trainer"]["total_steps"] == 10
     for k, v in m.state_dict().items():
         assert torch.equal(ck["model"][k], v) and torch.equal(ck["ema"][k], v)
@@ -161,7 +161,7 @@ def test_corrupt_checkpoint_falls_back(tmp_path):
     w = newest / "model.safetensors"
     w.write_bytes(w.read_bytes()[:-100])  # truncated
     with pytest.raises(CheckpointError, match="truncated or corrupt: model.safetensors"):
-        load_checkpoint(newest)
+        load_training_checkpoint(newest)
     msgs = []
     path, ck = latest_checkpoint(tmp_path, log=msgs.append)
     assert path.name == "step_00000005" and ck["trainer"]["step"] == 5

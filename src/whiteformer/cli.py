@@ -130,13 +130,7 @@ def cmd_train(argv: List[str]) -> int:
     res = train(cfg, command=_command_line())
     if res.get("final_dir") is None:  # not the main process
         return 0
-    final = res["final_eval"]
-    if "acc" in final:
-        print(f"final {cfg.eval_split} accuracy {100 * final['acc']:.2f} % (loss {final['loss']:.4f}, "
-              f"{final['n']} samples); training time {res['train_time_s']:.1f} s")
-    else:
-        print(f"final validation loss {final['loss']:.4f} (perplexity {final['ppl']:.3f}); "
-              f"training time {res['train_time_s']:.1f} s")
+    print(f"final {cfg.eval_split} {res['summary']}; training time {res['train_time_s']:.1f} s")
     print(f"model: {res['final_dir']}")
     if res.get("report"):
         figs = ", ".join(str(cfg.out) + "/" + f for f in res.get("figures", {}).values())
@@ -155,12 +149,8 @@ def cmd_eval(argv: List[str]) -> int:
     res = evaluate(cfg)
     if cfg.json:
         print(json.dumps(res))
-    elif "acc" in res:
-        print(f"{res['dataset']}/{res['split']}: accuracy {100 * res['acc']:.2f} % loss {res['loss']:.4f} "
-              f"({res['n']} samples) [{res['checkpoint']}]")
     else:
-        print(f"{res['dataset']}/{res['split']}: loss {res['loss']:.4f} perplexity {res['ppl']:.3f} "
-              f"({res['n']} tokens) [{res['checkpoint']}]")
+        print(f"{res['dataset']}/{res['split']}: {res['summary']} [{res['checkpoint']}]")
     return 0
 
 
@@ -257,12 +247,11 @@ def analysis_eca_toy(cfg) -> int:
 def analysis_report(cfg) -> int:
     from pathlib import Path
 
-    from .train.build import build_datasets
     from .train.configuration import ConfigError
     from .train.distributed import DistInfo, resolve_device
     from .train.evaluate import load_model, resolve_checkpoint
     from .train.report import write_report
-    from .train.tasks import ClassificationTask, LMTask, SequenceTask
+    from .train.tasks import build_task
 
     if not cfg.checkpoint:
         raise ConfigError("analyze report needs --checkpoint RUN_DIR")
@@ -271,12 +260,9 @@ def analysis_report(cfg) -> int:
         raise ConfigError(f"{str(path)!r} has no train_config.json (not a run written by whiteformer train)")
     device = resolve_device("auto")
     model = load_model(path).to(device).eval()
-    train_ds, ds = build_datasets(run["dataset"], run.get("data_dir"), run.get("data_args", {}), run["eval_split"])
-    dist = DistInfo(device=device)
-    if ds.kind == "lm":
-        task = LMTask(train_ds, ds, run["batch_size"], 0, dist, block_size=run["block_size"])
-    else:
-        task = (SequenceTask if ds.kind == "sequence" else ClassificationTask)(train_ds, ds, 1, 0, dist)
+    task = build_task(run["dataset"], data_dir=run.get("data_dir"), data_args=run.get("data_args", {}),
+                      eval_split=run["eval_split"], dist=DistInfo(device=device),
+                      **{k: run[k] for k in ("batch_size", "block_size", "eval_batches") if k in run})
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     results = {"final_eval": task.evaluate(model)}

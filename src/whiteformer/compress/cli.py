@@ -8,9 +8,10 @@ writes ``DIR/model.safetensors`` + ``DIR/config.json`` (``save_pretrained``; loa
 ``create_model(name, checkpoint_path=DIR)``), ``DIR/compression_report.json`` and
 ``DIR/compression_report.md`` (Table 1-style summary and per-block table).
 
-Fine-tuning (:func:`finetune`) is a minimal AdamW loop on a registered dataset
-(:func:`whiteformer.data.build_dataset`, images resized to the model's size); with
-``--fusion-constraints`` the head-fusion matrices are projected after every step (Sec. 3.3,
+Data, evaluation and fine-tuning go through :mod:`whiteformer.train`: the dataset's task
+(:func:`whiteformer.train.tasks.build_task`, images resized to the model's size) evaluates the
+models, and :func:`finetune` runs the shared training step (:mod:`whiteformer.train.loop`) with,
+under ``--fusion-constraints``, the head-fusion projection as its post-step hook (Sec. 3.3,
 :func:`~whiteformer.compress.model.apply_fusion_constraints`).
 """
 from __future__ import annotations
@@ -25,131 +26,57 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-__all__ = ["main", "build_parser", "finetune", "evaluate_accuracy", "build_image_datasets"]
+__all__ = ["main", "build_parser", "finetune", "build_image_task"]
 
 
 # ----------------------------------------------------------------------------- data + fine-tuning
-def build_image_datasets(model: nn.Module, data: str, data_dir: Optional[str] = None):
-    """(train, test) splits of the registered image dataset ``data``, resized to the model's
-    ``img_size``; ValueError when channels or classes do not match the model."""
-    from ..data import build_dataset, dataset_builder
+def build_image_task(model: nn.Module, data: str, data_dir: Optional[str] = None, batch_size: int = 64,
+                     seed: int = 0, device=None):
+    """The training task of the registered dataset ``data`` (:func:`whiteformer.train.tasks.build_task`),
+    images resized to the model's ``img_size``; a clear error when the model cannot read the data
+    (other kind of data, channels or classes)."""
+    from ..data import dataset_builder
+    from ..train.distributed import DistInfo
+    from ..train.tasks import build_task
     from .latency import image_input_shape
 
-    chans, h, w = image_input_shape(model)
-    params = inspect.signature(dataset_builder(data)).parameters
-    kw = {}
-    if "img_size" in params:
-        kw["img_size"] = h if h == w else (h, w)
-    if data_dir is not None:
-        if "data_dir" not in params:
-            raise ValueError(f"dataset {data!r} does not read files; remove --data-dir")
-        kw["data_dir"] = data_dir
-    train, test = build_dataset(data, "train", **kw), build_dataset(data, "test", **kw)
-    if getattr(train, "kind", None) != "image":
-        raise ValueError(f"dataset {data!r} does not yield images (kind {getattr(train, 'kind', None)!r})")
-    if train.in_chans != chans:
-        raise ValueError(f"dataset {data!r} has {train.in_chans} channel(s), the model takes {chans}")
-    n_cls = getattr(model, "num_classes", None)
-    if n_cls is not None and n_cls != train.num_classes:
-        raise ValueError(f"dataset {data!r} has {train.num_classes} classes, the model's head {n_cls}")
-    return train, test
+    _, h, w = image_input_shape(model)
+    data_args = {"img_size": h if h == w else (h, w)} if "img_size" in inspect.signature(
+        dataset_builder(data)).parameters else {}
+    dist = DistInfo(device=torch.device(device) if device is not None else next(model.parameters()).device)
+    task = build_task(data, data_dir=data_dir, data_args=data_args, batch_size=batch_size, seed=seed, dist=dist)
+    type(task).check_model(model, task.train_ds)
+    return task
 
 
-@torch.no_grad()
-def evaluate_accuracy(model: nn.Module, ds, batch_size: int = 256) -> dict:
-    """Mean cross-entropy and top-1 accuracy of ``model`` on dataset ``ds`` (eval mode, restored)."""
-    from .latency import eval_mode
-
-    dev = next(model.parameters()).device
-    loss = correct = n = 0.0
-    with eval_mode(model):
-        for i in range(0, len(ds), batch_size):
-            x, y = ds.get_batch(torch.arange(i, min(i + batch_size, len(ds))))
-            x, y = x.to(dev), y.to(dev)
-            logits = model(x.to(next(model.parameters()).dtype)).float()
-            loss += float(F.cross_entropy(logits, y, reduction="sum"))
-            correct += float((logits.argmax(-1) == y).sum())
-            n += y.numel()
-    return {"loss": loss / max(n, 1), "acc": correct / max(n, 1), "n": int(n)}
-
-
-def _param_groups(model: nn.Module, weight_decay: float):
-    fn = getattr(model, "no_weight_decay", None)
-    skip = set(fn()) if callable(fn) else set()
-    decay, rest = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (rest if p.ndim <= 1 or name in skip or name.endswith("fusion") else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
-
-
-def finetune(model: nn.Module, data: str, *, epochs: int = 1, data_dir: Optional[str] = None, batch_size: int = 64,
-             lr: float = 1e-4, weight_decay: float = 0.05, fusion_constraints: bool = False, seed: int = 0,
-             max_steps: Optional[int] = None, log: Optional[Callable[[str], None]] = None) -> dict:
-    """Fine-tune ``model`` in place: AdamW (no decay on biases, norms, fusion matrices), constant LR,
-    cross-entropy, ``epochs`` passes over the training split in seeded random order (full batches;
-    ``max_steps`` stops early). With ``fusion_constraints`` the fusion matrices are projected onto
-    ``{S >= 0, S S^T = I}`` before training and after every step (paper 004, Sec. 3.3, Eq. 7).
+def finetune(model: nn.Module, task, *, epochs: int = 1, lr: float = 1e-4, weight_decay: float = 0.05,
+             fusion_constraints: bool = False, max_steps: Optional[int] = None,
+             log: Optional[Callable[[str], None]] = None) -> dict:
+    """Fine-tune a compressed ``model`` in place on ``task`` with :func:`whiteformer.train.loop.finetune`
+    (AdamW without decay on biases, norms and fusion matrices; constant LR). With
+    ``fusion_constraints`` the fusion matrices are projected onto ``{S >= 0, S S^T = I}`` before
+    training and after every step (paper 004, Sec. 3.3, Eq. 7).
 
     Returns ``{"dataset", "epochs", "steps", "train_loss" (last epoch), "acc_before", "acc_after",
     "loss_before", "loss_after", "fusion_constraints", "time_s"}``.
     """
+    from ..train.loop import finetune as run_finetune
     from .model import apply_fusion_constraints
 
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs must be a positive int, got {epochs!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    if not (isinstance(lr, (int, float)) and lr > 0):
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
-    say = log or (lambda _m: None)
-    train_ds, test_ds = build_image_datasets(model, data, data_dir)
-    if len(train_ds) < batch_size:
-        raise ValueError(f"batch_size {batch_size} is larger than the training set ({len(train_ds)} images)")
     if fusion_constraints and apply_fusion_constraints(model) == 0:
         raise ValueError("fusion_constraints: the model has no head-fusion matrix (compress with qk='irratt' and "
                          "fusion='general', or qk='cp')")
-    ref = next(model.parameters())
-    dev, dtype = ref.device, ref.dtype
-    before = evaluate_accuracy(model, test_ds)
-    opt = torch.optim.AdamW(_param_groups(model, weight_decay), lr=lr)
-    g = torch.Generator().manual_seed(seed)
-    steps_per_epoch = len(train_ds) // batch_size
-    t0, steps, mean = time.perf_counter(), 0, float("nan")
-    was_training = model.training
-    model.train()
-    try:
-        for epoch in range(epochs):
-            order = torch.randperm(len(train_ds), generator=g)
-            tot = 0.0
-            done = 0
-            for j in range(steps_per_epoch):
-                if max_steps is not None and steps >= max_steps:
-                    break
-                x, y = train_ds.get_batch(order[j * batch_size:(j + 1) * batch_size])
-                loss = F.cross_entropy(model(x.to(dev, dtype)).float(), y.to(dev))
-                if not torch.isfinite(loss.detach()):
-                    raise FloatingPointError(f"fine-tuning loss is {float(loss)} at step {steps}; lower the lr")
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                if fusion_constraints:
-                    apply_fusion_constraints(model)
-                tot += float(loss.detach())
-                done += 1
-                steps += 1
-            if done:
-                mean = tot / done
-                say(f"fine-tune epoch {epoch + 1}/{epochs}: train loss {mean:.4f} ({done} steps)")
-    finally:
-        model.train(was_training)
-    after = evaluate_accuracy(model, test_ds)
-    say(f"fine-tune: test accuracy {100 * before['acc']:.2f} % -> {100 * after['acc']:.2f} %")
-    return {"dataset": data, "epochs": epochs, "steps": steps, "train_loss": mean, "acc_before": before["acc"],
-            "acc_after": after["acc"], "loss_before": before["loss"], "loss_after": after["loss"],
-            "fusion_constraints": bool(fusion_constraints), "time_s": time.perf_counter() - t0}
+    before = task.evaluate(model)
+    res = run_finetune(model, task, epochs=epochs, lr=lr, weight_decay=weight_decay, max_steps=max_steps,
+                       post_step=[apply_fusion_constraints] if fusion_constraints else [],
+                       no_decay=lambda name: name.endswith("fusion"), log=log)
+    after = task.evaluate(model)
+    if log is not None:
+        log(f"fine-tune: test accuracy {100 * before['acc']:.2f} % -> {100 * after['acc']:.2f} %")
+    return {"dataset": task.train_ds.name, "epochs": epochs, "steps": res["steps"], "train_loss": res["train_loss"],
+            "acc_before": before["acc"], "acc_after": after["acc"], "loss_before": before["loss"],
+            "loss_after": after["loss"], "fusion_constraints": bool(fusion_constraints), "time_s": res["time_s"]}
 
 
 # ----------------------------------------------------------------------------- command line
@@ -258,13 +185,14 @@ def _run(args: argparse.Namespace) -> int:
     device = _device(args.device)
     model = create_model(name, checkpoint_path=args.checkpoint, **dict(args.model_arg)).to(device).eval()
 
-    calib = test_ds = None
+    calib = task = None
     if args.data:
-        train_ds, test_ds = build_image_datasets(model, args.data, args.data_dir)
+        task = build_image_task(model, args.data, args.data_dir, batch_size=args.batch_size, seed=args.seed,
+                                device=device)
         if args.calib:
-            n = min(args.calib, len(train_ds))
-            idx = torch.randperm(len(train_ds), generator=torch.Generator().manual_seed(args.seed))[:n]
-            calib = train_ds.get_batch(idx)[0].to(device)
+            n = min(args.calib, len(task.train_ds))
+            idx = torch.randperm(len(task.train_ds), generator=torch.Generator().manual_seed(args.seed))[:n]
+            calib = task.train_ds.get_batch(idx)[0].to(device)
 
     say(f"compressing {name} ({args.checkpoint}): qk={args.qk} "
         + (f"qk_rank={args.qk_rank}" if args.qk_rank is not None else f"qk_flops_ratio={args.qk_flops_ratio}")
@@ -277,13 +205,11 @@ def _run(args: argparse.Namespace) -> int:
         rank_allocation=args.rank_allocation, blocks=args.blocks, num_tokens=args.num_tokens, seed=args.seed,
         latency_batch=args.latency_batch, latency_runs=args.latency_runs)
     report.extra["compression_time_s"] = time.perf_counter() - t0
-    if test_ds is not None:
-        report.extra["accuracy"] = {"original": evaluate_accuracy(model, test_ds)["acc"],
-                                    "compressed": evaluate_accuracy(new, test_ds)["acc"]}
+    if task is not None:
+        report.extra["accuracy"] = {"original": task.evaluate(model)["acc"], "compressed": task.evaluate(new)["acc"]}
     if args.finetune_epochs:
-        res = finetune(new, args.data, epochs=args.finetune_epochs, data_dir=args.data_dir,
-                       batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-                       fusion_constraints=args.fusion_constraints, seed=args.seed, max_steps=args.max_steps, log=say)
+        res = finetune(new, task, epochs=args.finetune_epochs, lr=args.lr, weight_decay=args.weight_decay,
+                       fusion_constraints=args.fusion_constraints, max_steps=args.max_steps, log=say)
         report.extra["finetune"] = res
         report.extra["accuracy"]["finetuned"] = res["acc_after"]
     new.eval()

@@ -52,71 +52,41 @@ def dataset_kwargs(dataset: str, data_dir: Optional[str], data_args: Dict[str, A
     return kw
 
 
-def build_datasets(dataset: str, data_dir: Optional[str], data_args: Dict[str, Any], eval_split: str):
+def build_datasets(dataset: str, data_dir: Optional[str], data_args: Dict[str, Any], eval_split: str,
+                   eval_only: bool = False):
+    """(train split, ``eval_split``) of ``dataset``; with ``eval_only`` the evaluation split twice."""
     kw = dataset_kwargs(dataset, data_dir, data_args)
     try:
-        return build_dataset(dataset, "train", **kw), build_dataset(dataset, eval_split, **kw)
-    except (TypeError, ValueError, FileNotFoundError) as err:
-        raise ConfigError(f"cannot build dataset {dataset!r}: {err}") from err
+        ev = build_dataset(dataset, eval_split, **kw)
+        return (ev if eval_only else build_dataset(dataset, "train", **kw)), ev
+    except (TypeError, ValueError, FileNotFoundError, EOFError, OSError) as err:
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"cannot build dataset {dataset!r}: {type(err).__name__}: {err}") from err
 
 
 def build_model(name: str, ds, model_args: Dict[str, Any], finetune: Optional[str] = None,
                 block_size: Optional[int] = None) -> nn.Module:
-    """``create_model`` with the dataset's metadata (classes, image size, channels / vocabulary).
+    """``create_model`` with what the dataset fixes (classes, image size, channels / vocabulary;
+    the task of the data decides, :meth:`~.tasks.base.Task.model_kwargs`).
 
-    ``finetune``: the checkpoint is loaded with its own head, then ``reset_classifier`` gives a
-    new head when the number of classes differs.
+    ``finetune``: the checkpoint is loaded with its own head, then a classifier gets a new head
+    when the number of classes differs.
     """
     from ..models import create_model
+    from .tasks import task_class
 
-    kw = dict(model_args)
-    kind = ds.kind
-    if kind == "lm":
-        kw.setdefault("vocab_size", ds.vocab_size)
-        if block_size is not None:
-            kw.setdefault("max_len", block_size)
-        extra: Dict[str, Any] = {}
-    elif kind == "sequence":
-        # ListOps & co.: a causal language model over the sequence vocabulary answers with the
-        # next token (see tasks.SequenceTask).
-        kw.setdefault("vocab_size", ds.vocab_size)
-        kw.setdefault("max_len", ds.max_len)
-        extra = {}
-    elif kind == "image":
-        kw.setdefault("in_chans", ds.in_chans)
-        h, w = ds.img_size
-        extra = {"img_size": h if h == w else (h, w)}
-        if finetune is None:
-            extra["num_classes"] = ds.num_classes
-    else:
-        raise ConfigError(f"dataset {ds.name!r} yields {kind} data, which the registered models do not take "
-                          f"(they read images, characters or token sequences); for 'subspaces' use "
-                          f"data_args.layout=image")
-    what = (f"{ds.num_classes} classes, images {ds.img_size} with {ds.in_chans} channel(s)" if kind == "image"
-            else f"vocabulary {ds.vocab_size}")
+    task = task_class(ds)
+    defaults, fixed = task.model_kwargs(ds, finetune=finetune, block_size=block_size)
+    kw = {**defaults, **model_args}
     try:
-        model = create_model(name, checkpoint_path=finetune, **extra, **kw)
+        model = create_model(name, checkpoint_path=finetune, **fixed, **kw)
     except FileNotFoundError as err:
         raise ConfigError(f"finetune checkpoint: {err}") from err
     except (TypeError, ValueError) as err:
-        hint = ""
-        msg = str(err)
-        if kind in ("lm", "sequence") and "vocab_size" in msg and "unknown argument" in msg:
-            hint = ("; the dataset holds characters / tokens: use a causal language model (tost_lm_*, gpt_*), "
-                    "which for ListOps answers with the token after the expression")
-        elif kind == "image" and "in_chans" in msg and "unknown argument" in msg:
-            hint = "; the dataset holds images: use an image classifier (tost_*, dmst_*, eca_*, deit_*, crate_*)"
-        elif "divisible by patch_size" in msg:
-            hint = ("; choose a patch size that divides the image size (model_args.patch_size=...) or resize the "
-                    "images (data_args.img_size=...)")
-        raise ConfigError(f"cannot build model {name!r} for {ds.name} ({what}) with {kw}: {err}{hint}") from err
-    if finetune is not None and kind == "image":
-        if getattr(model, "num_classes", None) != ds.num_classes:
-            if not hasattr(model, "reset_classifier"):
-                raise ConfigError(f"model {name!r} has no reset_classifier(); cannot change its head to "
-                                  f"{ds.num_classes} classes")
-            model.reset_classifier(ds.num_classes)
-    return model
+        raise ConfigError(f"cannot build model {name!r} for {ds.name} ({task.describe_data(ds)}) with {kw}: {err}"
+                          f"{task.model_hint(str(err))}") from err
+    return task.adapt_model(model, ds, finetune)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "verify_checkpoint", "list_checkpoints",
+__all__ = ["CheckpointError", "save_checkpoint", "load_training_checkpoint", "verify_checkpoint", "list_checkpoints",
            "latest_checkpoint", "remove_stale_temporaries", "rng_state", "set_rng_state", "MANIFEST"]
 
 MANIFEST = "manifest.json"
@@ -209,8 +209,9 @@ def verify_checkpoint(path) -> Dict[str, Any]:
     return manifest
 
 
-def load_checkpoint(path) -> Dict[str, Any]:
-    """Verify and read a checkpoint: ``{"model": state_dict, "trainer": dict, "ema": state_dict
+def load_training_checkpoint(path) -> Dict[str, Any]:
+    """Verify and read a training checkpoint (weights and trainer state; the model loader is
+    :func:`whiteformer.models.checkpoint.load_checkpoint`): ``{"model": state_dict, "trainer": dict, "ema": state_dict
     or None, "path": Path}`` (tensors on CPU)."""
     from ..models.checkpoint import _load_safetensors
 
@@ -228,7 +229,7 @@ def load_checkpoint(path) -> Dict[str, Any]:
 
 
 def latest_checkpoint(root, log: Callable[[str], None] = print,
-                      loader: Callable[[Path], Any] = load_checkpoint) -> Optional[Tuple[Path, Any]]:
+                      loader: Callable[[Path], Any] = load_training_checkpoint) -> Optional[Tuple[Path, Any]]:
     """Newest checkpoint under ``root`` that loads; corrupt ones are reported through ``log`` and
     skipped (falling back to the previous one). ``None`` when there is none."""
     for path in reversed(list_checkpoints(root)):

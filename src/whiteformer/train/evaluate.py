@@ -14,13 +14,12 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..data import build_dataset
-from .build import check_names, dataset_kwargs
+from .build import check_names
 from .checkpoint import latest_checkpoint, verify_checkpoint
-from .config import EvalConfig, GenerateConfig
-from .configuration import ConfigError
+
+from .configuration import ConfigError, EvalConfig, GenerateConfig
 from .distributed import DistInfo, resolve_device
-from .tasks import ClassificationTask, LMTask, SequenceTask
+from .tasks import build_task
 
 __all__ = ["resolve_checkpoint", "load_model", "evaluate", "generate"]
 
@@ -78,27 +77,15 @@ def evaluate(cfg: EvalConfig) -> Dict[str, Any]:
     same = dataset == run.get("dataset")
     data_dir = cfg.data_dir if cfg.data_dir is not None else (run.get("data_dir") if same else None)
     data_args = {**(run.get("data_args", {}) if same else {}), **cfg.data_args}
-    check_names(None, dataset, data_dir)
     device = resolve_device(cfg.device)
     model = load_model(path, cfg.model, cfg.model_args).to(device).eval()
-    try:
-        ds = build_dataset(dataset, cfg.split, **dataset_kwargs(dataset, data_dir, data_args))
-    except (TypeError, ValueError, FileNotFoundError) as err:
-        if isinstance(err, ConfigError):
-            raise
-        raise ConfigError(f"cannot build dataset {dataset!r}: {err}") from err
-    dist = DistInfo(device=device)
-    if ds.kind == "lm":
-        block = cfg.block_size or run.get("block_size") or 128
-        task = LMTask(ds, ds, cfg.batch_size, 0, dist, block_size=block, eval_batches=cfg.eval_batches)
-    else:
-        n_cls = getattr(model, "num_classes", ds.num_classes)
-        if n_cls != ds.num_classes:
-            raise ConfigError(f"the model has {n_cls} classes, dataset {dataset!r} has {ds.num_classes}")
-        cls = SequenceTask if ds.kind == "sequence" else ClassificationTask
-        task = cls(ds, ds, 1, 0, dist, eval_batch_size=cfg.batch_size)
+    task = build_task(dataset, data_dir=data_dir, data_args=data_args, eval_split=cfg.split, eval_only=True,
+                      dist=DistInfo(device=device), batch_size=cfg.batch_size, eval_batch_size=cfg.batch_size,
+                      block_size=cfg.block_size or run.get("block_size") or 128, eval_batches=cfg.eval_batches)
+    type(task).check_model(model, task.eval_ds)
     res = task.evaluate(model)
-    return {"checkpoint": str(path), "dataset": dataset, "split": cfg.split, **res}
+    return {"checkpoint": str(path), "dataset": dataset, "split": cfg.split, "summary": task.summary(res),
+            **res}
 
 
 @torch.no_grad()

@@ -27,7 +27,7 @@ import torch.nn as nn
 
 from .metrics import read_metrics
 
-__all__ = ["write_report", "block_features", "layer_coding_rates", "membership_maps"]
+__all__ = ["write_report", "block_features", "layer_coding_rates", "membership_maps", "plot_membership", "token_grid"]
 
 
 def _pyplot():
@@ -93,7 +93,7 @@ def membership_maps(model: nn.Module, x: torch.Tensor) -> Optional[Dict[int, tor
     return out or None
 
 
-def _grid(model: nn.Module, n: int):
+def token_grid(model: nn.Module, n: int):
     g = getattr(getattr(model, "patch_embed", None), "grid_size", None)
     if g is not None and g[0] * g[1] == n:
         return tuple(g)
@@ -101,12 +101,13 @@ def _grid(model: nn.Module, n: int):
     return (s, s) if s * s == n else (1, n)
 
 
-def _plot_curves(plt, records, path: Path, kind: str) -> bool:
+def _plot_curves(plt, records, path: Path, curve) -> bool:
+    """Training / evaluation loss, and the evaluation metric ``curve = (log key, axis label)``."""
     train = [r for r in records if "train_loss" in r]
     ev = [r for r in records if "eval_loss" in r]
     if not train and not ev:
         return False
-    metric = "eval_acc" if kind == "classification" else "eval_ppl"
+    metric, label = curve
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
     if train:
         ax[0].plot([r["step"] for r in train], [r["train_loss"] for r in train], label="train loss", lw=1)
@@ -114,13 +115,13 @@ def _plot_curves(plt, records, path: Path, kind: str) -> bool:
         ax[0].plot([r["step"] for r in ev], [r["eval_loss"] for r in ev], "o-", label="eval loss", ms=3)
         ax[1].plot([r["step"] for r in ev], [r.get(metric, float("nan")) for r in ev], "o-", color="C2", ms=3,
                    label=metric.replace("_", " "))
-    if kind == "classification" and train and "train_acc" in train[0]:
+    if metric == "eval_acc" and train and "train_acc" in train[0]:
         ax[1].plot([r["step"] for r in train], [r["train_acc"] for r in train], lw=1, color="C1", label="train acc")
     ax[0].set_xlabel("step")
     ax[0].set_ylabel("cross-entropy")
     ax[0].legend()
     ax[1].set_xlabel("step")
-    ax[1].set_ylabel("accuracy" if kind == "classification" else "perplexity")
+    ax[1].set_ylabel(label)
     ax[1].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -140,7 +141,7 @@ def _plot_rates(plt, rates: List[float], path: Path) -> None:
     plt.close(fig)
 
 
-def _plot_membership(plt, images: torch.Tensor, pis: Dict[int, torch.Tensor], grid, path: Path,
+def plot_membership(plt, images: torch.Tensor, pis: Dict[int, torch.Tensor], grid, path: Path,
                      labels=None, preds=None) -> None:
     blocks = sorted(pis)
     heads = pis[blocks[0]].shape[1]
@@ -181,23 +182,17 @@ def write_report(run_dir, model: nn.Module, task, results: Dict[str, Any], info:
     figures: Dict[str, str] = {}
     model.eval()
     device = next(model.parameters()).device
-    kind = task.kind
     records = read_metrics(run_dir / "metrics.jsonl")
 
     if plt is None:
         notes.append("matplotlib is not installed: no figures (pip install whiteformer[viz]).")
-    elif _plot_curves(plt, records, run_dir / "curves.png", kind):
+    elif _plot_curves(plt, records, run_dir / "curves.png", task.curve):
         figures["curves"] = "curves.png"
 
-    # Inputs for the analyses: the first test samples.
+    # Inputs for the analyses: the first evaluation samples.
     x = labels = None
     try:
-        if kind == "lm":
-            starts = task.eval_starts(task.eval_ds)[:16]
-            x, labels = task.eval_ds.get_windows(starts, task.block_size)
-        else:
-            n = min(64, len(task.eval_ds))
-            x, labels = task.eval_ds.get_batch(torch.arange(n))
+        x, labels = task.report_inputs()
         x = x.to(device)
     except Exception as err:  # noqa: BLE001
         notes.append(f"could not read analysis inputs: {err}")
@@ -215,36 +210,10 @@ def write_report(run_dir, model: nn.Module, task, results: Dict[str, Any], info:
     elif x is not None:
         notes.append("the model has no forward_intermediates: no layer-wise coding rate.")
 
-    if kind != "lm" and x is not None and x.dim() == 4:
-        try:
-            k = min(num_images, x.shape[0])
-            pis = membership_maps(model, x[:k])
-            if pis is None:
-                notes.append("the attention does not return memberships (return_pi): no membership maps.")
-            elif plt is not None:
-                with torch.no_grad():
-                    preds = model(x[:k]).argmax(-1).cpu()
-                n_tok = next(iter(pis.values())).shape[-1]
-                _plot_membership(plt, x[:k].float().cpu(), pis, _grid(model, n_tok), run_dir / "membership.png",
-                                 labels[:k], preds)
-                figures["membership"] = "membership.png"
-        except Exception as err:  # noqa: BLE001
-            notes.append(f"membership maps skipped: {type(err).__name__}: {err}")
+    from .tasks import ReportContext
 
-    sample = None
-    if kind == "lm" and hasattr(model, "generate"):
-        try:
-            vocab = task.train_ds.vocab
-            limit = getattr(model, "context_limit", None) or 10**9
-            t = max(1, min(32, limit // 4))
-            prompt = task.eval_ds.tokens[:t].unsqueeze(0).to(device)
-            g = torch.Generator(device=device).manual_seed(0)
-            # ToST with a position limit cannot generate past it (needs t + new - 1 <= limit).
-            out = model.generate(prompt, min(300, limit - t + 1), temperature=0.8, generator=g)
-            sample = (vocab.decode(prompt[0].cpu()), vocab.decode(out[0, prompt.shape[1]:].cpu()))
-            results["sample"] = sample[0] + sample[1]
-        except Exception as err:  # noqa: BLE001
-            notes.append(f"text sample skipped: {type(err).__name__}: {err}")
+    task_lines = task.report_sections(model, ReportContext(run_dir, plt, x, labels, results, figures, notes,
+                                                           num_images))
 
     results["figures"] = figures
     results["notes"] = notes
@@ -255,16 +224,7 @@ def write_report(run_dir, model: nn.Module, task, results: Dict[str, Any], info:
     if info.get("command"):
         lines += ["Command:", "", "```", info["command"], "```", ""]
     lines += ["| | |", "|---|---|"]
-    final = results.get("final_eval", {})
-    if kind == "lm":
-        lines.append(f"| validation loss | {final.get('loss', float('nan')):.4f} nats/char |")
-        lines.append(f"| validation perplexity | {final.get('ppl', float('nan')):.3f} |")
-    else:
-        lines.append(f"| **{info.get('eval_split', 'test')} accuracy** | **{100 * final.get('acc', float('nan')):.2f} %** "
-                     f"({final.get('n', '?')} samples) |")
-        lines.append(f"| {info.get('eval_split', 'test')} loss | {final.get('loss', float('nan')):.4f} |")
-        if results.get("ema_eval"):
-            lines.append(f"| accuracy of the raw (non-EMA) weights | {100 * results['raw_eval']['acc']:.2f} % |")
+    lines += task.report_rows(results, info.get("eval_split", "test"))
     for key, label in (("train_time_s", "training wall time"), ("total_time_s", "total wall time")):
         if key in results:
             lines.append(f"| {label} | {results[key]:.1f} s |")
@@ -282,12 +242,7 @@ def write_report(run_dir, model: nn.Module, task, results: Dict[str, Any], info:
         lines.append("")
         if "coding_rate" in figures:
             lines += ["![coding rate](coding_rate.png)", ""]
-    if "membership" in figures:
-        lines += ["## Membership maps", "",
-                  "Memberships pi of each patch token to each head (the subspaces of the attention), over the patch "
-                  "grid, for the first and last blocks.", "", "![membership](membership.png)", ""]
-    if sample is not None:
-        lines += ["## Sample", "", "```", sample[0] + sample[1], "```", ""]
+    lines += task_lines
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     path = run_dir / "report.md"

@@ -29,13 +29,14 @@ from . import distributed as D
 from .build import build_datasets, build_model, check_names, describe
 from .checkpoint import latest_checkpoint, list_checkpoints, remove_stale_temporaries, rng_state, save_checkpoint, \
     set_rng_state
-from .config import TrainConfig
-from .configuration import ConfigError, config_to_dict, save_config
+
+from .configuration import ConfigError, TrainConfig, config_to_dict, save_config
 from .ema import ModelEMA
 from .metrics import MetricsLogger, truncate_metrics
 from .optim import build_optimizer
 from .schedule import build_scheduler
-from .tasks import make_task, seeded_generator
+from .loop import train_step
+from .tasks import make_task, seeded_generator, task_class, task_options
 
 __all__ = ["train", "Trainer"]
 
@@ -51,8 +52,9 @@ def _quiet(msg: str) -> None:
 class Trainer:
     """Holds the state of one run; :meth:`fit` trains and returns the results dictionary."""
 
-    def __init__(self, cfg: TrainConfig, dist: D.DistInfo, command: str = ""):
+    def __init__(self, cfg: TrainConfig, dist: D.DistInfo, command: str = "", post_step=()):
         self.cfg = cfg
+        self.post_step = list(post_step)
         self.dist = dist
         self.command = command
         self.main = dist.is_main
@@ -63,14 +65,10 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)
         self.train_ds, self.eval_ds = build_datasets(cfg.dataset, cfg.data_dir, cfg.data_args, cfg.eval_split)
-        if self.train_ds.kind == "lm" and cfg.steps <= 0:
-            raise ConfigError("language-model training needs --steps N (the number of optimizer steps)")
-        model = build_model(cfg.model, self.train_ds, cfg.model_args, cfg.finetune,
-                            block_size=cfg.block_size if self.train_ds.kind == "lm" else None)
-        try:
-            self.task = make_task(cfg, self.train_ds, self.eval_ds, dist)
-        except ValueError as err:
-            raise ConfigError(str(err)) from err
+        if task_class(self.train_ds).requires_steps and cfg.steps <= 0:
+            raise ConfigError(f"training on {cfg.dataset!r} needs --steps N (the number of optimizer steps)")
+        model = build_model(cfg.model, self.train_ds, cfg.model_args, cfg.finetune, block_size=cfg.block_size)
+        self.task = make_task(self.train_ds, self.eval_ds, dist, **task_options(cfg))
         self.steps_per_epoch = self.task.steps_per_epoch
         self.total_steps = cfg.steps if cfg.steps > 0 else cfg.epochs * self.steps_per_epoch
         self.warmup = cfg.warmup_steps or int(round(cfg.warmup_epochs * self.steps_per_epoch))
@@ -184,14 +182,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ schedule of events
     def _epoch_end(self, done: int) -> bool:
-        return self.task.kind == "classification" and done % self.steps_per_epoch == 0
+        return self.task.epoch_based and done % self.steps_per_epoch == 0
 
     def _should_eval(self, done: int) -> bool:
         if done == self.total_steps:
             return True
         if self.cfg.eval_every > 0:
             return done % self.cfg.eval_every == 0
-        if self.task.kind == "classification":
+        if self.task.epoch_based:
             return self._epoch_end(done)
         return done % max(1, self.total_steps // 10) == 0
 
@@ -200,7 +198,7 @@ class Trainer:
             return True
         if self.cfg.ckpt_every > 0:
             return done % self.cfg.ckpt_every == 0
-        if self.task.kind == "classification":
+        if self.task.epoch_based:
             return self._epoch_end(done)
         return done % max(1, self.total_steps // 10) == 0
 
@@ -231,15 +229,8 @@ class Trainer:
         t_int, n_int = time.perf_counter(), 0
         last_eval: Dict[str, float] = {}
         for step in range(self.start_step, self.total_steps):
-            x, y = task.train_batch(step)
-            loss, st = task.loss(model, x, y)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.clip_grad > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
-            lr = self.optimizer.param_groups[0]["lr"]
-            self.optimizer.step()
-            self.scheduler.step()
+            loss, st, lr = train_step(model, task, self.optimizer, step, clip_grad=cfg.clip_grad,
+                                      scheduler=self.scheduler, post_step=self.post_step, hook_model=self.module)
             if self.ema is not None:
                 self.ema.update(self.module)
             done = step + 1
@@ -259,16 +250,14 @@ class Trainer:
                 now = time.perf_counter()
                 rec = {"step": done, "epoch": round(done / self.steps_per_epoch, 4), "lr": lr,
                        "train_loss": mean_loss, "samples_per_s": n_int / max(now - t_int, 1e-9)}
-                if task.kind == "classification":
-                    rec["train_acc"] = (tot[1] / tot[2].clamp_min(1)).item()
+                rec.update(task.train_metrics({"correct": tot[1].item(), "count": tot[2].item()}))
                 logger.log(rec)
                 if pbar is not None:
                     post = {"loss": f"{mean_loss:.3f}"}
                     if "train_acc" in rec:
                         post["acc"] = f"{rec['train_acc']:.3f}"
                     if last_eval:
-                        key = "acc" if "acc" in last_eval else "ppl"
-                        post[f"eval_{key}"] = f"{last_eval[key]:.3f}"
+                        post[f"eval_{task.metric}"] = f"{last_eval[task.metric]:.3f}"
                     post["samples/s"] = f"{rec['samples_per_s']:.0f}"
                     pbar.set_postfix(post)
                 acc.zero_()
@@ -295,7 +284,8 @@ class Trainer:
     def _finish(self, logger: MetricsLogger, train_time: float) -> Dict[str, Any]:
         cfg = self.cfg
         final = getattr(self, "_last_eval", None) or self.task.evaluate(self._eval_model())
-        results: Dict[str, Any] = {"final_eval": final, "train_time_s": train_time}
+        results: Dict[str, Any] = {"final_eval": final, "summary": self.task.summary(final),
+                                   "train_time_s": train_time}
         if self.ema is not None:
             results["ema_eval"] = final
             results["raw_eval"] = self.task.evaluate(self.module)
@@ -332,9 +322,10 @@ def write_report_safe(run_dir, model, task, results, info, num_images, say) -> O
         return None
 
 
-def train(cfg: TrainConfig, command: str = "") -> Dict[str, Any]:
+def train(cfg: TrainConfig, command: str = "", post_step=()) -> Dict[str, Any]:
     """Run ``whiteformer train`` with a resolved configuration; returns the results dictionary
-    (``final_eval``, ``train_time_s``, ``report``, ``final_dir``, ...)."""
+    (``final_eval``, ``train_time_s``, ``report``, ``final_dir``, ...). ``post_step``: callables
+    ``hook(model)`` run after every optimizer step (see :func:`.loop.train_step`)."""
     cfg.validate()
     check_names(cfg.model, cfg.dataset, cfg.data_dir)
     if cfg.finetune is not None and not Path(cfg.finetune).expanduser().exists():
@@ -349,6 +340,6 @@ def train(cfg: TrainConfig, command: str = "") -> Dict[str, Any]:
     except ValueError as err:
         raise ConfigError(str(err)) from err
     try:
-        return Trainer(cfg, dist, command).fit()
+        return Trainer(cfg, dist, command, post_step).fit()
     finally:
         D.cleanup()

@@ -1,0 +1,99 @@
+"""Tasks: everything that depends on the kind of data, behind one factory.
+
+A dataset says what it holds through ``ds.kind`` ("image", "vector", "sequence", "lm", ...); the
+task registered for that kind owns the rest: the model arguments the data fixes
+(:meth:`~.base.Task.model_kwargs`), the batches of each step, the loss, the evaluation, the
+one-line summary and the report's sections. ``train``, ``eval``, ``analyze report`` and
+``compress`` all get their task from :func:`build_task` (datasets by name) or :func:`make_task`
+(datasets already built), so none of them branches on the kind of data.
+
+Adding a task (e.g. a new kind of data):
+
+1. a dataset builder decorated with ``@whiteformer.data.register_dataset("name")`` returning a
+   dataset whose ``kind`` is a new string (say ``"pixels"``), with ``get_batch(indices)`` and the
+   metadata the models need;
+2. a subclass of :class:`Task` (or :class:`ClassificationTask` for labelled data, which already
+   does the seeded data order, cross-entropy and accuracy) implementing ``model_kwargs`` and
+   whatever differs (``logits``, ``loss``, ``evaluate``, ``summary``, ``report_rows``,
+   ``report_sections``), registered with ``@register_task("pixels")``. Its constructor's keyword
+   arguments are filled from the run's options by name (:meth:`Task.from_options`).
+
+Every command then accepts ``--dataset name``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Type
+
+from ..configuration import ConfigError
+from ..distributed import DistInfo
+from .base import ReportContext, Task, seeded_generator
+from .classification import ClassificationTask, ImageClassificationTask, VectorClassificationTask
+from .lm import LMTask
+from .sequence import SequenceTask
+
+__all__ = ["Task", "ReportContext", "ClassificationTask", "ImageClassificationTask", "VectorClassificationTask",
+           "SequenceTask", "LMTask", "seeded_generator", "register_task", "task_class", "make_task", "build_task",
+           "task_options"]
+
+_TASKS: Dict[str, Type[Task]] = {}
+
+
+def register_task(*kinds: str) -> Callable[[Type[Task]], Type[Task]]:
+    """Class decorator: ``cls`` is the task of datasets whose ``kind`` is one of ``kinds``."""
+
+    def deco(cls: Type[Task]) -> Type[Task]:
+        for kind in kinds:
+            if kind in _TASKS and _TASKS[kind] is not cls:
+                raise ValueError(f"a task is already registered for data of kind {kind!r}: {_TASKS[kind].__name__}")
+            _TASKS[kind] = cls
+        return cls
+
+    return deco
+
+
+register_task("image")(ImageClassificationTask)
+register_task("vector")(VectorClassificationTask)
+register_task("sequence")(SequenceTask)
+register_task("lm")(LMTask)
+
+
+def task_class(ds) -> Type[Task]:
+    """The task registered for ``ds.kind`` (``ds`` may also be the kind itself)."""
+    kind = ds if isinstance(ds, str) else getattr(ds, "kind", None)
+    if kind not in _TASKS:
+        raise ConfigError(f"no task handles data of kind {kind!r} (known kinds: {', '.join(sorted(_TASKS))}); "
+                          f"register one with whiteformer.train.tasks.register_task")
+    return _TASKS[kind]
+
+
+def task_options(cfg: Any) -> Dict[str, Any]:
+    """The task options held by a configuration object (``TrainConfig``, ``EvalConfig``, ...)."""
+    import dataclasses
+
+    opts = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
+    return {k: v for k, v in opts.items() if v is not None}
+
+
+def make_task(train_ds, eval_ds, dist: Optional[DistInfo] = None, **options: Any) -> Task:
+    """The task of ``train_ds``'s kind with the options its constructor takes (``batch_size``,
+    ``seed``, ``bf16``, ``label_smoothing``, ``translate``, ``flip``, ``block_size``,
+    ``eval_batches``, ``eval_batch_size``, ...; the others are ignored)."""
+    options.setdefault("eval_batch_size", max(int(options.get("batch_size", 64)), 256))
+    try:
+        return task_class(train_ds).from_options(train_ds, eval_ds, dist or DistInfo(), **options)
+    except ValueError as err:
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(str(err)) from err
+
+
+def build_task(dataset: str, *, data_dir: Optional[str] = None, data_args: Optional[Dict[str, Any]] = None,
+               eval_split: str = "test", eval_only: bool = False, dist: Optional[DistInfo] = None,
+               **options: Any) -> Task:
+    """Build the datasets of ``dataset`` (the train split and ``eval_split``; only ``eval_split``,
+    used for both, with ``eval_only``) and their task (:func:`make_task`)."""
+    from ..build import build_datasets, check_names
+
+    check_names(None, dataset, data_dir)
+    train_ds, eval_ds = build_datasets(dataset, data_dir, data_args or {}, eval_split, eval_only=eval_only)
+    return make_task(train_ds, eval_ds, dist, **options)

@@ -1,0 +1,60 @@
+"""Token sequences with one label (ListOps) read by a causal language model.
+
+The answer is the next token after the expression: the model's logits at the last real token
+restricted to the label tokens (ListOps: the digit tokens). Right padding is invisible to the
+causal model at that position. Sequences are visited in the order of :mod:`.classification`.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from ..distributed import DistInfo
+from .base import check_token_model
+from .classification import ClassificationTask
+
+__all__ = ["SequenceTask"]
+
+
+class SequenceTask(ClassificationTask):
+    """ListOps & co.: a causal language model over the sequence vocabulary answers with the next token."""
+
+    def __init__(self, train_ds, eval_ds, batch_size: int = 64, seed: int = 0, dist: Optional[DistInfo] = None,
+                 bf16: bool = False, label_smoothing: float = 0.0, augment=None, eval_batch_size: int = 256,
+                 label_token_ids: Optional[torch.Tensor] = None):
+        super().__init__(train_ds, eval_ds, batch_size, seed, dist, bf16, label_smoothing, None, eval_batch_size)
+        ds = self.train_ds
+        if label_token_ids is None:
+            label_token_ids = torch.tensor([ds.vocab.index(str(c)) for c in range(ds.num_classes)])
+        self.label_token_ids = label_token_ids.to(self.device)
+
+    @classmethod
+    def model_kwargs(cls, ds, *, finetune=None, block_size=None):
+        return {"vocab_size": ds.vocab_size, "max_len": ds.max_len}, {}
+
+    @classmethod
+    def describe_data(cls, ds) -> str:
+        return f"vocabulary {ds.vocab_size}"
+
+    @classmethod
+    def model_hint(cls, message: str) -> str:
+        if "vocab_size" in message and "unknown argument" in message:
+            return ("; the dataset holds characters / tokens: use a causal language model (tost_lm_*, gpt_*), "
+                    "which for ListOps answers with the token after the expression")
+        return ""
+
+    @classmethod
+    def check_model(cls, model: nn.Module, ds) -> None:
+        check_token_model(model, ds, "token sequences")
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        out = model(x)
+        logits = out[0] if isinstance(out, tuple) else out  # (B, L, V)
+        last = (x != self.train_ds.pad_id).sum(1).clamp_min(1) - 1
+        at_end = logits[torch.arange(x.shape[0], device=x.device), last]  # (B, V)
+        return at_end[:, self.label_token_ids]
+
+    def report_inputs(self, n: int = 64):
+        return self.eval_ds.get_batch(torch.arange(min(n, len(self.eval_ds))))
