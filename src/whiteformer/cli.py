@@ -103,7 +103,8 @@ def _split_config(argv: Sequence[str]) -> Tuple[Optional[str], List[str], bool]:
     return yaml_path, rest, want_help
 
 
-def _config(cls, argv: Sequence[str], name: str, usage: str = ""):
+def _config(cls, argv: Sequence[str], name: str, usage: str = "", base: Optional[Callable] = None):
+    """``cls`` from its defaults, ``base(overrides)`` (a mapping or None), ``-c FILE`` and the overrides."""
     from .train.configuration import build_config, format_fields, parse_overrides
 
     yaml_path, rest, want_help = _split_config(argv)
@@ -112,7 +113,29 @@ def _config(cls, argv: Sequence[str], name: str, usage: str = ""):
         print(f"usage: whiteformer {name} {usage or '[-c FILE.yaml] [--key value | key=value ...]'}\n\n{doc}\n\n"
               f"options:\n{format_fields(cls)}")
         return None
-    return build_config(cls, yaml_path, parse_overrides(rest))
+    overrides = parse_overrides(rest)
+    start = base(overrides) if (base is not None and yaml_path is None) else None
+    return build_config(cls, yaml_path, overrides, base=start)
+
+
+def _resumed_run_config(overrides) -> Optional[Dict]:
+    """``train --out RUN --resume`` without ``-c``: the run's own ``RUN/config.yaml`` is the base
+    of the configuration (the command line still overrides it, e.g. a larger ``--epochs``)."""
+    from pathlib import Path
+
+    from .train.configuration import load_yaml, parse_value
+
+    given = {k: v for k, v in overrides}
+    resume = given.get("resume", False)
+    if not (resume is True or (isinstance(resume, str) and parse_value(resume) is True)) or "out" not in given:
+        return None
+    saved = Path(str(given["out"])).expanduser() / "config.yaml"
+    if not saved.is_file():
+        return None
+    base = load_yaml(saved)
+    for key in ("resume", "overwrite"):
+        base.pop(key, None)
+    return base
 
 
 def _command_line() -> str:
@@ -124,7 +147,7 @@ def _command_line() -> str:
 def cmd_train(argv: List[str]) -> int:
     from .train import TrainConfig, train
 
-    cfg = _config(TrainConfig, argv, "train")
+    cfg = _config(TrainConfig, argv, "train", base=_resumed_run_config)
     if cfg is None:
         return 0
     res = train(cfg, command=_command_line())
@@ -279,11 +302,13 @@ def _usage() -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of the console script; returns the exit code (2 for usage/configuration errors)."""
-    from .train.checkpoint import CheckpointError
-    from .train.configuration import ConfigError
+    """Entry point of the console script; returns the exit code: 2 with one ``error: ...`` line
+    for a user-caused failure (``--debug`` or ``WHITEFORMER_DEBUG=1`` show the traceback), 128 +
+    the signal number after an interrupted run saved its checkpoint."""
+    from .train.errors import debug_requested
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = debug_requested(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
@@ -302,15 +327,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     try:
         return COMMANDS[name].run(argv[1:])
-    except (ConfigError, CheckpointError, UsageError) as err:
-        print(f"whiteformer {name}: error: {err}", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        print(f"whiteformer {name}: interrupted" + (f": {err}" if str(err) else ""), file=sys.stderr)
+        return int(getattr(err, "exit_code", 130))
+    except Exception as err:  # noqa: BLE001 - user errors become one line; bugs keep their traceback
+        from .train.errors import user_error
+
+        msg = str(err) if isinstance(err, UsageError) else user_error(err)
+        if msg is None or debug:
+            raise
+        print(f"whiteformer {name}: error: {msg}", file=sys.stderr)
         return 2
-    except ImportError as err:
-        print(f"whiteformer {name}: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"whiteformer {name}: interrupted", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

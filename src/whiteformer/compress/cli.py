@@ -226,15 +226,22 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``whiteformer compress``; returns the exit code (2 for usage errors)."""
+    from ..train.errors import debug_requested, user_error
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = debug_requested(argv)
     parser = build_parser()
     try:
-        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+        args = parser.parse_args(argv)
     except SystemExit as err:  # --help (0) or a usage error (2, message already printed)
         return int(err.code or 0)
     try:
         return _run(args)
-    except (ValueError, TypeError, FileNotFoundError, ImportError, FloatingPointError) as err:
-        print(f"whiteformer compress: error: {err}", file=sys.stderr)
+    except Exception as err:  # noqa: BLE001 - user errors become one line; bugs keep their traceback
+        msg = str(err) if isinstance(err, (ValueError, TypeError, FloatingPointError)) else user_error(err)
+        if msg is None or debug:
+            raise
+        print(f"whiteformer compress: error: {msg}", file=sys.stderr)
         return 2
 
 

@@ -30,13 +30,14 @@ import torch
 import torch.nn as nn
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_training_checkpoint", "verify_checkpoint", "list_checkpoints",
-           "latest_checkpoint", "remove_stale_temporaries", "rng_state", "set_rng_state", "MANIFEST"]
+           "latest_checkpoint", "quarantine", "remove_stale_temporaries", "rng_state", "set_rng_state", "MANIFEST"]
 
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.pt"
 EMA_WEIGHTS = "ema.safetensors"
 FORMAT = "whiteformer-train-checkpoint-v1"
 _PREFIX = "step_"
+_CORRUPT = "corrupt-"
 
 
 class CheckpointError(RuntimeError):
@@ -169,8 +170,12 @@ def save_checkpoint(root, step: int, model: nn.Module, trainer_state: Dict[str, 
             shutil.rmtree(trash, ignore_errors=True)
         os.rename(tmp, final)
         _fsync(root)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, (OSError, RuntimeError)) or type(err).__name__ == "SafetensorError":
+            # Disk full, read-only, quota: the previous checkpoints are intact.
+            raise CheckpointError(f"cannot write checkpoint {str(final)!r}: {err} (the previous checkpoints are "
+                                  f"intact; free disk space and --resume)") from err
         raise
     for old in list_checkpoints(root)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
@@ -228,13 +233,33 @@ def load_training_checkpoint(path) -> Dict[str, Any]:
     return {"model": model_sd, "trainer": trainer, "ema": ema_sd, "path": path}
 
 
+def quarantine(path: Path) -> Path:
+    """Rename a corrupt checkpoint ``step_N`` to ``corrupt-step_N[-k]`` beside it: kept for
+    inspection, no longer a checkpoint (never resumed from, never counted by ``keep_last``)."""
+    dest = path.with_name(f"{_CORRUPT}{path.name}")
+    k = 1
+    while dest.exists():
+        dest = path.with_name(f"{_CORRUPT}{path.name}-{k}")
+        k += 1
+    os.rename(path, dest)
+    return dest
+
+
 def latest_checkpoint(root, log: Callable[[str], None] = print,
-                      loader: Callable[[Path], Any] = load_training_checkpoint) -> Optional[Tuple[Path, Any]]:
+                      loader: Callable[[Path], Any] = load_training_checkpoint,
+                      quarantine_corrupt: bool = False) -> Optional[Tuple[Path, Any]]:
     """Newest checkpoint under ``root`` that loads; corrupt ones are reported through ``log`` and
-    skipped (falling back to the previous one). ``None`` when there is none."""
+    skipped (falling back to the previous one), and with ``quarantine_corrupt`` (the run's writer)
+    renamed out of the way (:func:`quarantine`). ``None`` when there is none."""
     for path in reversed(list_checkpoints(root)):
         try:
             return path, loader(path)
         except CheckpointError as err:
-            log(f"warning: {err}; falling back to the previous checkpoint")
+            where = ""
+            if quarantine_corrupt and path.exists():
+                try:
+                    where = f" (moved to {quarantine(path).name})"
+                except OSError:
+                    pass
+            log(f"warning: {err}{where}; falling back to the previous checkpoint")
     return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,14 @@ def _h(text: str, **kw):
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
+
+
+def _check_finite(cfg) -> None:
+    """Every number of a configuration is finite (``--lr inf`` / ``nan`` are refused up front)."""
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{f.name} must be a finite number, got {v!r}")
 
 
 @dataclass
@@ -79,18 +88,22 @@ class TrainConfig:
     out: str = _h("run directory (config, logs, checkpoints, report)", default="runs/train")
     overwrite: bool = _h("start afresh in an existing run directory (deletes its checkpoints)", default=False)
     resume: bool = _h("continue from the newest valid checkpoint in the run directory", default=False)
-    ckpt_every: int = _h("checkpoint every k steps (0: at the end of every epoch)", default=0)
+    ckpt_every: int = _h("checkpoint every k steps (0: at the end of every epoch; LM: 10 times per run)", default=0)
+    ckpt_minutes: float = _h("also checkpoint when this many minutes passed since the last one (0: off); "
+                             "Ctrl-C / SIGTERM always save one", default=10.0)
     keep_last: int = _h("checkpoints to keep", default=3)
     eval_every: int = _h("evaluate every k steps (0: every epoch; LM: 10 times per run)", default=0)
     eval_batches: int = _h("language models: validation windows = eval_batches x batch_size", default=10)
     log_every: int = _h("log training metrics every k steps", default=10)
-    progress: bool = _h("tqdm progress bars", default=True)
+    progress: bool = _h("tqdm progress bar on a terminal (else, and without a terminal: one line per "
+                        "evaluation, i.e. per epoch)", default=True)
     tensorboard: bool = _h("also log to TensorBoard when it is installed", default=True)
     report: bool = _h("write the run report (markdown + PNGs) at the end", default=True)
     report_images: int = _h("test images shown in the membership maps", default=4)
     throttle: float = _h("sleep seconds after each step (fault-injection tests)", default=0.0)
 
     def validate(self) -> None:
+        _check_finite(self)
         _check(bool(self.model), "model must be a registered model name (whiteformer list-models)")
         _check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
         _check(self.epochs >= 1 or self.steps >= 1, "give epochs >= 1 or steps >= 1")
@@ -112,6 +125,7 @@ class TrainConfig:
         _check(self.eval_batches >= 1, f"eval_batches must be >= 1, got {self.eval_batches}")
         _check(self.num_threads >= 0, f"num_threads must be >= 0, got {self.num_threads}")
         _check(self.throttle >= 0, f"throttle must be >= 0, got {self.throttle}")
+        _check(self.ckpt_minutes >= 0, f"ckpt_minutes must be >= 0 (0: off), got {self.ckpt_minutes}")
         _check(not (self.resume and self.overwrite), "resume and overwrite exclude each other: pick one")
         _check(not (self.resume and self.finetune), "resume continues a run; finetune starts a new one: pick one")
 
@@ -135,6 +149,7 @@ class EvalConfig:
     json: bool = _h("print the result as JSON", default=False)
 
     def validate(self) -> None:
+        _check_finite(self)
         _check(bool(self.checkpoint), "give --checkpoint (a run directory or a checkpoint)")
         _check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
 
@@ -153,6 +168,7 @@ class GenerateConfig:
     device: str = _h("device (auto: cuda if available)", default="auto")
 
     def validate(self) -> None:
+        _check_finite(self)
         _check(bool(self.checkpoint), "give --checkpoint (a language-model run directory)")
         _check(self.max_new_tokens >= 0, "max_new_tokens must be >= 0")
         _check(self.temperature >= 0, "temperature must be >= 0")
@@ -274,6 +290,8 @@ def _coerce(name: str, value: Any, tp) -> Any:
         raise ConfigError(f"{name} must be an integer, got {value!r}")
     if origin is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ConfigError(f"{name} must be a finite number, got {value!r}")
             return float(value)
         raise ConfigError(f"{name} must be a number, got {value!r}")
     if origin is str:
@@ -308,11 +326,13 @@ def load_yaml(path) -> Dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
-    with open(p, encoding="utf-8") as f:
-        try:
+    try:
+        with open(p, encoding="utf-8") as f:
             data = yaml.safe_load(f)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {err}") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {err}") from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {str(p)!r} is not a UTF-8 text file (YAML expected): {err}") from err
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-__all__ = ["warmup_cosine", "build_scheduler"]
+__all__ = ["warmup_cosine", "build_scheduler", "extend_schedule"]
 
 
 def warmup_cosine(step: int, total_steps: int, warmup_steps: int, min_ratio: float) -> float:
@@ -32,3 +32,14 @@ class _WarmupCosine:
 def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int, lr: float,
                     min_lr: float) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, _WarmupCosine(total_steps, warmup_steps, min_lr / lr))
+
+
+def extend_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int) -> None:
+    """Give a (restored) schedule a new length: the cosine then runs over ``total_steps`` from the
+    scheduler's current step, the rate a run configured with that length would have used there."""
+    for fn in scheduler.lr_lambdas:
+        fn.total_steps = total_steps
+    step = scheduler.last_epoch
+    for group, base, fn in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * fn(step)
+    scheduler._last_lr = [g["lr"] for g in scheduler.optimizer.param_groups]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
+import signal
 import sys
 import time
 import warnings
@@ -27,8 +27,7 @@ import torch.nn as nn
 
 from . import distributed as D
 from .build import build_datasets, build_model, check_names, describe
-from .checkpoint import latest_checkpoint, list_checkpoints, remove_stale_temporaries, rng_state, save_checkpoint, \
-    set_rng_state
+from .checkpoint import latest_checkpoint, remove_stale_temporaries, rng_state, save_checkpoint, set_rng_state
 
 from .configuration import ConfigError, TrainConfig, config_to_dict, save_config
 from .ema import ModelEMA
@@ -36,6 +35,9 @@ from .metrics import MetricsLogger, truncate_metrics
 from .optim import build_optimizer
 from .schedule import build_scheduler
 from .loop import train_step
+from .rundir import LOCK_NAME, check_run_dir, clear_run_files, open_run_dir
+from .schedule import extend_schedule
+from .signals import RunInterrupted, StopRequest
 from .tasks import make_task, seeded_generator, task_class, task_options
 
 __all__ = ["train", "Trainer"]
@@ -61,7 +63,35 @@ class Trainer:
         self.say = _say if self.main else _quiet
         self.run_dir = Path(cfg.out)
         self.ckpt_dir = self.run_dir / "checkpoints"
-        self._check_run_dir()
+        self.lock = None
+        if self.main:  # one writer per run directory, for the life of the run
+            self.lock, self.dir_mode = open_run_dir(self.run_dir, resume=cfg.resume, overwrite=cfg.overwrite,
+                                                    command=command)
+        else:
+            self.dir_mode = check_run_dir(self.run_dir, resume=cfg.resume, overwrite=cfg.overwrite)
+        try:
+            self._build()
+        except BaseException:
+            self.close(failed=True)
+            raise
+
+    def close(self, failed: bool = False) -> None:
+        """Release the run directory (the OS releases it too if the process dies); a run that
+        failed before writing anything leaves no directory behind."""
+        if self.lock is None:
+            return
+        if failed and self.dir_mode == "fresh" and [p.name for p in self.run_dir.iterdir()] == [LOCK_NAME]:
+            self.lock.path.unlink(missing_ok=True)
+            self.lock.release()
+            try:
+                self.run_dir.rmdir()
+            except OSError:
+                pass
+        self.lock.release()
+        self.lock = None
+
+    def _build(self) -> None:
+        cfg, dist = self.cfg, self.dist
 
         torch.manual_seed(cfg.seed)
         self.train_ds, self.eval_ds = build_datasets(cfg.dataset, cfg.data_dir, cfg.data_args, cfg.eval_split)
@@ -102,32 +132,17 @@ class Trainer:
         self._resume()
 
     # ------------------------------------------------------------------ run directory
-    def _check_run_dir(self) -> None:
-        cfg = self.cfg
-        if self.run_dir.exists() and not self.run_dir.is_dir():
-            raise ConfigError(f"--out {str(self.run_dir)!r} exists and is not a directory")
-        if list_checkpoints(self.ckpt_dir) and not (cfg.resume or cfg.overwrite):
-            raise ConfigError(f"run directory {str(self.run_dir)!r} already has checkpoints; pass --resume to "
-                              f"continue it, --overwrite to start afresh, or choose another --out")
-
     def _prepare_run_dir(self) -> None:
-        cfg = self.cfg
         if self.main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            if cfg.overwrite:
-                shutil.rmtree(self.ckpt_dir, ignore_errors=True)
-                for name in ("metrics.jsonl", "metrics.csv", "report.md", "report.json", "curves.png",
-                             "coding_rate.png", "membership.png"):
-                    (self.run_dir / name).unlink(missing_ok=True)
-                for name in ("final", "final_ema", "tensorboard"):
-                    shutil.rmtree(self.run_dir / name, ignore_errors=True)
+            if self.dir_mode == "clear":
+                clear_run_files(self.run_dir, self.say)
             remove_stale_temporaries(self.ckpt_dir)
         D.barrier()
 
     # ------------------------------------------------------------------ resume
     def _resume(self) -> None:
         cfg = self.cfg
-        found = latest_checkpoint(self.ckpt_dir, log=self.say) if cfg.resume else None
+        found = latest_checkpoint(self.ckpt_dir, log=self.say, quarantine_corrupt=self.main) if cfg.resume else None
         if cfg.resume and found is None:
             self.say(f"resume: no valid checkpoint in {str(self.ckpt_dir)!r}; starting from step 0")
         if found is None:
@@ -138,12 +153,24 @@ class Trainer:
             return
         path, ck = found
         st = ck["trainer"]
-        if st.get("total_steps") not in (None, self.total_steps):
-            raise ConfigError(f"checkpoint {str(path)!r} belongs to a run of {st['total_steps']} steps, this "
-                              f"configuration has {self.total_steps}; resume with the same configuration")
-        self.module.load_state_dict(ck["model"])
-        self.optimizer.load_state_dict(st["optimizer"])
+        step = int(st["step"])
+        if step > self.total_steps:
+            raise ConfigError(f"checkpoint {str(path)!r} is at step {step}, past this configuration's "
+                              f"{self.total_steps} steps; resume with at least as many epochs/steps")
+        try:
+            self.module.load_state_dict(ck["model"])
+            self.optimizer.load_state_dict(st["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise ConfigError(f"checkpoint {str(path)!r} was written by a different model or optimizer "
+                              f"configuration than this one ({str(err).splitlines()[0]}); resume with the run's own "
+                              f"configuration (whiteformer train --out RUN --resume reads RUN/config.yaml)") from err
         self.scheduler.load_state_dict(st["scheduler"])
+        if st.get("total_steps") not in (None, self.total_steps):
+            # Extending (or shortening) a run: the warm-up + cosine schedule is recomputed for the new
+            # length and continues from this step, as if the run had been configured so from the start.
+            extend_schedule(self.scheduler, self.total_steps)
+            self.say(f"resume: the run had {st['total_steps']} steps, now {self.total_steps}; the learning-rate "
+                     f"schedule continues over the new length")
         if self.ema is not None:
             if ck["ema"] is None:
                 raise ConfigError(f"checkpoint {str(path)!r} has no EMA weights but ema=true")
@@ -153,7 +180,7 @@ class Trainer:
             self.say(f"warning: checkpoint written by {len(rngs)} process(es), now {self.dist.world_size}: "
                      f"the continuation is not bit-exact")
         set_rng_state(rngs[self.dist.rank % len(rngs)])
-        self.start_step = int(st["step"])
+        self.start_step = step
         self.prev_train_time = float(st.get("train_time_s", 0.0))
         if self.main:
             truncate_metrics(self.run_dir / "metrics.jsonl", self.start_step)
@@ -204,7 +231,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ training
     def fit(self) -> Dict[str, Any]:
-        cfg, dist, task = self.cfg, self.dist, self.task
+        cfg, dist = self.cfg, self.dist
         t_fit = time.perf_counter()
         n_params, n_str = describe(self.module)
         if self.main:
@@ -216,18 +243,42 @@ class Trainer:
                  + f", {torch.get_num_threads()} threads")
         logger = MetricsLogger(self.run_dir, enabled=self.main, tensorboard=cfg.tensorboard)
         pbar = None
-        if self.main and cfg.progress:
+        if self.main and cfg.progress and sys.stderr.isatty():  # no bar redrawn into log files
             from tqdm.auto import tqdm
 
             pbar = tqdm(total=self.total_steps, initial=self.start_step, desc="train", dynamic_ncols=True,
                         file=sys.stderr)
-        model = self.model
-        model.train()
-        dev = dist.device
-        acc = torch.zeros(3, dtype=torch.float64, device=dev)  # loss * n, correct, n
+        self.model.train()
         t_seg = time.perf_counter()
+        stop = StopRequest()
+        try:
+            with stop:
+                last_eval = self._loop(logger, pbar, stop, t_seg, time.perf_counter())
+        except BaseException:
+            logger.close()
+            raise
+        if pbar is not None:
+            pbar.close()
+        self._last_eval = last_eval if self.start_step < self.total_steps else None
+        train_time = self.prev_train_time + time.perf_counter() - t_seg
+        results = self._finish(logger, train_time)
+        results["total_time_s"] = time.perf_counter() - t_fit
+        return results
+
+    def _agree(self, *flags: bool):
+        """The flags OR-ed over the processes (a signal or a timer seen by one process acts on all)."""
+        if not self.dist.enabled:
+            return flags
+        t = D.all_reduce_sum(torch.tensor([float(f) for f in flags], device=self.dist.device))
+        return tuple(bool(v > 0) for v in t.tolist())
+
+    def _loop(self, logger, pbar, stop, t_seg: float, t_ckpt: float) -> Dict[str, float]:
+        cfg, task, dev = self.cfg, self.task, self.dist.device
+        model = self.model
+        acc = torch.zeros(3, dtype=torch.float64, device=dev)  # loss * n, correct, n
         t_int, n_int = time.perf_counter(), 0
         last_eval: Dict[str, float] = {}
+        train_line: Dict[str, Any] = {}
         for step in range(self.start_step, self.total_steps):
             loss, st, lr = train_step(model, task, self.optimizer, step, clip_grad=cfg.clip_grad,
                                       scheduler=self.scheduler, post_step=self.post_step, hook_model=self.module)
@@ -252,6 +303,7 @@ class Trainer:
                        "train_loss": mean_loss, "samples_per_s": n_int / max(now - t_int, 1e-9)}
                 rec.update(task.train_metrics({"correct": tot[1].item(), "count": tot[2].item()}))
                 logger.log(rec)
+                train_line = rec
                 if pbar is not None:
                     post = {"loss": f"{mean_loss:.3f}"}
                     if "train_acc" in rec:
@@ -266,17 +318,36 @@ class Trainer:
                 last_eval = task.evaluate(self._eval_model())
                 logger.log({"step": done, "epoch": round(done / self.steps_per_epoch, 4),
                             **{f"eval_{k}": v for k, v in last_eval.items()}})
-            if self._should_ckpt(done):
+                if pbar is None:
+                    self.say(self._progress_line(done, train_line, last_eval))
+            timer = cfg.ckpt_minutes > 0 and time.perf_counter() - t_ckpt >= 60 * cfg.ckpt_minutes
+            stopping, timer = self._agree(stop.signum is not None, timer)
+            if self._should_ckpt(done) or timer or stopping:
                 self._save(done, self.prev_train_time + time.perf_counter() - t_seg)
+                t_ckpt = time.perf_counter()
+            if stopping:
+                if pbar is not None:
+                    pbar.close()
+                signum = stop.signum or signal.SIGTERM
+                raise RunInterrupted(f"stopped by {signal.Signals(signum).name} at step {done}/{self.total_steps}; "
+                                     f"checkpoint saved: continue with `whiteformer train --out {self.run_dir} "
+                                     f"--resume`", signum)
             if cfg.throttle > 0:
                 time.sleep(cfg.throttle)
-        if pbar is not None:
-            pbar.close()
-        self._last_eval = last_eval if self.start_step < self.total_steps else None
-        train_time = self.prev_train_time + time.perf_counter() - t_seg
-        results = self._finish(logger, train_time)
-        results["total_time_s"] = time.perf_counter() - t_fit
-        return results
+        return last_eval
+
+    def _progress_line(self, done: int, train: Dict[str, Any], ev: Dict[str, float]) -> str:
+        """One line per evaluation (every epoch by default) when there is no progress bar."""
+        parts = [f"epoch {done / self.steps_per_epoch:.4g}" if self.task.epoch_based else "",
+                 f"step {done}/{self.total_steps}"]
+        if "train_loss" in train:
+            parts.append(f"train loss {train['train_loss']:.4f}")
+        if "train_acc" in train:
+            parts.append(f"train acc {100 * train['train_acc']:.2f} %")
+        parts.append(f"eval {self.task.summary(ev)}")
+        if "samples_per_s" in train:
+            parts.append(f"{train['samples_per_s']:.0f} samples/s")
+        return " | ".join(p for p in parts if p)
 
     def _eval_model(self) -> nn.Module:
         return self.ema.module if self.ema is not None else self.module
@@ -340,6 +411,10 @@ def train(cfg: TrainConfig, command: str = "", post_step=()) -> Dict[str, Any]:
     except ValueError as err:
         raise ConfigError(str(err)) from err
     try:
-        return Trainer(cfg, dist, command, post_step).fit()
+        trainer = Trainer(cfg, dist, command, post_step)
+        try:
+            return trainer.fit()
+        finally:
+            trainer.close()
     finally:
         D.cleanup()

@@ -1,0 +1,149 @@
+"""The run directory: one writer at a time, and nothing in it that a run did not create is
+deleted or overwritten.
+
+- :class:`RunLock`: an exclusive ``fcntl.flock`` on ``RUN/.whiteformer-run.lock`` held for the
+  life of a run. The kernel releases it when the process dies (even on SIGKILL), so a crashed run
+  never blocks the next one; a second writer gets an error naming the holder (pid, host, command,
+  start time), which the lock file records. The file stays behind as the mark of a directory
+  written by ``whiteformer train``.
+- :func:`check_run_dir`: what may be done with an existing directory (see its docstring).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Callable, List, Optional
+
+from .checkpoint import list_checkpoints
+from .configuration import ConfigError
+
+__all__ = ["RunLock", "LOCK_NAME", "RUN_FILES", "open_run_dir", "check_run_dir", "run_created", "clear_run_files"]
+
+LOCK_NAME = ".whiteformer-run.lock"
+#: what a run writes into its directory (everything else belongs to the user)
+RUN_FILES = ("checkpoints", "final", "final_ema", "tensorboard", "config.yaml", "metrics.jsonl", "metrics.csv",
+             "report.md", "report.json", "curves.png", "coding_rate.png", "membership.png", LOCK_NAME)
+
+
+class RunLock:
+    """Exclusive lock of a run directory (created if missing); ``release()`` or process death frees it."""
+
+    def __init__(self, run_dir, command: str = ""):
+        import fcntl
+
+        self.path = Path(run_dir) / LOCK_NAME
+        try:
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            self.fd: Optional[int] = os.open(str(self.path), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise ConfigError(f"--out {str(run_dir)!r}: cannot create the run directory ({err.strerror or err})") \
+                from err
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = self._read_holder()
+            os.close(self.fd)
+            self.fd = None
+            raise ConfigError(f"run directory {str(run_dir)!r} is in use by another run ({holder}); wait for it to "
+                              f"finish or stop it, or choose another --out") from None
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, (json.dumps(info) + "\n").encode(), 0)
+
+    def _read_holder(self) -> str:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                info = json.loads(f.read() or "{}")
+        except (OSError, ValueError):
+            return "holder unknown"
+        return (f"pid {info.get('pid', '?')} on host {info.get('host', '?')}, started {info.get('started', '?')}, "
+                f"command: {info.get('command') or '?'}")
+
+    def release(self) -> None:
+        if self.fd is not None:
+            import fcntl
+
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def run_created(run_dir) -> List[Path]:
+    """The entries of ``run_dir`` a run creates (the names in :data:`RUN_FILES`)."""
+    return [Path(run_dir) / n for n in RUN_FILES if (Path(run_dir) / n).exists() and n != LOCK_NAME]
+
+
+def clear_run_files(run_dir, say: Callable[[str], None]) -> None:
+    """Delete what a run created in ``run_dir`` (never the user's other files), saying what."""
+    gone = run_created(run_dir)
+    if gone:
+        say(f"overwrite: deleting {', '.join(p.name for p in gone)} in {str(run_dir)!r}")
+    for p in gone:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def open_run_dir(run_dir, *, resume: bool, overwrite: bool, command: str = ""):
+    """Lock ``run_dir`` and decide what to do with it: ``(RunLock, mode)`` (see :func:`check_run_dir`).
+    A directory locked by a live run gives an error naming it before anything else is checked."""
+    marked = (Path(run_dir) / LOCK_NAME).is_file()
+    lock = RunLock(run_dir, command) if marked else None
+    try:
+        mode = check_run_dir(run_dir, resume=resume, overwrite=overwrite, marked=marked)
+        if lock is None:
+            lock = RunLock(run_dir, command)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return lock, mode
+
+
+def check_run_dir(run_dir, *, resume: bool, overwrite: bool, marked: Optional[bool] = None) -> str:
+    """What to do with ``run_dir`` before a run writes into it; returns ``"fresh"`` (nothing to
+    keep), ``"resume"`` (continue its checkpoints) or ``"clear"`` (delete the run's own files first).
+
+    - missing or empty (or holding only the lock file): fresh;
+    - with checkpoints: ``resume`` continues them, ``overwrite`` clears the run's files, else an error;
+    - without checkpoints, written by a run (``marked``: the lock file was there; default: look)
+      and holding nothing else: a run that never checkpointed, started afresh;
+    - anything else (files a run did not write, or no mark of a run): an error unless ``overwrite``,
+      which deletes only the names a run creates (:data:`RUN_FILES`) and keeps the rest.
+    """
+    p = Path(run_dir)
+    if marked is None:
+        marked = (p / LOCK_NAME).is_file()
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"--out {str(run_dir)!r} exists and is not a directory")
+    entries = sorted(e.name for e in p.iterdir()) if p.is_dir() else []
+    if not entries or entries == [LOCK_NAME]:
+        return "fresh"
+    if list_checkpoints(p / "checkpoints"):
+        if resume:
+            return "resume"
+        if overwrite:
+            return "clear"
+        raise ConfigError(f"run directory {str(run_dir)!r} already has checkpoints; pass --resume to continue it, "
+                          f"--overwrite to start afresh, or choose another --out")
+    foreign = [n for n in entries if n not in RUN_FILES]
+    if not foreign and marked:
+        return "clear"
+    if overwrite:
+        return "clear"
+    what = ", ".join(entries[:6]) + (", ..." if len(entries) > 6 else "")
+    raise ConfigError(f"--out {str(run_dir)!r} is not empty ({what}) and is not a run to resume (no checkpoints); "
+                      f"choose another --out, or pass --overwrite to delete the files a run writes "
+                      f"({', '.join(n for n in RUN_FILES if n != LOCK_NAME)}) and keep the others")
