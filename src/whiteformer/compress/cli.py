@@ -1,8 +1,8 @@
 """``whiteformer compress``: compress a ViT / DeiT checkpoint's attention (paper 004) and save it.
 
     whiteformer compress --checkpoint CKPT --model deit_t_p16 --qk irratt --qk-flops-ratio 0.5 \\
-        --vo-rank 32 [--mlp-rank R] [--calib 64 --data digits] \\
-        [--finetune-epochs K --data digits|mnist --data-dir DIR [--fusion-constraints]] --out DIR
+        --vo-rank 32 [--mlp-rank R] [--calib 64 --dataset digits] [model_args.KEY=VALUE ...] \\
+        [--finetune-epochs K --dataset digits|mnist --data-dir DIR [--fusion-constraints]] --out DIR
 
 writes ``DIR/model.safetensors`` + ``DIR/config.json`` (``save_pretrained``; loads back with
 ``create_model(name, checkpoint_path=DIR)``), ``DIR/compression_report.json`` and
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -112,11 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compress the attention of a ViT/DeiT checkpoint (TruncAtt / CP SlimAtt / IrrAtt QK, VO TruncAtt, "
                     "SVD MLP; paper 'Vision Transformer with Irregular Attention'), optionally fine-tune, and save "
                     "the compressed checkpoint with its report.")
-    p.add_argument("--checkpoint", required=True, help="model checkpoint (save_pretrained dir, .safetensors, .pth)")
+    p.add_argument("--checkpoint", required=True,
+                   help="a run directory, its final/, a saved model directory (own or transformers ViT/DeiT), or a "
+                        ".safetensors/.pth file")
     p.add_argument("--model", default=None, help="registered model name (default: the checkpoint's model_name; "
                    "deit_b_p16 sized by its config for a transformers ViT/DeiT directory)")
     p.add_argument("--model-arg", type=_model_arg, action="append", default=[], metavar="KEY=VALUE",
-                   help="constructor override for create_model (JSON value), repeatable, e.g. img_size=32")
+                   help="constructor override for create_model, repeatable; written model_args.KEY=VALUE as in "
+                        "`whiteformer train` (--model-arg KEY=VALUE is the deprecated spelling)")
     p.add_argument("--qk", choices=["irratt", "cp", "truncatt", "none"], default="irratt", help="QK compression")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--qk-rank", type=_ranks, default=None,
@@ -131,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="IrrAtt per-head ranks: Algorithm 1 (btd) or global singular values (spectral)")
     p.add_argument("--blocks", type=_int_list, default=None, help="comma-separated block indices (default all)")
     p.add_argument("--num-tokens", type=int, default=None, help="N for the budget (default: the model's tokens)")
-    p.add_argument("--data", default=None, help="dataset for calibration / fine-tuning (e.g. digits, mnist)")
+    p.add_argument("--dataset", "--data", dest="data", default=None,
+                   help="dataset for accuracy, calibration and fine-tuning (e.g. digits, mnist; default: the run's "
+                        "when --checkpoint is a run directory; --data is the deprecated spelling)")
     p.add_argument("--data-dir", default=None, help="data directory of file-based datasets (mnist)")
     p.add_argument("--calib", type=int, default=0, metavar="N",
                    help="activation-aware compression on N training images of --data (0: off)")
@@ -163,19 +169,27 @@ def _device(name: str) -> torch.device:
 def _run(args: argparse.Namespace) -> int:
     from ..models import create_model
     from ..models.checkpoint import read_config
+    from ..train.evaluate import resolve_checkpoint
     from .model import compress
 
     say = (lambda _m: None) if args.quiet else (lambda m: print(m, flush=True))
+    ckpt, run = resolve_checkpoint(args.checkpoint, prefer_ema=True)  # run dir, final/ or a model dir/file
+    if args.data is None and run:
+        args.data, args.data_dir = run.get("dataset"), args.data_dir or run.get("data_dir")
     name = args.model
     if name is None:
         from ..models.hf_vit import DEFAULT_MODEL_NAME, is_hf_vit_config
 
-        cfg = read_config(args.checkpoint)
+        cfg = read_config(ckpt)
         name = (cfg or {}).get("model_name") or (DEFAULT_MODEL_NAME if is_hf_vit_config(cfg) else None)
         if not name:
             raise ValueError(f"--checkpoint {args.checkpoint!r} does not name its model; pass --model NAME")
     if (args.calib or args.finetune_epochs) and not args.data:
-        raise ValueError("--calib and --finetune-epochs need --data (e.g. --data digits)")
+        raise ValueError("--calib and --finetune-epochs need --dataset (e.g. --dataset digits)")
+    for flag, v in (("--lr", args.lr), ("--weight-decay", args.weight_decay)):
+        if not math.isfinite(v) or v < 0 or (flag == "--lr" and v == 0):
+            raise ValueError(f"{flag} must be a finite {'positive' if flag == '--lr' else 'non-negative'} number, "
+                             f"got {v}")
     for flag, v in (("--calib", args.calib), ("--finetune-epochs", args.finetune_epochs)):
         if v < 0:
             raise ValueError(f"{flag} must be >= 0, got {v}")
@@ -183,7 +197,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("--fusion-constraints applies to fine-tuning: add --finetune-epochs K")
     torch.manual_seed(args.seed)
     device = _device(args.device)
-    model = create_model(name, checkpoint_path=args.checkpoint, **dict(args.model_arg)).to(device).eval()
+    model = create_model(name, checkpoint_path=str(ckpt), **dict(args.model_arg)).to(device).eval()
 
     calib = task = None
     if args.data:
@@ -207,6 +221,8 @@ def _run(args: argparse.Namespace) -> int:
     report.extra["compression_time_s"] = time.perf_counter() - t0
     if task is not None:
         report.extra["accuracy"] = {"original": task.evaluate(model)["acc"], "compressed": task.evaluate(new)["acc"]}
+        say(f"{args.data} test accuracy: original {100 * report.extra['accuracy']['original']:.2f} %, compressed "
+            f"{100 * report.extra['accuracy']['compressed']:.2f} %")
     if args.finetune_epochs:
         res = finetune(new, task, epochs=args.finetune_epochs, lr=args.lr, weight_decay=args.weight_decay,
                        fusion_constraints=args.fusion_constraints, max_steps=args.max_steps, log=say)
@@ -219,16 +235,41 @@ def _run(args: argparse.Namespace) -> int:
     md = report.to_markdown()
     (out / "compression_report.md").write_text(md, encoding="utf-8")
     say(md)
+    lat = report.latency or {}
+    if lat.get("after_ms") and lat.get("before_ms") and lat["after_ms"] > lat["before_ms"]:
+        say(f"note: the compressed model is slower than the original here ({lat['after_ms']:.2f} ms vs "
+            f"{lat['before_ms']:.2f} ms at batch {lat.get('batch_size')}, {lat['before_ms'] / lat['after_ms']:.2f}x): "
+            f"fewer multiply-adds do not always mean less time")
     say(f"compressed checkpoint: {out} (load with create_model({name!r}, checkpoint_path={str(out)!r})); report: "
         f"{out / 'compression_report.md'}")
     return 0
+
+
+def _one_option_style(argv: List[str]) -> List[str]:
+    """``model_args.K=V`` / ``--model-args.K=V`` (the style of ``whiteformer train``) into the parser's
+    ``--model-arg K=V``; the old spellings ``--model-arg`` and ``--data`` still work, with a note."""
+    out: List[str] = []
+    for tok in argv:
+        body = tok[2:] if tok.startswith("--") else tok
+        for prefix in ("model_args.", "model-args."):
+            if body.startswith(prefix) and "=" in body:
+                out += ["--model-arg", body[len(prefix):]]
+                break
+        else:
+            if tok == "--model-arg" or tok.startswith("--model-arg="):
+                print("whiteformer compress: note: --model-arg KEY=VALUE is deprecated; write model_args.KEY=VALUE",
+                      file=sys.stderr)
+            elif tok == "--data" or tok.startswith("--data="):
+                print("whiteformer compress: note: --data is deprecated; write --dataset", file=sys.stderr)
+            out.append(tok)
+    return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``whiteformer compress``; returns the exit code (2 for usage errors)."""
     from ..train.errors import debug_requested, user_error
 
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _one_option_style(list(sys.argv[1:] if argv is None else argv))
     debug = debug_requested(argv)
     parser = build_parser()
     try:

@@ -79,8 +79,15 @@ def build_model(name: str, ds, model_args: Dict[str, Any], finetune: Optional[st
     task = task_class(ds)
     defaults, fixed = task.model_kwargs(ds, finetune=finetune, block_size=block_size)
     kw = {**defaults, **model_args}
+    optional = {} if finetune is not None else \
+        {k: v for k, v in task.optional_model_kwargs(ds).items() if k not in kw}
     try:
-        model = create_model(name, checkpoint_path=finetune, **fixed, **kw)
+        try:
+            model = create_model(name, checkpoint_path=finetune, **fixed, **optional, **kw)
+        except TypeError as err:  # a model that does not take the optional defaults
+            if not (optional and "unknown argument" in str(err) and any(repr(k) in str(err) for k in optional)):
+                raise
+            model = create_model(name, checkpoint_path=finetune, **fixed, **kw)
     except FileNotFoundError as err:
         raise ConfigError(f"finetune checkpoint: {err}") from err
     except (TypeError, ValueError) as err:

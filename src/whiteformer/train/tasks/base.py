@@ -84,6 +84,11 @@ class Task:
         raise NotImplementedError
 
     @classmethod
+    def optional_model_kwargs(cls, ds) -> Dict[str, Any]:
+        """Defaults applied only to a model built from scratch whose constructor takes them."""
+        return {}
+
+    @classmethod
     def adapt_model(cls, model: nn.Module, ds, finetune: Optional[str]) -> nn.Module:
         """Called after ``create_model`` (e.g. a fine-tuned classifier gets a new head)."""
         return model

@@ -25,6 +25,8 @@ class ClassificationTask(Task):
     vector and token-sequence classification tasks)."""
 
     kind = "classification"
+    #: the inputs are images that ``translate`` / ``flip`` augmentation applies to
+    augments = False
 
     def __init__(self, train_ds, eval_ds, batch_size: int = 64, seed: int = 0, dist: Optional[DistInfo] = None,
                  bf16: bool = False, label_smoothing: float = 0.0, augment: Optional[Augment] = None,
@@ -33,7 +35,7 @@ class ClassificationTask(Task):
         self.label_smoothing = label_smoothing
         if augment is None and (translate or flip):
             augment = Augment(translate=translate, flip=flip)
-        self.augment = augment if (augment is not None and augment.active and train_ds.kind == "image") else None
+        self.augment = augment if (augment is not None and augment.active and self.augments) else None
         self.eval_batch_size = eval_batch_size
         self._perm_epoch = -1
         self._perm: Optional[torch.Tensor] = None
@@ -129,7 +131,10 @@ class ClassificationTask(Task):
 
 class ImageClassificationTask(ClassificationTask):
     """Images (B, C, H, W) -> class: an image classifier built for the images' size, channels and
-    classes; the report shows the membership maps of the first and last blocks."""
+    classes, optional translate / flip augmentation; the report shows the membership maps of the
+    first and last blocks."""
+
+    augments = True
 
     @classmethod
     def model_kwargs(cls, ds, *, finetune=None, block_size=None):

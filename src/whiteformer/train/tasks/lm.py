@@ -42,6 +42,13 @@ class LMTask(Task):
         return kw, {}
 
     @classmethod
+    def optional_model_kwargs(cls, ds) -> Dict[str, Any]:
+        # A ToST LM without absolute positions (and without TSSA's position bias) has no length
+        # limit: it generates as long as asked with its constant-size state. The official
+        # configuration stays one option away (model_args.pos_emb=true model_args.pos_bias=true).
+        return {"pos_emb": False, "pos_bias": False}
+
+    @classmethod
     def describe_data(cls, ds) -> str:
         return f"vocabulary {ds.vocab_size}"
 
