@@ -114,13 +114,14 @@ def _config(cls, argv: Sequence[str], name: str, usage: str = "", base: Optional
               f"options:\n{format_fields(cls)}")
         return None
     overrides = parse_overrides(rest)
-    start = base(overrides) if (base is not None and yaml_path is None) else None
+    start = base(overrides) if base is not None else None
     return build_config(cls, yaml_path, overrides, base=start)
 
 
 def _resumed_run_config(overrides) -> Optional[Dict]:
-    """``train --out RUN --resume`` without ``-c``: the run's own ``RUN/config.yaml`` is the base
-    of the configuration (the command line still overrides it, e.g. a larger ``--epochs``)."""
+    """The base of ``train``'s configuration without ``-c``: ``unlimited_length`` on, or for
+    ``train --out RUN --resume`` the run's own ``RUN/config.yaml`` (the command line still overrides
+    it, e.g. a larger ``--epochs``)."""
     from pathlib import Path
 
     from .train.configuration import load_yaml, parse_value
@@ -128,10 +129,10 @@ def _resumed_run_config(overrides) -> Optional[Dict]:
     given = {k: v for k, v in overrides}
     resume = given.get("resume", False)
     if not (resume is True or (isinstance(resume, str) and parse_value(resume) is True)) or "out" not in given:
-        return None
+        return {"unlimited_length": True}  # the command's default language model generates without a limit
     saved = Path(str(given["out"])).expanduser() / "config.yaml"
     if not saved.is_file():
-        return None
+        return {"unlimited_length": True}
     base = load_yaml(saved)
     for key in ("resume", "overwrite"):
         base.pop(key, None)

@@ -66,12 +66,13 @@ def build_datasets(dataset: str, data_dir: Optional[str], data_args: Dict[str, A
 
 
 def build_model(name: str, ds, model_args: Dict[str, Any], finetune: Optional[str] = None,
-                block_size: Optional[int] = None) -> nn.Module:
+                block_size: Optional[int] = None, unlimited_length: bool = False) -> nn.Module:
     """``create_model`` with what the dataset fixes (classes, image size, channels / vocabulary;
     the task of the data decides, :meth:`~.tasks.base.Task.model_kwargs`).
 
     ``finetune``: the checkpoint is loaded with its own head, then a classifier gets a new head
-    when the number of classes differs.
+    when the number of classes differs. ``unlimited_length``: a model built from scratch also gets
+    the task's optional defaults (language models: no length limit) when it takes them.
     """
     from ..models import create_model
     from .tasks import task_class
@@ -79,7 +80,7 @@ def build_model(name: str, ds, model_args: Dict[str, Any], finetune: Optional[st
     task = task_class(ds)
     defaults, fixed = task.model_kwargs(ds, finetune=finetune, block_size=block_size)
     kw = {**defaults, **model_args}
-    optional = {} if finetune is not None else \
+    optional = {} if (finetune is not None or not unlimited_length) else \
         {k: v for k, v in task.optional_model_kwargs(ds).items() if k not in kw}
     try:
         try:

@@ -63,6 +63,9 @@ class TrainConfig:
     translate: int = _h("augmentation: random translation in pixels (0: off; image datasets)", default=1)
     flip: float = _h("augmentation: horizontal-flip probability", default=0.0)
     block_size: int = _h("language models: context length of the training windows", default=128)
+    unlimited_length: bool = _h("language models built from scratch: no absolute positions / position bias where the "
+                                "model allows (ToST: pos_emb=False, pos_bias=False), so they generate past block_size; "
+                                "the `whiteformer train` command's default", default=False)
     # optimisation
     epochs: int = _h("training epochs (image / sequence datasets)", default=30)
     steps: int = _h("total optimizer steps; > 0 overrides epochs (required for text)", default=0)

@@ -97,7 +97,8 @@ class Trainer:
         self.train_ds, self.eval_ds = build_datasets(cfg.dataset, cfg.data_dir, cfg.data_args, cfg.eval_split)
         if task_class(self.train_ds).requires_steps and cfg.steps <= 0:
             raise ConfigError(f"training on {cfg.dataset!r} needs --steps N (the number of optimizer steps)")
-        model = build_model(cfg.model, self.train_ds, cfg.model_args, cfg.finetune, block_size=cfg.block_size)
+        model = build_model(cfg.model, self.train_ds, cfg.model_args, cfg.finetune, block_size=cfg.block_size,
+                            unlimited_length=cfg.unlimited_length)
         self.task = make_task(self.train_ds, self.eval_ds, dist, **task_options(cfg))
         self.steps_per_epoch = self.task.steps_per_epoch
         self.total_steps = cfg.steps if cfg.steps > 0 else cfg.epochs * self.steps_per_epoch
