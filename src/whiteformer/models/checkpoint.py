@@ -8,8 +8,8 @@ Own format (a directory)::
 
 written atomically (temporary file + ``os.replace``) by ``model.save_pretrained(dir)``.
 ``create_model(name, checkpoint_path=dir)`` uses the saved ``init_kwargs`` as defaults under the
-caller's overrides, so a small variant loads back with one call; :func:`load_pretrained` does the
-same from the saved ``model_name``.
+caller's overrides, so a small variant loads back with one call; :func:`whiteformer.from_pretrained`
+does the same from the saved ``model_name``.
 
 Foreign checkpoints (:func:`load_checkpoint`): a ``.pth``/``.pt``/``.bin``/``.ckpt`` file is read
 with ``torch.load(..., weights_only=True)`` (``argparse.Namespace`` entries, which the official ToST
@@ -41,7 +41,6 @@ import torch.nn as nn
 __all__ = [
     "PretrainedMixin",
     "load_checkpoint",
-    "load_pretrained",
     "read_config",
     "read_state_dict",
     "save_pretrained",
@@ -196,7 +195,7 @@ def save_pretrained(model: nn.Module, save_dir: PathLike) -> Path:
     }
     if getattr(model, "hf_model_type", None):
         config["model_type"] = model.hf_model_type
-    from .. import __version__
+    from .._version import __version__
 
     config["version"] = __version__
     tensors, aliases = _dedup_state_dict(model.state_dict())
@@ -317,17 +316,29 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
     return {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
 
 
-def load_checkpoint(model: nn.Module, path: PathLike, strict: bool = True) -> Dict[str, list]:
+def load_checkpoint(model: nn.Module, path: PathLike, strict: bool = True,
+                    reset_prefix: Optional[str] = None) -> Dict[str, list]:
     """Load a checkpoint into ``model`` (in place), converting foreign key layouts.
 
     ``strict=True`` raises a ``ValueError`` listing the missing / unexpected / shape-mismatched
     keys; ``strict=False`` loads the keys that fit (e.g. a backbone without its head) and returns
-    the report ``{"missing", "unexpected", "mismatched"}``.
+    the report ``{"missing", "unexpected", "mismatched"}``. ``reset_prefix`` (e.g. ``"head"``): when
+    the checkpoint's tensors under that module do not fit the model's (another number of classes),
+    they are skipped and the model keeps its fresh ones (timm's head reset); the report lists them
+    under ``"reset"``.
     """
     sd = read_state_dict(path)
     convert = getattr(model, "convert_state_dict", None)
     if callable(convert):
         sd = convert(dict(sd))
+    reset: List[str] = []
+    if reset_prefix:
+        under = lambda k: k == reset_prefix or k.startswith(reset_prefix + ".")  # noqa: E731
+        first = check_state_dict(model, sd)
+        if any(under(k) for k, _, _ in first["mismatched"]):
+            reset = sorted(k for k in set(sd) | set(model.state_dict()) if under(k))
+            sd = {k: v for k, v in sd.items() if not under(k)}
+            sd.update({k: v for k, v in model.state_dict().items() if under(k)})
     report = check_state_dict(model, sd)
     if any(report.values()):
         if strict:
@@ -343,16 +354,6 @@ def load_checkpoint(model: nn.Module, path: PathLike, strict: bool = True) -> Di
         bad = {k for k, _, _ in report["mismatched"]} | set(report["unexpected"])
         sd = {k: v for k, v in sd.items() if k not in bad}
     model.load_state_dict(sd, strict=strict)
+    if reset:
+        report["reset"] = reset
     return report
-
-
-def load_pretrained(path: PathLike, **overrides: Any) -> nn.Module:
-    """Build and load a model saved by ``save_pretrained`` (name and arguments from its config)."""
-    config = read_config(path)
-    if config is None or not config.get("model_name"):
-        raise ValueError(
-            f"{str(path)!r} has no config.json with a model_name; use create_model(name, checkpoint_path=...)"
-        )
-    from .registry import create_model
-
-    return create_model(config["model_name"], checkpoint_path=str(path), **overrides)

@@ -31,7 +31,7 @@ from einops import rearrange
 from .._checks import check_divisible, check_mask, check_tensor, check_tokens_input
 from ..attention.tssa import CausalTSSA
 from .checkpoint import PretrainedMixin
-from .deit import feature_take_indices
+from ..layers import feature_take_indices
 from .registry import build_with_defaults, register_model
 
 __all__ = ["CausalLM", "ToSTLM", "GPTLM", "CausalSelfAttention", "KVCache", "LMState"]
