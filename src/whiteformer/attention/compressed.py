@@ -154,7 +154,7 @@ class CompressedAttention(nn.Module):
         return torch.cat(outs, dim=-1)
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        check_tokens_input(x, "x", self.dim)
+        check_tokens_input(x, "x", self.dim, like=self.v.weight)
         B, N, _ = x.shape
         keep = check_mask(attn_mask, B, N)
         sd = stats_dtype(x)

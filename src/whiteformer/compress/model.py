@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from .._checks import check_tensor
+from .._checks import check_finite, check_tensor
 from ..attention.compressed import CompressedAttention, CPSlimAtt, IrrAtt
 from ..models.surgery import layer_spec, mlp_spec, record_compression_spec
 from .compress_block import BlockReport, compress_attention
@@ -341,6 +341,7 @@ def _block_entry(i: int, attn: nn.Module, rep: Optional[BlockReport], N: int) ->
 # ----------------------------------------------------------------------------- compress
 def _check_calib(calib, model: nn.Module) -> torch.Tensor:
     check_tensor(calib, "calib", 4)
+    check_finite(calib, "calib")
     if calib.shape[0] == 0:
         raise ValueError(f"calib must be a non-empty batch of images (B, C, H, W), got shape {tuple(calib.shape)}")
     ref = next(model.parameters())
@@ -384,6 +385,9 @@ def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int,
         TypeError / ValueError for a bad ``calib``.
     """
     bl = _blocks(model)
+    if any(p.device.type == "meta" for p in model.parameters()):
+        raise ValueError("compress() needs the model's weights, but they are on the meta device (no values); "
+                         "load or materialise the model first (e.g. create_model(..., checkpoint_path=...))")
     idx = _select(blocks, len(bl))
     if qk not in _QK:
         raise ValueError(f"qk must be one of 'irratt', 'cp', 'truncatt' or None, got {qk!r}")

@@ -41,6 +41,7 @@ import torch.nn as nn
 __all__ = [
     "PretrainedMixin",
     "load_checkpoint",
+    "read_aliases",
     "read_config",
     "read_state_dict",
     "save_pretrained",
@@ -226,7 +227,40 @@ def read_config(path: PathLike) -> Optional[Dict[str, Any]]:
     return config
 
 
+def _aliases(meta: Mapping[str, str], keys, path) -> Dict[str, str]:
+    """The validated ``{alias: stored key}`` map of a safetensors file's metadata."""
+    raw = meta.get(_ALIAS_KEY)
+    if raw is None:
+        return {}
+    try:
+        aliases = json.loads(raw)
+    except ValueError as err:
+        raise ValueError(f"{str(path)!r}: metadata {_ALIAS_KEY!r} is not valid JSON ({err})") from None
+    if not isinstance(aliases, dict) or not all(isinstance(a, str) and isinstance(k, str)
+                                                for a, k in aliases.items()):
+        raise ValueError(f"{str(path)!r}: metadata {_ALIAS_KEY!r} must map tensor names to tensor names")
+    missing = sorted(k for k in aliases.values() if k not in keys)
+    if missing:
+        raise ValueError(f"{str(path)!r}: metadata {_ALIAS_KEY!r} points to tensors the file does not hold: {missing}")
+    return aliases
+
+
+def read_aliases(path: PathLike) -> Dict[str, str]:
+    """``{alias: stored key}`` of the tied tensors a safetensors file stores once ({} for others)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / WEIGHTS_NAME
+    if path.suffix != ".safetensors" or not path.is_file():
+        return {}
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        return _aliases(f.metadata() or {}, set(f.keys()), path)
+
+
 def _load_safetensors(path: Path) -> Dict[str, torch.Tensor]:
+    """Tensors of a safetensors file, tied tensors stored once filled back from the alias metadata.
+    An alias that names a tensor the file also stores must be equal to its target (else refused)."""
     from safetensors import safe_open
 
     out: Dict[str, torch.Tensor] = {}
@@ -234,9 +268,25 @@ def _load_safetensors(path: Path) -> Dict[str, torch.Tensor]:
         meta = f.metadata() or {}
         for k in f.keys():
             out[k] = f.get_tensor(k)
-    for alias, key in json.loads(meta.get(_ALIAS_KEY, "{}")).items():
+    for alias, key in _aliases(meta, out, path).items():
+        if alias in out and not (out[alias].shape == out[key].shape and torch.equal(out[alias], out[key])):
+            raise ValueError(f"{str(path)!r}: metadata says {alias!r} is a copy of {key!r}, but the file stores a "
+                             "different tensor under that name; refusing to replace it")
         out[alias] = out[key]
     return out
+
+
+def _check_aliases_tied(model: nn.Module, aliases: Mapping[str, str], path) -> None:
+    """Every alias of the file must be a tensor the model ties to its target (same storage)."""
+    own = model.state_dict(keep_vars=True)
+    for alias, key in aliases.items():
+        a, b = own.get(alias), own.get(key)
+        tied = (a is not None and b is not None and a.shape == b.shape
+                and (a.device.type == "meta" or a.data_ptr() == b.data_ptr()))
+        if not tied:
+            raise ValueError(f"checkpoint {str(path)!r} stores {alias!r} as a copy of {key!r}, but "
+                             f"{type(model).__name__} does not tie these two tensors; refusing the alias "
+                             "(the file's metadata does not match this model)")
 
 
 def _torch_load(path: Path):
@@ -328,6 +378,7 @@ def load_checkpoint(model: nn.Module, path: PathLike, strict: bool = True,
     under ``"reset"``.
     """
     sd = read_state_dict(path)
+    _check_aliases_tied(model, read_aliases(path), path)
     convert = getattr(model, "convert_state_dict", None)
     if callable(convert):
         sd = convert(dict(sd))
