@@ -11,7 +11,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from whiteformer import create_model
-from whiteformer.models.checkpoint import PretrainedMixin, load_checkpoint, load_pretrained, read_state_dict
+from whiteformer.models import load_pretrained
+from whiteformer.models.checkpoint import PretrainedMixin, load_checkpoint, read_state_dict
 
 # A tiny official-layout ToST: D 32, 4 heads, 2 blocks, p16 (4 conv stages 3->4->8->16->32), 7 classes.
 D, HEADS, DEPTH, CLASSES, IMG = 32, 4, 2, 7, 64

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from whiteformer.attention.baselines import MHSA
 from whiteformer.models import create_model, list_models
-from whiteformer.models.deit import resample_abs_pos_embed
+from whiteformer.layers import resample_abs_pos_embed
 
 
 # ---------------------------------------------------------------------------- parameter counts

@@ -171,22 +171,38 @@ def test_tost_state_is_constant_size_gpt_cache_grows():
     assert sizes(kv)[0] == n0 + 2 * 2 * 32  # one more key and value per sequence
 
 
-def test_tost_generation_past_max_len_errors_or_unlimited():
+def test_tost_generation_past_max_len_errors_without_crop_or_unlimited():
     model = _tiny("tost_lm_base", max_len=16)
     idx = torch.randint(0, 61, (1, 6))
     assert model.generate(idx, 11, temperature=0).shape == (1, 17)  # 16 positions fed: ok
     with pytest.raises(ValueError, match="context limit 16"):
-        model.generate(idx, 12, temperature=0)
+        model.generate(idx, 12, temperature=0, crop=False)
     with pytest.raises(ValueError, match="context limit 16"):
         model(torch.randint(0, 61, (1, 17)))
     # position bias only (no learned wpe): the limit stays
     only_bias = _tiny("tost_lm_base", max_len=16, pos_emb=False)
     with pytest.raises(ValueError, match="pos_bias=False"):
-        only_bias.generate(idx, 12, temperature=0)
+        only_bias.generate(idx, 12, temperature=0, crop=False)
     free = _tiny("tost_lm_base", max_len=16, pos_emb=False, pos_bias=False)
     assert free.context_limit is None and "transformer.wpe.weight" not in free.state_dict()
     out = free.generate(idx, 30, temperature=0)
     assert torch.equal(out, free.generate(idx, 30, temperature=0, use_cache=False))
+
+
+def test_tost_generation_past_max_len_crops_like_gpt():
+    """Absolute positions: past max_len the context is cropped to the last max_len tokens and the
+    recurrent state rebuilt from that window (as GPT / nanoGPT)."""
+    for kw in (dict(), dict(pos_emb=False)):  # learned wpe + pos_bias, or pos_bias alone
+        model = _tiny("tost_lm_base", max_len=16, **kw)
+        idx = torch.randint(0, 61, (2, 6))
+        out = model.generate(idx, 25, temperature=0)
+        assert out.shape == (2, 31) and torch.equal(out[:, :6], idx)
+        assert torch.equal(out, model.generate(idx, 25, temperature=0, use_cache=False))
+        logits, _ = model(out[:, -17:-1])  # the last token is predicted from the last 16 tokens only
+        assert torch.equal(logits[:, -1].argmax(-1), out[:, -1])
+        # within the limit the recurrent steps are used and agree with the full forward
+        logits, _ = model(out[:, :16])
+        assert torch.equal(logits[:, 5:].argmax(-1), out[:, 6:17])
 
 
 def test_gpt_generation_past_max_len_crops_like_nanogpt():

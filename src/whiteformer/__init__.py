@@ -1,15 +1,18 @@
 """whiteformer: efficient, interpretable ("white-box") attention for transformers.
 
-Layout (in the spirit of flash-linear-attention):
+Layout (in the spirit of flash-linear-attention and timm; each layer imports only the ones above it):
 
 - ``whiteformer.ops``: functional operators, each with a plain reference version in
   ``whiteformer.ops.reference``;
 - ``whiteformer.attention``: ``nn.Module`` layers with timm's ``(B, N, C)`` contract and a
-  name registry (``build``, ``list_attention``);
-- ``whiteformer.models``: model zoo with a timm-style registry (``create_model``, ``list_models``).
+  name registry (``build``, ``list_attention``), compressed MHSA layers included;
+- ``whiteformer.layers``: building blocks shared by the models (patch grid, position-embedding
+  resampling, intermediate features, low-rank linear);
+- ``whiteformer.models``: model zoo with a timm-style registry (``create_model``, ``list_models``)
+  and ``from_pretrained``;
+- ``whiteformer.analysis``, ``whiteformer.train``, ``whiteformer.compress``: users of the models.
 """
+from ._version import __version__  # noqa: F401
 from . import ops  # noqa: F401
 from . import attention  # noqa: F401
-from .models import create_model, list_models  # noqa: F401
-
-__version__ = "0.1.0"
+from .models import create_model, from_pretrained, list_models  # noqa: F401

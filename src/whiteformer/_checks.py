@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Sequence
+from typing import Sequence, Tuple
 
 import torch
 
@@ -62,12 +62,15 @@ def check_mask(attn_mask, batch: int, tokens: int, name: str = "attn_mask") -> t
     return attn_mask
 
 
-def check_tokens_input(x, name: str = "x", dim: int | None = None) -> None:
-    """Check a layer input of shape (B, N, C) (and C == dim when given)."""
+def check_tokens_input(x, name: str = "x", dim: int | None = None, like: torch.Tensor | None = None) -> None:
+    """Check a layer input of shape (B, N, C) (and C == dim when given; with ``like``, one of the
+    layer's weights, the dtype must match it outside autocast: :func:`check_input_dtype`)."""
     check_tensor(x, name, 3)
     check_nonempty(x, name, 1)
     if dim is not None and x.shape[-1] != dim:
         raise ValueError(f"{name} must have last dimension {dim} (the layer's dim), got shape {tuple(x.shape)}")
+    if like is not None:
+        check_input_dtype(x, like, name)
 
 
 def stats_dtype(x: torch.Tensor) -> torch.dtype:
@@ -159,3 +162,43 @@ def check_same_device(w: torch.Tensor, name: str = "w", **operands) -> None:
     for arg, value in operands.items():
         if isinstance(value, torch.Tensor) and value.device != w.device:
             raise ValueError(f"{arg} must be on {name}'s device ({w.device}), got {value.device}")
+
+
+def normalize_ranks(ranks, num_heads: int, max_rank: int, name: str = "ranks",
+                    allow_zero: bool = True) -> Tuple[int, ...]:
+    """Turn an int or a sequence of H ints into a validated tuple of per-head ranks."""
+    if isinstance(ranks, bool):
+        raise TypeError(f"{name} must be an int or a sequence of ints, got bool")
+    if isinstance(ranks, int):
+        ranks = (ranks,) * num_heads
+    elif isinstance(ranks, (list, tuple)) or (isinstance(ranks, torch.Tensor) and ranks.dim() == 1):
+        ranks = tuple(int(r) for r in ranks)
+    else:
+        raise TypeError(f"{name} must be an int or a sequence of {num_heads} ints, got {type(ranks).__name__}")
+    if len(ranks) != num_heads:
+        raise ValueError(f"{name} must have one rank per head ({num_heads}), got {len(ranks)}")
+    lo = 0 if allow_zero else 1
+    for r in ranks:
+        if r < lo or r > max_rank:
+            raise ValueError(f"{name} out of range: each rank must be in [{lo}, {max_rank}], got {ranks}")
+    if sum(ranks) == 0:
+        raise ValueError(f"{name} must not all be zero")
+    return ranks
+
+
+def check_finite(x: torch.Tensor, name: str) -> None:
+    """Raise if ``x`` holds NaN or inf (skipped on the ``meta`` device, which has no values)."""
+    if x.device.type != "meta" and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains NaN or inf")
+
+
+def check_input_dtype(x: torch.Tensor, param: torch.Tensor, name: str = "x") -> None:
+    """A layer input must have its parameters' dtype (outside autocast, which casts for the matmuls);
+    otherwise a ``TypeError`` names ``name`` and both dtypes instead of torch's "mat1 and mat2"."""
+    if x.dtype == param.dtype or not param.dtype.is_floating_point:
+        return
+    dev = x.device.type
+    if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
+        return
+    raise TypeError(f"{name} has dtype {x.dtype} but the layer's parameters are {param.dtype}: cast the input "
+                    f"({name}.to({param.dtype})) or the layer (.to({x.dtype})), or run under torch.autocast")

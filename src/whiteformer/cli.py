@@ -314,7 +314,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(_usage())
         return 0 if argv else 2
     if argv[0] == "--version":
-        from . import __version__
+        from ._version import __version__
 
         print(f"whiteformer {__version__}")
         return 0

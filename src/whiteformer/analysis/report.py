@@ -121,6 +121,21 @@ def _layer_row(r: BlockRecord, features: str, eps: float, dtype: torch.dtype) ->
 
 
 # ----------------------------------------------------------------------------- report
+def _check_out_dir(out_dir) -> Path:
+    """``out_dir`` as a Path: a directory or a path to create, not an existing file."""
+    if not isinstance(out_dir, (str, Path)):
+        raise TypeError(f"out_dir must be a str or Path, got {type(out_dir).__name__}")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out_dir {str(out)!r} exists and is not a directory")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"out_dir {str(out)!r} cannot be created: {str(parent)!r} is a file")
+            break
+    return out
+
+
 @dataclasses.dataclass
 class LayerwiseReport:
     """Rows (one dict per block, keys :data:`COLUMNS`) and the settings they were measured with."""
@@ -162,7 +177,7 @@ class LayerwiseReport:
         ``out_dir`` (created); returns the written paths."""
         if plot:
             require_matplotlib("layerwise_report's plot (plot=False writes the JSON only)")
-        out = Path(out_dir)
+        out = _check_out_dir(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         files = [str(out / JSON_NAME)]
         with open(files[0], "w") as fh:
@@ -239,8 +254,10 @@ def layerwise_report(
         raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
-    if out_dir is not None and plot:
-        require_matplotlib("layerwise_report's plot (plot=False writes the JSON only)")
+    if out_dir is not None:
+        _check_out_dir(out_dir)
+        if plot:
+            require_matplotlib("layerwise_report's plot (plot=False writes the JSON only)")
     if not isinstance(images_or_tokens, torch.Tensor):
         raise TypeError(f"images_or_tokens must be a torch.Tensor, got {type(images_or_tokens).__name__}")
 

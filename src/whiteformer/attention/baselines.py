@@ -68,7 +68,7 @@ class MHSA(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
         """x (B, N, C), attn_mask (B, N) bool keep-mask (True = real token; padded keys are
         excluded, combined with ``causal``) -> y (B, N, C), 0 at padded tokens."""
-        check_tokens_input(x, "x", self.dim)
+        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
         keep = check_mask(attn_mask, x.shape[0], x.shape[1])
         q, k, v = _split_qkv(self.qkv(x), self.num_heads)
         q, k = self.q_norm(q), self.k_norm(k)
@@ -103,7 +103,7 @@ class XCA(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
         """x (B, N, C), attn_mask (B, N) bool keep-mask (True = real token; padded tokens are left
         out of the p x p cross-covariance) -> y (B, N, C), 0 at padded tokens."""
-        check_tokens_input(x, "x", self.dim)
+        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
         keep = check_mask(attn_mask, x.shape[0], x.shape[1])
         q, k, v = _split_qkv(self.qkv(x), self.num_heads)
         drop = self.attn_drop.p if self.training else 0.0
@@ -153,7 +153,7 @@ class MSSA(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
         """x (B, N, C), attn_mask (B, N) bool keep-mask (True = real token; padded keys are
         excluded) -> y (B, N, C), 0 at padded tokens."""
-        check_tokens_input(x, "x", self.dim)
+        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
         keep = check_mask(attn_mask, x.shape[0], x.shape[1])
         w = rearrange(self.qkv(x), "b n (h p) -> b h n p", h=self.num_heads)
         drop = self.attn_drop.p if self.training else 0.0
@@ -186,7 +186,7 @@ class ClassAttention(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
         """x (B, N, C) with the class token at index 0, attn_mask (B, N) bool keep-mask (padded
         keys excluded) -> (B, N, C): the updated class token, tokens 1: unchanged."""
-        check_tokens_input(x, "x", self.dim)
+        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
         keep = check_mask(attn_mask, x.shape[0], x.shape[1])
         C = self.dim
         # Only the class token needs a query: project it with the q rows of qkv, all tokens with k, v.

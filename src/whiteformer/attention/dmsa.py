@@ -73,7 +73,7 @@ class DMSA(nn.Module):
         (0..n-1; with right padding simply its index) and padded outputs are 0, so each real token
         gets the result of its sequence alone.
         """
-        check_tokens_input(x, "x", self.dim)
+        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
         attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
         s = rearrange(self.qkv(x), "b n (h d) -> b h n d", h=self.num_heads)
         positions = None if attn_mask is None else (attn_mask.long().cumsum(dim=1) - 1).clamp_min(0)

@@ -78,7 +78,7 @@ class TSSA(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, return_pi: bool = False):
         """x (B, N, C), attn_mask (B, N) bool keep-mask -> y (B, N, C), or ``(y, {"pi": (B, H, N)})``."""
-        check_tokens_input(x, "x", self.dim)
+        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
         w = rearrange(self.qkv(x), "b n (h d) -> b h n d", h=self.num_heads)
         out, pi = tssa(w, self.temp, attn_mask, return_pi=True, attn_drop=self.attn_drop, training=self.training,
                        normalize=self.normalize)
@@ -127,7 +127,7 @@ class CausalTSSA(nn.Module):
         return {"temp", "pos_bias"} if self.pos_bias is not None else {"temp"}
 
     def _run(self, x, attn_mask):
-        check_tokens_input(x, "x", self.dim)
+        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
         w = rearrange(self.qkv(x), "b n (h d) -> b h n d", h=self.num_heads)
         out, pi, state = causal_tssa(w, self.temp, self.pos_bias, attn_mask, return_pi=True, return_state=True,
                                      attn_drop=self.attn_drop, training=self.training)

@@ -4,11 +4,22 @@
 * decompositions (typed results with ``.to_tensor()``): :func:`truncatt` (per-head truncated SVD),
   :func:`cp` (CP-ALS + CPD-EPC), :func:`btd_ll1` (BTD-(L, L, 1), Algorithms 1-3), activation-aware
   through ``calib=`` (:class:`Whitening`);
-* layers: :class:`TruncAtt`, :class:`CPSlimAtt`, :class:`IrrAtt` (+ VO TruncAtt in each),
-  :class:`LowRankLinear`; :func:`compress_attention`, :func:`compress_mlp`, :func:`compress_linear`;
-* MACs formulas (:mod:`.flops`), rank from a QK FLOPs budget (:func:`qk_rank_for_budget`),
-  rank-constrained head fusion (:mod:`.constraints`).
+* :func:`compress_attention`, :func:`compress_mlp`, :func:`compress_linear` fill the compressed
+  layers, which live with the other layers and are re-exported here: :class:`TruncAtt`,
+  :class:`CPSlimAtt`, :class:`IrrAtt` (+ VO TruncAtt in each; :mod:`whiteformer.attention.compressed`,
+  registered as "truncatt", "cp_slimatt", "irratt") and :class:`LowRankLinear`
+  (:mod:`whiteformer.layers`);
+* MACs formulas (:mod:`whiteformer.attention.macs`, re-exported with the flop counter in
+  :mod:`.flops`), rank from a QK FLOPs budget (:func:`qk_rank_for_budget`), rank-constrained head
+  fusion (:mod:`.constraints`);
+* :func:`compress` (whole model) and its report; the spec that rebuilds compressed checkpoints is
+  model surgery (:mod:`whiteformer.models.surgery`, re-exported here).
+
+Layering: compress sits above attention, layers, models (and train): nothing below imports it.
 """
+from ..attention.compressed import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt
+from ..layers import LowRankLinear
+from ..models.surgery import apply_compression_spec, compression_spec
 from ._tensor import HeadFactors
 from .compress_block import BlockReport, compress_attention
 from .btd import BTDResult, btd_ll1
@@ -17,7 +28,6 @@ from .constraints import fusion_head_ranks, fusion_penalty, project_fusion
 from .cp import CPResult, cp
 from .flops import (count_flops, cp_qk_macs, irratt_qk_macs, linear_macs, lowrank_linear_macs, mhsa_macs,
                     mhsa_qk_macs, mhsa_vo_macs, truncatt_qk_macs, vo_truncatt_macs)
-from .layers import CompressedAttention, CPSlimAtt, IrrAtt, LowRankLinear, TruncAtt
 from .mlp import compress_linear, compress_mlp
 from .qk_vo import MHSASpec, mhsa_spec, qk_factors, vo_factors
 from .truncatt import TruncAttResult, allocate_ranks_spectral, head_spectra, truncatt
@@ -34,8 +44,7 @@ __all__ = [
 
 # --- model-level compression (compress(), report, Sec. 3.3 constraints, latency) ---
 from .latency import measure_latency  # noqa: E402
-from .model import (CompressionReport, apply_compression_spec, apply_fusion_constraints, compress,  # noqa: E402
-                    compression_spec)
+from .model import CompressionReport, apply_fusion_constraints, compress  # noqa: E402
 
 __all__ += ["compress", "CompressionReport", "apply_fusion_constraints", "apply_compression_spec",
             "compression_spec", "measure_latency"]

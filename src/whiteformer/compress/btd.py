@@ -33,7 +33,7 @@ import torch
 
 from ._tensor import TensorLike, as_float64, check_tensor_like, to_dense
 from .cp import CPResult, cp
-from .truncatt import normalize_ranks
+from .._checks import normalize_ranks
 from .whitening import Whitening
 
 __all__ = ["BTDResult", "btd_ll1", "btd_from_cp", "fit_block", "assign_cp_terms"]

@@ -13,13 +13,14 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
+from .._checks import normalize_ranks
+from ..attention.compressed import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt
 from . import flops
 from .btd import btd_ll1
 from .budget import qk_rank_for_budget
 from .cp import cp
-from .layers import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt
 from .qk_vo import MHSASpec, mhsa_spec, qk_factors, vo_factors
-from .truncatt import allocate_ranks_spectral, head_spectra, normalize_ranks, truncatt
+from .truncatt import allocate_ranks_spectral, head_spectra, truncatt
 from .whitening import Whitening
 
 __all__ = ["BlockReport", "compress_attention"]

@@ -12,7 +12,7 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
-from .layers import LowRankLinear
+from ..layers import LowRankLinear
 from .whitening import second_moment, whitening_factor
 
 __all__ = ["compress_linear", "compress_mlp"]

@@ -10,11 +10,10 @@ for the model the MHSA FLOPs CR, the FLOPs CR and the parameter CR. FLOPs are co
 counted, as in the paper. With ``qk_flops_ratio`` each block gets the largest rank whose QK MACs are
 at most that fraction of the original (local compression, Sec. 3.4).
 
-Compressed checkpoints: each replaced layer is described by a small JSON spec (layer type + ranks,
-:func:`layer_spec`); the model's ``init_kwargs["compression"]`` holds ``{"format": 1, "blocks":
-[{"attn": spec, "mlp": spec} or None, ...]}``, so ``save_pretrained`` records it and
-``create_model(name, checkpoint_path=dir)`` rebuilds the compressed blocks
-(:func:`apply_compression_spec`) before loading the weights.
+Compressed checkpoints: the new model records a JSON spec of its compressed blocks in
+``init_kwargs["compression"]`` (:mod:`whiteformer.models.surgery`), so ``save_pretrained`` keeps it
+and ``create_model(name, checkpoint_path=dir)`` rebuilds the compressed blocks before loading the
+weights.
 
 :func:`apply_fusion_constraints` is the rank-constrained fine-tuning of Sec. 3.3 (Eq. 7): call it
 after each optimizer step to project every head-fusion matrix onto ``{S >= 0, S S^T = I}``.
@@ -22,9 +21,7 @@ after each optimizer step to project every head-fusion matrix onto ``{S >= 0, S 
 from __future__ import annotations
 
 import copy
-import inspect
 import math
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -32,19 +29,18 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from .._checks import check_tensor
+from .._checks import check_finite, check_tensor
+from ..attention.compressed import CompressedAttention, CPSlimAtt, IrrAtt
+from ..models.surgery import layer_spec, mlp_spec, record_compression_spec
 from .compress_block import BlockReport, compress_attention
 from .constraints import project_fusion
 from .flops import count_flops, mhsa_qk_macs, mhsa_vo_macs
 from .latency import eval_mode, example_images, measure_latency
-from .layers import CompressedAttention, CPSlimAtt, IrrAtt, LowRankLinear, TruncAtt
 from .mlp import compress_mlp
 from .qk_vo import mhsa_spec
 
-__all__ = ["compress", "CompressionReport", "apply_fusion_constraints", "apply_compression_spec",
-           "compression_spec", "layer_spec", "build_attention_layer", "collect_block_inputs", "model_flops"]
+__all__ = ["compress", "CompressionReport", "apply_fusion_constraints", "collect_block_inputs", "model_flops"]
 
-SPEC_FORMAT = 1
 _QK = (None, "none", "truncatt", "cp", "irratt")
 _VO = (None, "none", "truncatt")
 _METHOD_NAMES = {"truncatt": "TruncAtt", "cp": "CP SlimAtt", "irratt": "IrrAtt", "none": "MHSA (QK exact)",
@@ -109,124 +105,6 @@ def _num_tokens(model: nn.Module) -> int:
 
 def _n_params(m: nn.Module) -> int:
     return sum(p.numel() for p in m.parameters())
-
-
-# ----------------------------------------------------------------------------- specs (checkpoints)
-def layer_spec(layer: nn.Module) -> dict:
-    """JSON description (type + sizes + ranks) of a compressed attention layer, enough to rebuild an
-    empty layer of the same shapes with :func:`build_attention_layer`."""
-    if not isinstance(layer, CompressedAttention):
-        raise TypeError(f"layer_spec needs a compressed attention layer, got {type(layer).__name__}")
-    common = {"dim": layer.dim, "num_heads": layer.num_heads, "vo_ranks": list(layer.vo_ranks),
-              "proj_bias": layer.proj.bias is not None, "attn_drop": float(layer.attn_drop.p),
-              "proj_drop": float(layer.proj_drop.p), "qk_bias": layer.q.bias is not None}
-    if isinstance(layer, TruncAtt):
-        return {"type": "truncatt", "qk_ranks": list(layer.qk_ranks), **common}
-    if isinstance(layer, IrrAtt):
-        return {"type": "irratt", "ranks": list(layer.block_ranks),
-                "fusion": "identity" if layer.fusion is None else "general", **common}
-    if isinstance(layer, CPSlimAtt):
-        return {"type": "cp_slimatt", "rank": int(layer.rank), **common}
-    raise TypeError(f"no spec for {type(layer).__name__}")
-
-
-def build_attention_layer(spec: Mapping) -> CompressedAttention:
-    """A fresh (untrained) compressed attention layer from :func:`layer_spec`'s description."""
-    if not isinstance(spec, Mapping):
-        raise ValueError(f"an attention spec must be a dict, got {type(spec).__name__}")
-    kind = spec.get("type")
-    try:
-        kw = dict(vo_ranks=list(spec["vo_ranks"]), qk_bias=bool(spec["qk_bias"]), proj_bias=bool(spec["proj_bias"]),
-                  attn_drop=float(spec.get("attn_drop", 0.0)), proj_drop=float(spec.get("proj_drop", 0.0)))
-        dim, heads = int(spec["dim"]), int(spec["num_heads"])
-        if kind == "truncatt":
-            return TruncAtt(dim, heads, qk_ranks=list(spec["qk_ranks"]), **kw)
-        if kind == "irratt":
-            return IrrAtt(dim, heads, ranks=list(spec["ranks"]), fusion=spec["fusion"], **kw)
-        if kind == "cp_slimatt":
-            return CPSlimAtt(dim, heads, rank=int(spec["rank"]), **kw)
-    except KeyError as err:
-        raise ValueError(f"attention spec of type {kind!r} misses the entry {err}") from None
-    raise ValueError(f"unknown attention spec type {kind!r}; expected 'truncatt', 'irratt' or 'cp_slimatt'")
-
-
-def _mlp_spec(mlp: nn.Module) -> dict:
-    return {"fc1_rank": int(mlp.fc1.rank), "fc2_rank": int(mlp.fc2.rank),
-            "fc1_bias": mlp.fc1.second.bias is not None, "fc2_bias": mlp.fc2.second.bias is not None}
-
-
-def compression_spec(model: nn.Module) -> Optional[dict]:
-    """The compression spec recorded on ``model`` (None for an uncompressed model)."""
-    spec = (getattr(model, "init_kwargs", None) or {}).get("compression")
-    return spec if spec is not None else getattr(model, "compression", None)
-
-
-def _replace_linear(mlp: nn.Module, name: str, rank: int, bias: bool) -> None:
-    fc = getattr(mlp, name)
-    if not isinstance(fc, nn.Linear):
-        raise ValueError(f"mlp.{name} is {type(fc).__name__}, expected an nn.Linear to replace")
-    new = LowRankLinear(fc.in_features, fc.out_features, int(rank), bias=bool(bias))
-    setattr(mlp, name, new.to(device=fc.weight.device, dtype=fc.weight.dtype))
-
-
-def apply_compression_spec(model: nn.Module, spec: Mapping) -> nn.Module:
-    """Replace the blocks described by ``spec`` (``{"format": 1, "blocks": [entry or None, ...]}``,
-    entry ``{"attn": layer spec, "mlp": {"fc1_rank", "fc2_rank", ...}}``) by fresh compressed layers
-    of the recorded shapes, in place (weights are loaded afterwards). Returns ``model``."""
-    if not isinstance(spec, Mapping) or not isinstance(spec.get("blocks"), (list, tuple)):
-        raise ValueError("compression must be a dict {'format': 1, 'blocks': [per-block entry or None, ...]}, got "
-                         f"{spec!r:.200}")
-    if spec.get("format", SPEC_FORMAT) != SPEC_FORMAT:
-        raise ValueError(f"unsupported compression spec format {spec.get('format')!r} (expected {SPEC_FORMAT})")
-    blocks = _blocks(model)
-    if len(spec["blocks"]) != len(blocks):
-        raise ValueError(f"compression spec has {len(spec['blocks'])} block entries, the model has "
-                         f"{len(blocks)} blocks")
-    for i, entry in enumerate(spec["blocks"]):
-        if entry is None:
-            continue
-        if not isinstance(entry, Mapping) or set(entry) - {"attn", "mlp"}:
-            raise ValueError(f"compression spec entry of block {i} must be a dict with keys 'attn' and/or 'mlp', "
-                             f"got {entry!r:.200}")
-        blk = blocks[i]
-        if entry.get("attn") is not None:
-            old = blk.attn
-            a = entry["attn"]
-            ref = next(old.parameters())
-            dim = getattr(getattr(old, "qkv", None), "in_features", getattr(old, "dim", None))
-            if (a.get("dim"), a.get("num_heads")) != (dim, getattr(old, "num_heads", None)):
-                raise ValueError(f"compression spec of block {i}: attention (dim {a.get('dim')}, heads "
-                                 f"{a.get('num_heads')}) does not fit the model's (dim {dim}, heads "
-                                 f"{getattr(old, 'num_heads', None)})")
-            blk.attn = build_attention_layer(a).to(device=ref.device, dtype=ref.dtype)
-        if entry.get("mlp") is not None:
-            m = entry["mlp"]
-            try:
-                _replace_linear(blk.mlp, "fc1", m["fc1_rank"], m.get("fc1_bias", True))
-                _replace_linear(blk.mlp, "fc2", m["fc2_rank"], m.get("fc2_bias", True))
-            except KeyError as err:
-                raise ValueError(f"compression spec of block {i}: mlp entry misses {err}") from None
-    return model
-
-
-def _record_spec(model: nn.Module, entries: Dict[int, dict]) -> None:
-    depth = len(model.blocks)
-    old = compression_spec(model)
-    blocks: List[Optional[dict]] = [None] * depth
-    if old is not None and len(old.get("blocks", [])) == depth:
-        blocks = [None if e is None else dict(e) for e in old["blocks"]]
-    for i, e in entries.items():
-        blocks[i] = {**(blocks[i] or {}), **e}
-    spec = {"format": SPEC_FORMAT, "blocks": blocks}
-    kwargs = getattr(model, "init_kwargs", None)
-    params = inspect.signature(type(model).__init__).parameters
-    if isinstance(kwargs, dict) and "compression" in params:
-        kwargs["compression"] = spec
-    else:
-        model.compression = spec
-        warnings.warn(f"{type(model).__name__} has no `compression` constructor argument: the compressed model "
-                      "works but its save_pretrained checkpoint will not rebuild the compressed blocks",
-                      stacklevel=3)
 
 
 # ----------------------------------------------------------------------------- measurements
@@ -463,6 +341,7 @@ def _block_entry(i: int, attn: nn.Module, rep: Optional[BlockReport], N: int) ->
 # ----------------------------------------------------------------------------- compress
 def _check_calib(calib, model: nn.Module) -> torch.Tensor:
     check_tensor(calib, "calib", 4)
+    check_finite(calib, "calib")
     if calib.shape[0] == 0:
         raise ValueError(f"calib must be a non-empty batch of images (B, C, H, W), got shape {tuple(calib.shape)}")
     ref = next(model.parameters())
@@ -506,6 +385,9 @@ def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int,
         TypeError / ValueError for a bad ``calib``.
     """
     bl = _blocks(model)
+    if any(p.device.type == "meta" for p in model.parameters()):
+        raise ValueError("compress() needs the model's weights, but they are on the meta device (no values); "
+                         "load or materialise the model first (e.g. create_model(..., checkpoint_path=...))")
     idx = _select(blocks, len(bl))
     if qk not in _QK:
         raise ValueError(f"qk must be one of 'irratt', 'cp', 'truncatt' or None, got {qk!r}")
@@ -556,11 +438,11 @@ def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int,
             if mlp_rank is not None:
                 r = tuple(mlp_rank) if isinstance(mlp_rank, (list, tuple)) else mlp_rank
                 blk.mlp = compress_mlp(blk.mlp, r, calib=inputs.get(i, {}).get("mlp"))
-                entry["mlp"] = _mlp_spec(blk.mlp)
+                entry["mlp"] = mlp_spec(blk.mlp)
         except (TypeError, ValueError) as err:
             raise type(err)(f"block {i}: {err}") from err
         entries[i] = entry
-    _record_spec(new, entries)
+    record_compression_spec(new, entries)
 
     flops_new, attn_new = model_flops(new, x)
     rows = []

@@ -15,9 +15,10 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 
 from ._tensor import HeadFactors, TensorLike, as_float64, check_tensor_like, head_slice, norm_sq
+from .._checks import normalize_ranks
 from .whitening import Whitening
 
-__all__ = ["TruncAttResult", "truncatt", "head_spectra", "allocate_ranks_spectral", "normalize_ranks"]
+__all__ = ["TruncAttResult", "truncatt", "head_spectra", "allocate_ranks_spectral"]
 
 
 @dataclass
@@ -42,28 +43,6 @@ class TruncAttResult:
     def to_tensor(self) -> torch.Tensor:
         """The approximation (I, J, H)."""
         return torch.stack([a @ b.T for a, b in zip(self.A, self.B)], dim=-1)
-
-
-def normalize_ranks(ranks, num_heads: int, max_rank: int, name: str = "ranks",
-                    allow_zero: bool = True) -> Tuple[int, ...]:
-    """Turn an int or a sequence of H ints into a validated tuple of per-head ranks."""
-    if isinstance(ranks, bool):
-        raise TypeError(f"{name} must be an int or a sequence of ints, got bool")
-    if isinstance(ranks, int):
-        ranks = (ranks,) * num_heads
-    elif isinstance(ranks, (list, tuple)) or (isinstance(ranks, torch.Tensor) and ranks.dim() == 1):
-        ranks = tuple(int(r) for r in ranks)
-    else:
-        raise TypeError(f"{name} must be an int or a sequence of {num_heads} ints, got {type(ranks).__name__}")
-    if len(ranks) != num_heads:
-        raise ValueError(f"{name} must have one rank per head ({num_heads}), got {len(ranks)}")
-    lo = 0 if allow_zero else 1
-    for r in ranks:
-        if r < lo or r > max_rank:
-            raise ValueError(f"{name} out of range: each rank must be in [{lo}, {max_rank}], got {ranks}")
-    if sum(ranks) == 0:
-        raise ValueError(f"{name} must not all be zero")
-    return ranks
 
 
 def _slice_svd(Y: TensorLike, h: int):

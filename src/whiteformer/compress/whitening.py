@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from .._checks import check_tensor
+from .._checks import check_finite, check_tensor
 from ._tensor import HeadFactors, TensorLike
 
 __all__ = ["Whitening", "second_moment", "whitening_factor"]
@@ -31,6 +31,7 @@ def second_moment(x: torch.Tensor, augment: bool = False) -> torch.Tensor:
     check_tensor(x, "calib")
     if x.dim() < 1 or x.numel() == 0:
         raise ValueError(f"calib must be a non-empty tensor of tokens (..., F), got shape {tuple(x.shape)}")
+    check_finite(x, "calib")  # a NaN would only surface as a Cholesky failure
     flat = x.detach().reshape(-1, x.shape[-1]).to(torch.float64)
     if augment:
         flat = torch.cat([flat, flat.new_ones(flat.shape[0], 1)], dim=1)

@@ -15,6 +15,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from .images import read_image
+
 __all__ = ["ArrayDataset", "FileImageDataset", "SequenceDataset", "resize_images", "stratified_split"]
 
 Transform = Optional[Callable[[torch.Tensor], torch.Tensor]]
@@ -159,8 +161,6 @@ class FileImageDataset(ArrayDataset):
             self._cache = self._read(range(len(self.files)))
 
     def _read(self, idx) -> torch.Tensor:
-        from .image_folder import read_image
-
         mode = "L" if self.in_chans == 1 else "RGB"
         return torch.stack([read_image(self.files[i], mode, self._size) for i in idx])
 

@@ -12,37 +12,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 
 from . import register_dataset
 from .base import FileImageDataset, stratified_split
+from .images import read_image
 from .mnist import check_data_dir
 
 __all__ = ["image_folder", "read_image", "IMAGE_EXTENSIONS"]
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-def _pil():
-    try:
-        from PIL import Image
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("the 'image-folder' dataset needs Pillow: pip install whiteformer[data]") from err
-    return Image
-
-
-def read_image(path: str, mode: str, size: Tuple[int, int]) -> torch.Tensor:
-    """Image file -> uint8 tensor (C, H, W) in ``mode`` ("L" / "RGB") resized to ``size`` (h, w)."""
-    Image = _pil()
-    with Image.open(path) as im:
-        im = im.convert(mode)
-        if im.size != (size[1], size[0]):
-            im = im.resize((size[1], size[0]), Image.BILINEAR)
-        arr = np.asarray(im, dtype=np.uint8)
-    t = torch.from_numpy(arr.copy())
-    return t.unsqueeze(0) if t.dim() == 2 else t.permute(2, 0, 1).contiguous()
 
 
 def _class_dirs(root: Path) -> List[str]:

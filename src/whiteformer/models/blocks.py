@@ -9,13 +9,14 @@
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple, Union
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .._checks import check_tensor, check_tokens_input
+from ..layers.helpers import to_2tuple
 
 __all__ = [
     "DropPath",
@@ -25,22 +26,7 @@ __all__ = [
     "ConvPatchEmbed",
     "FourierPositionalEncoding",
     "ClassAttentionBlock",
-    "to_2tuple",
 ]
-
-
-def to_2tuple(v: Union[int, Sequence[int]], name: str = "value") -> Tuple[int, int]:
-    """``v`` as an ``(h, w)`` pair of positive ints (an int is repeated)."""
-    if isinstance(v, bool):
-        raise TypeError(f"{name} must be an int or a pair of ints, got {v!r}")
-    if isinstance(v, int):
-        v = (v, v)
-    v = tuple(v)
-    if len(v) != 2 or not all(isinstance(a, int) and not isinstance(a, bool) for a in v):
-        raise TypeError(f"{name} must be an int or a pair of ints, got {v!r}")
-    if min(v) <= 0:
-        raise ValueError(f"{name} must be positive, got {v!r}")
-    return v  # type: ignore[return-value]
 
 
 def drop_path(x: torch.Tensor, drop_prob: float = 0.0, training: bool = False, scale_by_keep: bool = True):

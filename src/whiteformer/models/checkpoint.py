@@ -8,8 +8,8 @@ Own format (a directory)::
 
 written atomically (temporary file + ``os.replace``) by ``model.save_pretrained(dir)``.
 ``create_model(name, checkpoint_path=dir)`` uses the saved ``init_kwargs`` as defaults under the
-caller's overrides, so a small variant loads back with one call; :func:`load_pretrained` does the
-same from the saved ``model_name``.
+caller's overrides, so a small variant loads back with one call; :func:`whiteformer.from_pretrained`
+does the same from the saved ``model_name``.
 
 Foreign checkpoints (:func:`load_checkpoint`): a ``.pth``/``.pt``/``.bin``/``.ckpt`` file is read
 with ``torch.load(..., weights_only=True)`` (``argparse.Namespace`` entries, which the official ToST
@@ -41,7 +41,7 @@ import torch.nn as nn
 __all__ = [
     "PretrainedMixin",
     "load_checkpoint",
-    "load_pretrained",
+    "read_aliases",
     "read_config",
     "read_state_dict",
     "save_pretrained",
@@ -196,7 +196,7 @@ def save_pretrained(model: nn.Module, save_dir: PathLike) -> Path:
     }
     if getattr(model, "hf_model_type", None):
         config["model_type"] = model.hf_model_type
-    from .. import __version__
+    from .._version import __version__
 
     config["version"] = __version__
     tensors, aliases = _dedup_state_dict(model.state_dict())
@@ -227,7 +227,40 @@ def read_config(path: PathLike) -> Optional[Dict[str, Any]]:
     return config
 
 
+def _aliases(meta: Mapping[str, str], keys, path) -> Dict[str, str]:
+    """The validated ``{alias: stored key}`` map of a safetensors file's metadata."""
+    raw = meta.get(_ALIAS_KEY)
+    if raw is None:
+        return {}
+    try:
+        aliases = json.loads(raw)
+    except ValueError as err:
+        raise ValueError(f"{str(path)!r}: metadata {_ALIAS_KEY!r} is not valid JSON ({err})") from None
+    if not isinstance(aliases, dict) or not all(isinstance(a, str) and isinstance(k, str)
+                                                for a, k in aliases.items()):
+        raise ValueError(f"{str(path)!r}: metadata {_ALIAS_KEY!r} must map tensor names to tensor names")
+    missing = sorted(k for k in aliases.values() if k not in keys)
+    if missing:
+        raise ValueError(f"{str(path)!r}: metadata {_ALIAS_KEY!r} points to tensors the file does not hold: {missing}")
+    return aliases
+
+
+def read_aliases(path: PathLike) -> Dict[str, str]:
+    """``{alias: stored key}`` of the tied tensors a safetensors file stores once ({} for others)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / WEIGHTS_NAME
+    if path.suffix != ".safetensors" or not path.is_file():
+        return {}
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        return _aliases(f.metadata() or {}, set(f.keys()), path)
+
+
 def _load_safetensors(path: Path) -> Dict[str, torch.Tensor]:
+    """Tensors of a safetensors file, tied tensors stored once filled back from the alias metadata.
+    An alias that names a tensor the file also stores must be equal to its target (else refused)."""
     from safetensors import safe_open
 
     out: Dict[str, torch.Tensor] = {}
@@ -235,9 +268,25 @@ def _load_safetensors(path: Path) -> Dict[str, torch.Tensor]:
         meta = f.metadata() or {}
         for k in f.keys():
             out[k] = f.get_tensor(k)
-    for alias, key in json.loads(meta.get(_ALIAS_KEY, "{}")).items():
+    for alias, key in _aliases(meta, out, path).items():
+        if alias in out and not (out[alias].shape == out[key].shape and torch.equal(out[alias], out[key])):
+            raise ValueError(f"{str(path)!r}: metadata says {alias!r} is a copy of {key!r}, but the file stores a "
+                             "different tensor under that name; refusing to replace it")
         out[alias] = out[key]
     return out
+
+
+def _check_aliases_tied(model: nn.Module, aliases: Mapping[str, str], path) -> None:
+    """Every alias of the file must be a tensor the model ties to its target (same storage)."""
+    own = model.state_dict(keep_vars=True)
+    for alias, key in aliases.items():
+        a, b = own.get(alias), own.get(key)
+        tied = (a is not None and b is not None and a.shape == b.shape
+                and (a.device.type == "meta" or a.data_ptr() == b.data_ptr()))
+        if not tied:
+            raise ValueError(f"checkpoint {str(path)!r} stores {alias!r} as a copy of {key!r}, but "
+                             f"{type(model).__name__} does not tie these two tensors; refusing the alias "
+                             "(the file's metadata does not match this model)")
 
 
 def _torch_load(path: Path):
@@ -317,17 +366,30 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
     return {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
 
 
-def load_checkpoint(model: nn.Module, path: PathLike, strict: bool = True) -> Dict[str, list]:
+def load_checkpoint(model: nn.Module, path: PathLike, strict: bool = True,
+                    reset_prefix: Optional[str] = None) -> Dict[str, list]:
     """Load a checkpoint into ``model`` (in place), converting foreign key layouts.
 
     ``strict=True`` raises a ``ValueError`` listing the missing / unexpected / shape-mismatched
     keys; ``strict=False`` loads the keys that fit (e.g. a backbone without its head) and returns
-    the report ``{"missing", "unexpected", "mismatched"}``.
+    the report ``{"missing", "unexpected", "mismatched"}``. ``reset_prefix`` (e.g. ``"head"``): when
+    the checkpoint's tensors under that module do not fit the model's (another number of classes),
+    they are skipped and the model keeps its fresh ones (timm's head reset); the report lists them
+    under ``"reset"``.
     """
     sd = read_state_dict(path)
+    _check_aliases_tied(model, read_aliases(path), path)
     convert = getattr(model, "convert_state_dict", None)
     if callable(convert):
         sd = convert(dict(sd))
+    reset: List[str] = []
+    if reset_prefix:
+        under = lambda k: k == reset_prefix or k.startswith(reset_prefix + ".")  # noqa: E731
+        first = check_state_dict(model, sd)
+        if any(under(k) for k, _, _ in first["mismatched"]):
+            reset = sorted(k for k in set(sd) | set(model.state_dict()) if under(k))
+            sd = {k: v for k, v in sd.items() if not under(k)}
+            sd.update({k: v for k, v in model.state_dict().items() if under(k)})
     report = check_state_dict(model, sd)
     if any(report.values()):
         if strict:
@@ -343,16 +405,6 @@ def load_checkpoint(model: nn.Module, path: PathLike, strict: bool = True) -> Di
         bad = {k for k, _, _ in report["mismatched"]} | set(report["unexpected"])
         sd = {k: v for k, v in sd.items() if k not in bad}
     model.load_state_dict(sd, strict=strict)
+    if reset:
+        report["reset"] = reset
     return report
-
-
-def load_pretrained(path: PathLike, **overrides: Any) -> nn.Module:
-    """Build and load a model saved by ``save_pretrained`` (name and arguments from its config)."""
-    config = read_config(path)
-    if config is None or not config.get("model_name"):
-        raise ValueError(
-            f"{str(path)!r} has no config.json with a model_name; use create_model(name, checkpoint_path=...)"
-        )
-    from .registry import create_model
-
-    return create_model(config["model_name"], checkpoint_path=str(path), **overrides)

@@ -24,7 +24,7 @@ from einops import rearrange
 from ..attention.baselines import MSSA
 from .blocks import ISTA
 from .checkpoint import PretrainedMixin
-from .deit import PatchGrid, resample_abs_pos_embed, vit_forward_intermediates
+from ..layers import PatchGrid, resample_abs_pos_embed, vit_forward_intermediates
 from .registry import build_with_defaults, register_model
 
 __all__ = ["CRATE", "CRATEBlock", "CRATEPatchEmbed"]

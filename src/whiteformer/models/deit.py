@@ -11,99 +11,25 @@ target of the compression toolkit. Block::
 
 LayerNorm eps 1e-6 (``norm_eps``), ``qkv_bias=True``, class token + learned position embedding (1, 1 + N, D).
 A checkpoint whose position-embedding grid differs from the model's is resampled (bicubic, with
-antialiasing, as timm's ``resample_abs_pos_embed``) by :meth:`VisionTransformer.convert_state_dict`.
+antialiasing, :func:`whiteformer.layers.resample_abs_pos_embed`, as timm's) by
+:meth:`VisionTransformer.convert_state_dict`.
 """
 from __future__ import annotations
 
-import math
-from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Dict, Optional, Sequence, Set, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from .._checks import check_divisible, check_tensor
+from .._checks import check_divisible
 from ..attention.baselines import MHSA
-from .blocks import DropPath, LayerScale, Mlp, to_2tuple
+from ..layers import PatchGrid, resample_abs_pos_embed, vit_forward_intermediates
+from .blocks import DropPath, LayerScale, Mlp
 from .checkpoint import PretrainedMixin
 from .hf_vit import convert_hf_vit_state_dict, is_hf_vit_state_dict
 from .registry import build_with_defaults, register_model
 
-__all__ = ["VisionTransformer", "PatchEmbed", "ViTBlock", "resample_abs_pos_embed", "feature_take_indices"]
-
-
-def feature_take_indices(depth: int, indices: Optional[Union[int, Sequence[int]]] = None) -> Tuple[List[int], int]:
-    """timm's block selection: None -> all, int n -> the last n, sequence -> those (negative ok).
-
-    Returns ``(sorted indices, max index)``.
-    """
-    if indices is None:
-        take = list(range(depth))
-    elif isinstance(indices, int) and not isinstance(indices, bool):
-        if not 0 < indices <= depth:
-            raise ValueError(f"indices (last n blocks) must be in [1, {depth}], got {indices}")
-        take = list(range(depth - indices, depth))
-    else:
-        take = []
-        for i in indices:
-            j = i + depth if i < 0 else i
-            if not 0 <= j < depth:
-                raise ValueError(f"block index {i} is out of range for {depth} blocks")
-            take.append(j)
-        take = sorted(set(take))
-    return take, (max(take) if take else -1)
-
-
-def resample_abs_pos_embed(posemb: torch.Tensor, new_size: Tuple[int, int],
-                           old_size: Optional[Tuple[int, int]] = None, num_prefix_tokens: int = 1,
-                           interpolation: str = "bicubic", antialias: bool = True) -> torch.Tensor:
-    """Resample a (1, prefix + H*W, D) position embedding to the grid ``new_size`` (as timm).
-
-    The prefix (class) tokens are kept; the grid (square ``old_size`` when not given) is
-    interpolated in float32 with ``F.interpolate(mode=interpolation, antialias=antialias)``.
-    """
-    check_tensor(posemb, "posemb", 3)
-    n_old = posemb.shape[1] - num_prefix_tokens
-    if old_size is None:
-        side = int(math.isqrt(max(n_old, 0)))
-        if side * side != n_old:
-            raise ValueError(f"cannot infer a square grid from a position embedding of {n_old} patch tokens "
-                             f"(shape {tuple(posemb.shape)}); pass old_size")
-        old_size = (side, side)
-    if tuple(old_size) == tuple(new_size):
-        return posemb
-    prefix, grid = posemb[:, :num_prefix_tokens], posemb[:, num_prefix_tokens:]
-    dim, dtype = posemb.shape[-1], posemb.dtype
-    grid = grid.float().reshape(1, old_size[0], old_size[1], dim).permute(0, 3, 1, 2)
-    grid = F.interpolate(grid, size=tuple(new_size), mode=interpolation, antialias=antialias)
-    grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(dtype)
-    return torch.cat([prefix, grid], dim=1)
-
-
-class PatchGrid(nn.Module):
-    """Geometry and input check shared by the non-overlapping patch embeddings (ViT, CRATE):
-    ``img_size`` divisible by ``patch_size``; ``grid_size``, ``num_patches``."""
-
-    def __init__(self, img_size=224, patch_size=16, in_chans: int = 3):
-        super().__init__()
-        self.img_size = to_2tuple(img_size, "img_size")
-        self.patch_size = to_2tuple(patch_size, "patch_size")
-        if self.img_size[0] % self.patch_size[0] or self.img_size[1] % self.patch_size[1]:
-            raise ValueError(f"img_size {self.img_size} must be divisible by patch_size {self.patch_size}")
-        if isinstance(in_chans, bool) or not isinstance(in_chans, int) or in_chans <= 0:
-            raise ValueError(f"in_chans must be a positive int, got {in_chans!r}")
-        self.in_chans = in_chans
-        self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
-        self.num_patches = self.grid_size[0] * self.grid_size[1]
-
-    def check_images(self, x: torch.Tensor) -> None:
-        """x must be (B, in_chans, *img_size) with B > 0."""
-        check_tensor(x, "x", 4)
-        if x.shape[0] == 0:
-            raise ValueError(f"x must be a non-empty image batch, got shape {tuple(x.shape)}")
-        if x.shape[1] != self.in_chans or tuple(x.shape[2:]) != self.img_size:
-            raise ValueError(f"x must have shape (B, {self.in_chans}, {self.img_size[0]}, {self.img_size[1]}), "
-                             f"got {tuple(x.shape)}")
+__all__ = ["VisionTransformer", "PatchEmbed", "ViTBlock"]
 
 
 class PatchEmbed(PatchGrid):
@@ -146,34 +72,6 @@ def _check_rate(value, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
     return float(value)
-
-
-def vit_forward_intermediates(model: nn.Module, x: torch.Tensor, indices, return_prefix_tokens: bool,
-                              norm: bool, stop_early: bool, output_fmt: str, intermediates_only: bool,
-                              final_norm: nn.Module, inter_norm: nn.Module):
-    """Shared timm-style ``forward_intermediates`` for class-token ViTs (``model._embed``,
-    ``model.blocks``, ``model.patch_embed.grid_size``, ``model.num_prefix_tokens``)."""
-    if output_fmt not in ("NCHW", "NLC"):
-        raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
-    take, max_index = feature_take_indices(len(model.blocks), indices)
-    x = model._embed(x)
-    blocks = model.blocks[: max_index + 1] if (stop_early or intermediates_only) else model.blocks
-    inter = []
-    for i, blk in enumerate(blocks):
-        x = blk(x)
-        if i in take:
-            inter.append(inter_norm(x) if norm else x)
-    npt = model.num_prefix_tokens
-    prefix = [y[:, :npt] for y in inter]
-    inter = [y[:, npt:] for y in inter]
-    if output_fmt == "NCHW":
-        h, w = model.patch_embed.grid_size
-        inter = [y.reshape(y.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous() for y in inter]
-    if return_prefix_tokens:
-        inter = list(zip(inter, prefix))
-    if intermediates_only:
-        return inter
-    return final_norm(x), inter
 
 
 class VisionTransformer(PretrainedMixin, nn.Module):
@@ -231,8 +129,8 @@ class VisionTransformer(PretrainedMixin, nn.Module):
         self.fc_norm = nn.LayerNorm(embed_dim, eps=norm_eps) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        if compression is not None:  # compressed blocks (whiteformer.compress), rebuilt before loading weights
-            from ..compress.model import apply_compression_spec
+        if compression is not None:  # compressed blocks (models.surgery), rebuilt before loading weights
+            from .surgery import apply_compression_spec
 
             apply_compression_spec(self, compression)
         self._init_weights()

@@ -21,6 +21,7 @@ time per token); GPT keeps a key/value cache.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Dict, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 import torch
@@ -31,7 +32,7 @@ from einops import rearrange
 from .._checks import check_divisible, check_mask, check_tensor, check_tokens_input
 from ..attention.tssa import CausalTSSA
 from .checkpoint import PretrainedMixin
-from .deit import feature_take_indices
+from ..layers import feature_take_indices
 from .registry import build_with_defaults, register_model
 
 __all__ = ["CausalLM", "ToSTLM", "GPTLM", "CausalSelfAttention", "KVCache", "LMState"]
@@ -103,7 +104,7 @@ class CausalSelfAttention(nn.Module):
     def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None
                 ) -> Tuple[torch.Tensor, KVCache]:
         """Like :meth:`forward`, also returning the key/value cache of the N tokens."""
-        check_tokens_input(x, "x", self.dim)
+        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
         attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
         q, k, v = self._qkv(x)
         drop = self.attn_drop if self.training else 0.0
@@ -342,8 +343,8 @@ class CausalLM(PretrainedMixin, nn.Module):
         batches (see :meth:`forward_features`).
 
         Unlike nanoGPT, logits are returned for **all** positions even without targets. ``loss``
-        is the mean next-token cross-entropy against ``targets`` (B, T) (``-1`` = ignored), or
-        None.
+        is the mean next-token cross-entropy against ``targets`` (B, T) (``-1`` = ignored; 0 with a
+        ``RuntimeWarning`` when every target is ignored), or None.
         """
         logits = self.lm_head(self.forward_features(idx, attn_mask))
         loss = None
@@ -353,8 +354,13 @@ class CausalLM(PretrainedMixin, nn.Module):
                                  f"{getattr(targets, 'shape', type(targets).__name__)}")
             if targets.dtype.is_floating_point or targets.dtype == torch.bool:
                 raise TypeError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1).long(),
-                                   ignore_index=-1)
+            flat = targets.reshape(-1).long()
+            total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), flat, ignore_index=-1,
+                                    reduction="sum")
+            counted = (flat != -1).sum()
+            if not bool(counted):  # every target ignored: 0 (not 0/0 = NaN), still part of the graph
+                warnings.warn("every target is -1 (ignored): the loss is 0", RuntimeWarning, stacklevel=2)
+            loss = total / counted.clamp_min(1)
         return logits, loss
 
     def forward_intermediates(self, idx: torch.Tensor, indices: Optional[Union[int, Sequence[int]]] = None,
@@ -423,82 +429,93 @@ class CausalLM(PretrainedMixin, nn.Module):
 
     # ---- generation ---------------------------------------------------------------------------
     @staticmethod
-    def _sample(logits: torch.Tensor, temperature: float, top_k: Optional[int],
+    def _sample(logits: torch.Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
                 generator: Optional[torch.Generator]) -> torch.Tensor:
-        """logits (B, V) -> next ids (B, 1). Greedy (argmax) when temperature == 0 or top_k == 1."""
+        """logits (B, V) -> next ids (B,). Greedy (argmax) when temperature == 0 or top_k == 1."""
         if temperature == 0 or top_k == 1:
-            return logits.argmax(dim=-1, keepdim=True)
+            return logits.argmax(dim=-1)
         logits = logits.float() / temperature
         if top_k is not None:
             kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))
-        return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+        probs = torch.softmax(logits, dim=-1)
+        if top_p is not None and top_p < 1.0:  # nucleus: the smallest set of tokens holding top_p of the mass
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            drop = sorted_p.cumsum(dim=-1) - sorted_p >= top_p  # mass before this token already >= top_p
+            probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+        return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
     def _check_generation_length(self, t: int, max_new_tokens: int) -> None:
-        """Default (ToST): every fed position must be within the context limit."""
+        """With ``crop=False``: every fed position must be within the context limit."""
         limit = self.context_limit
         needed = t + max_new_tokens - 1  # the last sampled token is never fed back
         if limit is not None and needed > limit:
             raise ValueError(
                 f"generating {max_new_tokens} tokens after a prompt of {t} needs {needed} positions, more "
-                f"than the context limit {limit} (max_len); build the model with pos_emb=False"
-                f"{', pos_bias=False' if isinstance(self, ToSTLM) else ''} for unlimited length")
-
-    def _crop_window(self) -> Optional[int]:
-        """Sliding-window length for generation past the limit (GPT: nanoGPT cropping); None: error."""
-        return None
+                f"than the context limit {limit} (max_len); pass crop=True (the default) to crop the context, "
+                f"or build the model with pos_emb=False{', pos_bias=False' if isinstance(self, ToSTLM) else ''} "
+                "for unlimited length")
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: Optional[int] = None, *, use_cache: bool = True,
-                 generator: Optional[torch.Generator] = None) -> torch.Tensor:
+                 top_k: Optional[int] = None, top_p: Optional[float] = None, *, use_cache: bool = True,
+                 crop: bool = True, generator: Optional[torch.Generator] = None) -> torch.Tensor:
         """Append ``max_new_tokens`` tokens to idx (B, T); returns (B, T + max_new_tokens).
 
-        Sampling: ``logits / temperature``, optional top-k filter, multinomial (with
-        ``generator`` if given). ``temperature=0`` or ``top_k=1`` is greedy (argmax).
+        Sampling: ``logits / temperature``, optional top-k filter, optional nucleus filter
+        (``top_p`` in (0, 1]: the smallest set of most likely tokens holding that much probability),
+        multinomial (with ``generator`` if given). ``temperature=0`` or ``top_k=1`` is greedy.
 
         ``use_cache=True``: ToST carries the recurrent causal-TSSA state (constant memory and
         time per token, whatever the position); GPT carries a key/value cache. ``use_cache=False``
-        re-runs the whole sequence every token (as nanoGPT); both give the same tokens.
+        re-runs the whole sequence every token (as nanoGPT); both give the same tokens. The tokens
+        are written into one preallocated (B, T + max_new_tokens) tensor, so memory stays flat
+        over long generations.
 
-        Length: ToST raises ``ValueError`` before generating when the positions needed exceed the
-        context limit (learned ``wpe`` or ``pos_bias``; none when both are off). GPT with a learned
-        ``wpe`` crops the context to the last ``max_len`` tokens like nanoGPT (past that point each
-        token re-runs the cropped window, the cache being invalid once positions shift).
+        Length: a model with a context limit (learned ``wpe``, or ToST's ``pos_bias``; see
+        :attr:`context_limit`) crops the context to its last ``max_len`` tokens once the sequence
+        is longer, as nanoGPT does: past that point every token re-runs the cropped window (the
+        recurrent state or cache is rebuilt from it, since the positions shift). ``crop=False``
+        raises ``ValueError`` before generating instead. Without a limit nothing is cropped.
         """
         self._check_idx(idx)
         _check_pos_int(max_new_tokens, "max_new_tokens", 0)
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
-            raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+                or not math.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
         if top_k is not None:
             _check_pos_int(top_k, "top_k")
-        window = self._crop_window()
-        if window is None:
+        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+                                  or not 0.0 < top_p <= 1.0):
+            raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
+        limit = self.context_limit
+        if not crop:
             self._check_generation_length(idx.shape[1], max_new_tokens)
         if max_new_tokens == 0:
             return idx
-        out = [idx]
-        seq = idx
+        B, t = idx.shape
+        out = idx.new_empty(B, t + max_new_tokens)
+        out[:, :t] = idx
         state = None
-        if use_cache and (window is None or idx.shape[1] <= window):
+        if use_cache and (limit is None or t <= limit):
             h, state = self._prefill_hidden(idx)
             logits = self.lm_head(h[:, -1])
         else:
-            logits = self._window_logits(seq, window)
+            logits = self._window_logits(out[:, :t], limit)
         for i in range(max_new_tokens):
-            nxt = self._sample(logits, temperature, top_k, generator)
-            out.append(nxt)
+            out[:, t] = self._sample(logits, temperature, top_k, top_p, generator)
+            t += 1
             if i == max_new_tokens - 1:
                 break
-            seq = torch.cat([seq, nxt], dim=1)
-            if state is not None and (window is None or state.pos < window):
-                logits, state = self.step(nxt[:, 0], state)
+            if state is not None and (limit is None or t <= limit):  # feeding position t - 1
+                logits, state = self.step(out[:, t - 1], state)
             else:
                 state = None
-                logits = self._window_logits(seq, window)
-        return torch.cat(out, dim=1)
+                logits = self._window_logits(out[:, :t], limit)
+        return out
 
     def _window_logits(self, seq: torch.Tensor, window: Optional[int]) -> torch.Tensor:
+        """Next-token logits (B, V) from the last ``window`` tokens of seq (all when None)."""
         if window is not None and seq.shape[1] > window:
             seq = seq[:, -window:]
         return self.lm_head(self.forward_features(seq)[:, -1])
@@ -596,8 +613,6 @@ class GPTLM(CausalLM):
         return CausalSelfAttention(self.dim, num_heads=self.num_heads, qkv_bias=self.bias, proj_bias=self.bias,
                                    attn_drop=self.dropout, proj_drop=self.dropout)
 
-    def _crop_window(self) -> Optional[int]:
-        return self.max_len if self.has_pos_emb else None
 
 
 _SIZES = dict(base=dict(dim=768, depth=12, num_heads=12),

@@ -27,7 +27,8 @@ import torch.nn as nn
 
 from .. import attention as _attention
 from .._checks import check_divisible, check_tensor, check_tokens_input
-from .blocks import ISTA, ClassAttentionBlock, ConvPatchEmbed, DropPath, FourierPositionalEncoding, Mlp, to_2tuple
+from ..layers import to_2tuple
+from .blocks import ISTA, ClassAttentionBlock, ConvPatchEmbed, DropPath, FourierPositionalEncoding, Mlp
 from .checkpoint import PretrainedMixin
 
 __all__ = ["Block", "ToSTVision"]

@@ -51,7 +51,8 @@ def resolve_checkpoint(path, prefer_ema: bool = True) -> Tuple[Path, Optional[Di
 
 def load_model(path: Path, model: Optional[str] = None, model_args: Optional[Dict[str, Any]] = None) -> nn.Module:
     from ..models import create_model
-    from ..models.checkpoint import load_pretrained, read_config
+    from ..models import load_pretrained
+    from ..models.checkpoint import read_config
 
     try:
         if path.is_dir() and read_config(path) is not None and model is None:

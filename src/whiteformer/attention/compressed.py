@@ -1,4 +1,7 @@
-"""Compressed multi-head self-attention layers (paper 004) and a low-rank linear layer.
+"""Compressed multi-head self-attention layers (paper 004): TruncAtt, CP SlimAtt, IrrAtt.
+
+Registered like every other layer (``build("truncatt", dim, num_heads=H, qk_ranks=...)``); the
+decompositions that fill them from a pretrained MHSA live in :mod:`whiteformer.compress`.
 
 All attention layers share the timm contract ``forward(x, attn_mask=None)``, (B, N, F) -> (B, N, F),
 with a (B, N) bool keep-mask (padded keys are excluded; outputs at padded positions are 0), and the
@@ -19,7 +22,7 @@ with ``W_v`` = ``v.weight.T`` holding the per-head factors of ``Y_VO[:, :, h] = 
 
 ``fused_attn = True`` (default) runs ``F.scaled_dot_product_attention`` (irregular ranks are
 zero-padded to the largest rank); ``fused_attn = False`` runs explicit matmuls whose MACs are exactly
-the formulas of :mod:`whiteformer.compress.flops`, visible to ``torch.utils.flop_counter``
+the formulas of :mod:`whiteformer.attention.macs`, visible to ``torch.utils.flop_counter``
 (IrrAtt with general fusion always runs the explicit path). Under float16/bfloat16 (or autocast)
 logits and softmax are computed in float32; outputs are in the input dtype.
 """
@@ -32,16 +35,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import autocast_off, check_divisible, check_mask, check_tokens_input, stats_dtype
-from ..attention.registry import register_attention
-from . import flops
-from .truncatt import normalize_ranks
+from .._checks import autocast_off, check_divisible, check_mask, check_tokens_input, normalize_ranks, stats_dtype
+from . import macs as _macs
+from .registry import register_attention
 
-__all__ = ["CompressedAttention", "TruncAtt", "CPSlimAtt", "IrrAtt", "LowRankLinear"]
+__all__ = ["CompressedAttention", "TruncAtt", "CPSlimAtt", "IrrAtt"]
 
 Ranks = Union[int, Sequence[int], None]
-
-
 
 
 def _check_dropout(p, name: str) -> float:
@@ -139,7 +139,7 @@ class CompressedAttention(nn.Module):
         return torch.stack([a @ b.T for a, b in zip(wv, wo)], dim=-1)
 
     def vo_macs(self, num_tokens: int) -> int:
-        return flops.vo_truncatt_macs(num_tokens, self.dim, list(self.vo_ranks))
+        return _macs.vo_truncatt_macs(num_tokens, self.dim, list(self.vo_ranks))
 
     def macs(self, num_tokens: int) -> int:
         """MACs of the explicit path for N tokens (QK + VO)."""
@@ -154,7 +154,7 @@ class CompressedAttention(nn.Module):
         return torch.cat(outs, dim=-1)
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        check_tokens_input(x, "x", self.dim)
+        check_tokens_input(x, "x", self.dim, like=self.v.weight)
         B, N, _ = x.shape
         keep = check_mask(attn_mask, B, N)
         sd = stats_dtype(x)
@@ -254,7 +254,7 @@ class TruncAtt(_LowRankQK):
         return self._group_tensor()
 
     def qk_macs(self, num_tokens: int) -> int:
-        return flops.truncatt_qk_macs(num_tokens, self.dim, list(self.qk_ranks))
+        return _macs.truncatt_qk_macs(num_tokens, self.dim, list(self.qk_ranks))
 
 
 @register_attention("irratt")
@@ -315,7 +315,7 @@ class IrrAtt(_LowRankQK):
 
     def qk_macs(self, num_tokens: int) -> int:
         fusion = "identity" if self.fusion is None else "general"
-        return flops.irratt_qk_macs(num_tokens, self.dim, list(self.block_ranks), self.num_heads, fusion)
+        return _macs.irratt_qk_macs(num_tokens, self.dim, list(self.block_ranks), self.num_heads, fusion)
 
 
 @register_attention("cp_slimatt")
@@ -366,37 +366,4 @@ class CPSlimAtt(CompressedAttention):
         return torch.einsum("ir,jr,hr->ijh", wq, self.k.weight.T, self.fusion)
 
     def qk_macs(self, num_tokens: int) -> int:
-        return flops.cp_qk_macs(num_tokens, self.dim, self.num_heads, self.rank)
-
-
-class LowRankLinear(nn.Module):
-    """A linear layer factorised as two linears, ``y = second(first(x))`` with
-    ``first = Linear(in, r, bias=False)``, ``second = Linear(r, out)`` (truncated SVD; MACs N r (in + out)).
-
-    Shapes: x (..., in) -> (..., out).
-    """
-
-    def __init__(self, in_features: int, out_features: int, rank: int, bias: bool = True):
-        super().__init__()
-        for v, n in ((in_features, "in_features"), (out_features, "out_features"), (rank, "rank")):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{n} must be a positive int, got {v!r}")
-        self.in_features, self.out_features, self.rank = in_features, out_features, rank
-        self.first = nn.Linear(in_features, rank, bias=False)
-        self.second = nn.Linear(rank, out_features, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != self.in_features:
-            raise ValueError(f"x must be a tensor (..., {self.in_features}), got "
-                             f"{getattr(x, 'shape', type(x).__name__)}")
-        return self.second(self.first(x))
-
-    def weight(self) -> torch.Tensor:
-        """The dense (out, in) weight ``second.weight @ first.weight``."""
-        return self.second.weight @ self.first.weight
-
-    def macs(self, num_tokens: int) -> int:
-        return flops.lowrank_linear_macs(num_tokens, self.in_features, self.out_features, self.rank)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}"
+        return _macs.cp_qk_macs(num_tokens, self.dim, self.num_heads, self.rank)

@@ -1,0 +1,20 @@
+"""Small argument helpers shared by the layers and models."""
+from __future__ import annotations
+
+from typing import Sequence, Tuple, Union
+
+__all__ = ["to_2tuple"]
+
+
+def to_2tuple(v: Union[int, Sequence[int]], name: str = "value") -> Tuple[int, int]:
+    """``v`` as an ``(h, w)`` pair of positive ints (an int is repeated)."""
+    if isinstance(v, bool):
+        raise TypeError(f"{name} must be an int or a pair of ints, got {v!r}")
+    if isinstance(v, int):
+        v = (v, v)
+    v = tuple(v)
+    if len(v) != 2 or not all(isinstance(a, int) and not isinstance(a, bool) for a in v):
+        raise TypeError(f"{name} must be an int or a pair of ints, got {v!r}")
+    if min(v) <= 0:
+        raise ValueError(f"{name} must be positive, got {v!r}")
+    return v  # type: ignore[return-value]

@@ -1,0 +1,136 @@
+"""Building models by name or from a saved directory (timm's ``create_model``, transformers'
+``from_pretrained``).
+
+A checkpoint may be named in three ways, everywhere: a directory written by ``save_pretrained``
+(``config.json`` + ``model.safetensors``), a training run directory (its ``final/`` is used), or
+that run's ``final/`` itself; a single weights file (``.safetensors``, ``.pth``, ...) also works
+with :func:`create_model` when the model name is given.
+
+Sizes read from a ``config.json`` are not trusted: the model is first built on the ``meta`` device
+(no memory) and refused when its parameters and buffers would not fit in this machine's memory.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.nn as nn
+
+from .checkpoint import CONFIG_NAME, PathLike, load_checkpoint, read_config
+from .hf_vit import init_kwargs_from_config, is_hf_vit_config
+from .registry import get_model_entry, list_models
+
+__all__ = ["create_model", "from_pretrained", "load_pretrained", "resolve_model_dir"]
+
+RUN_MODEL_DIR = "final"
+
+
+def resolve_model_dir(path: PathLike) -> Path:
+    """The model directory (or weights file) that ``path`` names: a saved model directory itself, a
+    run directory's ``final/``, or a file. Raises ``FileNotFoundError`` naming what was expected."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+    if p.is_file() or (p / CONFIG_NAME).is_file():
+        return p
+    if (p / RUN_MODEL_DIR / CONFIG_NAME).is_file():
+        return p / RUN_MODEL_DIR
+    raise FileNotFoundError(
+        f"{str(path)!r} holds no model: expected a directory saved by save_pretrained (config.json + "
+        f"model.safetensors), a training run directory with {RUN_MODEL_DIR}/, or a weights file")
+
+
+def _memory_bytes() -> Optional[int]:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+        return None
+
+
+def _check_fits(entry, kwargs: dict, where: str) -> None:
+    """Build on ``meta`` and refuse a model whose tensors exceed the machine's memory."""
+    try:
+        with torch.device("meta"):
+            probe = entry(**kwargs)
+    except (NotImplementedError, RuntimeError):  # an op without a meta kernel: the real build decides
+        return
+    size = sum(t.numel() * t.element_size() for t in list(probe.parameters()) + list(probe.buffers()))
+    limit = _memory_bytes()
+    if limit is not None and size > limit:
+        raise ValueError(f"{where} asks for a model of {size / 2**30:.1f} GiB of parameters, more than this "
+                         f"machine's {limit / 2**30:.1f} GiB of memory; refusing to build it (check the sizes in "
+                         "its config.json)")
+
+
+def _classifier_prefix(model: nn.Module) -> Optional[str]:
+    get = getattr(model, "get_classifier", None)
+    head = get() if callable(get) else None
+    if head is None:
+        return None
+    for name, m in model.named_modules():
+        if m is head and name:
+            return name
+    return None
+
+
+def create_model(name: str, num_classes: Optional[int] = None, img_size: Optional[int] = None,
+                 checkpoint_path: Optional[PathLike] = None, **overrides: Any) -> nn.Module:
+    """Build a registered model (timm-style), optionally loading a checkpoint.
+
+    ``num_classes`` (default 1000) and ``img_size`` (default 224) go to vision models; models that
+    do not take them (language models) raise a ``TypeError`` when they are set. ``checkpoint_path``
+    (a saved model directory, a run directory, its ``final/``, or a weights file: own safetensors,
+    official ToST ``.pth``, timm state_dicts, transformers ViT/DeiT ``save_pretrained`` directories or
+    their ``model.safetensors`` into ``deit_*``) is loaded after building; a saved directory's
+    constructor arguments are the defaults under ``overrides`` and its model name must equal
+    ``name``. With ``num_classes`` different from the checkpoint's head, the head is left freshly
+    initialised and everything else is loaded (as timm).
+    """
+    entry = get_model_entry(name)
+    kwargs = dict(overrides)
+    if num_classes is not None:
+        kwargs["num_classes"] = num_classes
+    if img_size is not None:
+        kwargs["img_size"] = img_size
+    path = None
+    if checkpoint_path is not None:
+        path = resolve_model_dir(checkpoint_path)
+        config = read_config(path)
+        if config is not None:
+            saved_name = config.get("model_name")
+            if saved_name and saved_name != name:
+                raise ValueError(
+                    f"checkpoint {str(checkpoint_path)!r} was saved from model {saved_name!r}, not {name!r}; "
+                    f"use whiteformer.from_pretrained(path) or create_model({saved_name!r}, checkpoint_path=...)")
+            # The saved constructor arguments are the defaults; the caller's overrides win.
+            kwargs = {**config.get("init_kwargs", {}), **kwargs}
+            if is_hf_vit_config(config):  # a transformers ViT / DeiT directory: sizes from its config.json
+                if not name.startswith("deit_"):
+                    raise ValueError(f"checkpoint {str(checkpoint_path)!r} is a transformers {config['model_type']} "
+                                     f"model; it loads into the deit_* models (timm layout), not {name!r}")
+                kwargs = {**init_kwargs_from_config(config), **kwargs}
+            _check_fits(entry, kwargs, f"checkpoint {str(checkpoint_path)!r}")
+    model = entry(**kwargs)
+    model.model_name = name
+    if path is not None:
+        head = _classifier_prefix(model) if num_classes is not None else None
+        load_checkpoint(model, path, reset_prefix=head)
+    return model
+
+
+def from_pretrained(path: PathLike, **overrides: Any) -> nn.Module:
+    """Build and load the model saved in ``path`` (a saved model directory, a run directory or its
+    ``final/``); its name and constructor arguments are read from ``config.json`` (as transformers'
+    ``from_pretrained``). ``overrides`` (e.g. ``num_classes=K``, which resets the head) win over the
+    saved arguments."""
+    model_dir = resolve_model_dir(path)
+    config = read_config(model_dir) if model_dir.is_dir() else None
+    if config is None or not config.get("model_name"):
+        raise ValueError(f"{str(path)!r} has no config.json with a model_name; use "
+                         f"create_model(name, checkpoint_path=...) with one of {len(list_models())} names")
+    return create_model(config["model_name"], checkpoint_path=model_dir, **overrides)
+
+
+load_pretrained = from_pretrained  # the earlier name, kept for callers

@@ -1,0 +1,186 @@
+"""The package's layering, read from the source (ast, no imports run): no module imports a package of
+a higher layer (README "Layout"), no import cycles inside data/ or models/, and the attention
+registry does not depend on what was imported first."""
+import ast
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PKG = SRC / "whiteformer"
+
+# Layer of each top-level package/module of whiteformer (README "Layout"): a module may import its
+# own package and packages of a strictly lower layer only. Function-level (lazy) imports count too.
+LAYERS = {
+    "_checks": 0,
+    "_version": 0,
+    "ops": 1,
+    "attention": 2,
+    "layers": 3,
+    "models": 4,
+    "data": 4,
+    "analysis": 5,
+    "train": 6,
+    "hf": 7,
+    "compress": 7,
+    "configs": 8,
+    "demo": 8,
+    "cli": 8,
+    "__main__": 9,
+    "__init__": 9,
+}
+NO_CYCLES = ("data", "models")
+
+
+def _modules():
+    """{dotted module name: path} of every module under src/whiteformer."""
+    out = {}
+    for path in PKG.rglob("*.py"):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(module: str, is_pkg: bool, node: ast.ImportFrom):
+    """Absolute dotted names imported by ``from ... import ...`` in ``module``."""
+    if node.level:
+        base = module.split(".") if is_pkg else module.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    names = []
+    for alias in node.names:
+        sub = f"{target}.{alias.name}"
+        names.append(sub if sub in MODULES else target)
+    return names
+
+
+def _imports():
+    """{module: {imported whiteformer module: first line}} (module level and inside functions)."""
+    graph = defaultdict(dict)
+    for mod, path in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                targets = _resolve(mod, is_pkg, node)
+            else:
+                continue
+            for t in targets:
+                if t == "whiteformer" or t.startswith("whiteformer."):
+                    graph[mod].setdefault(t, node.lineno)
+    return graph
+
+
+def _top(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_every_package_has_a_layer():
+    tops = {_top(m) for m in MODULES}
+    missing = sorted(tops - set(LAYERS))
+    assert not missing, (f"whiteformer.{missing} have no layer in tests/test_import_layers.py LAYERS; add them "
+                         "(and to the README's Layout section)")
+
+
+def test_no_upward_imports():
+    bad = []
+    for mod, targets in _imports().items():
+        src = _top(mod)
+        for t, line in targets.items():
+            dst = _top(t) if t != "whiteformer" else "__init__"
+            if dst == src or t == "whiteformer" and src in ("__init__", "__main__"):
+                continue
+            if LAYERS.get(dst, 99) >= LAYERS.get(src, 99):
+                bad.append(f"{MODULES[mod].relative_to(SRC)}:{line}: {mod} ({src}, layer {LAYERS.get(src)}) imports "
+                           f"{t} ({dst}, layer {LAYERS.get(dst)})")
+    assert not bad, "imports that run up (or sideways) the layering:\n" + "\n".join(sorted(bad))
+
+
+def _cycles(graph, nodes):
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in nodes:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in graph.get(v, ()):
+                out.append(sorted(comp))
+
+    for v in sorted(nodes):
+        if v not in index:
+            visit(v)
+    return out
+
+
+@pytest.mark.parametrize("package", NO_CYCLES)
+def test_no_cycles_inside(package):
+    prefix = f"whiteformer.{package}"
+    nodes = {m for m in MODULES if m == prefix or m.startswith(prefix + ".")}
+    graph = {m: {t for t in targets if t in nodes and t != prefix} for m, targets in _imports().items() if m in nodes}
+    # a package __init__ importing its submodules is not a cycle by itself; submodule -> package is
+    graph[prefix] = {t for t in _imports().get(prefix, {}) if t in nodes and t != prefix}
+    cycles = _cycles(graph, nodes)
+    assert not cycles, f"import cycles inside {prefix}: {cycles}"
+
+
+def test_graph_checker_catches_an_upward_import(tmp_path):
+    """The checker itself: a models -> compress arrow is reported (it did exist in models/deit.py)."""
+    tree = ast.parse("def f():\n    from ..compress.model import compress\n")
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom))
+    (target,) = _resolve("whiteformer.models.deit", False, node)
+    assert target == "whiteformer.compress.model"
+    assert LAYERS[_top(target)] > LAYERS[_top("whiteformer.models.deit")]
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}, {"a", "b", "c"}) == [["a", "b"]]
+
+
+@pytest.mark.parametrize("first", ["whiteformer.attention.registry", "whiteformer.compress", "whiteformer.models",
+                                   "whiteformer.analysis"])
+def test_attention_registry_same_whatever_is_imported_first(first):
+    """A fresh interpreter that imports ``first`` and then asks the registry sees every layer (the
+    compressed layers used to register only when whiteformer.compress was imported)."""
+    import whiteformer.attention
+
+    code = (f"import importlib; importlib.import_module({first!r}); "
+            "from whiteformer.attention.registry import list_attention; print(','.join(list_attention()))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    names = out.stdout.strip().splitlines()[-1].split(",")
+    assert names == [n for n in whiteformer.attention.list_attention() if not n.startswith("_")]
+    assert {"truncatt", "irratt", "cp_slimatt", "tssa", "mhsa"} <= set(names)
