@@ -551,6 +551,13 @@ def lm_model_section(lm: Optional[Dict[str, Any]]) -> List[str]:
             tot = a + m + head
             out.append(f"- {k} at {fmt_tokens(prof[0]['context'])} (sum of the components {fmt_time(tot)}): attention "
                        f"{100 * a / tot:.0f} %, MLP {100 * m / tot:.0f} %, LM head + plain loss {100 * head / tot:.0f} %.")
+        mt, mg = per.get(("tost", "mlp")), per.get(("gpt_sdpa", "mlp"))
+        if mt and mg:
+            loads = [r["env"]["loadavg"][0] for r in lm["rows"] if r.get("env", {}).get("loadavg")]
+            out.append(f"- Noise: the two models' MLPs are the same module and measured {fmt_time(mt)} vs "
+                       f"{fmt_time(mg)} ({max(mt, mg) / min(mt, mg):.2f}x) under a 1-minute load of "
+                       f"{min(loads):.1f}-{max(loads):.1f} on {lm['machine']['logical_cpus']} CPUs: single runs "
+                       "on this shared machine, read the ratios with that spread in mind.")
         chunked = per.get(("shared", "lm_head+loss (chunked)"))
         if head and chunked:
             out.append(f"- LM head + loss: chunked {fmt_time(chunked)} vs plain {fmt_time(head)} "
