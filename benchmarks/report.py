@@ -531,6 +531,68 @@ def gpu_section(results: Path, suffix: str = "") -> List[str]:
     return out
 
 
+def lm_model_section(lm: Optional[Dict[str, Any]]) -> List[str]:
+    """ToST Table 4 (right): the model-level ratios next to the paper's (benchmarks/lm_model.py)."""
+    from . import lm_model as L
+
+    out = ["## ToST Table 4 (right): model-level time and memory of the base language models", ""]
+    if not lm:
+        return out + ["Not run yet: `python -m benchmarks.lm_model` (see its docstring for the options).", ""]
+    plan = lm["plan"]
+    out += [
+        "The paper: causal ToST-Base / GPT2-Base at context 4k 0.60x time and 0.41x memory, at 8k 0.46x and 0.24x "
+        "(it does not say whether training or inference). Here: one training step (forward with the loss + "
+        "backward) and the evaluation forward, batch 1, `tost_lm_base` vs `gpt_base` with SDPA and with the "
+        "explicit softmax, with the plain loss (all logits formed) and with the chunked loss "
+        "(`model(idx, targets, loss_chunk=...)`, `whiteformer.ops.linear_cross_entropy`: the (T, 50304) logits "
+        "are never formed whole; tested equal to the plain loss, forward and gradient). Time: all models in one "
+        "process, side by side; peak memory: a separate process per cell (RSS high-water mark of the step minus "
+        "the RSS before it: weights excluded, gradients and activations included).",
+        "",
+        "Command (reduced to what a shared 2-core CPU runs in ~20 min; the defaults measure 1k-8k):",
+        "",
+        "```",
+        lm.get("command") or "python -m benchmarks.lm_model",
+        "```",
+        "",
+        L.tables(lm),
+    ]
+    prof = [r for r in lm["rows"] if r["kind"] == "profile"]
+    if prof:
+        per = {(r["model"], r["part"]): r["per_model_s"] for r in prof}
+        head = per.get(("shared", "lm_head+loss (plain)"))
+        for k in ("tost", "gpt_sdpa"):
+            a, m = per.get((k, "attention")), per.get((k, "mlp"))
+            if None in (a, m, head):
+                continue
+            tot = a + m + head
+            out.append(f"- {k} at {fmt_tokens(prof[0]['context'])} (sum of the components {fmt_time(tot)}): attention "
+                       f"{100 * a / tot:.0f} %, MLP {100 * m / tot:.0f} %, LM head + plain loss {100 * head / tot:.0f} %.")
+        mt, mg = per.get(("tost", "mlp")), per.get(("gpt_sdpa", "mlp"))
+        if mt and mg:
+            loads = [r["env"]["loadavg"][0] for r in lm["rows"] if r.get("env", {}).get("loadavg")]
+            out.append(f"- Noise: the two models' MLPs are the same module and measured {fmt_time(mt)} vs "
+                       f"{fmt_time(mg)} ({max(mt, mg) / min(mt, mg):.2f}x) under a 1-minute load of "
+                       f"{min(loads):.1f}-{max(loads):.1f} on {lm['machine']['logical_cpus']} CPUs: single runs "
+                       "on this shared machine, read the ratios with that spread in mind.")
+        chunked = per.get(("shared", "lm_head+loss (chunked)"))
+        if head and chunked:
+            out.append(f"- LM head + loss: chunked {fmt_time(chunked)} vs plain {fmt_time(head)} "
+                       f"({chunked / head:.2f}x time); its memory saving is in the table above.")
+        out.append("")
+    skipped = sorted({(r["model"], r["context"], r["mode"]) for r in lm["rows"] if r.get("skipped")})
+    if skipped:
+        out += ["Skipped (explicit-softmax scores above the memory budget of "
+                f"{plan['mem_budget_gib']} GiB): " + ", ".join(f"{m} {fmt_tokens(T)} {mode}" for m, T, mode in skipped),
+                ""]
+    missing = [T for T in L.PAPER if T not in plan["contexts"]]
+    if missing:
+        out += [f"Not measured here: context {', '.join(fmt_tokens(T) for T in missing)} (the paper's columns): one "
+                "training step of the 12-layer base models there takes many minutes on this shared CPU. Run "
+                "`python -m benchmarks.lm_model` on an idle machine or a GPU for them.", ""]
+    return out
+
+
 def render(results: Path, suffix: str = "") -> str:
     """The page for the result files in ``results`` (``suffix`` "_quick" for a --quick run)."""
     att = _load(results, f"attention_scaling{suffix}.json")
@@ -544,6 +606,7 @@ def render(results: Path, suffix: str = "") -> str:
     if gen:
         lines += generation_section(gen, results, suffix)
     lines += compression_section(comp)
+    lines += lm_model_section(_load(results, f"lm_model{suffix}.json"))
     lines += fused_section(results, suffix)
     lines += gpu_section(results, suffix)
     lines += [

@@ -10,7 +10,9 @@
 * ``compression``: TruncAtt / CP SlimAtt / IrrAtt vs MHSA at the same QK FLOPs ratio
   (:mod:`benchmarks.compressed_attention`);
 * ``fused``: the fused TSSA kernel benchmark (:mod:`benchmarks.tssa_fused`), when present;
-* ``all`` (default): all of them.
+* ``lm``: ToST Table 4 (right), the 12-layer base LMs' training step / forward time and memory
+  (:mod:`benchmarks.lm_model`; slow on a CPU: not part of ``all``);
+* ``all`` (default): all of the above but ``lm``.
 
 ``--quick`` runs tiny versions (1-2 minutes in all), written with a ``_quick`` suffix to
 ``benchmarks/results/quick/``. Full results go to ``benchmarks/results/`` (JSON, PNG, markdown
@@ -82,7 +84,8 @@ def _target_kwargs(quick: bool, out: Optional[Path], threads: Optional[int], dev
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run",
                                 description="whiteformer benchmarks (see docs/benchmarks.md)")
-    p.add_argument("what", nargs="?", default="all", choices=TARGETS + ("all",), help="which benchmark (default all)")
+    p.add_argument("what", nargs="?", default="all", choices=TARGETS + ("lm", "all"),
+                   help="which benchmark (default all)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a 1-2 minute smoke run")
     p.add_argument("--out", type=Path, default=None, help="output directory (default benchmarks/results)")
     p.add_argument("--threads", default="auto",
@@ -118,6 +121,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             results[t] = compressed_attention.run(**kw)
         elif t == "fused":
             results[t] = _run_fused(a.quick, a.out)
+        elif t == "lm":
+            from . import lm_model
+
+            results[t] = lm_model.run(**kw)
         common.log(f"[{t}] done in {time.perf_counter() - t1:.0f} s")
     common.log(f"total {time.perf_counter() - t0:.0f} s; load average at start {load0}, at end {common.loadavg()}")
     if not a.quick and a.out is None:  # full results in benchmarks/results: refresh docs/benchmarks.md

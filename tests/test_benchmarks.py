@@ -215,3 +215,26 @@ def test_runner_cli_parses_and_dispatches(tmp_path, monkeypatch):
     assert set(out) == {"attention", "target", "generation", "compression", "fused"}
     with pytest.raises(SystemExit):
         bench_run.main(["nonsense"])
+
+
+def test_lm_model_tiny(tmp_path):
+    from benchmarks import lm_model
+
+    ov = dict(contexts=[32], modes=["train"], losses=["plain", "chunked"], loss_chunk=8, profile_context=16)
+    res = lm_model.run(quick=True, out_dir=tmp_path, overrides=ov, threads=1, command="pytest")
+    rows = res["rows"]
+    times = {(r["model"], r["loss"]) for r in rows if r["kind"] == "time" and "time_s" in r}
+    mems = {(r["model"], r["loss"]) for r in rows if r["kind"] == "memory"}
+    assert times == mems == {(k, loss) for k in lm_model.MODELS for loss in ("plain", "chunked")}
+    d = res["summary"]["train/plain/32/tost_over_gpt_sdpa"]
+    assert d["time_ratio"] > 0 and d["memory_ratio"] > 0
+    assert {r["part"] for r in rows if r["kind"] == "profile"} >= {"attention", "mlp", "lm_head+loss (chunked)"}
+    md = (tmp_path / "lm_model_quick.md").read_text()
+    assert "ToST / GPT-SDPA time, mem." in md and "Where a training step's time goes" in md
+    page = "\n".join(report.lm_model_section(res))
+    assert "0.60x time and 0.41x memory" in page and "Not measured here: context 4k, 8k" in page
+    # explicit-softmax cells above the memory budget are skipped and recorded
+    assert lm_model.softmax_scores_bytes("gpt_softmax", lm_model.CONFIGS["base"], 8192, "train") > 6 * common.GiB
+    res2 = lm_model.run(quick=True, overrides=dict(ov, losses=["plain"], mem_budget_gib=1e-9, profile_context=0),
+                        threads=1, write=False)
+    assert any(r.get("skipped") and r["model"] == "gpt_softmax" for r in res2["rows"])

@@ -69,10 +69,14 @@ def test_exp4_compression(roots):
     out, _ = _run("exp4_compression", roots)
     res = json.loads((out / "results.json").read_text())
     rows = {r["name"]: r for r in res["rows"]}
-    assert set(rows) == {"truncatt_0.5", "cp_0.5", "irratt_0.5", "vo_truncatt_8"}
+    assert set(rows) == {"truncatt_0.5", "cp_0.5", "irratt_0.5", "irratt_rank_0.5", "vo_truncatt_8"}
     for name in ("truncatt_0.5", "cp_0.5", "irratt_0.5"):
-        assert rows[name]["qk_flops_ratio"] <= 0.5 + 1e-9
+        assert rows[name]["qk_flops_ratio"] <= 0.5 + 1e-9 and rows[name]["protocol"] in ("flops", "both")
         assert rows[name]["mhsa_flops_ratio"] < 1.0 and rows[name]["params_ratio"] < 1.0
+    # the paper's protocol: IrrAtt gets TruncAtt's total rank, its fusion MACs on top of the budget
+    assert rows["irratt_rank_0.5"]["protocol"] == "rank"
+    assert rows["irratt_rank_0.5"]["qk_total_rank_block0"] == rows["truncatt_0.5"]["qk_total_rank_block0"]
+    assert rows["irratt_0.5"]["qk_total_rank_block0"] < rows["truncatt_0.5"]["qk_total_rank_block0"]
     assert rows["vo_truncatt_8"]["qk_flops_ratio"] == pytest.approx(1.0)
 
 
@@ -126,4 +130,5 @@ def test_make_results_md_reads_only_result_files(roots, tmp_path):
     assert make_results_md.main(["--results", str(roots / "results"), "--doc", str(doc)]) == 0
     text = doc.read_text()
     assert "| tost | `tost_t12_p16` |" in text and "tost_no_l2norm" in text
+    assert "| irratt_rank_0.5 | rank |" in text and "protocol rank (the paper's)" in text
     assert "## Summary" in text

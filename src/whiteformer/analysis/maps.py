@@ -7,8 +7,9 @@
   weights, so they are recomputed from the layer's ``qkv`` on its captured input
   (:func:`class_attention_weights`).
 
-Both write one PNG grid (a row per image: the image, then one heat map per head) and return
-the maps (B, H, Hp, Wp) they drew. The PNG is ``rows * cell_size * dpi`` pixels high and
+Both write one PNG grid (a row per image: the image, then one heat map per head, numbered from 1
+as in the run report, a title naming the block, and a colour bar) and return the maps
+(B, H, Hp, Wp) they drew. The PNG is ``rows * cell_size * dpi`` pixels high and
 ``(1 + H) * cell_size * dpi`` wide. Needs matplotlib (``viz`` extra).
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch.nn as nn
 from ._viz import new_figure, require_matplotlib
 from .capture import capture, eval_mode
 
-__all__ = ["membership_maps", "cls_attention_maps", "class_attention_weights", "patch_grid"]
+__all__ = ["membership_maps", "cls_attention_maps", "class_attention_weights", "patch_grid", "grid_figure"]
 
 
 def patch_grid(model: nn.Module, image_hw: Tuple[int, int], num_tokens: int) -> Tuple[int, int, int]:
@@ -98,28 +99,46 @@ def _image_for_display(img: torch.Tensor):
     return img[0].numpy() if img.shape[0] == 1 else img.permute(1, 2, 0).numpy()
 
 
-def _draw_grid(images: torch.Tensor, maps: torch.Tensor, out_path, title: str, scale_per_map: bool,
-               cell_size: float, dpi: int, cmap: str) -> Path:
+def grid_figure(images: torch.Tensor, maps: torch.Tensor, title: str, colorbar_label: str, scale_per_map: bool,
+                cell_size: float, dpi: int, cmap: str):
+    """The figure of :func:`membership_maps` / :func:`cls_attention_maps` (not saved): row i = image i,
+    then ``maps[i, h]`` under the column title ``head h+1``; ``title`` above; one colour bar (labelled
+    ``colorbar_label``) for the fixed [0, 1] scale, or "per-map min..max" when ``scale_per_map``."""
     rows, heads = maps.shape[0], maps.shape[1]
     fig = new_figure(((1 + heads) * cell_size, rows * cell_size), dpi, title)
     axes = fig.subplots(rows, 1 + heads, squeeze=False)
+    im = None
     for i in range(rows):
         img = _image_for_display(images[i])
         axes[i][0].imshow(img, cmap="gray" if img.ndim == 2 else None)
         for h in range(heads):
             m = maps[i, h].numpy()
             lo, hi = (float(m.min()), float(m.max())) if scale_per_map else (0.0, 1.0)
-            axes[i][1 + h].imshow(m, cmap=cmap, vmin=lo, vmax=hi if hi > lo else lo + 1.0, interpolation="nearest")
+            im = axes[i][1 + h].imshow(m, cmap=cmap, vmin=lo, vmax=hi if hi > lo else lo + 1.0,
+                                       interpolation="nearest")
         if i == 0:
-            axes[i][0].set_title("image", fontsize=8)
+            axes[i][0].set_title("image", fontsize=7)
             for h in range(heads):
-                axes[i][1 + h].set_title(f"head {h}", fontsize=8)
+                axes[i][1 + h].set_title(f"head {h + 1}", fontsize=7)
     for ax in fig.axes:
         ax.set_axis_off()
-    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=1 - 0.15 / rows, wspace=0.05, hspace=0.05)
+    top = 1 - 0.3 / rows
+    fig.subplots_adjust(left=0.01, right=0.86, bottom=0.02, top=top, wspace=0.05, hspace=0.05)
+    fig.suptitle(title, fontsize=8, y=1 - 0.02 / rows)
+    cax = fig.add_axes([0.875, 0.05, 0.02, top - 0.07])
+    bar = fig.colorbar(im, cax=cax)
+    bar.set_label(colorbar_label + (" (per map)" if scale_per_map else ""), fontsize=6)
+    bar.ax.tick_params(labelsize=5)
+    if scale_per_map:
+        lo, hi = im.get_clim()
+        bar.set_ticks([lo, hi], labels=["min", "max"])
+    return fig
+
+
+def _save(fig, out_path) -> Path:
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(str(out), dpi=dpi, format="png")
+    fig.savefig(str(out), dpi=fig.dpi, format="png")
     return out
 
 
@@ -184,7 +203,9 @@ def membership_maps(
     pre, hp, wp = patch_grid(model, tuple(images.shape[-2:]), pi.shape[-1])
     n = _count(max_images, pi.shape[0])
     maps = pi[:n, :, pre:].reshape(n, pi.shape[1], hp, wp)
-    _draw_grid(images[:n], maps, out_path, "membership_maps", False, cell_size, dpi, cmap)
+    idx = layer % len(rec.blocks)
+    title = f"memberships pi, block {idx + 1} of {len(rec.blocks)}"
+    _save(grid_figure(images[:n], maps, title, "membership pi", False, cell_size, dpi, cmap), out_path)
     return maps
 
 
@@ -227,5 +248,7 @@ def cls_attention_maps(
     pre, hp, wp = patch_grid(model, tuple(images.shape[-2:]), weights.shape[-1] - 1)
     n = _count(max_images, weights.shape[0])
     maps = weights[:n, :, 1 + pre:].reshape(n, weights.shape[1], hp, wp)
-    _draw_grid(images[:n], maps, out_path, "cls_attention_maps", True, cell_size, dpi, cmap)
+    idx = block % len(rec.class_attention)
+    title = f"[CLS] attention over the patches, class-attention block {idx + 1} of {len(rec.class_attention)}"
+    _save(grid_figure(images[:n], maps, title, "[CLS] attention weight", True, cell_size, dpi, cmap), out_path)
     return maps

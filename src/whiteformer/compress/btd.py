@@ -34,6 +34,7 @@ import torch
 from ._tensor import TensorLike, as_float64, check_tensor_like, to_dense
 from .cp import CPResult, cp
 from .._checks import normalize_ranks
+from .truncatt import allocate_ranks_spectral
 from .whitening import Whitening
 
 __all__ = ["BTDResult", "btd_ll1", "btd_from_cp", "fit_block", "assign_cp_terms"]
@@ -148,10 +149,45 @@ def fit_block(X: torch.Tensor, rank: int, *, n_iter: int = 5, c0: Optional[torch
     return U * w, V, c, normX2 - float((w * w).sum())
 
 
+def _cap_and_respend(X: torch.Tensor, blocks_a, blocks_b, ranks, cap: int):
+    """Cap Algorithm 1's blocks (C = I: block h lives in slice h) at rank ``cap`` and give the
+    terms cut off to the blocks with the next-largest gains.
+
+    A block above the cap keeps its best rank-``cap`` part (SVD). The freed terms go one by one to
+    the head whose residual slice ``X_h - A_h B_h^T`` has the largest next singular value (the
+    error drop of one more term there): the block gains the leading singular pairs of its
+    residual, greedily over the heads (:func:`~.truncatt.allocate_ranks_spectral`). Returns
+    (blocks_a, blocks_b, ranks) with ``sum(ranks)`` unchanged when the slices have room."""
+
+    blocks_a, blocks_b = list(blocks_a), list(blocks_b)
+    freed = 0
+    for b, L in enumerate(ranks):
+        if L > cap:
+            u, sv, vh = torch.linalg.svd(blocks_a[b] @ blocks_b[b].T, full_matrices=False)
+            blocks_a[b], blocks_b[b] = u[:, :cap] * sv[:cap], vh[:cap].T
+            freed += L - cap
+    ranks = tuple(min(L, cap) for L in ranks)
+    if freed == 0:
+        return blocks_a, blocks_b, ranks
+    resid = [X[:, :, h] - blocks_a[h] @ blocks_b[h].T for h in range(len(ranks))]
+    svds = [torch.linalg.svd(R, full_matrices=False) for R in resid]
+    room = [cap - L for L in ranks]
+    freed = min(freed, sum(room))
+    extra = (0,) * len(ranks)
+    if freed:
+        extra = allocate_ranks_spectral([s[:r] for (_, s, _), r in zip(svds, room)], freed)
+    for h, k in enumerate(extra):
+        if k:
+            u, sv, vh = svds[h]
+            blocks_a[h] = torch.cat([blocks_a[h], u[:, :k] * sv[:k]], dim=1)
+            blocks_b[h] = torch.cat([blocks_b[h], vh[:k].T], dim=1)
+    return blocks_a, blocks_b, tuple(L + k for L, k in zip(ranks, extra))
+
+
 def btd_ll1(Y: TensorLike, rank: Optional[int] = None, *, ranks: Optional[Sequence[int]] = None,
             cp_result: Optional[CPResult] = None, n_iter_max: int = 10, inner_iter: int = 3,
             tol: float = 1e-3, cp_kwargs: Optional[dict] = None, seed: int = 0,
-            calib: Optional[Union[torch.Tensor, Whitening]] = None) -> BTDResult:
+            calib: Optional[Union[torch.Tensor, Whitening]] = None, max_rank: Optional[int] = None) -> BTDResult:
     """BTD-(L, L, 1) with CPD-EPC initialisation (paper 004, Algorithm 3).
 
     Args:
@@ -166,6 +202,10 @@ def btd_ll1(Y: TensorLike, rank: Optional[int] = None, *, ranks: Optional[Sequen
             the gain comes in the first sweeps).
         cp_kwargs: extra arguments for :func:`cp` (e.g. n_iter_max, epc).
         calib: calibration tokens or :class:`Whitening` (activation-aware variant).
+        max_rank: largest block rank (default ``min(I, J)``; IrrAtt passes the head dim D: a block
+            starts inside one head's slice, whose rank is at most D, so more terms buy nothing).
+            With a total ``rank``, terms Algorithm 1 gives a block beyond the cap are re-spent on the
+            blocks with the next-largest gains (``_cap_and_respend``), so the total is kept.
     Returns:
         :class:`BTDResult` (factors in the dtype of Y).
     """
@@ -175,6 +215,9 @@ def btd_ll1(Y: TensorLike, rank: Optional[int] = None, *, ranks: Optional[Sequen
         raise ValueError("give either per-head `ranks` or a total `rank`/`cp_result`, not both")
     if rank is None and ranks is None and cp_result is None:
         raise ValueError("btd_ll1 needs the total rank `rank`, per-head `ranks` or a `cp_result`")
+    cap = min(I, J) if max_rank is None else min(I, J, int(max_rank))
+    if cap < 1:
+        raise ValueError(f"max_rank must be a positive int, got {max_rank!r}")
     Y64 = as_float64(Y)
     wh = None
     if calib is not None:
@@ -182,7 +225,7 @@ def btd_ll1(Y: TensorLike, rank: Optional[int] = None, *, ranks: Optional[Sequen
     X = to_dense(wh.apply(Y64) if wh is not None else Y64)
     cpres = None
     if ranks is not None:
-        ranks = normalize_ranks(ranks, H, min(I, J), "ranks")
+        ranks = normalize_ranks(ranks, H, cap, "ranks")
         blocks_a, blocks_b = [], []
         for h in range(H):
             u, s, vh = torch.linalg.svd(X[:, :, h], full_matrices=False)
@@ -211,12 +254,7 @@ def btd_ll1(Y: TensorLike, rank: Optional[int] = None, *, ranks: Optional[Sequen
             A0, B0 = wh.whiten_q(A0), wh.whiten_k(B0)
         factors = [A0, B0, cpres.C.to(X)]
         blocks_a, blocks_b, C, ranks = btd_from_cp(factors)
-        cap = min(I, J)
-        for b, L in enumerate(ranks):  # a block of an I x J slice cannot use more than min(I, J) terms
-            if L > cap:
-                u, sv, vh = torch.linalg.svd(blocks_a[b] @ blocks_b[b].T, full_matrices=False)
-                blocks_a[b], blocks_b[b] = u[:, :cap] * sv[:cap], vh[:cap].T
-        ranks = tuple(min(L, cap) for L in ranks)
+        blocks_a, blocks_b, ranks = _cap_and_respend(X, blocks_a, blocks_b, ranks, cap)
 
     normY2 = float((X * X).sum())
     resid = X.clone()

@@ -4,6 +4,15 @@ Each block gets the largest rank whose QK MACs are at most ``qk_flops_ratio`` ti
 original MHSA QK part (local compression: the same ratio for every block):
 
     MACs_QK(R) / MACs_QK,orig <= CR.
+
+Two ways to compare the methods at a ratio CR (``protocol``):
+
+* ``"flops"`` (ours): every method gets its own largest rank within the budget, so they cost the
+  same QK MACs (IrrAtt with general fusion pays ``N^2 H B`` for its fusion out of the budget,
+  CP SlimAtt ``N H R`` for the head expansion);
+* ``"rank"`` (the paper's Table 1: TruncAtt 16 vs CP 96 vs IrrAtt 96 on DeiT-S, H = 6): TruncAtt's
+  per-head rank r at CR fixes the total QK rank ``H r``, which CP (R = H r) and IrrAtt (sum of the
+  L_h = H r) get as well; their fusion costs come on top (IrrAtt paid ~1 % more MHSA FLOPs there).
 """
 from __future__ import annotations
 
@@ -12,7 +21,7 @@ from typing import Callable
 
 from .flops import cp_qk_macs, irratt_qk_macs, mhsa_qk_macs, truncatt_qk_macs
 
-__all__ = ["qk_rank_for_budget"]
+__all__ = ["qk_rank_for_budget", "rank_for_method"]
 
 
 def _largest(fn: Callable[[int], int], budget: float, upper: int) -> int:
@@ -28,8 +37,10 @@ def _largest(fn: Callable[[int], int], budget: float, upper: int) -> int:
 
 
 def qk_rank_for_budget(method: str, qk_flops_ratio: float, *, num_tokens: int, dim: int, num_heads: int,
-                       head_dim: int | None = None, fusion: str = "general") -> int:
-    """Largest QK rank for ``method`` within ``qk_flops_ratio`` of the original QK MACs.
+                       head_dim: int | None = None, fusion: str = "general", protocol: str = "flops") -> int:
+    """Largest QK rank for ``method`` within ``qk_flops_ratio`` of the original QK MACs
+    (``protocol="flops"``), or the rank that gives ``method`` TruncAtt's total rank at that ratio
+    (``protocol="rank"``, see the module docstring).
 
     Args:
         method: "truncatt" (returns the per-head rank r, at most D), "cp" (the CP rank R) or "irratt"
@@ -37,9 +48,20 @@ def qk_rank_for_budget(method: str, qk_flops_ratio: float, *, num_tokens: int, d
             fusion cost is counted with B = H blocks (an upper bound).
         qk_flops_ratio: target CR in (0, 1].
         num_tokens, dim, num_heads, head_dim: N, F, H, D (D defaults to F / H).
+        protocol: "flops" or "rank".
+    Returns:
+        the rank argument of ``method`` (truncatt: per head; cp: R; irratt: the total).
     Raises:
         ValueError if the ratio is out of range or leaves no rank >= 1.
     """
+    if protocol not in ("flops", "rank"):
+        raise ValueError(f"protocol must be 'flops' or 'rank', got {protocol!r}")
+    if protocol == "rank":
+        if method not in ("truncatt", "cp", "irratt"):
+            raise ValueError(f"method must be 'truncatt', 'cp' or 'irratt', got {method!r}")
+        r = qk_rank_for_budget("truncatt", qk_flops_ratio, num_tokens=num_tokens, dim=dim, num_heads=num_heads,
+                               head_dim=head_dim)
+        return rank_for_method(method, r * num_heads, num_heads)
     if isinstance(qk_flops_ratio, bool) or not isinstance(qk_flops_ratio, Real) or not 0 < qk_flops_ratio <= 1:
         raise ValueError(f"qk_flops_ratio must be a number in (0, 1], got {qk_flops_ratio!r}")
     D = dim // num_heads if head_dim is None else head_dim
@@ -66,3 +88,18 @@ def qk_rank_for_budget(method: str, qk_flops_ratio: float, *, num_tokens: int, d
         raise ValueError(f"qk_flops_ratio={qk_flops_ratio} is too small for method {method!r}: "
                          "no rank >= 1 fits the budget")
     return r
+
+
+def rank_for_method(method: str, total_rank: int, num_heads: int) -> int:
+    """The rank argument that gives ``method`` the total QK rank ``total_rank``: truncatt
+    ``total / H`` per head (must divide), cp R = total, irratt the total (split over the heads)."""
+    if isinstance(total_rank, bool) or not isinstance(total_rank, int) or total_rank < 1:
+        raise ValueError(f"the total QK rank must be a positive int with protocol='rank', got {total_rank!r}")
+    if method == "truncatt":
+        if total_rank % num_heads:
+            raise ValueError(f"total QK rank {total_rank} is not a multiple of num_heads={num_heads}: TruncAtt "
+                             "gives every head the same rank")
+        return total_rank // num_heads
+    if method in ("cp", "irratt"):
+        return total_rank
+    raise ValueError(f"method must be 'truncatt', 'cp' or 'irratt', got {method!r}")

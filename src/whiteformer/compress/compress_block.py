@@ -17,7 +17,7 @@ from .._checks import normalize_ranks
 from ..attention.compressed import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt
 from . import flops
 from .btd import btd_ll1
-from .budget import qk_rank_for_budget
+from .budget import qk_rank_for_budget, rank_for_method
 from .cp import cp
 from .qk_vo import MHSASpec, mhsa_spec, qk_factors, vo_factors
 from .truncatt import allocate_ranks_spectral, head_spectra, truncatt
@@ -57,6 +57,11 @@ class BlockReport:
     details: dict = field(default_factory=dict)
 
     @property
+    def qk_total_rank(self) -> int:
+        """Total QK rank: sum of the per-head (truncatt) or block (irratt) ranks, R for cp."""
+        return int(self.qk_ranks[0]) if self.method == "cp" else int(sum(self.qk_ranks))
+
+    @property
     def qk_flops_ratio(self) -> float:
         return self.qk_macs / self.qk_macs_orig
 
@@ -68,6 +73,7 @@ class BlockReport:
     def as_dict(self) -> dict:
         d = asdict(self)
         d["qk_flops_ratio"], d["flops_ratio"] = self.qk_flops_ratio, self.flops_ratio
+        d["qk_total_rank"] = self.qk_total_rank
         return d
 
 
@@ -107,24 +113,35 @@ def compress_attention(attn: nn.Module, *, qk: Optional[str] = "truncatt",
                        qk_rank: Union[int, Sequence[int], None] = None, qk_flops_ratio: Optional[float] = None,
                        vo_rank: Union[int, Sequence[int], None] = None, num_tokens: int = 197,
                        calib: Optional[torch.Tensor] = None, fusion: str = "general",
-                       rank_allocation: str = "btd", seed: int = 0, cp_kwargs: Optional[dict] = None,
-                       btd_kwargs: Optional[dict] = None) -> Tuple[CompressedAttention, BlockReport]:
+                       rank_allocation: str = "btd", protocol: str = "flops", seed: int = 0,
+                       cp_kwargs: Optional[dict] = None, btd_kwargs: Optional[dict] = None
+                       ) -> Tuple[CompressedAttention, BlockReport]:
     """Compress one timm-layout MHSA module (``qkv`` Linear(F, 3F), ``proj`` Linear(F, F), ``num_heads``).
 
     Args:
         attn: the MHSA module (not modified).
         qk: "truncatt", "cp", "irratt", or None/"none" (QK kept exact).
-        qk_rank: truncatt: per-head rank (int or H ints, <= F/H); cp: R; irratt: the total rank
-            (int, split over heads by ``rank_allocation``) or explicit per-head ranks (H ints).
-        qk_flops_ratio: instead of ``qk_rank``: the largest rank with QK MACs <= ratio x original
-            (Sec. 3.4) for ``num_tokens`` tokens.
+        qk_rank: with ``protocol="flops"``: truncatt: per-head rank (int or H ints, <= F/H); cp: R;
+            irratt: the total rank (int, split over heads by ``rank_allocation``) or explicit
+            per-head ranks (H ints, each <= F/H). With ``protocol="rank"``: the total QK rank (int)
+            for every method (truncatt: total / H per head; cp: R = total; irratt: sum of L_h).
+        qk_flops_ratio: instead of ``qk_rank``. ``protocol="flops"`` (ours): each method gets its
+            largest rank with QK MACs <= ratio x original (Sec. 3.4) for ``num_tokens`` tokens.
+            ``protocol="rank"`` (the paper's Table 1): TruncAtt's rank r at that ratio fixes the
+            total rank H r, and CP / IrrAtt get that same total (IrrAtt with general fusion then
+            pays the N^2 H B fusion MACs on top, CP its N H R head expansion).
         vo_rank: VO TruncAtt rank (int or H ints, <= F/H); None keeps VO exact.
         num_tokens: N for the budget and the report.
         calib: optional calibration tokens (..., F), the *inputs of this block* (after norm1), for
             the activation-aware decompositions.
         fusion: irratt head fusion, "general" (C from BTD refinement, Algorithm 3) or "identity".
         rank_allocation: irratt per-head ranks from "btd" (CPD-EPC + Algorithm 1, the paper) or
-            "spectral" (keep the globally largest singular values of the heads).
+            "spectral" (keep the globally largest singular values of the heads). Either way a
+            head's rank is capped at the head dim p (its QK slice has rank <= p); terms that
+            Algorithm 1 gives a head beyond p are re-spent on the heads with the next-largest gains
+            (next singular values), so the total rank is kept.
+        protocol: "flops" (default) or "rank": how ``qk_flops_ratio`` / an int ``qk_rank`` compare
+            the methods (see ``qk_rank``).
         seed, cp_kwargs, btd_kwargs: controls of :func:`cp` / :func:`btd_ll1`.
     Returns:
         (new_module, :class:`BlockReport`). The new module is on the device/dtype of ``attn``; at full
@@ -142,6 +159,8 @@ def compress_attention(attn: nn.Module, *, qk: Optional[str] = "truncatt",
         raise ValueError(f"fusion must be 'general' or 'identity', got {fusion!r}")
     if rank_allocation not in ("btd", "spectral"):
         raise ValueError(f"rank_allocation must be 'btd' or 'spectral', got {rank_allocation!r}")
+    if protocol not in ("flops", "rank"):
+        raise ValueError(f"protocol must be 'flops' (equal QK MACs) or 'rank' (equal total QK rank), got {protocol!r}")
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
         raise ValueError(f"num_tokens must be a positive int, got {num_tokens!r}")
     qk_rank, vo_rank = _ranks_arg(qk_rank, "qk_rank"), _ranks_arg(vo_rank, "vo_rank")
@@ -156,7 +175,9 @@ def compress_attention(attn: nn.Module, *, qk: Optional[str] = "truncatt",
                              f"{getattr(calib, 'shape', type(calib).__name__)}")
     if qk_flops_ratio is not None:
         qk_rank = qk_rank_for_budget(qk, qk_flops_ratio, num_tokens=num_tokens, dim=F, num_heads=H,
-                                     fusion=fusion)
+                                     fusion=fusion, protocol=protocol)
+    elif protocol == "rank" and qk is not None:
+        qk_rank = rank_for_method(qk, qk_rank, H)
 
     ref = attn.qkv.weight
     Yqk = qk_factors(attn)
@@ -197,13 +218,13 @@ def compress_attention(attn: nn.Module, *, qk: Optional[str] = "truncatt",
     else:  # irratt
         method = "irratt"
         if isinstance(qk_rank, tuple):
-            head_ranks = normalize_ranks(qk_rank, H, p if fusion == "identity" else F, "qk_rank")
+            head_ranks = normalize_ranks(qk_rank, H, p, "qk_rank")
             total = sum(head_ranks)
         else:
             if not isinstance(qk_rank, int) or qk_rank < 1:
                 raise ValueError(f"qk_rank for irratt must be a positive total rank or H ranks, got {qk_rank!r}")
             total = qk_rank
-            if fusion == "identity" and total > H * p:
+            if total > H * p:
                 raise ValueError(f"qk_rank out of range: total rank {total} exceeds H * p = {H * p}")
         cp_res = None
         if head_ranks is None and rank_allocation == "spectral":
@@ -212,7 +233,11 @@ def compress_attention(attn: nn.Module, *, qk: Optional[str] = "truncatt",
             if head_ranks is None:  # paper Algorithm 1: ranks from the CP fusion matrix
                 cp_res = cp(Yqk, total, seed=seed, calib=wq, **(cp_kwargs or {}))
                 head_ranks = tuple(int(c) for c in torch.bincount(cp_res.C.abs().argmax(0), minlength=H))
-                head_ranks = tuple(min(r, p) for r in head_ranks)  # a head's slice has rank <= p
+                # a head's slice has rank <= p: cap, and re-spend the rest on the next-largest gains
+                capped = tuple(min(r, p) for r in head_ranks)
+                if capped != head_ranks:
+                    head_ranks = allocate_ranks_spectral(head_spectra(Yqk, calib=wq), total, max_rank=p,
+                                                         start=capped)
             res = truncatt(Yqk, head_ranks, calib=wq)
             layer = IrrAtt(F, H, ranks=head_ranks, fusion="identity", vo_ranks=vo_ranks, **kw)
             _set_qk(layer, res.A, res.B, spec.scale, has_bias)
@@ -220,7 +245,7 @@ def compress_attention(attn: nn.Module, *, qk: Optional[str] = "truncatt",
         else:
             bkw = dict(btd_kwargs or {})
             if head_ranks is None:
-                res = btd_ll1(Yqk, total, seed=seed, calib=wq, cp_kwargs=cp_kwargs, **bkw)
+                res = btd_ll1(Yqk, total, seed=seed, calib=wq, cp_kwargs=cp_kwargs, max_rank=p, **bkw)
                 cp_res = res.cp_result
             else:
                 res = btd_ll1(Yqk, ranks=head_ranks, calib=wq, **bkw)
@@ -234,7 +259,8 @@ def compress_attention(attn: nn.Module, *, qk: Optional[str] = "truncatt",
             qk_err = res.rel_error
             details.update(btd_init_rel_error=res.init_rel_error, btd_history=list(res.history))
         if cp_res is not None:
-            details.update(cp_rel_error=cp_res.rel_error, cp_als_rel_error=cp_res.als_rel_error)
+            details.update(cp_rel_error=cp_res.rel_error, cp_als_rel_error=cp_res.als_rel_error,
+                           cp_head_ranks=[int(c) for c in torch.bincount(cp_res.C.abs().argmax(0), minlength=H)])
 
     # ---- VO
     Yvo, out_bias = vo_factors(attn)

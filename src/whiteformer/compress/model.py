@@ -215,8 +215,9 @@ class CompressionReport:
         the counts, ``num_tokens``, ``config``, ``latency``, ``extra`` and ``blocks``: per block
         ``index``, ``compressed``, ``method``, ``fusion``, ``qk_ranks`` (per head: truncatt r_h;
         irratt the rank of head h's BTD block; cp R for every head, which all share the R terms;
-        F/H when QK is exact), ``qk_block_ranks`` (the layer's groups), ``vo_ranks``,
-        ``qk_rel_error``, ``vo_rel_error``, ``qk_macs``/``qk_macs_orig``/``qk_flops_ratio``,
+        F/H when QK is exact), ``qk_block_ranks`` (the layer's groups), ``qk_total_rank`` (sum over
+        heads; R for cp), ``vo_ranks``, ``qk_rel_error``, ``vo_rel_error``,
+        ``qk_macs``/``qk_macs_orig``/``qk_flops_ratio``,
         ``vo_macs``/``vo_macs_orig``, ``attn_flops``/``attn_flops_orig`` (flop counter),
         ``attn_params``/``attn_params_orig``, ``mlp_rank``, ``activation_aware``, ``details``."""
         return _jsonable({
@@ -312,7 +313,8 @@ def _previous_entry(i: int, layer: CompressedAttention, N: int) -> dict:
         per_head = [None] * H
     qo, vo = mhsa_qk_macs(N, F, H, p), mhsa_vo_macs(N, F, H, p)
     return {"index": i, "compressed": True, "method": method, "fusion": spec.get("fusion"), "qk_ranks": per_head,
-            "qk_block_ranks": groups, "vo_ranks": list(layer.vo_ranks), "qk_rel_error": None, "vo_rel_error": None,
+            "qk_block_ranks": groups, "qk_total_rank": groups[0] if method == "cp" else sum(groups),
+            "vo_ranks": list(layer.vo_ranks), "qk_rel_error": None, "vo_rel_error": None,
             "qk_macs": layer.qk_macs(N), "qk_macs_orig": qo, "qk_flops_ratio": layer.qk_macs(N) / qo,
             "vo_macs": layer.vo_macs(N), "vo_macs_orig": vo, "attn_params": _n_params(layer),
             "attn_params_orig": None, "activation_aware": None, "details": {"previously_compressed": True}}
@@ -327,11 +329,13 @@ def _block_entry(i: int, attn: nn.Module, rep: Optional[BlockReport], N: int) ->
     n_orig = _n_params(attn)
     if rep is None:
         return {"index": i, "compressed": False, "method": "original", "fusion": None, "qk_ranks": [p] * H,
-                "qk_block_ranks": [p] * H, "vo_ranks": [p] * H, "qk_rel_error": 0.0, "vo_rel_error": 0.0,
+                "qk_block_ranks": [p] * H, "qk_total_rank": p * H, "vo_ranks": [p] * H, "qk_rel_error": 0.0,
+                "vo_rel_error": 0.0,
                 "qk_macs": qo, "qk_macs_orig": qo, "qk_flops_ratio": 1.0, "vo_macs": vo, "vo_macs_orig": vo,
                 "attn_params": n_orig, "attn_params_orig": n_orig, "activation_aware": False, "details": {}}
     return {"index": i, "compressed": True, "method": rep.method, "fusion": rep.fusion,
-            "qk_ranks": _per_head_qk(rep, H), "qk_block_ranks": list(rep.qk_ranks), "vo_ranks": list(rep.vo_ranks),
+            "qk_ranks": _per_head_qk(rep, H), "qk_block_ranks": list(rep.qk_ranks),
+            "qk_total_rank": rep.qk_total_rank, "vo_ranks": list(rep.vo_ranks),
             "qk_rel_error": rep.qk_rel_error, "vo_rel_error": rep.vo_rel_error, "qk_macs": rep.qk_macs,
             "qk_macs_orig": rep.qk_macs_orig, "qk_flops_ratio": rep.qk_flops_ratio, "vo_macs": rep.vo_macs,
             "vo_macs_orig": rep.vo_macs_orig, "attn_params": rep.params, "attn_params_orig": rep.params_orig,
@@ -352,6 +356,7 @@ def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int,
              qk_flops_ratio: Optional[float] = None, vo: Optional[str] = "truncatt",
              vo_rank: Union[int, Sequence[int], None] = None, mlp_rank: Union[int, Sequence[int], None] = None,
              calib: Optional[torch.Tensor] = None, *, fusion: str = "general", rank_allocation: str = "btd",
+             protocol: str = "flops",
              blocks: Optional[Sequence[int]] = None, num_tokens: Optional[int] = None, seed: int = 0,
              cp_kwargs: Optional[dict] = None, btd_kwargs: Optional[dict] = None,
              latency_batch: Optional[int] = None, latency_runs: int = 5, latency_warmup: int = 1
@@ -367,6 +372,12 @@ def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int,
             ranks. The same for every block.
         qk_flops_ratio: instead of ``qk_rank``: per block the largest rank with QK MACs <= ratio x the
             original's (Sec. 3.4).
+        protocol: how methods are compared at a ``qk_flops_ratio``: "flops" (default, ours: each
+            method its largest rank within the QK MACs budget) or "rank" (the paper's Table 1: all
+            methods get TruncAtt's total rank H r at that ratio, e.g. IrrAtt 96 vs TruncAtt 6 x 16 on
+            DeiT-S; IrrAtt's general fusion and CP's head expansion then cost extra MACs). With
+            "rank" an int ``qk_rank`` is the total QK rank for every method. See
+            :mod:`whiteformer.compress.budget`.
         vo: "truncatt" or None; vo_rank: VO TruncAtt rank (int or H ints); None keeps VO exact.
         mlp_rank: rank of the truncated-SVD MLP linears (int, or (rank_fc1, rank_fc2)); None: MLP kept.
         calib: a calibration batch of images (B, C, H, W): each block's attention (and MLP) inputs
@@ -395,6 +406,8 @@ def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int,
         raise ValueError(f"vo must be 'truncatt' or None, got {vo!r}")
     qk = None if qk == "none" else qk
     vo = None if vo == "none" else vo
+    if protocol not in ("flops", "rank"):
+        raise ValueError(f"protocol must be 'flops' (equal QK MACs) or 'rank' (equal total QK rank), got {protocol!r}")
     if vo is None and vo_rank is not None:
         raise ValueError("vo_rank given but vo=None (VO kept exact); pass vo='truncatt'")
     if qk is None and (qk_rank is not None or qk_flops_ratio is not None):
@@ -431,7 +444,8 @@ def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int,
                 layer, rep = compress_attention(
                     blk.attn, qk=qk, qk_rank=qk_rank, qk_flops_ratio=qk_flops_ratio, vo_rank=vo_rank,
                     num_tokens=N, calib=inputs.get(i, {}).get("attn"), fusion=fusion,
-                    rank_allocation=rank_allocation, seed=seed, cp_kwargs=cp_kwargs, btd_kwargs=btd_kwargs)
+                    rank_allocation=rank_allocation, protocol=protocol, seed=seed, cp_kwargs=cp_kwargs,
+                    btd_kwargs=btd_kwargs)
                 blk.attn = layer
                 reports[i] = rep
                 entry["attn"] = layer_spec(layer)
@@ -466,7 +480,7 @@ def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int,
 
     config = {"qk": qk, "qk_rank": qk_rank, "qk_flops_ratio": qk_flops_ratio, "vo": vo, "vo_rank": vo_rank,
               "mlp_rank": mlp_rank, "calib": None if calib is None else list(calib.shape), "fusion": fusion,
-              "rank_allocation": rank_allocation, "blocks": idx, "seed": seed}
+              "rank_allocation": rank_allocation, "protocol": protocol, "blocks": idx, "seed": seed}
     report = CompressionReport(config=_jsonable(config), blocks=rows, num_tokens=N, params=_n_params(new),
                                params_orig=_n_params(model), flops=flops_new, flops_orig=flops_orig,
                                mhsa_flops=sum(attn_new), mhsa_flops_orig=sum(attn_orig), latency=latency)

@@ -66,27 +66,38 @@ def head_spectra(Y: TensorLike, calib: Optional[Union[torch.Tensor, Whitening]] 
 
 
 def allocate_ranks_spectral(spectra: Sequence[torch.Tensor], total_rank: int,
-                            max_rank: Optional[int] = None) -> Tuple[int, ...]:
+                            max_rank: Optional[int] = None, start: Optional[Sequence[int]] = None) -> Tuple[int, ...]:
     """Per-head ranks summing to ``total_rank`` that keep the globally largest singular values.
 
     For identity head fusion (IrrAtt = TruncAtt with irregular ranks) this allocation minimises
     ``sum_h ||Y_h - Yhat_h||_F^2`` over all rank splits with the given total (Eckart-Young per head),
     so it is never worse than equal ranks of the same total.
+
+    ``start``: ranks already given to the heads (e.g. Algorithm 1's counts capped at ``max_rank``);
+    the remaining ``total_rank - sum(start)`` units then go one by one to the head with the
+    largest next gain ``s_h[r_h]^2`` (the error drop of one more rank for that head), i.e. the
+    next-largest singular values not kept yet.
     """
     if not isinstance(total_rank, int) or isinstance(total_rank, bool) or total_rank < 1:
         raise ValueError(f"total_rank must be a positive int, got {total_rank!r}")
     caps = [len(s) if max_rank is None else min(len(s), max_rank) for s in spectra]
     if total_rank > sum(caps):
         raise ValueError(f"total_rank {total_rank} exceeds the available rank {sum(caps)}")
+    start = [0] * len(spectra) if start is None else [int(r) for r in start]
+    if len(start) != len(spectra) or any(not 0 <= r <= c for r, c in zip(start, caps)):
+        raise ValueError(f"start must hold one rank per head within the caps {caps}, got {start}")
+    extra = total_rank - sum(start)
+    if extra < 0:
+        raise ValueError(f"start ranks {start} already exceed total_rank {total_rank}")
     vals, heads = [], []
     for h, s in enumerate(spectra):
-        vals.append(s[: caps[h]].to(torch.float64).cpu())
-        heads.append(torch.full((caps[h],), h, dtype=torch.long))
+        vals.append(s[start[h]: caps[h]].to(torch.float64).cpu())
+        heads.append(torch.full((caps[h] - start[h],), h, dtype=torch.long))
     vals_t, heads_t = torch.cat(vals), torch.cat(heads)
     # stable sort: ties go to the lower head index, deterministic
-    order = torch.sort(-vals_t, stable=True).indices[:total_rank]
+    order = torch.sort(-vals_t, stable=True).indices[:extra]
     counts = torch.bincount(heads_t[order], minlength=len(spectra))
-    return tuple(int(c) for c in counts)
+    return tuple(r + int(c) for r, c in zip(start, counts))
 
 
 def _whitening(calib, Y) -> Whitening:

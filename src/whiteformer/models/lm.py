@@ -31,6 +31,7 @@ from einops import rearrange
 
 from .._checks import check_divisible, check_mask, check_tensor, check_tokens_input
 from ..attention.tssa import CausalTSSA
+from ..ops.linear_cross_entropy import linear_cross_entropy
 from .checkpoint import PretrainedMixin
 from ..layers import feature_take_indices
 from .registry import build_with_defaults, register_model
@@ -74,6 +75,10 @@ class CausalSelfAttention(nn.Module):
 
     ``qkv``: Linear(dim, 3 dim) with output layout (3, H, p) (as timm / nanoGPT ``c_attn``),
     ``proj``: Linear(dim, dim) (nanoGPT ``c_proj``). ``softmax(q k^T / sqrt(p) + causal) v``.
+
+    ``fused_attn`` (timm's attribute, default True): ``F.scaled_dot_product_attention``; False
+    forms the (B, H, N, N) scores and their softmax explicitly (nanoGPT's slow path, the baseline
+    of benchmarks that compare against "explicit softmax").
     """
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, proj_bias: bool = False,
@@ -82,6 +87,7 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = check_divisible(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
         self.attn_drop = _check_prob(attn_drop, "attn_drop")
+        self.fused_attn = True
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(_check_prob(proj_drop, "proj_drop"))
@@ -108,16 +114,28 @@ class CausalSelfAttention(nn.Module):
         attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
         q, k, v = self._qkv(x)
         drop = self.attn_drop if self.training else 0.0
-        if attn_mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
-            return self._out(y), KVCache(k, v)
         n = x.shape[1]
+        if attn_mask is None:
+            if self.fused_attn:
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+            else:
+                y = self._explicit(q, k, v, torch.ones(n, n, dtype=torch.bool, device=x.device).tril(), drop)
+            return self._out(y), KVCache(k, v)
         eye = torch.eye(n, dtype=torch.bool, device=x.device)
         # causal and real keys; a padded query keeps its own key so that no row is empty
         allowed = (torch.ones_like(eye).tril() & attn_mask[:, None, None, :]) | eye
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
+        if self.fused_attn:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
+        else:
+            y = self._explicit(q, k, v, allowed, drop)
         y = self._out(y).masked_fill(~attn_mask[..., None], 0.0)
         return y, KVCache(k, v, attn_mask)
+
+    def _explicit(self, q, k, v, allowed: torch.Tensor, drop: float) -> torch.Tensor:
+        """``softmax(q k^T / sqrt(p), keys where allowed) v`` with the (B, H, N, N) scores formed."""
+        scores = (q @ k.transpose(-2, -1)) * self.head_dim ** -0.5
+        attn = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+        return F.dropout(attn, drop, self.training) @ v
 
     def step(self, x_t: torch.Tensor, cache: Optional[KVCache] = None) -> Tuple[torch.Tensor, KVCache]:
         """One token x_t (B, C) attending to the cached tokens and itself -> (y_t (B, C), cache)."""
@@ -338,22 +356,40 @@ class CausalLM(PretrainedMixin, nn.Module):
         return self.transformer.ln_f(x)
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
-                attn_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                attn_mask: Optional[torch.Tensor] = None, loss_chunk: Optional[int] = None
+                ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """idx (B, T) -> ``(logits (B, T, V), loss)``; ``attn_mask`` (B, T) keep-mask for padded
         batches (see :meth:`forward_features`).
 
         Unlike nanoGPT, logits are returned for **all** positions even without targets. ``loss``
         is the mean next-token cross-entropy against ``targets`` (B, T) (``-1`` = ignored; 0 with a
         ``RuntimeWarning`` when every target is ignored), or None.
+
+        ``loss_chunk`` (with ``targets``): compute the loss ``loss_chunk`` positions at a time with
+        :func:`whiteformer.ops.linear_cross_entropy`, so the (B, T, V) logits (1.6 GB in float32
+        for 8k tokens of a 50k vocabulary, kept for backward) are never formed; returns
+        ``(None, loss)`` with the same loss and gradients as the plain path.
         """
-        logits = self.lm_head(self.forward_features(idx, attn_mask))
-        loss = None
+        if loss_chunk is not None and targets is None:
+            raise ValueError("loss_chunk needs targets (it computes the loss without forming the logits)")
+        h = self.forward_features(idx, attn_mask)
         if targets is not None:
             if not isinstance(targets, torch.Tensor) or targets.shape != idx.shape:
                 raise ValueError(f"targets must be a tensor of shape {tuple(idx.shape)}, got "
                                  f"{getattr(targets, 'shape', type(targets).__name__)}")
             if targets.dtype.is_floating_point or targets.dtype == torch.bool:
                 raise TypeError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
+        if loss_chunk is not None:
+            flat = targets.reshape(-1).long()
+            if not bool((flat != -1).any()):
+                warnings.warn("every target is -1 (ignored): the loss is 0", RuntimeWarning, stacklevel=2)
+                return None, (h * 0.0).sum()
+            loss = linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.lm_head.weight, flat,
+                                        chunk_size=loss_chunk, ignore_index=-1)
+            return None, loss
+        logits = self.lm_head(h)
+        loss = None
+        if targets is not None:
             flat = targets.reshape(-1).long()
             total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), flat, ignore_index=-1,
                                     reduction="sum")

@@ -52,3 +52,5 @@ from .eca import eca_compress, eca_expand, eca_omega, orthonormal_basis  # noqa:
 from .eca import cholesky_fallback_count, cholesky_stats, reset_cholesky_fallback_count  # noqa: F401
 # --- baselines: mhsa, xca, mssa, class_attention ---
 from .baselines import class_attention, mhsa, mhsa_explicit, mssa, xca  # noqa: F401
+# --- chunked LM-head cross-entropy ---
+from .linear_cross_entropy import linear_cross_entropy  # noqa: F401

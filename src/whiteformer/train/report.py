@@ -6,8 +6,11 @@
 - ``coding_rate.png``: the layer-wise coding rate R(Z) = 1/2 logdet(I + d/(N eps^2) Z^T Z) (ToST
   Eq. (1), tokens as rows) of each block's output tokens, averaged over a batch of test inputs
   (:func:`whiteformer.analysis.rates.coding_rate`);
+- ``cls_attention.png`` (classification with class attention): the [CLS] token's attention over
+  the patches per head (ToST Fig. 5), :func:`whiteformer.analysis.maps.cls_attention_maps`;
 - ``membership.png``: for a few test images, the image and the membership maps pi (one per
-  head, over the patch grid) of the first and last blocks, when the attention returns them
+  head, over the patch grid, blocks and heads numbered from 1, a colour bar) of the first and last
+  blocks, when the attention returns them
   (``forward_intermediates(x, return_pi=True)``: TSSA, DMSA, ECA);
 - language models: a sample of generated text.
 
@@ -129,25 +132,43 @@ def _plot_curves(plt, records, path: Path, curve) -> bool:
     return True
 
 
+RATE_READING = ("rising: the block spreads the tokens over more directions (expansion); falling: it "
+                "compresses them onto fewer (the white-box aim: lower R_c per subspace)")
+
+
 def _plot_rates(plt, rates: List[float], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(5, 3.4))
-    ax.plot(range(1, len(rates) + 1), rates, "o-")
-    ax.set_xlabel("block")
-    ax.set_ylabel("coding rate R(Z)")
-    ax.set_title("layer-wise coding rate of the tokens (eps 0.5)")
-    ax.set_xticks(range(1, len(rates) + 1))
-    fig.tight_layout()
+    fig = _rates_figure(plt, rates)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def _rates_figure(plt, rates: List[float]):
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    ax.plot(range(1, len(rates) + 1), rates, "o-")
+    ax.set_xlabel("block")
+    ax.set_ylabel("coding rate R(Z)")
+    ax.set_title("layer-wise coding rate of the tokens (eps 0.5)", fontsize=10)
+    ax.set_xticks(range(1, len(rates) + 1))
+    fig.text(0.5, 0.01, RATE_READING.replace("; ", ";\n", 1), ha="center", va="bottom", fontsize=7)
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
+    return fig
+
+
 def plot_membership(plt, images: torch.Tensor, pis: Dict[int, torch.Tensor], grid, path: Path,
-                     labels=None, preds=None) -> None:
+                    labels=None, preds=None) -> None:
+    fig = _membership_figure(plt, images, pis, grid, labels, preds)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _membership_figure(plt, images: torch.Tensor, pis: Dict[int, torch.Tensor], grid, labels=None, preds=None):
+    """Row r: image r, then pi of every head of every block in ``pis`` (titles "block b head h", from 1)."""
     blocks = sorted(pis)
     heads = pis[blocks[0]].shape[1]
     n = images.shape[0]
     cols = 1 + heads * len(blocks)
-    fig, axes = plt.subplots(n, cols, figsize=(1.5 * cols, 1.6 * n), squeeze=False)
+    fig, axes = plt.subplots(n, cols, figsize=(1.5 * cols + 0.6, 1.6 * n + 0.3), squeeze=False)
+    im = None
     for r in range(n):
         img = images[r]
         img = img[0] if img.shape[0] == 1 else img.permute(1, 2, 0)
@@ -160,7 +181,7 @@ def plot_membership(plt, images: torch.Tensor, pis: Dict[int, torch.Tensor], gri
         c = 1
         for b in blocks:
             for h in range(heads):
-                axes[r, c].imshow(pis[b][r, h].reshape(grid).numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+                im = axes[r, c].imshow(pis[b][r, h].reshape(grid).numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
                 if r == 0:
                     axes[r, c].set_title(f"block {b + 1} head {h + 1}", fontsize=7)
                 c += 1
@@ -168,9 +189,16 @@ def plot_membership(plt, images: torch.Tensor, pis: Dict[int, torch.Tensor], gri
         a.set_xticks([])
         a.set_yticks([])
     fig.suptitle("memberships pi of each token to each head (subspace)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig.tight_layout(rect=(0, 0, 1 - 0.5 / fig.get_figwidth(), 1))
+    bar = fig.colorbar(im, ax=list(axes.flat), fraction=0.02, pad=0.01)
+    bar.set_label("membership pi", fontsize=7)
+    return fig
+
+
+def has_class_attention(model: nn.Module) -> bool:
+    from ..attention import ClassAttention
+
+    return any(isinstance(m, ClassAttention) for m in model.modules())
 
 
 def write_report(run_dir, model: nn.Module, task, results: Dict[str, Any], info: Dict[str, Any],
@@ -237,7 +265,7 @@ def write_report(run_dir, model: nn.Module, task, results: Dict[str, Any], info:
     if rates is not None:
         lines += ["## Layer-wise coding rate", "",
                   "R(Z) = 1/2 logdet(I + d/(N eps^2) Z^T Z) of each block's output tokens (ToST Eq. (1), eps = 0.5), "
-                  "mean over the first test inputs.", "", "| block | R(Z) |", "|---|---|"]
+                  f"mean over the first test inputs. Reading: {RATE_READING}.", "", "| block | R(Z) |", "|---|---|"]
         lines += [f"| {i + 1} | {r:.3f} |" for i, r in enumerate(rates)]
         lines.append("")
         if "coding_rate" in figures:

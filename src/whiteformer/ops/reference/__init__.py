@@ -10,3 +10,5 @@ from .dmsa import dmsa_reference, rotary_reference  # noqa: F401
 from .eca import eca_compress_reference, eca_expand_reference, orthonormal_basis_reference  # noqa: F401
 # --- baselines ---
 from .baselines import class_attention_reference, mhsa_reference, mssa_reference, xca_reference  # noqa: F401
+# --- chunked LM-head cross-entropy ---
+from .linear_cross_entropy import linear_cross_entropy_reference  # noqa: F401

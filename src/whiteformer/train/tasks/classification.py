@@ -177,19 +177,33 @@ class ImageClassificationTask(ClassificationTask):
         super().check_model(model, ds)
 
     def report_sections(self, model: nn.Module, ctx: ReportContext) -> List[str]:
-        from ..report import membership_maps, plot_membership, token_grid
+        from ..report import has_class_attention, membership_maps, plot_membership, token_grid
 
         x = ctx.x
         if x is None or x.dim() != 4:
             return []
+        cls_lines: List[str] = []
+        if ctx.plt is not None and has_class_attention(model):
+            try:
+                from ...analysis.maps import cls_attention_maps
+
+                cls_attention_maps(model, x[:min(ctx.num_images, x.shape[0])], ctx.run_dir / "cls_attention.png")
+                ctx.figures["cls_attention"] = "cls_attention.png"
+                cls_lines = ["## [CLS] attention maps", "",
+                             "Attention of the class token over the patches in the last class-attention block, per "
+                             "head (ToST Fig. 5); each map scaled to its own range. Where the memberships are diffuse "
+                             "these usually show more clearly which patches the prediction reads.", "",
+                             "![cls attention](cls_attention.png)", ""]
+            except Exception as err:  # noqa: BLE001 - an analysis must not fail the run
+                ctx.notes.append(f"[CLS] attention maps skipped: {type(err).__name__}: {err}")
         try:
             k = min(ctx.num_images, x.shape[0])
             pis = membership_maps(model, x[:k])
             if pis is None:
                 ctx.notes.append("the attention does not return memberships (return_pi): no membership maps.")
-                return []
+                return cls_lines
             if ctx.plt is None:
-                return []
+                return cls_lines
             with torch.no_grad():
                 preds = model(x[:k]).argmax(-1).cpu()
             n_tok = next(iter(pis.values())).shape[-1]
@@ -198,10 +212,11 @@ class ImageClassificationTask(ClassificationTask):
             ctx.figures["membership"] = "membership.png"
         except Exception as err:  # noqa: BLE001 - an analysis must not fail the run
             ctx.notes.append(f"membership maps skipped: {type(err).__name__}: {err}")
-            return []
+            return cls_lines
         return ["## Membership maps", "",
                 "Memberships pi of each patch token to each head (the subspaces of the attention), over the patch "
-                "grid, for the first and last blocks.", "", "![membership](membership.png)", ""]
+                "grid, for the first and last blocks (numbered from 1).", "", "![membership](membership.png)",
+                ""] + cls_lines
 
 
 class VectorClassificationTask(ClassificationTask):

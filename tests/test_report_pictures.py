@@ -1,0 +1,89 @@
+"""Pictures of the run report and of whiteformer.analysis.maps (issue 14 item 9): block labels,
+1-based head numbers, colour bars, the [CLS] attention maps and the coding-rate reading line.
+Contents (titles, labels, report text) are checked, not pixels."""
+import pytest
+import torch
+
+import whiteformer
+from whiteformer.analysis.maps import cls_attention_maps, grid_figure, membership_maps
+from whiteformer.train import report as R
+
+pytest.importorskip("matplotlib")
+
+TINY = dict(img_size=8, patch_size=2, in_chans=1, depth=2, embed_dim=16, num_heads=2, num_classes=10)
+
+
+def _texts(fig):
+    out = [t.get_text() for t in fig.texts]
+    if getattr(fig, "_suptitle", None) is not None:
+        out.append(fig._suptitle.get_text())
+    for ax in fig.axes:
+        out += [ax.get_title(), ax.get_ylabel(), ax.get_xlabel()]
+    return [t for t in out if t]
+
+
+def test_grid_figure_has_block_title_one_based_heads_and_colorbar():
+    maps = torch.rand(2, 3, 4, 4)
+    fig = grid_figure(torch.rand(2, 1, 8, 8), maps, "memberships pi, block 2 of 2", "membership pi", False, 1, 40,
+                      "viridis")
+    texts = _texts(fig)
+    assert "memberships pi, block 2 of 2" in texts
+    assert {"head 1", "head 2", "head 3"} <= set(texts) and "head 0" not in texts
+    assert "membership pi" in texts  # the colour bar's label (on its own axes)
+    assert len(fig.axes) == 2 * (1 + 3) + 1
+
+
+def test_maps_name_the_block(tmp_path, monkeypatch):
+    model = whiteformer.create_model("tost_t12_p16", **TINY).eval()
+    seen = []
+    real = grid_figure
+
+    def spy(*a, **k):
+        fig = real(*a, **k)
+        seen.append(_texts(fig))
+        return fig
+
+    monkeypatch.setattr("whiteformer.analysis.maps.grid_figure", spy)
+    x = torch.randn(2, 1, 8, 8)
+    membership_maps(model, x, tmp_path / "m.png", layer=0)
+    cls_attention_maps(model, x, tmp_path / "c.png")
+    assert "memberships pi, block 1 of 2" in seen[0]
+    assert any(t.startswith("[CLS] attention over the patches, class-attention block 2 of 2") for t in seen[1])
+    assert (tmp_path / "m.png").is_file() and (tmp_path / "c.png").is_file()
+
+
+def test_report_figures_say_what_they_show():
+    import matplotlib.pyplot as plt
+
+    fig = R._rates_figure(plt, [3.0, 2.5, 2.0])
+    assert any("rising" in t and "falling" in t for t in _texts(fig))
+    plt.close(fig)
+    pis = {0: torch.rand(2, 2, 16), 1: torch.rand(2, 2, 16)}
+    fig = R._membership_figure(plt, torch.rand(2, 1, 8, 8), pis, (4, 4))
+    texts = _texts(fig)
+    assert {"block 1 head 1", "block 1 head 2", "block 2 head 1", "block 2 head 2"} <= set(texts)
+    assert "membership pi" in texts  # colour bar
+    plt.close(fig)
+
+
+def test_run_report_includes_cls_attention_maps_and_rate_reading(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from whiteformer.train.tasks import ReportContext
+    from whiteformer.train.tasks.classification import ImageClassificationTask
+
+    task = object.__new__(ImageClassificationTask)  # report_sections reads only its context
+    x, labels = torch.randn(2, 1, 8, 8), torch.tensor([1, 2])
+    model = whiteformer.create_model("tost_t12_p16", **TINY).eval()
+    figures, notes = {}, []
+    lines = task.report_sections(model, ReportContext(tmp_path, plt, x, labels, {}, figures, notes, 2))
+    text = "\n".join(lines)
+    assert not notes, notes
+    assert "## [CLS] attention maps" in text and "![cls attention](cls_attention.png)" in text
+    assert "numbered from 1" in text and figures["cls_attention"] == "cls_attention.png"
+    assert (tmp_path / "cls_attention.png").is_file() and (tmp_path / "membership.png").is_file()
+    # a model without class attention: no [CLS] section
+    deit = whiteformer.create_model("deit_t_p16", **TINY).eval()
+    lines = task.report_sections(deit, ReportContext(tmp_path, plt, x, labels, {}, {}, [], 2))
+    assert "## [CLS] attention maps" not in "\n".join(lines)
+    assert "Reading: rising" not in "\n".join(lines) and "rising" in R.RATE_READING
