@@ -180,19 +180,21 @@ class SequenceDataset(torch.utils.data.Dataset):
     examples (``pair``: Retrieval); ``lengths`` (N,) or (N, 2); ``labels`` (N,). ``pad_id=None``:
     the sequences are never padded (pixel sequences, where id 0 is a real pixel value).
     ``get_batch(indices)`` -> (tokens (B, L) or (B, 2, L), labels (B,)); ``vocab`` lists the token
-    strings.
+    strings. ``kind``: "sequence" (labels are tokens of the vocabulary, e.g. ListOps digits: a
+    language model can answer with the next token, or a sequence classifier reads them) or
+    "tokens" (pixels, bytes, pairs: only a sequence classifier, ``tost_lra_*``, reads them).
     """
-
-    kind = "sequence"
 
     def __init__(self, tokens: torch.Tensor, lengths: torch.Tensor, labels: torch.Tensor, num_classes: int,
                  vocab: List[str], pad_id: Optional[int] = 0, name: str = "sequence",
-                 classes: Optional[List[str]] = None):
+                 classes: Optional[List[str]] = None, kind: str = "sequence"):
         ok = (tokens.dim() == 2 or (tokens.dim() == 3 and tokens.shape[1] == 2))
         if not ok or lengths.shape != tokens.shape[:-1] or labels.shape != (tokens.shape[0],):
             raise ValueError(f"{name}: expected tokens (N, L) or (N, 2, L), lengths (N,) or (N, 2), labels (N,), got "
                              f"{tuple(tokens.shape)}, {tuple(lengths.shape)}, {tuple(labels.shape)}")
-        self.name = name
+        if kind not in ("sequence", "tokens"):
+            raise ValueError(f"{name}: kind must be 'sequence' or 'tokens', got {kind!r}")
+        self.name, self.kind = name, kind
         self.tokens = tokens.long()
         self.lengths = lengths.long()
         self.labels = labels.long()

@@ -105,4 +105,4 @@ def mnist_pixels(split: str = "train", data_dir: Optional[str] = None, limit: Op
     tokens = images.reshape(len(ds), -1).long()
     lengths = torch.full((len(ds),), tokens.shape[1], dtype=torch.long)
     return SequenceDataset(tokens, lengths, ds.labels, 10, [str(v) for v in range(256)], pad_id=None,
-                           name=f"mnist-pixels/{split}")
+                           name=f"mnist-pixels/{split}", kind="tokens")

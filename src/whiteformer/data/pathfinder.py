@@ -146,5 +146,5 @@ def pathfinder(split: str = "train", num_train: int = 4000, num_test: int = 1000
     tokens = torch.from_numpy(images.reshape(n, -1).astype(np.int64))
     lengths = torch.full((n,), tokens.shape[1], dtype=torch.long)
     return SequenceDataset(tokens, lengths, torch.from_numpy(labels.astype(np.int64)), 2,
-                           [str(v) for v in range(256)], pad_id=None, name=f"pathfinder/{split}",
+                           [str(v) for v in range(256)], pad_id=None, name=f"pathfinder/{split}", kind="tokens",
                            classes=["disconnected", "connected"])

@@ -132,7 +132,7 @@ def plays(split: str = "train", path: Optional[str] = None, data_dir: Optional[s
     labels = rng.permutation(np.arange(n) % len(by_play))
     tokens, lengths = _encode([docs.draw(int(c)) for c in labels], max_length)
     return SequenceDataset(tokens, lengths, torch.from_numpy(labels.astype(np.int64)), len(by_play), BYTE_VOCAB,
-                           pad_id=0, name=f"shakespeare-plays/{split}", classes=list(by_play))
+                           pad_id=0, name=f"shakespeare-plays/{split}", kind="tokens", classes=list(by_play))
 
 
 @register_dataset("shakespeare-pairs")
@@ -154,4 +154,5 @@ def play_pairs(split: str = "train", path: Optional[str] = None, data_dir: Optio
     t1, l1 = _encode(first, max_length)
     t2, l2 = _encode(second, max_length)
     return SequenceDataset(torch.stack([t1, t2], 1), torch.stack([l1, l2], 1), torch.from_numpy(labels.astype(np.int64)),
-                           2, BYTE_VOCAB, pad_id=0, name=f"shakespeare-pairs/{split}", classes=["different", "same"])
+                           2, BYTE_VOCAB, pad_id=0, name=f"shakespeare-pairs/{split}", kind="tokens",
+                           classes=["different", "same"])
