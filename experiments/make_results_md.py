@@ -440,13 +440,14 @@ def lra(out, verdicts):
                "models for 25k-200k steps on GPUs; here each run had a budget of about 5 minutes on one shared CPU "
                "thread, so the inputs are offline stand-ins, shorter than LRA's, the models are smaller where noted, "
                "and training is a few hundred steps (AdamW, Table 7's warm-up fraction and decay shape, a 5-10x "
-               "larger peak lr than Table 7's 1e-4 to learn anything in so few steps). One seed. These numbers say "
-               "whether both models learn the small tasks at equal steps, not how they rank on LRA.\n")
+               "larger peak lr than Table 7's 1e-4 to learn anything in so few steps). One seed, 500 test samples "
+               "(one standard error is about 2 points at 50 %). These numbers say whether the two models learn the "
+               "small tasks in a few minutes, not how they rank on LRA.\n")
     out.append("| task | LRA input (paper) | here: data | model (depth / dim / heads / MLP) | steps x batch (schedule) "
                "| majority % | Transformer % | ToST % | paper Transformer % | paper ToST % |\n"
                "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
     by = {(r["task"], r["family"]): r for r in s["runs"]}
-    ours, theirs = [], []
+    ours, theirs, learned_tasks = [], [], []
     for task in ("listops", "text", "retrieval", "image", "pathfinder"):
         d = s.get("data", {}).get(task)
         tf, ts = by.get((task, "transformer")), by.get((task, "tost"))
@@ -467,19 +468,33 @@ def lra(out, verdicts):
                    f"{pct(d['majority_acc'])} | {pct(tf['test_acc'])} | {pct(ts['test_acc'])} | {p_tf:.2f} | {p_ts:.2f} |")
         ours.append(ts["test_acc"] - tf["test_acc"])
         theirs.append((p_ts - p_tf) / 100)
-    out.append("\nSteps are ToST / Transformer (a run stops at its step count or its time budget, whichever comes "
-               "first). Parameters and training sequences/s per run: " + "; ".join(
+        learned_tasks.append((d["majority_acc"], tf["test_acc"], ts["test_acc"]))
+    cut = [f"{r['task']} {r['family']} ({r['steps_done']} of {r['steps_planned']})" for r in s["runs"]
+           if r["steps_done"] < r["steps_planned"]]
+    out.append("\nSteps are ToST / Transformer: a run stops at its step count or at its time budget, whichever comes "
+               "first; the machine was heavily shared (other jobs on both cores), so "
+               + (f"these runs were cut by the time budget: {', '.join(cut)}; their comparison is at unequal steps. "
+                  if cut else "every run reached its step count. ")
+               + "Parameters and training sequences/s per run (noisy: shared machine): " + "; ".join(
                    f"{r['task']} {r['family']} {r['params']:,} params, {r['seq_per_s']:.1f} seq/s"
                    for r in s["runs"]) + ".\n")
+    claim = "LRA: ToST comparable to the Transformer (ToST Table 3: average 59.90 vs 59.24)"
     if ours:
         md, mp = sum(ours) / len(ours), sum(theirs) / len(theirs)
-        v = ("agrees (mean difference within 2 points)" if abs(md) <= 0.02 else
-             "ToST ahead here" if md > 0 else "does not agree (ToST behind)")
         out.append(f"Mean accuracy difference ToST - Transformer over the {len(ours)} tasks run: {100 * md:+.2f} points "
                    f"(paper, same tasks: {100 * mp:+.2f}).\n")
-        verdicts.append(("LRA: ToST comparable to the Transformer (ToST Table 3: average 59.90 vs 59.24)",
-                         f"{v}: ToST - Transformer = {100 * md:+.2f} pts averaged over {len(ours)} small stand-in "
-                         "tasks, 1 seed, a few hundred steps (section 8)"))
+        # a task counts only when one of the two models learned something (> 2 points above the majority class)
+        learned = [(t, d) for t, d in zip(learned_tasks, ours) if t[1] > t[0] + 0.02 or t[2] > t[0] + 0.02]
+        if len(learned) < 3:
+            v = (f"inconclusive: only {len(learned)} of {len(ours)} tasks got above the majority class within the "
+                 "budget")
+        else:
+            ml = sum(d for _, d in learned) / len(learned)
+            v = ("agrees (within 2 points)" if abs(ml) <= 0.02 else "ToST ahead here" if ml > 0
+                 else "does not agree (ToST behind)") + f" over the {len(learned)} tasks learned"
+        out.append(f"Verdict: {v} (a task counts when a model is more than 2 points above the majority class).\n")
+        verdicts.append((claim, f"{v}; mean ToST - Transformer = {100 * md:+.2f} pts over {len(ours)} small stand-in "
+                                "tasks, 1 seed, a few hundred steps (section 8)"))
 
 
 def _growth(g) -> str:
