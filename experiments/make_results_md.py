@@ -427,11 +427,11 @@ def _lra_data(task, d) -> str:
 
 
 def lra(out, verdicts):
-    s = C.read_json(R / "exp8_lra" / "results.json")
-    out.append("## 8. Long-Range-Arena encoders (ToST Sec. 4.3, Table 3)\n")
-    out.append(f"Command: {cmd('exp8_lra')}. Files: `experiments/results/exp8_lra/runs.csv`, `results.json`.\n")
+    s = C.read_json(R / "exp9_lra" / "results.json")
+    out.append("## 9. Long-Range-Arena encoders (ToST Sec. 4.3, Table 3)\n")
+    out.append(f"Command: {cmd('exp9_lra')}. Files: `experiments/results/exp9_lra/runs.csv`, `results.json`.\n")
     if s is None or not s["runs"]:
-        out.append(not_run("exp8_lra"))
+        out.append(not_run("exp9_lra"))
         verdicts.append(("LRA: ToST comparable to the Transformer (ToST Table 3: average 59.90 vs 59.24)", "not run yet"))
         return
     out.append("Non-causal encoders `tost_lra_<task>` (TSSA) and `transformer_lra_<task>` (softmax), the same shell "
@@ -494,7 +494,7 @@ def lra(out, verdicts):
                  else "does not agree (ToST behind)") + f" over the {len(learned)} tasks learned"
         out.append(f"Verdict: {v} (a task counts when a model is more than 2 points above the majority class).\n")
         verdicts.append((claim, f"{v}; mean ToST - Transformer = {100 * md:+.2f} pts over {len(ours)} small stand-in "
-                                "tasks, 1 seed, a few hundred steps (section 8)"))
+                                "tasks, 1 seed, a few hundred steps (section 9)"))
 
 
 def _growth(g) -> str:

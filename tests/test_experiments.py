@@ -113,7 +113,7 @@ def test_exp8_plain_vit(roots):
     assert {p: p.stat().st_mtime for p in runs.glob("*/result.json")} == mtimes
 
 
-def test_exp8_lra(roots, tmp_path):
+def test_exp9_lra(roots, tmp_path):
     """Every LRA stand-in task trains ToST and the Transformer (tiny MNIST written as IDX files)."""
     import gzip
 
@@ -125,7 +125,7 @@ def test_exp8_lra(roots, tmp_path):
             header = bytes([0, 0, 8, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
             with gzip.open(tmp_path / f"{prefix}-{what}-ubyte.gz", "wb") as f:
                 f.write(header + arr.astype(np.uint8).tobytes())
-    out, runs = _run("exp8_lra", roots, ["--mnist-dir", str(tmp_path)])
+    out, runs = _run("exp9_lra", roots, ["--mnist-dir", str(tmp_path)])
     res = json.loads((out / "results.json").read_text())
     got = {(r["task"], r["family"]) for r in res["runs"]}
     tasks = ("listops", "text", "retrieval", "image", "pathfinder")
@@ -137,7 +137,7 @@ def test_exp8_lra(roots, tmp_path):
     assert res["data"]["retrieval"]["pair"] and res["data"]["image"]["seq_len"] == 64
     mtimes = {p: p.stat().st_mtime for p in runs.glob("*/result.json")}
     assert len(mtimes) == 10
-    _run("exp8_lra", roots, ["--mnist-dir", str(tmp_path)])  # resumable: nothing is trained again
+    _run("exp9_lra", roots, ["--mnist-dir", str(tmp_path)])  # resumable: nothing is trained again
     assert {p: p.stat().st_mtime for p in runs.glob("*/result.json")} == mtimes
 
 
@@ -155,4 +155,4 @@ def test_make_results_md_reads_only_result_files(roots, tmp_path):
     text = doc.read_text()
     assert "| tost | `tost_t12_p16` |" in text and "tost_no_l2norm" in text
     assert "## Summary" in text
-    assert "## 8. Long-Range-Arena encoders" in text and "| pathfinder | Pathfinder 32x32, 1024 |" in text
+    assert "## 9. Long-Range-Arena encoders" in text and "| pathfinder | Pathfinder 32x32, 1024 |" in text

@@ -1,4 +1,4 @@
-"""Experiment 8: Long-Range-Arena-style tasks, ToST vs the softmax Transformer (ToST Sec. 4.3, Table 3).
+"""Experiment 9: Long-Range-Arena-style tasks, ToST vs the softmax Transformer (ToST Sec. 4.3, Table 3).
 
 Non-causal encoders (:mod:`whiteformer.models.lra`: ``tost_lra_<task>`` vs ``transformer_lra_<task>``,
 the same shell with TSSA or softmax attention) on offline stand-ins of the five LRA tasks:
@@ -18,7 +18,7 @@ with AdamW and Table 7's schedule shape (linear warm-up, then inverse-sqrt or li
 warm-up is Table 7's fraction of the run), then evaluates test accuracy. A finished run leaves
 ``result.json`` in its run directory and is not trained again (re-run to continue).
 
-Writes ``experiments/results/exp8_lra/{runs.csv, results.json}``.
+Writes ``experiments/results/exp9_lra/{runs.csv, results.json}``.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as C  # noqa: E402
 
-NAME = "exp8_lra"
+NAME = "exp9_lra"
 
 
 def build_data(task_cfg: dict, mnist_dir: str):
