@@ -117,6 +117,34 @@ def test_exp8_plain_vit(roots):
     assert {p: p.stat().st_mtime for p in runs.glob("*/result.json")} == mtimes
 
 
+def test_exp9_lra(roots, tmp_path):
+    """Every LRA stand-in task trains ToST and the Transformer (tiny MNIST written as IDX files)."""
+    import gzip
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 16), ("t10k", 8)):
+        for what, arr in (("images-idx3", rng.integers(0, 256, (n, 28, 28))), ("labels-idx1", rng.integers(0, 10, (n,)))):
+            header = bytes([0, 0, 8, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
+            with gzip.open(tmp_path / f"{prefix}-{what}-ubyte.gz", "wb") as f:
+                f.write(header + arr.astype(np.uint8).tobytes())
+    out, runs = _run("exp9_lra", roots, ["--mnist-dir", str(tmp_path)])
+    res = json.loads((out / "results.json").read_text())
+    got = {(r["task"], r["family"]) for r in res["runs"]}
+    tasks = ("listops", "text", "retrieval", "image", "pathfinder")
+    assert got == {(t, f) for t in tasks for f in ("tost", "transformer")}
+    for r in res["runs"]:
+        assert 0.0 <= r["test_acc"] <= 1.0 and r["steps_done"] == 2 and r["params"] > 0
+    assert {r["schedule"] for r in res["runs"] if r["task"] == "listops"} == {"inverse_sqrt"}  # Table 7
+    assert {r["schedule"] for r in res["runs"] if r["task"] == "text"} == {"linear"}
+    assert res["data"]["retrieval"]["pair"] and res["data"]["image"]["seq_len"] == 64
+    mtimes = {p: p.stat().st_mtime for p in runs.glob("*/result.json")}
+    assert len(mtimes) == 10
+    _run("exp9_lra", roots, ["--mnist-dir", str(tmp_path)])  # resumable: nothing is trained again
+    assert {p: p.stat().st_mtime for p in runs.glob("*/result.json")} == mtimes
+
+
 def test_make_results_md_reads_only_result_files(roots, tmp_path):
     import make_results_md
 
@@ -124,7 +152,7 @@ def test_make_results_md_reads_only_result_files(roots, tmp_path):
     # an empty results root: every section says "not run yet" with its command
     assert make_results_md.main(["--results", str(tmp_path / "none"), "--doc", str(doc)]) == 0
     text = doc.read_text()
-    assert text.count("**Not run yet.**") == 8
+    assert text.count("**Not run yet.**") == 9
     assert "experiments/exp4_compression.py" in text
     # the smoke results of the tests above (run earlier in this module)
     assert make_results_md.main(["--results", str(roots / "results"), "--doc", str(doc)]) == 0
@@ -132,3 +160,4 @@ def test_make_results_md_reads_only_result_files(roots, tmp_path):
     assert "| tost | `tost_t12_p16` |" in text and "tost_no_l2norm" in text
     assert "| irratt_rank_0.5 | rank |" in text and "protocol rank (the paper's)" in text
     assert "## Summary" in text
+    assert "## 9. Long-Range-Arena encoders" in text and "| pathfinder | Pathfinder 32x32, 1024 |" in text

@@ -79,4 +79,4 @@ def check_split(name: str, split: str, canonical=("train", "test"), aliases=None
 
 
 # Registration (each module decorates its builder).
-from . import digits, image_folder, listops, mnist, subspaces, text  # noqa: E402,F401
+from . import digits, image_folder, listops, mnist, pathfinder, plays, subspaces, text  # noqa: E402,F401

@@ -174,20 +174,27 @@ class FileImageDataset(ArrayDataset):
 
 
 class SequenceDataset(torch.utils.data.Dataset):
-    """Token sequences with one class label each (e.g. ListOps).
+    """Token sequences with one class label each (ListOps, pixel sequences, text; pairs for retrieval).
 
-    ``tokens`` (N, L) int64 padded with ``pad_id`` on the right, ``lengths`` (N,), ``labels`` (N,).
-    ``get_batch(indices)`` -> (tokens (B, L), labels (B,)); ``vocab`` lists the token strings.
+    ``tokens`` (N, L) int64 padded with ``pad_id`` on the right, or (N, 2, L) for two-document
+    examples (``pair``: Retrieval); ``lengths`` (N,) or (N, 2); ``labels`` (N,). ``pad_id=None``:
+    the sequences are never padded (pixel sequences, where id 0 is a real pixel value).
+    ``get_batch(indices)`` -> (tokens (B, L) or (B, 2, L), labels (B,)); ``vocab`` lists the token
+    strings. ``kind``: "sequence" (labels are tokens of the vocabulary, e.g. ListOps digits: a
+    language model can answer with the next token, or a sequence classifier reads them) or
+    "tokens" (pixels, bytes, pairs: only a sequence classifier, ``tost_lra_*``, reads them).
     """
 
-    kind = "sequence"
-
     def __init__(self, tokens: torch.Tensor, lengths: torch.Tensor, labels: torch.Tensor, num_classes: int,
-                 vocab: List[str], pad_id: int = 0, name: str = "sequence"):
-        if tokens.dim() != 2 or lengths.shape != (tokens.shape[0],) or labels.shape != (tokens.shape[0],):
-            raise ValueError(f"{name}: expected tokens (N, L), lengths (N,), labels (N,), got "
+                 vocab: List[str], pad_id: Optional[int] = 0, name: str = "sequence",
+                 classes: Optional[List[str]] = None, kind: str = "sequence"):
+        ok = (tokens.dim() == 2 or (tokens.dim() == 3 and tokens.shape[1] == 2))
+        if not ok or lengths.shape != tokens.shape[:-1] or labels.shape != (tokens.shape[0],):
+            raise ValueError(f"{name}: expected tokens (N, L) or (N, 2, L), lengths (N,) or (N, 2), labels (N,), got "
                              f"{tuple(tokens.shape)}, {tuple(lengths.shape)}, {tuple(labels.shape)}")
-        self.name = name
+        if kind not in ("sequence", "tokens"):
+            raise ValueError(f"{name}: kind must be 'sequence' or 'tokens', got {kind!r}")
+        self.name, self.kind = name, kind
         self.tokens = tokens.long()
         self.lengths = lengths.long()
         self.labels = labels.long()
@@ -195,11 +202,12 @@ class SequenceDataset(torch.utils.data.Dataset):
         self.vocab = list(vocab)
         self.vocab_size = len(self.vocab)
         self.pad_id = pad_id
-        self.classes = [str(i) for i in range(self.num_classes)]
+        self.pair = tokens.dim() == 3
+        self.classes = list(classes) if classes is not None else [str(i) for i in range(self.num_classes)]
 
     @property
     def max_len(self) -> int:
-        return int(self.tokens.shape[1])
+        return int(self.tokens.shape[-1])
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -211,5 +219,8 @@ class SequenceDataset(torch.utils.data.Dataset):
         idx = torch.as_tensor(indices, dtype=torch.long)
         return self.tokens[idx], self.labels[idx]
 
+    def label_counts(self) -> torch.Tensor:
+        return torch.bincount(self.labels, minlength=self.num_classes)
+
     def decode(self, ids) -> str:
-        return " ".join(self.vocab[int(i)] for i in ids if int(i) != self.pad_id)
+        return " ".join(self.vocab[int(i)] for i in ids if self.pad_id is None or int(i) != self.pad_id)

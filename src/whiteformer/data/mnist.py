@@ -87,3 +87,22 @@ def mnist(split: str = "train", data_dir: Optional[str] = None, img_size: Option
     y = torch.from_numpy(labels.astype(np.int64))
     return ArrayDataset(x, y, 10, kind="image", mean=(MEAN,), std=(STD,), scale=255.0, img_size=img_size,
                         name=f"mnist/{split}")
+
+
+@register_dataset("mnist-pixels")
+def mnist_pixels(split: str = "train", data_dir: Optional[str] = None, limit: Optional[int] = None,
+                 img_size: Optional[int] = None):
+    """Sequential MNIST: each image as its 784 pixel values (0..255) in row-major order, one token
+    per pixel (vocabulary 256, nothing padded). The stand-in for LRA Image (sequential CIFAR-10
+    grey pixels, 1024 tokens) on the data available offline; same files as ``mnist``. ``img_size``
+    resizes first (antialiased; e.g. 14 -> 196 tokens for a small compute budget)."""
+    from .base import SequenceDataset, resize_images
+
+    ds = mnist(split, data_dir=data_dir, limit=limit)
+    images = ds.data
+    if img_size is not None:
+        images = resize_images(images.float(), (int(img_size), int(img_size))).round().clamp(0, 255).to(torch.uint8)
+    tokens = images.reshape(len(ds), -1).long()
+    lengths = torch.full((len(ds),), tokens.shape[1], dtype=torch.long)
+    return SequenceDataset(tokens, lengths, ds.labels, 10, [str(v) for v in range(256)], pad_id=None,
+                           name=f"mnist-pixels/{split}", kind="tokens")

@@ -4,3 +4,4 @@ from . import tost  # noqa: F401,E402  (vision: ToST / DMST / ECA / XCiT / ViT-C
 from . import crate  # noqa: F401,E402  (CRATE: MSSA + ISTA)
 from . import deit  # noqa: F401,E402  (timm-compatible ViT / DeiT)
 from . import lm  # noqa: F401,E402  (causal ToST / GPT language models)
+from . import lra  # noqa: F401,E402  (Long-Range-Arena sequence classifiers, ToST Table 7)

@@ -43,6 +43,15 @@ def _check_rate(value: Any, name: str) -> float:
     return float(value)
 
 
+def check_attn_args(attn: Any, attn_kwargs: Any) -> None:
+    """``attn`` names a registered attention (else a ValueError listing them); ``attn_kwargs`` is a dict or None."""
+    if not isinstance(attn, str):
+        raise TypeError(f"attn must be a registered attention name (str), got {type(attn).__name__}")
+    _attention.get_attention_class(attn)  # unknown name -> ValueError listing the choices
+    if attn_kwargs is not None and not isinstance(attn_kwargs, dict):
+        raise TypeError(f"attn_kwargs must be a dict or None, got {type(attn_kwargs).__name__}")
+
+
 def _attention_kwargs(
     attn: str, qkv_bias: bool, attn_drop: float, proj_drop: float, attn_kwargs: Optional[Dict[str, Any]]
 ) -> Dict[str, Any]:
@@ -191,11 +200,7 @@ class ToSTVision(PretrainedMixin, nn.Module):
                 raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
             raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
-        if not isinstance(attn, str):
-            raise TypeError(f"attn must be a registered attention name (str), got {type(attn).__name__}")
-        _attention.get_attention_class(attn)  # unknown name -> ValueError listing the choices
-        if attn_kwargs is not None and not isinstance(attn_kwargs, dict):
-            raise TypeError(f"attn_kwargs must be a dict or None, got {type(attn_kwargs).__name__}")
+        check_attn_args(attn, attn_kwargs)
         if mlp not in _MLP_KINDS:
             raise ValueError(f"mlp must be one of {_MLP_KINDS}, got {mlp!r}")
         drop_rate = _check_rate(drop_rate, "drop_rate")

@@ -30,9 +30,11 @@ from .base import ReportContext, Task, seeded_generator
 from .classification import ClassificationTask, ImageClassificationTask, VectorClassificationTask
 from .lm import LMTask
 from .sequence import SequenceTask
+from .tokens import TokenClassificationTask
 
 __all__ = ["Task", "ReportContext", "ClassificationTask", "ImageClassificationTask", "VectorClassificationTask",
-           "SequenceTask", "LMTask", "seeded_generator", "register_task", "task_class", "make_task", "build_task",
+           "SequenceTask", "TokenClassificationTask", "LMTask",
+           "seeded_generator", "register_task", "task_class", "make_task", "build_task",
            "task_options"]
 
 _TASKS: Dict[str, Type[Task]] = {}
@@ -55,6 +57,7 @@ register_task("image")(ImageClassificationTask)
 register_task("vector")(VectorClassificationTask)
 register_task("sequence")(SequenceTask)
 register_task("lm")(LMTask)
+register_task("tokens")(TokenClassificationTask)
 
 
 def task_class(ds) -> Type[Task]:

@@ -19,7 +19,8 @@ __all__ = ["SequenceTask"]
 
 
 class SequenceTask(ClassificationTask):
-    """ListOps & co.: a causal language model over the sequence vocabulary answers with the next token."""
+    """ListOps & co.: a causal language model over the sequence vocabulary answers with the next token;
+    a sequence classifier's (B, classes) logits (``tost_lra_listops``) are used as they are."""
 
     def __init__(self, train_ds, eval_ds, batch_size: int = 64, seed: int = 0, dist: Optional[DistInfo] = None,
                  bf16: bool = False, label_smoothing: float = 0.0, augment=None, eval_batch_size: int = 256,
@@ -52,6 +53,8 @@ class SequenceTask(ClassificationTask):
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         out = model(x)
         logits = out[0] if isinstance(out, tuple) else out  # (B, L, V)
+        if logits.dim() == 2:  # a sequence classifier (tost_lra_listops & co.) answers directly
+            return logits
         last = (x != self.train_ds.pad_id).sum(1).clamp_min(1) - 1
         at_end = logits[torch.arange(x.shape[0], device=x.device), last]  # (B, V)
         return at_end[:, self.label_token_ids]
