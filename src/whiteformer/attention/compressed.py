@@ -154,6 +154,9 @@ class CompressedAttention(nn.Module):
         return torch.cat(outs, dim=-1)
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x (B, N, F), attn_mask (B, N) bool keep-mask (True = real token; padded keys are
+        excluded) -> y (B, N, F), 0 at padded tokens; the subclass's attention maps A_h
+        (see the module docstring) applied to the low-rank values."""
         check_tokens_input(x, "x", self.dim, like=self.v.weight)
         B, N, _ = x.shape
         keep = check_mask(attn_mask, B, N)
