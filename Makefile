@@ -8,6 +8,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 STAMP  := $(VENV)/.installed-stamp
+TEST_STAMP := $(VENV)/.installed-test-stamp
 
 .PHONY: demo test install clean bench
 
@@ -20,12 +21,17 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install -e ".[all]"
 	touch $(STAMP)
 
+# the tests also run the Triton kernels through Triton's interpreter: install the [triton] extra
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -e ".[all,triton]"
+	touch $(TEST_STAMP)
+
 install: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m whiteformer.demo
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest tests
 
 bench: $(STAMP)

@@ -1,0 +1,176 @@
+r"""Triton causal TSSA step (recurrent form of ToST Eq. (28)/(39), used by generation): one
+fused kernel per sequence for the forward and one for the backward.
+
+Per sequence b, all heads in one (H, p) tile, with the running sums E0, M0, Q0 of the state::
+
+    E = E0 + w^2,  R = sum_j w_j^2 / max(E_j, 1e-12) + lb,  Pi = softmax_heads(temp R)
+    M = M0 + Pi,  Q = Q0 + Pi w^2,  c = 1 / (M + 1e-8),  g = 1 / (1 + c Q),  out = -w Pi g
+
+Backward (G = dL/dout; gPi, gE, gM, gQ the gradients of pi and of the new state)::
+
+    dQ = gQ + c g^2 w Pi G,  dM = gM - sum_j dQ_j^(c) c Q_j      (dQ^(c) = the second term of dQ)
+    dPi = gPi - sum_j w g G + dM + sum_j dQ_j w_j^2,  Lambda = Pi (dPi - sum_heads Pi dPi)
+    lambda = temp Lambda (= dL/dlb),  dtemp = Lambda R
+    dE = gE - lambda w^2 / E^2 (0 where E <= 1e-12),  dw = -Pi g G + 2 w (dQ Pi + lambda / max(E, 1e-12) + dE)
+
+and dE0 = dE, dM0 = dM, dQ0 = dQ.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from . import _tiles
+from ._tiles import acc_dtype, block_p, tl_acc
+
+__all__ = ["causal_tssa_step_triton"]
+
+
+@triton.jit
+def _forward(x_ptr, e0_ptr, m0_ptr, q0_ptr, temp_ptr, lb_ptr, b, H, P, RATIO_EPS, PI_EPS,
+             HAS_LB: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
+    """The step for sequence b: offsets, masks and every intermediate the backward needs."""
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_p = tl.arange(0, BLOCK_P)
+    in_h = offs_h < H
+    inside = in_h[:, None] & (offs_p[None, :] < P)
+    offs = (b.to(tl.int64) * H + offs_h[:, None]) * P + offs_p[None, :]
+    heads = b.to(tl.int64) * H + offs_h
+    x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(ACC)
+    x2 = x * x
+    energy = tl.load(e0_ptr + offs, mask=inside, other=0.0) + x2
+    ratio = tl.sum(x2 / tl.maximum(energy, RATIO_EPS), axis=1)
+    if HAS_LB:
+        ratio += tl.load(lb_ptr + heads, mask=in_h, other=0.0)
+    logit = tl.where(in_h, tl.load(temp_ptr + offs_h, mask=in_h, other=0.0) * ratio, float("-inf"))
+    pi = tl.exp(logit - tl.max(logit, axis=0))
+    pi = pi / tl.sum(pi, axis=0)
+    mass = tl.load(m0_ptr + heads, mask=in_h, other=0.0) + pi
+    sq_pi = tl.load(q0_ptr + offs, mask=inside, other=0.0) + x2 * pi[:, None]
+    inv_m = 1.0 / (mass + PI_EPS)
+    gain = 1.0 / (1.0 + sq_pi * inv_m[:, None])
+    return offs, inside, heads, in_h, x, x2, energy, ratio, pi, mass, sq_pi, inv_m, gain
+
+
+@triton.jit
+def _step_fwd(x_ptr, e0_ptr, m0_ptr, q0_ptr, temp_ptr, lb_ptr, out_ptr, pi_ptr, e_ptr, m_ptr, q_ptr,
+              H, P, RATIO_EPS, PI_EPS,
+              HAS_LB: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
+    b = tl.program_id(0)
+    offs, inside, heads, in_h, x, x2, energy, ratio, pi, mass, sq_pi, inv_m, gain = _forward(
+        x_ptr, e0_ptr, m0_ptr, q0_ptr, temp_ptr, lb_ptr, b, H, P, RATIO_EPS, PI_EPS, HAS_LB, BLOCK_H, BLOCK_P, ACC)
+    tl.store(out_ptr + offs, (-x * pi[:, None] * gain).to(out_ptr.dtype.element_ty), mask=inside)
+    tl.store(pi_ptr + heads, pi, mask=in_h)
+    tl.store(e_ptr + offs, energy, mask=inside)
+    tl.store(m_ptr + heads, mass, mask=in_h)
+    tl.store(q_ptr + offs, sq_pi, mask=inside)
+
+
+@triton.jit
+def _step_bwd(go_ptr, gpi_ptr, ge_ptr, gm_ptr, gq_ptr, x_ptr, e0_ptr, m0_ptr, q0_ptr, temp_ptr, lb_ptr,
+              dx_ptr, de_ptr, dm_ptr, dq_ptr, dtemp_ptr, dlb_ptr, H, P, RATIO_EPS, PI_EPS,
+              HAS_LB: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
+    b = tl.program_id(0)
+    offs, inside, heads, in_h, x, x2, energy, ratio, pi, mass, sq_pi, inv_m, gain = _forward(
+        x_ptr, e0_ptr, m0_ptr, q0_ptr, temp_ptr, lb_ptr, b, H, P, RATIO_EPS, PI_EPS, HAS_LB, BLOCK_H, BLOCK_P, ACC)
+    go = tl.load(go_ptr + offs, mask=inside, other=0.0).to(ACC)
+    dq_c = inv_m[:, None] * gain * gain * x * pi[:, None] * go
+    dq = tl.load(gq_ptr + offs, mask=inside, other=0.0) + dq_c
+    dm = tl.load(gm_ptr + heads, mask=in_h, other=0.0) - tl.sum(dq_c * sq_pi * inv_m[:, None], axis=1)
+    dpi = tl.load(gpi_ptr + heads, mask=in_h, other=0.0) + dm + tl.sum(dq * x2 - x * gain * go, axis=1)
+    big_lam = pi * (dpi - tl.sum(pi * dpi, axis=0))
+    lam = tl.load(temp_ptr + tl.arange(0, BLOCK_H), mask=in_h, other=0.0) * big_lam
+    safe = tl.maximum(energy, RATIO_EPS)
+    de = tl.load(ge_ptr + offs, mask=inside, other=0.0)
+    de += tl.where(energy > RATIO_EPS, -lam[:, None] * x2 / (safe * safe), 0.0)
+    dx = -pi[:, None] * gain * go + 2.0 * x * (dq * pi[:, None] + lam[:, None] / safe + de)
+    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=inside)
+    tl.store(de_ptr + offs, de, mask=inside)
+    tl.store(dm_ptr + heads, dm, mask=in_h)
+    tl.store(dq_ptr + offs, dq, mask=inside)
+    tl.store(dtemp_ptr + heads, big_lam * ratio, mask=in_h)
+    tl.store(dlb_ptr + heads, lam, mask=in_h)
+
+
+def _meta(x: Tensor, lb: Optional[Tensor]) -> dict:
+    return dict(HAS_LB=lb is not None, BLOCK_H=triton.next_power_of_2(x.shape[1]), BLOCK_P=block_p(x.shape[2]),
+                ACC=tl_acc(x.dtype))
+
+
+@torch.library.custom_op("whiteformer::causal_tssa_step_triton_fwd", mutates_args=())
+def _fwd(x: Tensor, e0: Tensor, m0: Tensor, q0: Tensor, temp: Tensor, lb: Optional[Tensor]
+         ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    b, h, p = x.shape
+    out, pi, m = torch.empty_like(x), torch.empty_like(m0), torch.empty_like(m0)
+    e, q = torch.empty_like(e0), torch.empty_like(q0)
+    _step_fwd[(b,)](x, e0, m0, q0, temp, m0 if lb is None else lb, out, pi, e, m, q, h, p, _tiles.RATIO_EPS,
+                    _tiles.PI_EPS, **_meta(x, lb))
+    return out, pi, e, m, q
+
+
+@_fwd.register_fake
+def _(x, e0, m0, q0, temp, lb):
+    return torch.empty_like(x), torch.empty_like(m0), torch.empty_like(e0), torch.empty_like(m0), torch.empty_like(q0)
+
+
+@torch.library.custom_op("whiteformer::causal_tssa_step_triton_bwd", mutates_args=())
+def _bwd(grad_out: Tensor, grad_pi: Tensor, grad_e: Tensor, grad_m: Tensor, grad_q: Tensor, x: Tensor, e0: Tensor,
+         m0: Tensor, q0: Tensor, temp: Tensor, lb: Optional[Tensor]
+         ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    b, h, p = x.shape
+    dx, de, dq = torch.empty_like(x), torch.empty_like(e0), torch.empty_like(q0)
+    dm, dtemp, dlb = torch.empty_like(m0), torch.empty_like(m0), torch.empty_like(m0)
+    _step_bwd[(b,)](grad_out, grad_pi, grad_e, grad_m, grad_q, x, e0, m0, q0, temp, m0 if lb is None else lb,
+                    dx, de, dm, dq, dtemp, dlb, h, p, _tiles.RATIO_EPS, _tiles.PI_EPS, **_meta(x, lb))
+    return dx, de, dm, dq, dtemp.sum(0), dlb
+
+
+@_bwd.register_fake
+def _(grad_out, grad_pi, grad_e, grad_m, grad_q, x, e0, m0, q0, temp, lb):
+    return (torch.empty_like(x), torch.empty_like(e0), torch.empty_like(m0), torch.empty_like(q0),
+            m0.new_empty(x.shape[1]), torch.empty_like(m0))
+
+
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _backward(ctx, g_out, g_pi, g_e, g_m, g_q):
+    x, e0, m0, q0, temp, lb = ctx.saved_tensors
+    if torch.is_grad_enabled():
+        raise RuntimeError("a differentiable backward (create_graph=True) through causal_tssa_step's Triton kernel "
+                           "is not supported; set WHITEFORMER_BACKEND=torch for double backward")
+    zero = lambda g, like: torch.zeros_like(like) if g is None else g.contiguous()  # noqa: E731
+    dx, de, dm, dq, dtemp, dlb = _bwd(zero(g_out, x), zero(g_pi, m0), zero(g_e, e0), zero(g_m, m0), zero(g_q, q0),
+                                      x, e0, m0, q0, temp, lb)
+    return dx, de, dm, dq, dtemp.view_as(temp), dlb if lb is not None else None
+
+
+_fwd.register_autograd(_backward, setup_context=_setup)
+
+
+def causal_tssa_step_triton(
+    w_t: Tensor, sum_sq: Tensor, sum_pi: Tensor, sum_sq_pi: Tensor, temp: Tensor, logit_bias: Optional[Tensor] = None
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """One causal TSSA step through the fused Triton kernel.
+
+    Args:
+        w_t: (B, H, p) float16/bfloat16/float32/float64; sum_sq, sum_sq_pi: (B, H, p) and sum_pi:
+            (B, H), the running sums of the state; temp: (H, 1); logit_bias: (H,) or (B, H)
+            (``p * pos_bias[:, t, 0]``) or None.
+
+    Returns:
+        out_t (B, H, p) and pi_t (B, H) in w_t's dtype, and the new sums sum_sq, sum_pi,
+        sum_sq_pi in the statistics dtype (all differentiable).
+    """
+    x = w_t.contiguous()
+    b, h, _ = x.shape
+    acc = acc_dtype(x.dtype)
+    lb = None if logit_bias is None else logit_bias.to(acc).expand(b, h).contiguous()
+    state = [t.to(acc).contiguous() for t in (sum_sq, sum_pi, sum_sq_pi)]
+    out, pi, e, m, q = _fwd(x, state[0], state[1], state[2], temp.to(acc).reshape(h).contiguous(), lb)
+    return out, pi.to(x.dtype), e, m, q
