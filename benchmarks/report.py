@@ -475,43 +475,60 @@ def fused_section(results: Path, suffix: str = "") -> List[str]:
     return out
 
 
-def gpu_section() -> List[str]:
-    """What a GPU (Triton) kernel would change, and where it plugs in (no GPU here: not measured)."""
-    return [
-        "## 5. A GPU kernel (Triton): what it would change, and where it plugs in",
+def gpu_section(results: Path, suffix: str = "") -> List[str]:
+    """The GPU (Triton) section: what ``benchmarks/gpu.py`` measures, how to run it, and what this
+    machine could measure (the kernels' correctness through Triton's interpreter only, until a
+    ``gpu.json`` from a GPU run is in the results)."""
+    out = [
+        "## 5. GPU: Triton kernels",
         "",
-        "Not measured (no GPU on this machine); this is the design the CPU kernel was written to leave room for.",
+        "**What runs on a GPU.** `whiteformer.ops.tssa`, `causal_tssa` and `causal_tssa_step` use Triton kernels "
+        "(`src/whiteformer/ops/_kernels/triton/`, one module per operator) on CUDA tensors of float16, bfloat16, "
+        "float32 or float64 when `triton` is installed (`pip install 'whiteformer[triton]'`), with statistics in "
+        "float32 (float64 for float64 inputs). TSSA: three kernels forward (per-block feature energies; per token "
+        "block the logits of all heads, the softmax over heads and the Pi-weighted moments; the output), three "
+        "backward; partial sums over token blocks are reduced in a fixed order (deterministic). Causal TSSA is "
+        "chunked (64 tokens): per-chunk totals, an exclusive prefix over chunks (the chunk states E, Q, M), then "
+        "`tl.cumsum` inside each chunk; the backward runs the same scheme on suffix sums. Kept for backward: w, "
+        "Pi (B, H, N) and O(B H p) statistics (causal: the chunk states, 1/64 of w per statistic). "
+        "`WHITEFORMER_DISABLE_KERNELS=1` or `WHITEFORMER_BACKEND=torch` selects the PyTorch path; "
+        "`WHITEFORMER_BACKEND=triton` forces the kernels on any device (CPU tensors through Triton's interpreter, "
+        "with `TRITON_INTERPRET=1`).",
         "",
-        "* **Same passes, different bottleneck.** TSSA's operator is a bandwidth problem on any device: per (b, h) "
-        "the forward needs the feature energies s_j = sum_n w_nj^2 (a reduction over tokens), then per token the "
-        "logits of *all* heads, a softmax over heads and the Pi-weighted moments T_j, M (a second reduction), "
-        "then the elementwise output: 3 reads of w and 1 write, as in the CPU kernel. On a GPU the two "
-        "reductions over tokens become split reductions (token blocks in parallel, partial sums combined by a "
-        "second small kernel or atomics in float32); a program handles all heads of a token block, because the "
-        "softmax couples them (H <= 16 fits in registers). Under bf16/fp16 inputs the statistics accumulate in "
-        "float32, as the PyTorch path does.",
-        "* **Causal.** The chunked scan of the CPU kernel carries over directly (it is the chunkwise form "
-        "flash-linear-attention uses for linear attention): chunk sums of w^2, Pi w^2 and Pi, an exclusive prefix "
-        "over chunks (the checkpoints the backward already uses), then within each chunk a cumulative sum "
-        "(`tl.cumsum`) from the chunk's starting state. Parallel over (batch, chunk) instead of sequential over "
-        "tokens; recurrent generation stays one O(H p) state update per token.",
-        "* **Backward.** The same recomputation scheme: save w, Pi and O(B H p) statistics, recompute g, d and "
-        "the logits' inputs in the backward kernels (3 reads of w, 2 of the output gradient, 1 write).",
-        "* **What the ratios would look like.** On a GPU the projections run on tensor cores and SDPA is "
-        "FlashAttention, so the TSSA-vs-MHSA ratio is again bounded by the multiply-add ratio 2 + n/d of section 1 "
-        "once both are compute-bound; the operator's own share of the layer (6% here) would matter more at small "
-        "d, where it is memory-bound and the GEMMs are cheap.",
-        "* **Where it plugs in (no caller changes).** `whiteformer.ops.tssa`, `causal_tssa` and `causal_tssa_step` "
-        "choose their implementation in one place, `whiteformer.ops._kernels` (the backend registry `BACKENDS`, "
-        "by device type and dtype, or forced with `WHITEFORMER_BACKEND=<name>`). The fused ops are "
-        "`torch.library` custom ops (`whiteformer::tssa_fused_fwd` / `_bwd`, `whiteformer::causal_tssa_fused_fwd` / "
-        "`_bwd`, in `whiteformer/ops/_kernels/fused.py`) whose fake (meta) implementation and autograd formula are "
-        "device-independent. A GPU kernel is added either with `register_kernel(\"cuda\")` on those ops, or as "
-        "`register_backend(\"cuda\", dtypes, available, name=\"triton\", kernels={...})`; layers, models, "
-        "`torch.compile` graphs and the reference tests stay as they are (`WHITEFORMER_DISABLE_KERNELS=1` still "
-        "selects the PyTorch path, the oracle for the new kernel's tests).",
+        "**What `python -m benchmarks.gpu` measures** (one command on a CUDA machine; writes "
+        "`benchmarks/results/gpu.json`, from which this section renders its tables): (1) per operator, B=1 H=8 "
+        "p=64 n=16k in bfloat16 by default, the time of tssa forward, forward + backward, causal forward, forward + "
+        "backward as a multiple of `w.clone()` (CUDA events, rounds of the pair, median per-round ratio) for the "
+        "Triton kernels, the PyTorch path and `torch.compile` of the PyTorch path, with the peak memory "
+        "(`torch.cuda.max_memory_allocated`) and the bytes autograd saves for backward; (2) a 12-layer TSSA stack "
+        "(Triton and PyTorch path) vs MHSA through `F.scaled_dot_product_attention` at n = 4k ... 64k, forward and "
+        "forward + backward, time and peak memory. Targets (H100-class GPU, fp16/bf16): tssa forward <= 2x clone, "
+        "forward + backward <= 6x, causal forward + backward <= 8x, saved for backward <= 1.1x w + O(B H N).",
         "",
     ]
+    data = _load(results, f"gpu{suffix}.json")
+    if not data:
+        return out + [
+            "**What this machine could measure: correctness only.** It has no GPU, so there are no GPU timings or "
+            "memory figures on this page. The kernels were run through Triton's interpreter on CPU tensors "
+            "(`tests/test_triton_kernels.py`, `tests/test_triton_dispatch.py`; part of `make test`): forward and "
+            "every gradient against `whiteformer.ops.reference` in float32 (to 1e-5 of the largest entry), "
+            "float16 and bfloat16 (to their rounding), float64 gradcheck, padding masks, causal no-leakage, chunk "
+            "boundaries (N not a multiple of the chunk, N < chunk, N = 1) and the public ops under "
+            "`WHITEFORMER_BACKEND=triton`. The interpreter says nothing about speed; the targets above are "
+            "unverified until `python -m benchmarks.gpu` has run on a GPU and its `gpu.json` is committed.",
+            "",
+        ]
+    from . import gpu
+
+    out += [f"Measured on {data.get('gpu', '?')} (torch {data.get('torch')}, triton {data.get('triton')}) with "
+            f"`{data.get('command', 'python -m benchmarks.gpu')}`; {data['config']['dtype']}, "
+            f"B={data['config']['batch']} H={data['config']['heads']} p={data['config']['head_dim']} "
+            f"n={data['config']['n']}. Time / time of `w.clone()` (peak memory in brackets):", "",
+            gpu.ops_table(data["ops"]), ""]
+    if data.get("stack"):
+        out += [f"{data['config']['depth']}-layer stacks, batch 1:", "", gpu.stack_table(data["stack"]), ""]
+    return out
 
 
 def render(results: Path, suffix: str = "") -> str:
@@ -528,7 +545,7 @@ def render(results: Path, suffix: str = "") -> str:
         lines += generation_section(gen, results, suffix)
     lines += compression_section(comp)
     lines += fused_section(results, suffix)
-    lines += gpu_section()
+    lines += gpu_section(results, suffix)
     lines += [
         "## Caveats",
         "",

@@ -165,7 +165,7 @@ def test_compressed_attention_tiny(tiny):
 def test_report_renders_every_section(tiny):
     page = report.render(tiny["out"], "_quick")
     for heading in ("## 1. Attention scaling", "### Target", "### Where the time goes", "## 2. Causal generation",
-                    "## 3. Compressed attention", "## 4. Fused TSSA kernel", "## 5. A GPU kernel", "## Caveats"):
+                    "## 3. Compressed attention", "## 4. Fused TSSA kernel", "## 5. GPU: Triton kernels", "## Caveats"):
         assert heading in page, heading
     assert "attention_scaling_tokens_quick.png" in page and "| TSSA (ToST)" in page
 
