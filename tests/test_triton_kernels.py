@@ -17,6 +17,7 @@ import torch
 pytest.importorskip("triton", reason="triton is not installed (pip install 'whiteformer[triton]')")
 
 from whiteformer.ops import CausalTSSAState, causal_tssa_step  # noqa: E402
+from whiteformer.ops.causal_tssa.state import position_logit_bias  # noqa: E402
 from whiteformer.ops._kernels.triton import _tiles  # noqa: E402
 from whiteformer.ops._kernels.triton.causal_tssa import causal_tssa_triton  # noqa: E402
 from whiteformer.ops._kernels.triton.causal_tssa_step import causal_tssa_step_triton  # noqa: E402
@@ -121,17 +122,17 @@ def test_causal_forward_and_grads(dtype, shape, masked):
 def test_causal_without_bias_and_final_state_grads():
     """The returned running sums (the state for generation) and their gradients match the
     PyTorch path's state (float64)."""
-    from whiteformer.ops.causal_tssa import _causal_tssa_torch
+    from whiteformer.ops.causal_tssa.parallel import causal_tssa_parallel
 
     w, temp = _inputs((2, 3, 6, 3), torch.float64)
     mask = _mask(2, 6)
     out, pi, e, m, q = causal_tssa_triton(w, temp, None, mask)
-    ref_out, ref_pi, st = _causal_tssa_torch(w, temp, None, mask, 0.0)
-    for a, r in ((out, ref_out), (pi, ref_pi), (e, st.sum_sq), (m, st.sum_pi), (q, st.sum_sq_pi)):
+    ref_out, ref_pi, *st = causal_tssa_parallel(w, temp, None, mask)
+    for a, r in ((out, ref_out), (pi, ref_pi), (e, st[0]), (m, st[1]), (q, st[2])):
         torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-12)
     gs = [torch.randn_like(t) for t in (e, m, q)]
     got = torch.autograd.grad(sum((t * g).sum() for t, g in zip((e, m, q), gs)), (w, temp))
-    ref = torch.autograd.grad(sum((t * g).sum() for t, g in zip((st.sum_sq, st.sum_pi, st.sum_sq_pi), gs)), (w, temp))
+    ref = torch.autograd.grad(sum((t * g).sum() for t, g in zip(st, gs)), (w, temp))
     for a, r in zip(got, ref):
         torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-12)
 
@@ -188,7 +189,7 @@ def test_step_matches_recurrence_and_sequence(dtype):
     outs = []
     for t in range(n):
         o, pi, e, m, q = causal_tssa_step_triton(w[:, :, t], state.sum_sq, state.sum_pi, state.sum_sq_pi, temp,
-                                                 p * bias[:, t, 0].float())
+                                                 position_logit_bias(bias, p, 1, start=t))  # as the public step
         ro, rpi, rstate = causal_tssa_step(w[:, :, t], state, temp, bias, return_pi=True)
         _close(o, ro, dtype, f"step {t} out")
         _close(pi, rpi, dtype, f"step {t} pi")

@@ -16,7 +16,9 @@ Order of choice, at every call (eager; fixed when a graph is compiled):
 
 Registered here: ``"cpu"`` (float32/float64), the C++/OpenMP extension ``tssa_cpu.cpp`` built
 by :mod:`.build` and registered on the custom ops in :mod:`.fused` (no fused step: the step is a
-handful of O(B H p) ops).
+handful of O(B H p) ops), and ``"cuda"`` named ``triton`` (float16/bfloat16/float32/float64), the
+Triton kernels of :mod:`.triton` for all three ops (also on CPU tensors through Triton's
+interpreter with ``WHITEFORMER_BACKEND=triton`` and ``TRITON_INTERPRET=1``).
 
 **Adding a backend** (e.g. Triton on CUDA)::
 
@@ -162,3 +164,9 @@ def fused_supported(w: torch.Tensor) -> bool:
     if entry is None or entry.kernels or w.dtype not in entry.dtypes:
         return False
     return _backend_ready(w.device.type)
+
+
+# the Triton kernels (CUDA; any device with WHITEFORMER_BACKEND=triton); importing triton is deferred
+from .triton import register as _register_triton  # noqa: E402
+
+_register_triton()

@@ -1,79 +1,108 @@
-"""Triton kernels for TSSA, causal TSSA and the causal TSSA step (GPU path; issue 15).
+"""Triton kernels for TSSA, causal TSSA and the causal TSSA step (the GPU path; issue 15).
 
-One module per operator: :mod:`.tssa`, :mod:`.causal_tssa`, :mod:`.causal_tssa_step`; the
-shared tile helpers live in :mod:`._tiles`. Each module holds the kernels, a
-``torch.library`` custom op pair (forward, backward) with a fake implementation and a
-registered autograd formula, and one public function with the signature of the fused CPU op.
+One module per operator: :mod:`.tssa`, :mod:`.causal_tssa`, :mod:`.causal_tssa_step`, each with
+its kernels, a ``torch.library`` custom op pair (forward, backward) with a fake implementation
+and a registered autograd formula, and a function with the kernel signature of
+:mod:`whiteformer.ops._kernels`; the shared tile helpers are in :mod:`._tiles`.
 
-When the kernels run (see :func:`use_triton`):
+:func:`register` declares them as the backend ``"triton"`` for CUDA tensors of float16,
+bfloat16, float32 and float64 (statistics in float32, float64 for float64). Which path runs is
+decided by :mod:`whiteformer.ops._kernels`:
 
-- CUDA tensors of a supported dtype (float16, bfloat16, float32, float64) when ``triton``
-  imports, unless ``WHITEFORMER_DISABLE_KERNELS=1``;
-- any device when ``WHITEFORMER_BACKEND=triton`` (read at each call): CPU tensors then run
-  through Triton's interpreter, which needs ``TRITON_INTERPRET=1`` in the environment before
-  the kernels are first imported (Triton reads it when a kernel is decorated).
-  ``WHITEFORMER_BACKEND=torch`` forces the PyTorch path on every device.
+- CUDA tensors use these kernels when ``triton`` imports, else the PyTorch path;
+  ``WHITEFORMER_DISABLE_KERNELS=1`` or ``WHITEFORMER_BACKEND=torch`` forces the PyTorch path;
+- ``WHITEFORMER_BACKEND=triton`` (read at each call) forces them on any device: CPU tensors then
+  run through Triton's interpreter, which needs ``TRITON_INTERPRET=1`` in the environment before
+  the kernels are first used (Triton reads it when a kernel is decorated, i.e. when the kernel
+  modules are imported). Forced without ``triton`` installed, or on CPU without the interpreter,
+  the ops raise a RuntimeError saying so.
 
-Statistics are accumulated in float32 for float16/bfloat16/float32 inputs (float64 for float64).
+Nothing here imports ``triton`` until a kernel runs.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+import sys
 
 import torch
 
-__all__ = ["ENV_BACKEND", "BACKENDS_ALLOWED", "DTYPES", "backend_choice", "triton_importable", "use_triton"]
+__all__ = ["DTYPES", "register", "triton_available"]
 
-ENV_BACKEND = "WHITEFORMER_BACKEND"
-BACKENDS_ALLOWED = ("", "auto", "torch", "triton")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+NAME = "triton"
 
 
-def backend_choice() -> str:
-    """``WHITEFORMER_BACKEND`` (lower-cased; ``""`` when unset). Unknown values raise ValueError."""
-    value = os.environ.get(ENV_BACKEND, "").strip().lower()
-    if value not in BACKENDS_ALLOWED:
-        raise ValueError(f"{ENV_BACKEND} must be one of 'auto', 'torch', 'triton' (or unset), got {value!r}")
-    return value
+@functools.lru_cache(maxsize=None)
+def _import_error() -> str:
+    """'' when ``import triton`` works, else why not (tried once per process)."""
+    if importlib.util.find_spec("triton") is None:
+        return "the 'triton' package is not installed (pip install 'whiteformer[triton]')"
+    try:
+        import triton  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - a broken install: report it, use the PyTorch path
+        return f"'import triton' failed: {type(e).__name__}: {e}"
+    return ""
 
 
-def triton_importable() -> bool:
-    """True when the ``triton`` package is installed (without importing it)."""
-    return importlib.util.find_spec("triton") is not None
+def _forced() -> bool:
+    from .. import ENV_BACKEND
+
+    return os.environ.get(ENV_BACKEND, "").strip().lower() == NAME
 
 
+def triton_available() -> bool:
+    """Whether the backend is offered: ``triton`` imports, or ``WHITEFORMER_BACKEND=triton``
+    forces it (then a kernel that cannot run raises a clear error instead of falling back)."""
+    return _forced() or not _import_error()
 
-def check_forced(device: torch.device) -> None:
-    """Raise a clear RuntimeError when ``WHITEFORMER_BACKEND=triton`` cannot run on ``device``."""
-    if not triton_importable():
+
+def _interpreted() -> bool:
+    tiles = sys.modules.get(__name__ + "._tiles")
+    if tiles is not None:  # already decorated: in which mode
+        return tiles.kernels_interpreted()
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
+
+
+def check_runnable(device: torch.device) -> None:
+    """Raise a RuntimeError naming the fix when the kernels cannot run on ``device``."""
+    error = _import_error()
+    if error:
+        raise RuntimeError(f"WHITEFORMER_BACKEND={NAME}: {error}")
+    if device.type != "cuda" and not _interpreted():
         raise RuntimeError(
-            f"{ENV_BACKEND}=triton but the 'triton' package is not installed "
-            "(pip install 'whiteformer[triton]')"
+            f"WHITEFORMER_BACKEND={NAME} on {device.type} tensors runs Triton's interpreter: set "
+            "TRITON_INTERPRET=1 in the environment before the first call (Triton reads it when the "
+            "kernels are first imported)"
         )
-    if device.type != "cuda":
-        from ._tiles import kernels_interpreted
-
-        if not kernels_interpreted():
-            raise RuntimeError(
-                f"{ENV_BACKEND}=triton on {device.type} tensors runs Triton's interpreter: set "
-                "TRITON_INTERPRET=1 in the environment before the first call (Triton reads it when "
-                "the kernels are first imported)"
-            )
 
 
-def use_triton(x: torch.Tensor, disabled: bool) -> bool:
-    """Whether the Triton kernels run on ``x`` (``disabled``: ``WHITEFORMER_DISABLE_KERNELS`` set).
+def _tssa(w, temp, attn_mask):
+    check_runnable(w.device)
+    from .tssa import tssa_triton
 
-    ``WHITEFORMER_BACKEND=triton`` forces them whatever the device (errors clearly if they cannot
-    run); ``torch`` forbids them; otherwise CUDA tensors of a supported dtype use them when
-    ``triton`` is installed and kernels are not disabled."""
-    choice = backend_choice()
-    if choice == "torch":
-        return False
-    if choice == "triton":
-        if x.dtype not in DTYPES:
-            raise TypeError(f"the Triton kernels support {[str(d) for d in DTYPES]}, got {x.dtype}")
-        check_forced(x.device)
-        return True
-    return x.device.type == "cuda" and x.dtype in DTYPES and not disabled and triton_importable()
+    return tssa_triton(w, temp, attn_mask)
+
+
+def _causal_tssa(w, temp, logit_bias, attn_mask):
+    check_runnable(w.device)
+    from .causal_tssa import causal_tssa_triton
+
+    return causal_tssa_triton(w, temp, logit_bias, attn_mask)
+
+
+def _causal_tssa_step(w_t, sum_sq, sum_pi, sum_sq_pi, temp, logit_bias):
+    check_runnable(w_t.device)
+    from .causal_tssa_step import causal_tssa_step_triton
+
+    return causal_tssa_step_triton(w_t, sum_sq, sum_pi, sum_sq_pi, temp, logit_bias)
+
+
+def register() -> None:
+    """Declare the kernels as the ``"triton"`` backend of CUDA tensors (called by
+    :mod:`whiteformer.ops._kernels` at import)."""
+    from .. import register_backend
+
+    register_backend("cuda", DTYPES, triton_available, name=NAME,
+                     kernels={"tssa": _tssa, "causal_tssa": _causal_tssa, "causal_tssa_step": _causal_tssa_step})

@@ -275,11 +275,11 @@ def _setup(ctx, inputs, output):
 def _backward(ctx, g_out, g_pi, g_e, g_m, g_q, *_):
     w, temp, lb, mask, pi, e0, q0, m0 = ctx.saved_tensors
     if torch.is_grad_enabled():  # create_graph: differentiable recomputation in PyTorch
-        from ...tssa_fused import _causal_torch_outputs, _double_backward
+        from ...causal_tssa.parallel import causal_tssa_parallel
+        from ..fused import _double_backward
 
-        out, pi_, e, q, m = _causal_torch_outputs(w.to(temp.dtype), temp, lb, mask)
         inputs = (w, temp) if lb is None else (w, temp, lb)
-        grads = _double_backward((out, pi_, e, m, q), inputs, (g_out, g_pi, g_e, g_m, g_q))
+        grads = _double_backward(causal_tssa_parallel(w, temp, lb, mask), inputs, (g_out, g_pi, g_e, g_m, g_q))
         return grads[0], grads[1], grads[2] if lb is not None else None, None, None
     g_out = torch.zeros_like(w) if g_out is None else g_out.contiguous()
     g_pi, g_e, g_m, g_q = (None if g is None else g.contiguous() for g in (g_pi, g_e, g_m, g_q))

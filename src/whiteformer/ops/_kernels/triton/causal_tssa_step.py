@@ -141,9 +141,14 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, g_out, g_pi, g_e, g_m, g_q):
     x, e0, m0, q0, temp, lb = ctx.saved_tensors
-    if torch.is_grad_enabled():
-        raise RuntimeError("a differentiable backward (create_graph=True) through causal_tssa_step's Triton kernel "
-                           "is not supported; set WHITEFORMER_BACKEND=torch for double backward")
+    if torch.is_grad_enabled():  # create_graph: differentiable recomputation in PyTorch
+        from ...causal_tssa.recurrent import causal_tssa_recurrent
+        from ..fused import _double_backward
+
+        inputs = (x, e0, m0, q0, temp) if lb is None else (x, e0, m0, q0, temp, lb)
+        outs = causal_tssa_recurrent(x, e0, m0, q0, temp.view(-1, 1), None if lb is None else lb.unsqueeze(-1))
+        grads = _double_backward(outs, inputs, (g_out, g_pi, g_e, g_m, g_q))
+        return (*grads[:5], grads[5] if lb is not None else None)
     zero = lambda g, like: torch.zeros_like(like) if g is None else g.contiguous()  # noqa: E731
     dx, de, dm, dq, dtemp, dlb = _bwd(zero(g_out, x), zero(g_pi, m0), zero(g_e, e0), zero(g_m, m0), zero(g_q, q0),
                                       x, e0, m0, q0, temp, lb)
@@ -160,8 +165,8 @@ def causal_tssa_step_triton(
 
     Args:
         w_t: (B, H, p) float16/bfloat16/float32/float64; sum_sq, sum_sq_pi: (B, H, p) and sum_pi:
-            (B, H), the running sums of the state; temp: (H, 1); logit_bias: (H,) or (B, H)
-            (``p * pos_bias[:, t, 0]``) or None.
+            (B, H), the running sums of the state; temp: (H, 1); logit_bias: (H, 1) or (B, H, 1)
+            (``p * pos_bias`` at position t; also (H,) or (B, H)) or None.
 
     Returns:
         out_t (B, H, p) and pi_t (B, H) in w_t's dtype, and the new sums sum_sq, sum_pi,
@@ -170,7 +175,7 @@ def causal_tssa_step_triton(
     x = w_t.contiguous()
     b, h, _ = x.shape
     acc = acc_dtype(x.dtype)
-    lb = None if logit_bias is None else logit_bias.to(acc).expand(b, h).contiguous()
+    lb = None if logit_bias is None else logit_bias.to(acc).reshape(-1, h).expand(b, h).contiguous()
     state = [t.to(acc).contiguous() for t in (sum_sq, sum_pi, sum_sq_pi)]
     out, pi, e, m, q = _fwd(x, state[0], state[1], state[2], temp.to(acc).reshape(h).contiguous(), lb)
     return out, pi.to(x.dtype), e, m, q

@@ -216,10 +216,10 @@ def _setup(ctx, inputs, output):
 def _backward(ctx, g_out, g_pi, *_):
     w, temp, mask, pi, s, t, m = ctx.saved_tensors
     if torch.is_grad_enabled():  # create_graph: differentiable recomputation in PyTorch
-        from ...tssa_fused import _double_backward, _tssa_torch_outputs
+        from ...tssa.parallel import tssa_parallel
+        from ..fused import _double_backward
 
-        outs = _tssa_torch_outputs(w.to(temp.dtype), temp, mask)
-        dw, dtemp = _double_backward(outs, (w, temp), (g_out, g_pi))
+        dw, dtemp = _double_backward(tssa_parallel(w, temp, mask), (w, temp), (g_out, g_pi))
         return dw, dtemp, None, None
     g_out = torch.zeros_like(w) if g_out is None else g_out.contiguous()
     g_pi = None if g_pi is None else g_pi.contiguous()
