@@ -1,5 +1,15 @@
+import os
+import sys
+
 import pytest
 import torch
+
+# The Triton kernels' tests (tests/test_triton_*.py) run on CPU through Triton's interpreter, which
+# Triton selects when it decorates a kernel: its own library (tl.sum, ...) at `import triton`, so
+# the variable must be set before anything (torch.compile included) imports triton. Not on a GPU
+# machine, where the kernels are compiled (and the GPU tests cover them).
+if "triton" not in sys.modules and not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True, scope="session")

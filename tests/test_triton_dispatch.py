@@ -3,12 +3,9 @@ CPU tensors through Triton's interpreter with the same signatures, outputs and a
 PyTorch path; clear errors when they cannot run; nothing changes without the variable. A GPU
 test (skipped without CUDA) compares the compiled kernels with the PyTorch path on the GPU.
 
-``TRITON_INTERPRET`` is read by Triton when a kernel is decorated, so it is set before the
-kernel modules are imported (see tests/test_triton_kernels.py)."""
+``TRITON_INTERPRET`` is set by tests/conftest.py before anything imports triton (see
+tests/test_triton_kernels.py)."""
 import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # noqa: E402
-
 import subprocess
 import sys
 import textwrap
@@ -32,7 +29,8 @@ from whiteformer.ops.reference import causal_tssa_reference, tssa_reference  # n
 ROOT = Path(__file__).resolve().parents[1]
 
 if not _tiles.kernels_interpreted() and not torch.cuda.is_available():
-    pytest.skip("the Triton kernels were imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+    pytest.skip("triton was imported before TRITON_INTERPRET=1 was set (tests/conftest.py sets it)",
+                allow_module_level=True)
 
 
 @pytest.fixture
@@ -163,7 +161,7 @@ def test_clear_error_on_cpu_without_the_interpreter(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode != 0
     assert "RuntimeError: WHITEFORMER_BACKEND=triton on cpu tensors runs Triton's interpreter: set " \
-           "TRITON_INTERPRET=1" in res.stderr, res.stderr[-2000:]
+           "TRITON_INTERPRET=1 in the environment before triton is first imported" in res.stderr, res.stderr[-2000:]
 
 
 def test_custom_ops_pass_opcheck():

@@ -3,14 +3,11 @@ through Triton's interpreter: forward and every gradient against the references 
 1e-5 of the largest entry, float16/bfloat16 to their rounding), float64 gradcheck, masks, causal
 no-leakage, chunk boundaries (N not a multiple of the chunk, N < chunk, N = 1), many (b, h).
 
-Triton reads ``TRITON_INTERPRET`` when a kernel is decorated (``@triton.jit``, i.e. when the
-kernel modules are first imported), so it is set here, before they are. Shapes are tiny: the
-interpreter runs every program instance in Python (~10-50 ms each on this CPU).
+Triton reads ``TRITON_INTERPRET`` when it decorates a kernel (its own library at ``import
+triton``, ours when the kernel modules are imported): tests/conftest.py sets it before anything
+imports triton. Shapes are tiny: the interpreter runs every program instance in Python
+(~10-50 ms each on this CPU).
 """
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # noqa: E402  (before the kernels are imported)
-
 import pytest
 import torch
 
@@ -25,7 +22,8 @@ from whiteformer.ops._kernels.triton.tssa import tssa_triton  # noqa: E402
 from whiteformer.ops.reference import causal_tssa_reference, tssa_reference  # noqa: E402
 
 if not _tiles.kernels_interpreted() and not torch.cuda.is_available():
-    pytest.skip("the Triton kernels were imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+    pytest.skip("triton was imported before TRITON_INTERPRET=1 was set (tests/conftest.py sets it)",
+                allow_module_level=True)
 
 # relative tolerance (of the largest reference entry) per dtype: float32 1e-5 as the issue asks;
 # half types: a few units of their rounding (outputs and gradients are returned in that dtype)

@@ -59,10 +59,20 @@ def triton_available() -> bool:
 
 
 def _interpreted() -> bool:
+    """Whether the kernels run (or, imported now, would run) in Triton's interpreter. Triton reads
+    ``TRITON_INTERPRET`` when it decorates a kernel: its own library at ``import triton``, ours
+    when :mod:`._tiles` and the kernel modules are imported."""
     tiles = sys.modules.get(__name__ + "._tiles")
-    if tiles is not None:  # already decorated: in which mode
+    if tiles is not None:
         return tiles.kernels_interpreted()
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
+    if os.environ.get("TRITON_INTERPRET", "").strip().lower() not in ("1", "true", "on", "yes"):
+        return False
+    if "triton" in sys.modules:  # imported before the variable was set?
+        import triton
+        import triton.language as tl
+
+        return not isinstance(tl.standard.sum, triton.runtime.JITFunction)
+    return True
 
 
 def check_runnable(device: torch.device) -> None:
@@ -73,8 +83,8 @@ def check_runnable(device: torch.device) -> None:
     if device.type != "cuda" and not _interpreted():
         raise RuntimeError(
             f"WHITEFORMER_BACKEND={NAME} on {device.type} tensors runs Triton's interpreter: set "
-            "TRITON_INTERPRET=1 in the environment before the first call (Triton reads it when the "
-            "kernels are first imported)"
+            "TRITON_INTERPRET=1 in the environment before triton is first imported (Triton reads it "
+            "when it decorates its kernels, at import)"
         )
 
 

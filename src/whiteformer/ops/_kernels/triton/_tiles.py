@@ -9,13 +9,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ...constants import NORM_EPS
+
 # tokens per program (non-causal) and per chunk (causal); tests set tiny values to cross boundaries
 BLOCK_N = 64
 CHUNK = 64
 
-NORM_EPS_SQ = 1e-24  # (F.normalize eps 1e-12)^2, on the per-feature token energy
-RATIO_EPS = 1e-12  # clamp on the causal prefix energy
-PI_EPS = 1e-8  # added to the membership mass
+NORM_EPS_SQ = NORM_EPS * NORM_EPS  # clamp on the per-feature token energy (F.normalize semantics)
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -39,8 +39,9 @@ def mask_u8(mask, w: torch.Tensor) -> torch.Tensor:
 
 
 def kernels_interpreted() -> bool:
-    """Whether the kernels were built for Triton's interpreter (``TRITON_INTERPRET=1`` at import)."""
-    return not isinstance(tile_offsets, triton.runtime.JITFunction)
+    """Whether the kernels, and Triton's own library (``tl.sum``, ``tl.cumsum``: decorated when
+    ``triton`` was imported), run in Triton's interpreter (``TRITON_INTERPRET=1`` at both imports)."""
+    return not any(isinstance(f, triton.runtime.JITFunction) for f in (tile_offsets, tl.standard.sum))
 
 
 @triton.jit

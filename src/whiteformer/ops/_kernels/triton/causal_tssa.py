@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ...constants import PI_EPS, RATIO_EPS
 from . import _tiles
 from ._tiles import acc_dtype, block_p, energy_partials, mask_u8, put_row, put_tok, row, tl_acc, tok, w_block
 
@@ -217,11 +218,11 @@ def _fwd(w: Tensor, temp: Tensor, lb: Optional[Tensor], mask: Optional[Tensor], 
     e0, e_fin = _prefix(part), part.sum(2)
     pi = w.new_empty(b, h, n, dtype=acc)
     q_part, m_part = w.new_empty(b, h, nc, p, dtype=acc), w.new_empty(b, h, nc, dtype=acc)
-    _pi[(b, nc)](w, m8, e0, pi if lb is None else lb, temp, pi, q_part, m_part, h, n, p, nc, _tiles.RATIO_EPS,
+    _pi[(b, nc)](w, m8, e0, pi if lb is None else lb, temp, pi, q_part, m_part, h, n, p, nc, RATIO_EPS,
                  HAS_LB=lb is not None, **meta)
     q0, m0 = _prefix(q_part), _prefix(m_part)
     out = torch.empty_like(w)
-    _out[(b * h, nc)](w, m8, pi, q0, m0, out, h, n, p, nc, _tiles.PI_EPS, **meta)
+    _out[(b * h, nc)](w, m8, pi, q0, m0, out, h, n, p, nc, PI_EPS, **meta)
     return out, pi, e_fin, m_part.sum(2), q_part.sum(2), e0, q0, m0
 
 
@@ -241,9 +242,9 @@ def _bwd(grad_out: Tensor, grad_pi: Optional[Tensor], grad_e: Optional[Tensor], 
     b, h, n, p = w.shape
     acc, nc = acc_dtype(w.dtype), triton.cdiv(n, chunk)
     meta, m8 = _meta(w, mask, chunk), mask_u8(mask, w)
-    eps = (_tiles.RATIO_EPS, _tiles.PI_EPS)
+    eps = (RATIO_EPS, PI_EPS)
     dq_part, dm_part = w.new_empty(b, h, nc, p, dtype=acc), w.new_empty(b, h, nc, dtype=acc)
-    _bwd_chunk[(b * h, nc)](w, m8, pi, grad_out, q0, m0, dq_part, dm_part, h, n, p, nc, _tiles.PI_EPS, **meta)
+    _bwd_chunk[(b * h, nc)](w, m8, pi, grad_out, q0, m0, dq_part, dm_part, h, n, p, nc, PI_EPS, **meta)
     u0, v0 = _suffix_after(dq_part, grad_q), _suffix_after(dm_part, grad_m)
     lam, logit = w.new_empty(b, h, n, dtype=acc), w.new_empty(b, h, n, dtype=acc)
     dtemp_part = w.new_empty(b, nc, h, dtype=acc)

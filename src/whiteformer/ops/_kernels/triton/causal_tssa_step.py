@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from . import _tiles
+from ...constants import PI_EPS, RATIO_EPS
 from ._tiles import acc_dtype, block_p, tl_acc
 
 __all__ = ["causal_tssa_step_triton"]
@@ -107,8 +107,8 @@ def _fwd(x: Tensor, e0: Tensor, m0: Tensor, q0: Tensor, temp: Tensor, lb: Option
     b, h, p = x.shape
     out, pi, m = torch.empty_like(x), torch.empty_like(m0), torch.empty_like(m0)
     e, q = torch.empty_like(e0), torch.empty_like(q0)
-    _step_fwd[(b,)](x, e0, m0, q0, temp, m0 if lb is None else lb, out, pi, e, m, q, h, p, _tiles.RATIO_EPS,
-                    _tiles.PI_EPS, **_meta(x, lb))
+    _step_fwd[(b,)](x, e0, m0, q0, temp, m0 if lb is None else lb, out, pi, e, m, q, h, p, RATIO_EPS,
+                    PI_EPS, **_meta(x, lb))
     return out, pi, e, m, q
 
 
@@ -125,7 +125,7 @@ def _bwd(grad_out: Tensor, grad_pi: Tensor, grad_e: Tensor, grad_m: Tensor, grad
     dx, de, dq = torch.empty_like(x), torch.empty_like(e0), torch.empty_like(q0)
     dm, dtemp, dlb = torch.empty_like(m0), torch.empty_like(m0), torch.empty_like(m0)
     _step_bwd[(b,)](grad_out, grad_pi, grad_e, grad_m, grad_q, x, e0, m0, q0, temp, m0 if lb is None else lb,
-                    dx, de, dm, dq, dtemp, dlb, h, p, _tiles.RATIO_EPS, _tiles.PI_EPS, **_meta(x, lb))
+                    dx, de, dm, dq, dtemp, dlb, h, p, RATIO_EPS, PI_EPS, **_meta(x, lb))
     return dx, de, dm, dq, dtemp.sum(0), dlb
 
 

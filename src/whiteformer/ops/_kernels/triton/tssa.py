@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ...constants import PI_EPS
 from . import _tiles
 from ._tiles import acc_dtype, block_p, energy_partials, mask_u8, put_row, put_tok, row, tl_acc, tok, w_block
 
@@ -163,7 +164,7 @@ def _fwd(w: Tensor, temp: Tensor, mask: Optional[Tensor], block: int) -> Tuple[T
     _pi[(b, nb)](w, m8, r, temp, pi, part, m_part, h, n, p, nb, **meta)
     t, m = part.sum(2), m_part.sum(2)
     out = torch.empty_like(w)
-    _out[(b * h, nb)](w, m8, pi, t, m, out, h, n, p, _tiles.PI_EPS, **meta)
+    _out[(b * h, nb)](w, m8, pi, t, m, out, h, n, p, PI_EPS, **meta)
     return out, pi, s, t, m
 
 
@@ -181,7 +182,7 @@ def _bwd(grad_out: Tensor, grad_pi: Optional[Tensor], w: Tensor, temp: Tensor, m
     b, h, n, p = w.shape
     acc, nb = acc_dtype(w.dtype), triton.cdiv(n, block)
     meta, m8 = _meta(w, mask, block), mask_u8(mask, w)
-    c = (m + _tiles.PI_EPS).reciprocal()  # (B, H)
+    c = (m + PI_EPS).reciprocal()  # (B, H)
     d = c[..., None] * t
     gain = (1.0 + d).reciprocal()  # (B, H, p)
     part = w.new_empty(b, h, nb, p, dtype=acc)
