@@ -117,6 +117,7 @@ def test_report_contents():
     assert new.blocks[1].mlp.fc1.rank == 20 and new.blocks[1].mlp.fc2.rank == 24
     md = rep.to_markdown()
     assert "| QK block | QK rank | VO rank | MLP rank | MHSA FLOPs CR, % | FLOPs CR, % | # param CR, % |" in md
+    assert "QK rank: per head for TruncAtt; the total over heads for IrrAtt" in md
     assert f"| IrrAtt | 24 | 8 | 20/24 | {100 * rep.mhsa_flops_ratio:.1f} |" in md
     assert md.count("\n| 0 |") == 1 and md.count("\n| 1 |") == 1
 

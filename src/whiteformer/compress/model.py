@@ -265,6 +265,8 @@ class CompressionReport:
                  "|---|---|---|---|---|---|---|",
                  f"| {name} | {qk} | {vo} | {mlp} | {100 * self.mhsa_flops_ratio:.1f} | "
                  f"{100 * self.flops_ratio:.1f} | {100 * self.params_ratio:.1f} |", "",
+                 "QK rank: per head for TruncAtt; the total over heads for IrrAtt (sum of its block ranks) "
+                 "and CP SlimAtt (its shared rank R). VO rank: per head.", "",
                  f"N = {self.num_tokens} tokens. FLOPs of one image counted with torch.utils.flop_counter on the "
                  "explicit attention path (softmax, GELU, norms not counted): "
                  f"{self.flops_orig / 1e9:.4g} G -> {self.flops / 1e9:.4g} G (attention "
