@@ -17,6 +17,7 @@ PKG = SRC / "whiteformer"
 # own package and packages of a strictly lower layer only. Function-level (lazy) imports count too.
 LAYERS = {
     "_checks": 0,
+    "_utils": 0,
     "_version": 0,
     "ops": 1,
     "attention": 2,
@@ -184,3 +185,41 @@ def test_attention_registry_same_whatever_is_imported_first(first):
     names = out.stdout.strip().splitlines()[-1].split(",")
     assert names == [n for n in whiteformer.attention.list_attention() if not n.startswith("_")]
     assert {"truncatt", "irratt", "cp_slimatt", "tssa", "mhsa"} <= set(names)
+
+
+# One copy of each small helper: the checks live in _checks.py, the module helpers in _utils.py.
+SINGLE_HOME = {"is_int": "_checks", "is_real": "_checks", "check_int": "_checks", "check_probability": "_checks",
+               "eval_mode": "_utils", "count_params": "_utils", "to_jsonable": "_utils"}
+# local look-alikes the helpers replaced (names of the former copies)
+FORMER_COPIES = {"_check_prob", "_check_rate", "_check_dropout", "check_attn_drop", "_n_params", "_jsonable"}
+
+
+def _function_defs():
+    """[(function name, module, line)] of every def in src/whiteformer."""
+    out = []
+    for mod, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.append((node.name, mod, node.lineno))
+    return out
+
+
+def test_helpers_are_defined_once():
+    defs = _function_defs()
+    for name, home in SINGLE_HOME.items():
+        where = [(m, line) for n, m, line in defs if n == name]
+        assert [m for m, _ in where] == [f"whiteformer.{home}"], \
+            f"{name} must be defined once, in whiteformer/{home}.py; found {where}"
+    copies = [f"{m}:{line} {n}" for n, m, line in defs if n in FORMER_COPIES]
+    assert not copies, f"local copies of shared helpers (use whiteformer._checks / whiteformer._utils): {copies}"
+
+
+def test_bool_is_not_int_is_checked_by_the_helper():
+    """``isinstance(v, bool) or not isinstance(v, int)`` and its variants are spelled is_int / is_real."""
+    import re
+
+    pattern = re.compile(r"isinstance\([\w.\[\]]+, bool\)\s*(or not|and not)\s*isinstance|"
+                         r"isinstance\([\w.\[\]]+, [^)]*\)\s*(or|and not)\s*isinstance\([\w.\[\]]+, bool\)")
+    bad = [f"{path.relative_to(SRC)}:{i}" for mod, path in MODULES.items() if not mod.endswith("._checks")
+           for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert not bad, f"use whiteformer._checks.is_int / is_real instead: {bad}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from numbers import Integral, Real
 from typing import Sequence, Tuple
 
 import torch
@@ -38,9 +39,9 @@ def check_nonempty(x: torch.Tensor, name: str, dim: int, what: str = "tokens") -
 
 def check_divisible(dim: int, num_heads: int, dim_name: str = "dim") -> int:
     """Return the head dimension ``dim // num_heads`` or raise a clear error."""
-    if not isinstance(num_heads, int) or num_heads <= 0:
+    if not is_int(num_heads) or num_heads <= 0:
         raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
-    if not isinstance(dim, int) or dim <= 0:
+    if not is_int(dim) or dim <= 0:
         raise ValueError(f"{dim_name} must be a positive integer, got {dim!r}")
     if dim % num_heads != 0:
         raise ValueError(f"{dim_name} ({dim}) must be divisible by num_heads ({num_heads})")
@@ -89,6 +90,35 @@ def autocast_off(x: torch.Tensor):
 
 
 
+# ----------------------------------------------------------------------------- scalar arguments
+
+
+def is_int(value) -> bool:
+    """An integer that is not a bool (``True`` is an ``int`` to Python, never a size or an index here)."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def is_real(value) -> bool:
+    """A real number (int or float, NumPy scalars included) that is not a bool."""
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def check_int(value, name: str, minimum: int | None = None) -> int:
+    """An integer (not a bool) ``>= minimum`` when given; returns it as an ``int``."""
+    if not is_int(value) or (minimum is not None and value < minimum):
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise ValueError(f"{name} must be an integer{bound}, got {value!r}")
+    return int(value)
+
+
+def check_probability(value, name: str = "p") -> float:
+    """A dropout-style probability in [0, 1) (1 would drop everything); returns it as a float.
+    The one probability check of the package: dropout, attention dropout, drop-path rates."""
+    if not is_real(value) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
+    return float(value)
+
+
 # ----------------------------------------------------------------------------- operator arguments
 
 
@@ -107,13 +137,6 @@ def check_temp(temp, heads: int, name: str = "temp") -> None:
         raise ValueError(f"{name} must have shape (H, 1) = ({heads}, 1) to match w, got {tuple(temp.shape)}")
 
 
-def check_attn_drop(attn_drop, name: str = "attn_drop") -> float:
-    """A dropout probability in [0, 1); returns it as a float."""
-    if isinstance(attn_drop, bool) or not isinstance(attn_drop, (int, float)) or not 0.0 <= attn_drop < 1.0:
-        raise ValueError(f"{name} must be a float in [0, 1), got {attn_drop!r}")
-    return float(attn_drop)
-
-
 def check_pos_bias(pos_bias, heads: int, name: str = "pos_bias") -> None:
     """None or a per-head, per-position bias of shape (H, T_max, 1) with T_max >= 1."""
     if pos_bias is None:
@@ -127,7 +150,7 @@ def check_pos_bias(pos_bias, heads: int, name: str = "pos_bias") -> None:
 
 def check_eps(eps, name: str = "eps") -> float:
     """A finite number >= 0; returns it as a float."""
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+    if not is_real(eps) or not math.isfinite(eps) or eps < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {eps!r}")
     return float(eps)
 
@@ -169,7 +192,7 @@ def normalize_ranks(ranks, num_heads: int, max_rank: int, name: str = "ranks",
     """Turn an int or a sequence of H ints into a validated tuple of per-head ranks."""
     if isinstance(ranks, bool):
         raise TypeError(f"{name} must be an int or a sequence of ints, got bool")
-    if isinstance(ranks, int):
+    if is_int(ranks):
         ranks = (ranks,) * num_heads
     elif isinstance(ranks, (list, tuple)) or (isinstance(ranks, torch.Tensor) and ranks.dim() == 1):
         ranks = tuple(int(r) for r in ranks)

@@ -15,8 +15,8 @@
 What is tracked (on any ``nn.Module``: the vision shell, the language models, CRATE, DeiT):
 
 * attention layers: every class of the :mod:`whiteformer.attention` registry except the class
-  attention (TSSA, CausalTSSA, DMSA, ECAttention, MHSA, XCA, MSSA and the compressed layers),
-  plus the GPT baseline's ``CausalSelfAttention``, or the classes given as ``attn_types``. A
+  attention (TSSA, CausalTSSA, DMSA, ECAttention, MHSA, XCA, MSSA, the GPT baseline's
+  CausalSelfAttention and the compressed layers), or the classes given as ``attn_types``. A
   tracked layer nested in another tracked layer is not tracked separately.
 * the block of an attention layer: its parent module, unless the parent is a container
   (``ModuleList`` / ``Sequential`` / ``ModuleDict``) or holds other tracked layers; then the
@@ -44,6 +44,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Type
 
 import torch
 import torch.nn as nn
+
+from .._utils import eval_mode  # noqa: F401  (re-exported: whiteformer.analysis.capture.eval_mode)
 
 __all__ = ["BlockRecord", "ClassAttentionRecord", "Recording", "capture", "attention_basis", "supports_pi", "eval_mode"]
 
@@ -149,12 +151,6 @@ def _default_attn_types() -> Tuple[Tuple[type, ...], Tuple[type, ...]]:
 
     tracked = [registry.get_attention_class(n) for n in registry.list_attention()]
     tracked = [c for c in tracked if not issubclass(c, ClassAttention)]
-    try:
-        from ..models.lm import CausalSelfAttention
-
-        tracked.append(CausalSelfAttention)
-    except ImportError:  # pragma: no cover - models always ship with the package
-        pass
     return tuple(tracked), (ClassAttention,)
 
 
@@ -331,15 +327,3 @@ def _wrap_attention(orig, r: BlockRecord, keep, with_pi: bool):
 
     # keeps ``inspect.signature(attn.forward)`` (followed through __wrapped__) as the original's
     return functools.wraps(orig)(forward)
-
-
-@contextlib.contextmanager
-def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """Put every submodule in eval mode and restore each one's own ``training`` flag on exit."""
-    flags = [(m, m.training) for m in model.modules()]
-    try:
-        model.eval()
-        yield model
-    finally:
-        for m, t in flags:
-            m.training = t

@@ -23,6 +23,7 @@ import torch.nn as nn
 
 from ._viz import new_figure, require_matplotlib
 from .capture import capture, eval_mode
+from .._checks import is_int, is_real
 
 __all__ = ["membership_maps", "cls_attention_maps", "class_attention_weights", "patch_grid", "grid_figure"]
 
@@ -143,20 +144,20 @@ def _save(fig, out_path) -> Path:
 
 
 def _positive(value, name: str):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if not is_real(value) or not value > 0:
         raise ValueError(f"{name} must be a positive number, got {value!r}")
 
 
 def _count(max_images, available: int) -> int:
     if max_images is None:
         return available
-    if isinstance(max_images, bool) or not isinstance(max_images, int) or max_images < 1:
+    if not is_int(max_images) or max_images < 1:
         raise ValueError(f"max_images must be a positive int or None, got {max_images!r}")
     return min(available, max_images)
 
 
 def _select(seq, index: int, what: str):
-    if isinstance(index, bool) or not isinstance(index, int) or not -len(seq) <= index < len(seq):
+    if not is_int(index) or not -len(seq) <= index < len(seq):
         raise ValueError(f"{what} must be an int in [-{len(seq)}, {len(seq)}), got {index!r}")
     return seq[index]
 

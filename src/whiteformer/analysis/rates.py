@@ -32,7 +32,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .._checks import FLOAT_DTYPES, check_finite, stats_dtype
+from .._checks import FLOAT_DTYPES, check_finite, is_int, is_real, stats_dtype
 
 __all__ = [
     "coding_rate",
@@ -62,7 +62,7 @@ def _check_features(Z, name: str = "Z") -> None:
 
 
 def _check_eps(eps) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+    if not is_real(eps):
         raise TypeError(f"eps must be a positive real number, got {type(eps).__name__}")
     eps = float(eps)
     if not math.isfinite(eps) or eps <= 0:
@@ -139,7 +139,7 @@ def _split_bases(U, d: int, num_heads: Optional[int], name: str = "U") -> torch.
             raise ValueError(f"num_heads (K) is required when {name} is 2-D (d, K*p), got shape {tuple(U.shape)}")
         if U.shape[0] != d:
             raise ValueError(f"{name} must have shape (d, K*p) with d = {d}, got shape {tuple(U.shape)}")
-        if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads <= 0:
+        if not is_int(num_heads) or num_heads <= 0:
             raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
         if U.shape[1] == 0 or U.shape[1] % num_heads != 0:
             raise ValueError(

@@ -48,6 +48,7 @@ import torch.nn as nn
 from . import rates
 from ._viz import new_figure, require_matplotlib
 from .capture import BlockRecord, attention_basis, capture, eval_mode
+from .._checks import is_real
 
 __all__ = ["LayerwiseReport", "layerwise_report", "layer_bases", "simplex_memberships", "COLUMNS"]
 
@@ -250,7 +251,7 @@ def layerwise_report(
     """
     if features not in _FEATURES:
         raise ValueError(f"features must be one of {_FEATURES}, got {features!r}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+    if not is_real(eps) or not math.isfinite(eps) or eps <= 0:
         raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")

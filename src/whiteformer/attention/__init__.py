@@ -4,6 +4,8 @@ from .registry import build, get_attention_class, list_attention, register_atten
 
 # --- tssa / causal_tssa (one line each section; keep sections separate) ---
 from .tssa import TSSA, CausalTSSA  # noqa: F401
+# --- causal_mhsa (GPT baseline) and the prefill/step protocol of causal layers ---
+from .causal import CausalAttention, CausalSelfAttention, KVCache  # noqa: F401
 # --- dmsa ---
 from .dmsa import DMSA  # noqa: F401
 # --- eca ---
@@ -18,7 +20,7 @@ from .compressed import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt  # noqa
 
 __all__ = [
     "build", "get_attention_class", "list_attention", "register_attention",
-    "TSSA", "CausalTSSA", "DMSA", "ECAttention", "MHSA", "MSSA", "XCA", "ClassAttention",
+    "TSSA", "CausalTSSA", "CausalAttention", "CausalSelfAttention", "KVCache", "DMSA", "ECAttention", "MHSA", "MSSA", "XCA", "ClassAttention",
     "ClassAttentionPool", "LocalPatchInteraction", "ViTBlock",
     "CompressedAttention", "CPSlimAtt", "IrrAtt", "TruncAtt",
 ]

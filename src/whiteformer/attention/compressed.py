@@ -35,19 +35,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import autocast_off, check_divisible, check_mask, check_tokens_input, normalize_ranks, stats_dtype
+from .._checks import (autocast_off, check_divisible, check_mask, check_probability, check_tokens_input, is_int,
+                       normalize_ranks, stats_dtype)
 from . import macs as _macs
 from .registry import register_attention
 
 __all__ = ["CompressedAttention", "TruncAtt", "CPSlimAtt", "IrrAtt"]
 
 Ranks = Union[int, Sequence[int], None]
-
-
-def _check_dropout(p, name: str) -> float:
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= float(p) <= 1.0:
-        raise ValueError(f"{name} must be a float in [0, 1], got {p!r}")
-    return float(p)
 
 
 class _RankLayout(nn.Module):
@@ -105,8 +100,8 @@ class CompressedAttention(nn.Module):
         self.vo_layout = _RankLayout(vo)
         self.v = nn.Linear(dim, self.vo_layout.total, bias=False)
         self.proj = nn.Linear(self.vo_layout.total, dim, bias=proj_bias)
-        self.attn_drop = nn.Dropout(_check_dropout(attn_drop, "attn_drop"))
-        self.proj_drop = nn.Dropout(_check_dropout(proj_drop, "proj_drop"))
+        self.attn_drop = nn.Dropout(check_probability(attn_drop, "attn_drop"))
+        self.proj_drop = nn.Dropout(check_probability(proj_drop, "proj_drop"))
         self.fused_attn = True
 
     @property
@@ -338,7 +333,7 @@ class CPSlimAtt(CompressedAttention):
                  qk_bias: bool = True, proj_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0):
         super().__init__(dim, num_heads, vo_ranks, proj_bias, attn_drop, proj_drop)
         rank = dim if rank is None else rank
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        if not is_int(rank) or rank < 1:
             raise ValueError(f"rank must be a positive int, got {rank!r}")
         self.rank = rank
         self.q = nn.Linear(dim, rank, bias=qk_bias)

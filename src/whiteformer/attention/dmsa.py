@@ -12,18 +12,12 @@ import torch
 import torch.nn as nn
 from einops import rearrange
 
-from .._checks import check_divisible, check_mask, check_tokens_input
+from .._checks import check_divisible, check_mask, check_probability, check_tokens_input, is_real
 from ..ops.dmsa import check_dmsa_options, dmsa
 from ..ops.rotary import rotary
 from .registry import register_attention
 
 __all__ = ["DMSA"]
-
-
-def _check_prob(value, name: str) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
-    return float(value)
 
 
 @register_attention("dmsa")
@@ -49,16 +43,16 @@ class DMSA(nn.Module):
         if dim % 2 != 0:
             raise ValueError(f"dim must be even for the rotary encoding of the membership input, got {dim}")
         check_dmsa_options(sparsity, activation, mode, gate_activation)
-        if not isinstance(rope_base, (int, float)) or isinstance(rope_base, bool) or not rope_base > 0:
+        if not is_real(rope_base) or not rope_base > 0:
             raise ValueError(f"rope_base must be a positive number, got {rope_base!r}")
         self.dim, self.num_heads = dim, num_heads
         self.sparsity, self.activation, self.mode = sparsity, activation, mode
         self.gate_activation, self.rope_base = gate_activation, float(rope_base)
-        self.attn_drop = _check_prob(attn_drop, "attn_drop")
+        self.attn_drop = check_probability(attn_drop, "attn_drop")
         self.qkv = nn.Linear(dim, dim, bias=qkv_bias)
         self.membership = nn.Linear(dim, num_heads, bias=False)
         self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(_check_prob(proj_drop, "proj_drop"))
+        self.proj_drop = nn.Dropout(check_probability(proj_drop, "proj_drop"))
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, sparsity={self.sparsity!r}, "

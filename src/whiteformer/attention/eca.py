@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .._checks import (autocast_off, check_divisible, check_eps, check_mask, check_sketch_rank, check_tokens_input,
-                       stats_dtype)
+                       is_int, is_real, stats_dtype)
 from ..ops.eca import _compress, _expand, eca_omega
 from .registry import register_attention
 
@@ -30,13 +30,13 @@ def _inverse_softplus(v: float) -> float:
 
 
 def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
 
 
 def _finite(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_real(value) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return float(value)
 
@@ -145,7 +145,7 @@ class ECAttention(nn.Module):
         self.resample_omega = bool(resample_omega)
         if seed is None:
             seed = int(torch.randint(0, 2**31 - 1, (), device="cpu").item())  # cpu: also under a meta default
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        if not is_int(seed) or not 0 <= seed < 2**63:
             raise ValueError(f"seed must be a non-negative integer (< 2**63), got {seed!r}")
         self.seed = seed
         self.register_buffer("omega_seed", torch.tensor(seed, dtype=torch.int64))

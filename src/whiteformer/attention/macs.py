@@ -17,19 +17,20 @@ which ``torch.utils.flop_counter.FlopCounterMode`` reproduces (see :func:`whitef
 from __future__ import annotations
 
 from typing import Sequence, Union
+from .._checks import is_int
 
 __all__ = ["mhsa_macs", "mhsa_qk_macs", "mhsa_vo_macs", "truncatt_qk_macs", "cp_qk_macs", "irratt_qk_macs",
            "vo_truncatt_macs", "linear_macs", "lowrank_linear_macs"]
 
 
 def _int(v, name: str, minimum: int = 0) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+    if not is_int(v) or v < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
     return v
 
 
 def _ranks(ranks, name: str = "ranks") -> Sequence[int]:
-    if isinstance(ranks, int) and not isinstance(ranks, bool):
+    if is_int(ranks):
         ranks = (ranks,)
     if not isinstance(ranks, (list, tuple)):
         raise ValueError(f"{name} must be a sequence of non-negative ints, got {ranks!r}")

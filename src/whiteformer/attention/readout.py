@@ -20,14 +20,14 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from .._checks import check_mask, check_tokens_input
+from .._checks import check_mask, check_tokens_input, is_int, is_real
 from .baselines import ClassAttention
 
 __all__ = ["ClassAttentionPool"]
 
 
 def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
 
@@ -73,7 +73,7 @@ class ClassAttentionPool(nn.Module):
                  qkv_bias: bool = True, norm_eps: float = 1e-6):
         super().__init__()
         _positive_int(depth, "depth")
-        if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, (int, float)) or not mlp_ratio > 0:
+        if not is_real(mlp_ratio) or not mlp_ratio > 0:
             raise ValueError(f"mlp_ratio must be a number > 0, got {mlp_ratio!r}")
         self.dim = dim
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))

@@ -11,18 +11,12 @@ import torch
 import torch.nn as nn
 from einops import rearrange
 
-from .._checks import check_divisible, check_tensor, check_tokens_input
+from .._checks import check_divisible, check_probability, check_tensor, check_tokens_input
 from ..ops.causal_tssa import CausalTSSAState, causal_tssa, causal_tssa_step
 from ..ops.tssa import tssa
 from .registry import register_attention
 
 __all__ = ["TSSA", "CausalTSSA"]
-
-
-def _check_prob(value, name: str) -> float:
-    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
-    return float(value)
 
 
 def _zero_padded(y: torch.Tensor, attn_mask: Optional[torch.Tensor]) -> torch.Tensor:
@@ -64,11 +58,11 @@ class TSSA(nn.Module):
         self.normalize = normalize
         self.head_dim = check_divisible(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads
-        self.attn_drop = _check_prob(attn_drop, "attn_drop")
+        self.attn_drop = check_probability(attn_drop, "attn_drop")
         self.qkv = nn.Linear(dim, dim, bias=qkv_bias)
         self.temp = nn.Parameter(torch.ones(num_heads, 1))
         self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(_check_prob(proj_drop, "proj_drop"))
+        self.proj_drop = nn.Dropout(check_probability(proj_drop, "proj_drop"))
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, attn_drop={self.attn_drop}, normalize={self.normalize}"
@@ -97,8 +91,8 @@ class CausalTSSA(nn.Module):
     ``temp``, ``denom_bias``, ``c_proj``. ``attn_drop`` / ``proj_drop`` as the official
     ``attn_dropout`` / ``resid_dropout``.
 
-    :meth:`step` generates with constant memory; :meth:`prefill` runs a prompt and returns the
-    state to continue from.
+    Implements :class:`~whiteformer.attention.CausalAttention`: :meth:`step` generates with
+    constant memory; :meth:`prefill` runs a prompt and returns the state to continue from.
     """
 
     def __init__(self, dim: int, num_heads: int = 8, max_len: int = 1024, pos_bias: bool = True,
@@ -109,7 +103,7 @@ class CausalTSSA(nn.Module):
         if not isinstance(max_len, int) or max_len <= 0:
             raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
         self.dim, self.num_heads, self.max_len = dim, num_heads, max_len
-        self.attn_drop = _check_prob(attn_drop, "attn_drop")
+        self.attn_drop = check_probability(attn_drop, "attn_drop")
         self.qkv = nn.Linear(dim, dim, bias=qkv_bias)
         self.temp = nn.Parameter(torch.ones(num_heads, 1))
         if pos_bias:
@@ -117,7 +111,7 @@ class CausalTSSA(nn.Module):
         else:
             self.register_parameter("pos_bias", None)
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(_check_prob(proj_drop, "proj_drop"))
+        self.proj_drop = nn.Dropout(check_probability(proj_drop, "proj_drop"))
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, max_len={self.max_len}, "

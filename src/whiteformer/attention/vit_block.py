@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 from einops import rearrange
 
-from .._checks import check_tokens_input
+from .._checks import check_tokens_input, is_int, is_real
 from .registry import build
 
 __all__ = ["LocalPatchInteraction", "ViTBlock"]
@@ -27,7 +27,7 @@ __all__ = ["LocalPatchInteraction", "ViTBlock"]
 
 def _grid(grid_size, tokens: int) -> tuple:
     if (not isinstance(grid_size, Sequence) or len(grid_size) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in grid_size)):
+            or not all(is_int(v) and v > 0 for v in grid_size)):
         raise ValueError(f"grid_size must be (H, W) positive ints, got {grid_size!r}")
     h, w = grid_size
     if h * w != tokens:
@@ -45,7 +45,7 @@ class LocalPatchInteraction(nn.Module):
 
     def __init__(self, dim: int, kernel_size: int = 3):
         super().__init__()
-        if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
+        if not is_int(kernel_size) or kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be an odd positive int, got {kernel_size!r}")
         pad = kernel_size // 2
         self.dim = dim
@@ -86,7 +86,7 @@ class ViTBlock(nn.Module):
         super().__init__()
         if attn_kwargs is not None and not isinstance(attn_kwargs, dict):
             raise TypeError(f"attn_kwargs must be a dict or None, got {type(attn_kwargs).__name__}")
-        if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, (int, float)) or not mlp_ratio > 0:
+        if not is_real(mlp_ratio) or not mlp_ratio > 0:
             raise ValueError(f"mlp_ratio must be a number > 0, got {mlp_ratio!r}")
         self.dim = dim
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
@@ -118,7 +118,7 @@ class ViTBlock(nn.Module):
                 raise ValueError("attn_mask is not supported with lpi=True (the convolution cannot skip padding)")
             if grid_size is None:
                 raise ValueError("grid_size (H, W) is required with lpi=True")
-            if isinstance(num_prefix_tokens, bool) or not isinstance(num_prefix_tokens, int) \
+            if not is_int(num_prefix_tokens) \
                     or not 0 <= num_prefix_tokens < x.shape[1]:
                 raise ValueError(f"num_prefix_tokens must be an int in [0, N), got {num_prefix_tokens!r}")
             k = num_prefix_tokens

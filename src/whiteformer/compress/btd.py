@@ -33,7 +33,7 @@ import torch
 
 from ._tensor import TensorLike, as_float64, check_tensor_like, to_dense
 from .cp import CPResult, cp
-from .._checks import normalize_ranks
+from .._checks import is_int, normalize_ranks
 from .truncatt import allocate_ranks_spectral
 from .whitening import Whitening
 
@@ -235,7 +235,7 @@ def btd_ll1(Y: TensorLike, rank: Optional[int] = None, *, ranks: Optional[Sequen
         C = torch.eye(H, dtype=X.dtype, device=X.device)
     else:
         if cp_result is None:
-            if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+            if not is_int(rank) or rank < 1:
                 raise ValueError(f"rank must be a positive int, got {rank!r}")
             kw = dict(seed=seed)
             kw.update(cp_kwargs or {})

@@ -16,10 +16,10 @@ Two ways to compare the methods at a ratio CR (``protocol``):
 """
 from __future__ import annotations
 
-from numbers import Real
 from typing import Callable
 
 from .flops import cp_qk_macs, irratt_qk_macs, mhsa_qk_macs, truncatt_qk_macs
+from .._checks import is_int, is_real
 
 __all__ = ["qk_rank_for_budget", "rank_for_method"]
 
@@ -62,7 +62,7 @@ def qk_rank_for_budget(method: str, qk_flops_ratio: float, *, num_tokens: int, d
         r = qk_rank_for_budget("truncatt", qk_flops_ratio, num_tokens=num_tokens, dim=dim, num_heads=num_heads,
                                head_dim=head_dim)
         return rank_for_method(method, r * num_heads, num_heads)
-    if isinstance(qk_flops_ratio, bool) or not isinstance(qk_flops_ratio, Real) or not 0 < qk_flops_ratio <= 1:
+    if not is_real(qk_flops_ratio) or not 0 < qk_flops_ratio <= 1:
         raise ValueError(f"qk_flops_ratio must be a number in (0, 1], got {qk_flops_ratio!r}")
     D = dim // num_heads if head_dim is None else head_dim
     N, F, H = num_tokens, dim, num_heads
@@ -93,7 +93,7 @@ def qk_rank_for_budget(method: str, qk_flops_ratio: float, *, num_tokens: int, d
 def rank_for_method(method: str, total_rank: int, num_heads: int) -> int:
     """The rank argument that gives ``method`` the total QK rank ``total_rank``: truncatt
     ``total / H`` per head (must divide), cp R = total, irratt the total (split over the heads)."""
-    if isinstance(total_rank, bool) or not isinstance(total_rank, int) or total_rank < 1:
+    if not is_int(total_rank) or total_rank < 1:
         raise ValueError(f"the total QK rank must be a positive int with protocol='rank', got {total_rank!r}")
     if method == "truncatt":
         if total_rank % num_heads:

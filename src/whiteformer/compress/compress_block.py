@@ -13,7 +13,8 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from .._checks import normalize_ranks
+from .._checks import is_int, normalize_ranks
+from .._utils import count_params
 from ..attention.compressed import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt
 from . import flops
 from .btd import btd_ll1
@@ -77,10 +78,6 @@ class BlockReport:
         return d
 
 
-def _n_params(m: nn.Module) -> int:
-    return sum(p.numel() for p in m.parameters())
-
-
 def _set_qk(layer, A, B, scale: float, has_bias: bool) -> None:
     """q <- [A_g[:F]] * scale (+ bias A_g[F] * scale), k <- [B_g] for the groups of a low-rank layer."""
     F = layer.dim
@@ -102,7 +99,7 @@ def _set_vo(layer: CompressedAttention, A, B, out_bias) -> None:
 
 
 def _ranks_arg(rank, name: str):
-    if rank is None or isinstance(rank, int) and not isinstance(rank, bool):
+    if rank is None or is_int(rank):
         return rank
     if isinstance(rank, (list, tuple)):
         return tuple(rank)
@@ -161,7 +158,7 @@ def compress_attention(attn: nn.Module, *, qk: Optional[str] = "truncatt",
         raise ValueError(f"rank_allocation must be 'btd' or 'spectral', got {rank_allocation!r}")
     if protocol not in ("flops", "rank"):
         raise ValueError(f"protocol must be 'flops' (equal QK MACs) or 'rank' (equal total QK rank), got {protocol!r}")
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
+    if not is_int(num_tokens) or num_tokens < 1:
         raise ValueError(f"num_tokens must be a positive int, got {num_tokens!r}")
     qk_rank, vo_rank = _ranks_arg(qk_rank, "qk_rank"), _ranks_arg(vo_rank, "vo_rank")
     if qk is None and (qk_rank is not None or qk_flops_ratio is not None):
@@ -284,7 +281,7 @@ def compress_attention(attn: nn.Module, *, qk: Optional[str] = "truncatt",
         vo_ranks=tuple(vo_ranks), num_tokens=N,
         qk_macs=layer.qk_macs(N), qk_macs_orig=flops.mhsa_qk_macs(N, F, H, p),
         vo_macs=layer.vo_macs(N), vo_macs_orig=flops.mhsa_vo_macs(N, F, H, p),
-        params=_n_params(layer), params_orig=_n_params(attn), qk_rel_error=float(qk_err),
+        params=count_params(layer), params_orig=count_params(attn), qk_rel_error=float(qk_err),
         vo_rel_error=float(vo_err), activation_aware=calib is not None,
         head_ranks=None if head_ranks is None else tuple(head_ranks), details=details)
     return layer, report

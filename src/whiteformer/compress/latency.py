@@ -6,31 +6,20 @@ synchronised around each timed run. The median is robust to the odd slow run on 
 """
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
-from typing import Iterator, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
+from .._checks import is_int
+from .._utils import eval_mode  # noqa: F401  (re-exported: whiteformer.compress.latency.eval_mode)
 
 __all__ = ["measure_latency", "image_input_shape", "example_images", "eval_mode"]
 
 
-@contextlib.contextmanager
-def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """Eval mode inside the block; every submodule's own ``training`` flag is restored after."""
-    saved = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield model
-    finally:
-        for m, flag in saved:
-            m.training = flag
-
-
 def _int(v, name: str, minimum: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+    if not is_int(v) or v < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
     return v
 

@@ -14,6 +14,7 @@ import torch.nn as nn
 
 from ..layers import LowRankLinear
 from .whitening import second_moment, whitening_factor
+from .._checks import is_int
 
 __all__ = ["compress_linear", "compress_mlp"]
 
@@ -29,7 +30,7 @@ def compress_linear(linear: nn.Linear, rank: int, *, calib: Optional[torch.Tenso
     if not isinstance(linear, nn.Linear):
         raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
     n_in, n_out = linear.in_features, linear.out_features
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= min(n_in, n_out):
+    if not is_int(rank) or not 1 <= rank <= min(n_in, n_out):
         raise ValueError(f"rank out of range: must be an int in [1, {min(n_in, n_out)}], got {rank!r}")
     W = linear.weight.detach().to(torch.float64)
     L = None

@@ -21,7 +21,6 @@ after each optimizer step to project every head-fusion matrix onto ``{S >= 0, S 
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -29,13 +28,14 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from .._checks import check_finite, check_tensor
+from .._checks import check_finite, check_tensor, is_int
+from .._utils import count_params, eval_mode, to_jsonable
 from ..attention.compressed import CompressedAttention, CPSlimAtt, IrrAtt
 from ..models.surgery import layer_spec, mlp_spec, record_compression_spec
 from .compress_block import BlockReport, compress_attention
 from .constraints import project_fusion
 from .flops import count_flops, mhsa_qk_macs, mhsa_vo_macs
-from .latency import eval_mode, example_images, measure_latency
+from .latency import example_images, measure_latency
 from .mlp import compress_mlp
 from .qk_vo import mhsa_spec
 
@@ -82,11 +82,11 @@ def _check_mlp(model: nn.Module, i: int) -> None:
 def _select(blocks, n: int) -> List[int]:
     if blocks is None:
         return list(range(n))
-    if isinstance(blocks, int) and not isinstance(blocks, bool):
+    if is_int(blocks):
         blocks = [blocks]
     out = []
     for b in blocks:
-        if isinstance(b, bool) or not isinstance(b, int) or not -n <= b < n:
+        if not is_int(b) or not -n <= b < n:
             raise ValueError(f"blocks must hold block indices in [-{n}, {n}), got {b!r}")
         out.append(b % n)
     if not out:
@@ -101,10 +101,6 @@ def _num_tokens(model: nn.Module) -> int:
         raise ValueError(f"cannot infer the number of tokens of {type(model).__name__} (no patch_embed.num_patches); "
                          "pass num_tokens")
     return int(n) + int(getattr(model, "num_prefix_tokens", 1))
-
-
-def _n_params(m: nn.Module) -> int:
-    return sum(p.numel() for p in m.parameters())
 
 
 # ----------------------------------------------------------------------------- measurements
@@ -152,18 +148,6 @@ def model_flops(model: nn.Module, x: torch.Tensor) -> Tuple[int, List[int]]:
 
 
 # ----------------------------------------------------------------------------- report
-def _jsonable(v):
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, Mapping):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, torch.Tensor):
-        return _jsonable(v.tolist())
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    return v
-
-
 @dataclass
 class CompressionReport:
     """What :func:`compress` did (paper 004, Table 1's columns).
@@ -220,14 +204,14 @@ class CompressionReport:
         ``qk_macs``/``qk_macs_orig``/``qk_flops_ratio``,
         ``vo_macs``/``vo_macs_orig``, ``attn_flops``/``attn_flops_orig`` (flop counter),
         ``attn_params``/``attn_params_orig``, ``mlp_rank``, ``activation_aware``, ``details``."""
-        return _jsonable({
+        return to_jsonable({
             "mhsa_flops_ratio": self.mhsa_flops_ratio, "flops_ratio": self.flops_ratio,
             "params_ratio": self.params_ratio, "qk_macs_ratio": self.qk_macs_ratio,
             "flops": self.flops, "flops_orig": self.flops_orig, "mhsa_flops": self.mhsa_flops,
             "mhsa_flops_orig": self.mhsa_flops_orig, "params": self.params, "params_orig": self.params_orig,
             "num_tokens": self.num_tokens, "config": self.config, "latency": self.latency, "extra": self.extra,
             "blocks": self.blocks,
-        })
+        }, "report", tensors=True)
 
     def _summary_ranks(self) -> Tuple[str, str, str, str]:
         comp = [b for b in self.blocks if b["compressed"]] or self.blocks
@@ -318,7 +302,7 @@ def _previous_entry(i: int, layer: CompressedAttention, N: int) -> dict:
             "qk_block_ranks": groups, "qk_total_rank": groups[0] if method == "cp" else sum(groups),
             "vo_ranks": list(layer.vo_ranks), "qk_rel_error": None, "vo_rel_error": None,
             "qk_macs": layer.qk_macs(N), "qk_macs_orig": qo, "qk_flops_ratio": layer.qk_macs(N) / qo,
-            "vo_macs": layer.vo_macs(N), "vo_macs_orig": vo, "attn_params": _n_params(layer),
+            "vo_macs": layer.vo_macs(N), "vo_macs_orig": vo, "attn_params": count_params(layer),
             "attn_params_orig": None, "activation_aware": None, "details": {"previously_compressed": True}}
 
 
@@ -328,7 +312,7 @@ def _block_entry(i: int, attn: nn.Module, rep: Optional[BlockReport], N: int) ->
     spec = mhsa_spec(attn)
     F, H, p = spec.dim, spec.num_heads, spec.head_dim
     qo, vo = mhsa_qk_macs(N, F, H, p), mhsa_vo_macs(N, F, H, p)
-    n_orig = _n_params(attn)
+    n_orig = count_params(attn)
     if rep is None:
         return {"index": i, "compressed": False, "method": "original", "fusion": None, "qk_ranks": [p] * H,
                 "qk_block_ranks": [p] * H, "qk_total_rank": p * H, "vo_ranks": [p] * H, "qk_rel_error": 0.0,
@@ -425,7 +409,7 @@ def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int,
         if mlp_rank is not None:
             _check_mlp(model, i)
     N = _num_tokens(model) if num_tokens is None else num_tokens
-    if isinstance(N, bool) or not isinstance(N, int) or N < 1:
+    if not is_int(N) or N < 1:
         raise ValueError(f"num_tokens must be a positive int, got {N!r}")
 
     inputs: Dict[int, Dict[str, torch.Tensor]] = {}
@@ -483,8 +467,8 @@ def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int,
     config = {"qk": qk, "qk_rank": qk_rank, "qk_flops_ratio": qk_flops_ratio, "vo": vo, "vo_rank": vo_rank,
               "mlp_rank": mlp_rank, "calib": None if calib is None else list(calib.shape), "fusion": fusion,
               "rank_allocation": rank_allocation, "protocol": protocol, "blocks": idx, "seed": seed}
-    report = CompressionReport(config=_jsonable(config), blocks=rows, num_tokens=N, params=_n_params(new),
-                               params_orig=_n_params(model), flops=flops_new, flops_orig=flops_orig,
+    report = CompressionReport(config=to_jsonable(config, tensors=True), blocks=rows, num_tokens=N, params=count_params(new),
+                               params_orig=count_params(model), flops=flops_new, flops_orig=flops_orig,
                                mhsa_flops=sum(attn_new), mhsa_flops_orig=sum(attn_orig), latency=latency)
     return new, report
 

@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from ._tensor import HeadFactors
+from .._checks import is_int
 
 __all__ = ["MHSASpec", "mhsa_spec", "qk_factors", "vo_factors"]
 
@@ -70,7 +71,7 @@ def mhsa_spec(attn: nn.Module) -> MHSASpec:
     if not isinstance(qkv, nn.Linear) or not isinstance(proj, nn.Linear) or heads is None:
         raise TypeError(f"{type(attn).__name__} is not a timm-layout MHSA block: expected attributes "
                         "`qkv` (nn.Linear(F, 3F)), `proj` (nn.Linear(F, F)) and `num_heads`")
-    if not isinstance(heads, int) or isinstance(heads, bool) or heads <= 0:
+    if not is_int(heads) or heads <= 0:
         raise ValueError(f"num_heads must be a positive int, got {heads!r}")
     F = qkv.in_features
     if qkv.out_features != 3 * F:

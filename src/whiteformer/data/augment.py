@@ -15,6 +15,7 @@ from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
+from .._checks import is_int
 
 __all__ = ["Augment", "translate", "hflip"]
 
@@ -46,7 +47,7 @@ class Augment:
     flip: float = 0.0
 
     def __post_init__(self):
-        if isinstance(self.translate, bool) or not isinstance(self.translate, int) or self.translate < 0:
+        if not is_int(self.translate) or self.translate < 0:
             raise ValueError(f"translate must be an int >= 0 (pixels), got {self.translate!r}")
         if not 0.0 <= float(self.flip) <= 1.0:
             raise ValueError(f"flip must be a probability in [0, 1], got {self.flip!r}")

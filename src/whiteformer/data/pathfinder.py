@@ -24,6 +24,7 @@ import torch
 
 from . import check_split, register_dataset
 from .base import SequenceDataset
+from .._checks import is_int
 
 __all__ = ["random_path", "generate_pathfinder", "pathfinder"]
 
@@ -137,7 +138,7 @@ def pathfinder(split: str = "train", num_train: int = 4000, num_test: int = 1000
     for name, v, low in (("num_" + split, n, 1), ("img_size", img_size, 8), ("length", length, 2),
                          ("distractor_length", distractor_length, 1), ("num_distractors", num_distractors, 0),
                          ("dash", dash, 1), ("gap", gap, 0)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        if not is_int(v) or v < low:
             raise ValueError(f"pathfinder: {name} must be an int >= {low}, got {v!r}")
     rng = np.random.default_rng([seed, 0 if split == "train" else 1, 7])
     labels = rng.permutation(np.arange(n) % 2)

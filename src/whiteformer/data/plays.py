@@ -29,6 +29,7 @@ import torch
 from . import check_split, register_dataset
 from .base import SequenceDataset
 from .text import default_corpus_path, read_text
+from .._checks import is_int
 
 __all__ = ["split_plays", "speeches", "plays", "play_pairs", "BYTE_VOCAB"]
 
@@ -111,7 +112,7 @@ def _prepare(name, split, n_train, n_test, path, min_length, max_length, test_fr
     """(split, n, plays' speeches, document drawer, rng) of one split, arguments checked."""
     split = check_split(name, split)
     n = n_train if split == "train" else n_test
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+    if not is_int(n) or n <= 0:
         raise ValueError(f"num_{split} must be a positive integer, got {n!r}")
     if not 1 <= min_length <= max_length:
         raise ValueError(f"need 1 <= min_length <= max_length, got {min_length}, {max_length}")

@@ -6,6 +6,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
+from .._checks import is_int
 
 __all__ = ["feature_take_indices", "vit_forward_intermediates"]
 
@@ -17,7 +18,7 @@ def feature_take_indices(depth: int, indices: Optional[Union[int, Sequence[int]]
     """
     if indices is None:
         take = list(range(depth))
-    elif isinstance(indices, int) and not isinstance(indices, bool):
+    elif is_int(indices):
         if not 0 < indices <= depth:
             raise ValueError(f"indices (last n blocks) must be in [1, {depth}], got {indices}")
         take = list(range(depth - indices, depth))

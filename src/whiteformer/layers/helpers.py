@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from typing import Sequence, Tuple, Union
+from .._checks import is_int
 
 __all__ = ["to_2tuple"]
 
@@ -13,7 +14,7 @@ def to_2tuple(v: Union[int, Sequence[int]], name: str = "value") -> Tuple[int, i
     if isinstance(v, int):
         v = (v, v)
     v = tuple(v)
-    if len(v) != 2 or not all(isinstance(a, int) and not isinstance(a, bool) for a in v):
+    if len(v) != 2 or not all(is_int(a) for a in v):
         raise TypeError(f"{name} must be an int or a pair of ints, got {v!r}")
     if min(v) <= 0:
         raise ValueError(f"{name} must be positive, got {v!r}")

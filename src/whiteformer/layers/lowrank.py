@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 
 from ..attention.macs import lowrank_linear_macs
+from .._checks import is_int
 
 __all__ = ["LowRankLinear"]
 
@@ -19,7 +20,7 @@ class LowRankLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, rank: int, bias: bool = True):
         super().__init__()
         for v, n in ((in_features, "in_features"), (out_features, "out_features"), (rank, "rank")):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not is_int(v) or v < 1:
                 raise ValueError(f"{n} must be a positive int, got {v!r}")
         self.in_features, self.out_features, self.rank = in_features, out_features, rank
         self.first = nn.Linear(in_features, rank, bias=False)

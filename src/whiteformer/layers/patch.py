@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .._checks import check_tensor
+from .._checks import check_tensor, is_int
 from .helpers import to_2tuple
 
 __all__ = ["PatchGrid"]
@@ -20,7 +20,7 @@ class PatchGrid(nn.Module):
         self.patch_size = to_2tuple(patch_size, "patch_size")
         if self.img_size[0] % self.patch_size[0] or self.img_size[1] % self.patch_size[1]:
             raise ValueError(f"img_size {self.img_size} must be divisible by patch_size {self.patch_size}")
-        if isinstance(in_chans, bool) or not isinstance(in_chans, int) or in_chans <= 0:
+        if not is_int(in_chans) or in_chans <= 0:
             raise ValueError(f"in_chans must be a positive int, got {in_chans!r}")
         self.in_chans = in_chans
         self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])

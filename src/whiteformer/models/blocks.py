@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .._checks import check_tensor, check_tokens_input
+from .._checks import check_probability, check_tensor, check_tokens_input
 from ..layers.helpers import to_2tuple
 
 __all__ = [
@@ -49,9 +49,7 @@ class DropPath(nn.Module):
 
     def __init__(self, drop_prob: float = 0.0, scale_by_keep: bool = True):
         super().__init__()
-        if not isinstance(drop_prob, (int, float)) or not 0.0 <= drop_prob < 1.0:
-            raise ValueError(f"drop_prob must be a float in [0, 1), got {drop_prob!r}")
-        self.drop_prob = float(drop_prob)
+        self.drop_prob = check_probability(drop_prob, "drop_prob")
         self.scale_by_keep = scale_by_keep
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

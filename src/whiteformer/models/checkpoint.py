@@ -38,6 +38,8 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 import torch.nn as nn
 
+from .._utils import to_jsonable
+
 __all__ = [
     "PretrainedMixin",
     "load_checkpoint",
@@ -91,24 +93,6 @@ def _capture_init(init):
 
     wrapper.__signature__ = sig  # keep the real signature visible to inspect (build_with_defaults)
     return wrapper
-
-
-def _jsonable(value: Any, where: str) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, Mapping):
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise TypeError(f"cannot save config: key {k!r} of {where} is not a string")
-            out[k] = _jsonable(v, f"{where}[{k!r}]")
-        return out
-    raise TypeError(
-        f"cannot save config: constructor argument {where} = {value!r} ({type(value).__name__}) is not "
-        "JSON-serialisable; pass plain values (numbers, strings, lists, dicts) to the constructor"
-    )
 
 
 class PretrainedMixin:
@@ -192,7 +176,7 @@ def save_pretrained(model: nn.Module, save_dir: PathLike) -> Path:
         "format": FORMAT,
         "model_name": getattr(model, "model_name", None),
         "architecture": f"{type(model).__module__}.{type(model).__qualname__}",
-        "init_kwargs": _jsonable(dict(init_kwargs), "init_kwargs"),
+        "init_kwargs": to_jsonable(dict(init_kwargs), "init_kwargs"),
     }
     if getattr(model, "hf_model_type", None):
         config["model_type"] = model.hf_model_type

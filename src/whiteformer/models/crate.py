@@ -26,6 +26,7 @@ from .blocks import ISTA
 from .checkpoint import PretrainedMixin
 from ..layers import PatchGrid, resample_abs_pos_embed, vit_forward_intermediates
 from .registry import build_with_defaults, register_model
+from .._checks import check_probability, is_int
 
 __all__ = ["CRATE", "CRATEBlock", "CRATEPatchEmbed"]
 
@@ -106,13 +107,12 @@ class CRATE(PretrainedMixin, nn.Module):
         super().__init__()
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+        if not is_int(num_classes) or num_classes < 0:
             raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+        if not is_int(depth) or depth < 0:
             raise ValueError(f"depth must be an int >= 0, got {depth!r}")
         for name, val in (("attn_drop_rate", attn_drop_rate), ("pos_drop_rate", pos_drop_rate)):
-            if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0.0 <= val < 1.0:
-                raise ValueError(f"{name} must be a float in [0, 1), got {val!r}")
+            check_probability(val, name)
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
@@ -136,7 +136,7 @@ class CRATE(PretrainedMixin, nn.Module):
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         """New head (PyTorch default init) for ``num_classes`` (0: identity); optional new pooling."""
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+        if not is_int(num_classes) or num_classes < 0:
             raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
         if global_pool is not None:
             if global_pool not in ("token", "avg"):

@@ -21,7 +21,7 @@ from typing import Dict, Optional, Sequence, Set, Union
 import torch
 import torch.nn as nn
 
-from .._checks import check_divisible
+from .._checks import check_divisible, check_probability, is_int
 from ..attention.baselines import MHSA
 from ..layers import PatchGrid, resample_abs_pos_embed, vit_forward_intermediates
 from .blocks import DropPath, LayerScale, Mlp
@@ -68,12 +68,6 @@ class ViTBlock(nn.Module):
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
-def _check_rate(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
-    return float(value)
-
-
 class VisionTransformer(PretrainedMixin, nn.Module):
     """ViT / DeiT classifier with timm's ``VisionTransformer`` state_dict and protocol
     (``forward_features``, ``forward_head``, ``reset_classifier``, ``no_weight_decay``,
@@ -100,15 +94,15 @@ class VisionTransformer(PretrainedMixin, nn.Module):
         super().__init__()
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+        if not is_int(num_classes) or num_classes < 0:
             raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+        if not is_int(depth) or depth < 0:
             raise ValueError(f"depth must be an int >= 0, got {depth!r}")
         check_divisible(embed_dim, num_heads, "embed_dim")
         for name, val in (("drop_rate", drop_rate), ("pos_drop_rate", pos_drop_rate),
                           ("proj_drop_rate", proj_drop_rate), ("attn_drop_rate", attn_drop_rate),
                           ("drop_path_rate", drop_path_rate)):
-            _check_rate(val, name)
+            check_probability(val, name)
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
@@ -156,7 +150,7 @@ class VisionTransformer(PretrainedMixin, nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         """New (re-initialised) head for ``num_classes`` (0: identity); ``global_pool`` 'token'
         or 'avg' switches the pooling (the norms are left as built, as timm)."""
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+        if not is_int(num_classes) or num_classes < 0:
             raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
         if global_pool is not None:
             if global_pool not in ("token", "avg"):

@@ -27,9 +27,9 @@ from typing import Any, Dict, NamedTuple, Optional, Sequence, Set, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from einops import rearrange
 
-from .._checks import check_divisible, check_mask, check_tensor, check_tokens_input
+from .._checks import check_divisible, check_mask, check_probability, is_int, is_real
+from ..attention.causal import CausalAttention, CausalSelfAttention, KVCache
 from ..attention.tssa import CausalTSSA
 from ..ops.linear_cross_entropy import linear_cross_entropy
 from .checkpoint import PretrainedMixin
@@ -37,15 +37,6 @@ from ..layers import feature_take_indices
 from .registry import build_with_defaults, register_model
 
 __all__ = ["CausalLM", "ToSTLM", "GPTLM", "CausalSelfAttention", "KVCache", "LMState"]
-
-
-class KVCache(NamedTuple):
-    """Keys and values of the tokens seen so far: k, v of shape (B, H, T, p); ``mask`` (B, T)
-    bool keep-mask of those tokens (None: all real), from a padded prefill."""
-
-    k: torch.Tensor
-    v: torch.Tensor
-    mask: Optional[torch.Tensor] = None
 
 
 class LMState(NamedTuple):
@@ -58,102 +49,10 @@ class LMState(NamedTuple):
     layers: Tuple[Any, ...]
 
 
-def _check_prob(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
-    return float(value)
-
-
 def _check_pos_int(value, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return value
-
-
-class CausalSelfAttention(nn.Module):
-    """Causal softmax multi-head attention with a key/value cache (GPT baseline).
-
-    ``qkv``: Linear(dim, 3 dim) with output layout (3, H, p) (as timm / nanoGPT ``c_attn``),
-    ``proj``: Linear(dim, dim) (nanoGPT ``c_proj``). ``softmax(q k^T / sqrt(p) + causal) v``.
-
-    ``fused_attn`` (timm's attribute, default True): ``F.scaled_dot_product_attention``; False
-    forms the (B, H, N, N) scores and their softmax explicitly (nanoGPT's slow path, the baseline
-    of benchmarks that compare against "explicit softmax").
-    """
-
-    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, proj_bias: bool = False,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0):
-        super().__init__()
-        self.head_dim = check_divisible(dim, num_heads)
-        self.dim, self.num_heads = dim, num_heads
-        self.attn_drop = _check_prob(attn_drop, "attn_drop")
-        self.fused_attn = True
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(_check_prob(proj_drop, "proj_drop"))
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}, num_heads={self.num_heads}, attn_drop={self.attn_drop}"
-
-    def _qkv(self, x: torch.Tensor):
-        q, k, v = rearrange(self.qkv(x), "b n (s h d) -> s b h n d", s=3, h=self.num_heads)
-        return q, k, v
-
-    def _out(self, y: torch.Tensor) -> torch.Tensor:
-        return self.proj_drop(self.proj(rearrange(y, "b h n d -> b n (h d)")))
-
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x (B, N, C), attn_mask (B, N) bool keep-mask -> y (B, N, C); y[:, t] depends only on
-        the real tokens of x[:, :t+1]; padded outputs are 0."""
-        return self.prefill(x, attn_mask)[0]
-
-    def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None
-                ) -> Tuple[torch.Tensor, KVCache]:
-        """Like :meth:`forward`, also returning the key/value cache of the N tokens."""
-        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
-        attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
-        q, k, v = self._qkv(x)
-        drop = self.attn_drop if self.training else 0.0
-        n = x.shape[1]
-        if attn_mask is None:
-            if self.fused_attn:
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
-            else:
-                y = self._explicit(q, k, v, torch.ones(n, n, dtype=torch.bool, device=x.device).tril(), drop)
-            return self._out(y), KVCache(k, v)
-        eye = torch.eye(n, dtype=torch.bool, device=x.device)
-        # causal and real keys; a padded query keeps its own key so that no row is empty
-        allowed = (torch.ones_like(eye).tril() & attn_mask[:, None, None, :]) | eye
-        if self.fused_attn:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
-        else:
-            y = self._explicit(q, k, v, allowed, drop)
-        y = self._out(y).masked_fill(~attn_mask[..., None], 0.0)
-        return y, KVCache(k, v, attn_mask)
-
-    def _explicit(self, q, k, v, allowed: torch.Tensor, drop: float) -> torch.Tensor:
-        """``softmax(q k^T / sqrt(p), keys where allowed) v`` with the (B, H, N, N) scores formed."""
-        scores = (q @ k.transpose(-2, -1)) * self.head_dim ** -0.5
-        attn = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
-        return F.dropout(attn, drop, self.training) @ v
-
-    def step(self, x_t: torch.Tensor, cache: Optional[KVCache] = None) -> Tuple[torch.Tensor, KVCache]:
-        """One token x_t (B, C) attending to the cached tokens and itself -> (y_t (B, C), cache)."""
-        check_tensor(x_t, "x_t", 2)
-        if x_t.shape[-1] != self.dim:
-            raise ValueError(f"x_t must have shape (B, {self.dim}), got {tuple(x_t.shape)}")
-        q, k, v = self._qkv(x_t.unsqueeze(1))
-        mask = None
-        if cache is not None:
-            if not isinstance(cache, KVCache):
-                raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
-            k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
-            if cache.mask is not None:
-                mask = torch.cat([cache.mask, cache.mask.new_ones(cache.mask.shape[0], 1)], dim=1)
-        drop = self.attn_drop if self.training else 0.0
-        allowed = None if mask is None else mask[:, None, None, :]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
-        return self._out(y)[:, 0], KVCache(k, v, mask)
 
 
 class LMMlp(nn.Module):
@@ -173,7 +72,7 @@ class LMMlp(nn.Module):
 class LMBlock(nn.Module):
     """Pre-LN block with layer scale: ``x + gamma1 * attn(ln_1(x))``, ``x + gamma2 * mlp(ln_2(x))``."""
 
-    def __init__(self, dim: int, attn: nn.Module, mlp_ratio: float = 4.0, bias: bool = False,
+    def __init__(self, dim: int, attn: CausalAttention, mlp_ratio: float = 4.0, bias: bool = False,
                  drop: float = 0.0, init_values: float = 1e-5):
         super().__init__()
         self.ln_1 = nn.LayerNorm(dim, eps=1e-5, bias=bias)
@@ -217,8 +116,8 @@ class CausalLM(PretrainedMixin, nn.Module):
         _check_pos_int(depth, "depth", 0)
         _check_pos_int(max_len, "max_len")
         check_divisible(dim, num_heads)
-        _check_prob(dropout, "dropout")
-        if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, (int, float)) or int(dim * mlp_ratio) < 1:
+        check_probability(dropout, "dropout")
+        if not is_real(mlp_ratio) or int(dim * mlp_ratio) < 1:
             raise ValueError(f"mlp_ratio must be a positive number, got {mlp_ratio!r}")
         self.vocab_size, self.dim, self.depth, self.num_heads = vocab_size, dim, depth, num_heads
         self.max_len, self.has_pos_emb, self.bias, self.dropout = max_len, bool(pos_emb), bool(bias), dropout
@@ -516,12 +415,12 @@ class CausalLM(PretrainedMixin, nn.Module):
         """
         self._check_idx(idx)
         _check_pos_int(max_new_tokens, "max_new_tokens", 0)
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+        if not is_real(temperature) \
                 or not math.isfinite(temperature) or temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
         if top_k is not None:
             _check_pos_int(top_k, "top_k")
-        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+        if top_p is not None and (not is_real(top_p)
                                   or not 0.0 < top_p <= 1.0):
             raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
         limit = self.context_limit

@@ -40,11 +40,11 @@ import torch
 import torch.nn as nn
 
 from .. import attention as _attention
-from .._checks import check_divisible, check_mask
+from .._checks import check_divisible, check_mask, check_probability, is_int
 from .blocks import Mlp
 from .checkpoint import PretrainedMixin
 from .registry import build_with_defaults, register_model
-from .vision import _attention_kwargs, _check_rate, check_attn_args
+from .vision import _attention_kwargs, check_attn_args
 
 __all__ = ["LRABlock", "LRAClassifier", "TABLE7", "TABLE7_OPTIM", "LRA_TASKS"]
 
@@ -139,16 +139,16 @@ class LRAClassifier(PretrainedMixin, nn.Module):
         check_divisible(embed_dim, num_heads, "embed_dim")
         for name, v, low in (("vocab_size", vocab_size, 1), ("num_classes", num_classes, 1), ("max_len", max_len, 1),
                              ("depth", depth, 0), ("mlp_dim", mlp_dim, 1)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            if not is_int(v) or v < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
         if pool not in _POOLS:
             raise ValueError(f"pool must be one of {_POOLS}, got {pool!r}")
-        if pad_id is not None and (isinstance(pad_id, bool) or not isinstance(pad_id, int)
+        if pad_id is not None and (not is_int(pad_id)
                                    or not 0 <= pad_id < vocab_size):
             raise ValueError(f"pad_id must be None or a token id in [0, {vocab_size}), got {pad_id!r}")
         check_attn_args(attn, attn_kwargs)
-        drop_rate = _check_rate(drop_rate, "drop_rate")
-        attn_drop_rate = _check_rate(attn_drop_rate, "attn_drop_rate")
+        drop_rate = check_probability(drop_rate, "drop_rate")
+        attn_drop_rate = check_probability(attn_drop_rate, "attn_drop_rate")
         self.vocab_size, self.num_classes, self.max_len = vocab_size, num_classes, max_len
         self.embed_dim, self.depth, self.num_heads, self.mlp_dim = embed_dim, depth, num_heads, mlp_dim
         self.prenorm, self.pool, self.pad_id, self.dual, self.attn_name = bool(prenorm), pool, pad_id, bool(dual), attn

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 
 from .. import attention as _attention
-from .._checks import check_divisible, check_tensor, check_tokens_input
+from .._checks import check_divisible, check_probability, check_tensor, check_tokens_input, is_int, is_real
 from ..layers import to_2tuple
 from .blocks import ISTA, ClassAttentionBlock, ConvPatchEmbed, DropPath, FourierPositionalEncoding, Mlp
 from .checkpoint import PretrainedMixin
@@ -35,12 +35,6 @@ __all__ = ["Block", "ToSTVision"]
 
 _MLP_KINDS = ("mlp", "ista", "none")
 _NO_DECAY_SUFFIXES = ("temp", "temperature", "pos_bias", "cls_token", "pos_embed")
-
-
-def _check_rate(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
-    return float(value)
 
 
 def check_attn_args(attn: Any, attn_kwargs: Any) -> None:
@@ -195,18 +189,18 @@ class ToSTVision(PretrainedMixin, nn.Module):
         super().__init__()
         check_divisible(embed_dim, num_heads, "embed_dim")
         for name, v in (("depth", depth), ("cls_attn_layers", cls_attn_layers)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "depth" else 1):
+            if not is_int(v) or v < (0 if name == "depth" else 1):
                 low = 0 if name == "depth" else 1
                 raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+        if not is_int(num_classes) or num_classes < 0:
             raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
         check_attn_args(attn, attn_kwargs)
         if mlp not in _MLP_KINDS:
             raise ValueError(f"mlp must be one of {_MLP_KINDS}, got {mlp!r}")
-        drop_rate = _check_rate(drop_rate, "drop_rate")
-        attn_drop_rate = _check_rate(attn_drop_rate, "attn_drop_rate")
-        drop_path_rate = _check_rate(drop_path_rate, "drop_path_rate")
-        if eta is not None and (isinstance(eta, bool) or not isinstance(eta, (int, float))):
+        drop_rate = check_probability(drop_rate, "drop_rate")
+        attn_drop_rate = check_probability(attn_drop_rate, "attn_drop_rate")
+        drop_path_rate = check_probability(drop_path_rate, "drop_path_rate")
+        if eta is not None and (not is_real(eta)):
             raise TypeError(f"eta must be a float or None, got {eta!r}")
 
         self.num_classes = num_classes
@@ -269,7 +263,7 @@ class ToSTVision(PretrainedMixin, nn.Module):
 
     def reset_classifier(self, num_classes: int) -> None:
         """Replace the head by a freshly initialised ``Linear(D, num_classes)`` (0: identity)."""
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+        if not is_int(num_classes) or num_classes < 0:
             raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
         self.num_classes = num_classes
         ref = self.norm.weight
@@ -325,7 +319,7 @@ class ToSTVision(PretrainedMixin, nn.Module):
         else:
             wanted = []
             for i in indices:
-                if isinstance(i, bool) or not isinstance(i, int) or not -depth <= i < depth:
+                if not is_int(i) or not -depth <= i < depth:
                     raise ValueError(f"indices must be block indices in [-{depth}, {depth}), got {i!r}")
                 wanted.append(i % depth)
         if return_pi and "return_pi" not in inspect.signature(self.blocks[0].attn.forward).parameters:

@@ -10,12 +10,11 @@ float32 (also inside ``torch.autocast``); outputs are returned in the input dtyp
 """
 from __future__ import annotations
 
-from numbers import Real
 
 import torch
 import torch.nn.functional as F
 
-from .._checks import autocast_off, check_mask, check_nonempty, check_same_device, check_tensor, stats_dtype
+from .._checks import autocast_off, check_mask, check_nonempty, check_probability, check_same_device, check_tensor, is_real, stats_dtype
 
 __all__ = ["mhsa", "mhsa_explicit", "xca", "mssa", "class_attention"]
 
@@ -48,16 +47,10 @@ def _check_qkv(q, k, v) -> None:
     check_same_device(q, "q", k=k, v=v)
 
 
-def _check_dropout(dropout_p) -> float:
-    if not isinstance(dropout_p, Real) or not 0.0 <= float(dropout_p) <= 1.0:
-        raise ValueError(f"dropout_p must be a float in [0, 1], got {dropout_p!r}")
-    return float(dropout_p)
-
-
 def _scale(scale, head_dim: int) -> float:
     if scale is None:
         return head_dim ** -0.5
-    if not isinstance(scale, Real) or isinstance(scale, bool):
+    if not is_real(scale):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
     return float(scale)
 
@@ -100,7 +93,7 @@ def mhsa(q, k, v, attn_mask=None, *, causal: bool = False, scale=None, dropout_p
     _check_qkv(q, k, v)
     keep = check_mask(attn_mask, q.shape[0], q.shape[2])
     check_same_device(q, "q", attn_mask=keep)
-    dropout_p = _check_dropout(dropout_p)
+    dropout_p = check_probability(dropout_p, "dropout_p")
     s = _scale(scale, q.shape[-1])
     if keep is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=bool(causal), scale=s)
@@ -119,7 +112,7 @@ def mhsa_explicit(q, k, v, attn_mask=None, *, causal: bool = False, scale=None, 
     _check_qkv(q, k, v)
     keep = check_mask(attn_mask, q.shape[0], q.shape[2])
     check_same_device(q, "q", attn_mask=keep)
-    dropout_p = _check_dropout(dropout_p)
+    dropout_p = check_probability(dropout_p, "dropout_p")
     s = _scale(scale, q.shape[-1])
     sd = stats_dtype(q)
     n = q.shape[2]
@@ -157,7 +150,7 @@ def mssa(w, attn_mask=None, *, scale=None, dropout_p: float = 0.0):
 
 
 def _check_temperature(temperature, heads: int, q: torch.Tensor) -> torch.Tensor:
-    if isinstance(temperature, Real) and not isinstance(temperature, bool):
+    if is_real(temperature):
         return torch.full((1, heads, 1, 1), float(temperature), dtype=stats_dtype(q), device=q.device)
     check_tensor(temperature, "temperature")
     check_same_device(q, "q", temperature=temperature)
@@ -185,7 +178,7 @@ def xca(q, k, v, temperature, attn_mask=None, *, dropout_p: float = 0.0):
     _check_qkv(q, k, v)
     keep = check_mask(attn_mask, q.shape[0], q.shape[2])
     check_same_device(q, "q", attn_mask=keep)
-    dropout_p = _check_dropout(dropout_p)
+    dropout_p = check_probability(dropout_p, "dropout_p")
     temp = _check_temperature(temperature, q.shape[1], q)
     sd = stats_dtype(q)
     with autocast_off(q):
@@ -232,7 +225,7 @@ def class_attention(q_cls, k, v, attn_mask=None, *, scale=None, dropout_p: float
         raise TypeError(f"k must have the dtype of q_cls ({q_cls.dtype}), got {k.dtype}")
     keep = check_mask(attn_mask, k.shape[0], k.shape[2])
     check_same_device(k, "k", q_cls=q_cls, v=v, attn_mask=keep)
-    dropout_p = _check_dropout(dropout_p)
+    dropout_p = check_probability(dropout_p, "dropout_p")
     s = _scale(scale, q_cls.shape[-1])
     if keep is None:
         return F.scaled_dot_product_attention(q_cls, k, v, dropout_p=dropout_p, scale=s)

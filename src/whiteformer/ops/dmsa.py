@@ -41,7 +41,8 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from .._checks import autocast_off, check_attn_drop, check_mask, check_nonempty, check_same_device, check_tensor
+from .._checks import (autocast_off, check_mask, check_nonempty, check_probability, check_same_device, check_tensor,
+                       is_int)
 from .constants import PI_EPS  # added to the membership mass sum_n Pi_n (as TSSA)
 
 __all__ = ["dmsa", "sparsemax", "SPARSITY", "ACTIVATIONS", "GATE_ACTIVATIONS", "MODES", "check_dmsa_options"]
@@ -90,7 +91,7 @@ def sparsemax(z: torch.Tensor, dim: int = -1, mask: Optional[torch.Tensor] = Non
     check_tensor(z, "z")
     if z.dim() == 0:
         raise ValueError("sparsemax needs a tensor with at least one dimension, got a 0-d tensor")
-    if isinstance(dim, bool) or not isinstance(dim, int) or not -z.dim() <= dim < z.dim():
+    if not is_int(dim) or not -z.dim() <= dim < z.dim():
         raise ValueError(f"dim must be an int in [{-z.dim()}, {z.dim() - 1}] for z of shape {tuple(z.shape)}, "
                          f"got {dim!r}")
     if z.shape[dim] == 0:
@@ -198,7 +199,7 @@ def dmsa(
     attn_mask = check_mask(attn_mask, s.shape[0], s.shape[2])
     check_same_device(s, "s", logits=logits, attn_mask=attn_mask)
     check_dmsa_options(sparsity, activation, mode, gate_activation)
-    check_attn_drop(attn_drop)
+    check_probability(attn_drop, "attn_drop")
     out, pi, gate = _dmsa_torch(s, logits, attn_mask, sparsity, activation, mode, gate_activation,
                                 float(attn_drop) if training else 0.0)
     return (out, {"pi": pi, "gate": gate}) if return_stats else out

@@ -36,8 +36,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from .._checks import (autocast_off, check_eps, check_mask, check_nonempty, check_same_device, check_sketch_rank,
-                       check_tensor,
-                       stats_dtype)
+                       check_tensor, is_int, stats_dtype)
 
 __all__ = [
     "orthonormal_basis",
@@ -241,10 +240,10 @@ def eca_omega(
     ``dtype`` defaults to float32.
     """
     for name, v in (("num_tokens", num_tokens), ("rank", rank)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        if not is_int(v) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     for name, v in (("seed", seed), ("stream", stream)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        if not is_int(v) or v < 0:
             raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
     key = _mix32(_mix32(seed & _M32) ^ ((seed >> 32) & _M32))
     key = _mix32((key + _mix32(stream & _M32) + 0x9E3779B9) & _M32)
@@ -364,7 +363,7 @@ def eca_compress(
         With ``return_pi``: ``(out, pi)`` with pi (B, H, N), 0 at padded tokens.
     """
     _check_x(x)
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
+    if not is_int(num_heads) or num_heads <= 0:
         raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
     check_tensor(U, "U", 2)
     if U.shape[0] != x.shape[2] or U.shape[1] == 0 or U.shape[1] % num_heads != 0:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from .._checks import is_int
 
 __all__ = ["linear_cross_entropy"]
 
@@ -35,7 +36,7 @@ def _check(h, weight, targets, chunk_size: int) -> None:
                          f"{getattr(targets, 'shape', type(targets).__name__)}")
     if targets.dtype.is_floating_point or targets.dtype == torch.bool:
         raise TypeError(f"targets must be an integer tensor of class ids, got {targets.dtype}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+    if not is_int(chunk_size) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
 
 

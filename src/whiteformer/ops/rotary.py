@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from .._checks import check_nonempty, check_same_device, check_tensor
+from .._checks import check_nonempty, check_same_device, check_tensor, is_real
 
 __all__ = ["rotary", "rotary_angles"]
 
@@ -49,7 +49,7 @@ def rotary(x: torch.Tensor, base: float = 10000.0, positions: Optional[torch.Ten
     C = x.shape[-1]
     if C % 2 != 0:
         raise ValueError(f"rotary needs an even channel dimension (pairs (2i, 2i+1)), got C = {C}")
-    if not isinstance(base, (int, float)) or isinstance(base, bool) or not base > 0:
+    if not is_real(base) or not base > 0:
         raise ValueError(f"base must be a positive number, got {base!r}")
     B, N = x.shape[0], x.shape[1]
     if positions is None:

@@ -18,6 +18,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
+from .._checks import is_int, is_real
 
 __all__ = ["TrainConfig", "EvalConfig", "GenerateConfig", "AnalyzeConfig", "ConfigError", "parse_overrides",
            "parse_value", "build_config", "config_to_dict", "save_config", "load_yaml", "format_fields"]
@@ -286,19 +287,19 @@ def _coerce(name: str, value: Any, tp) -> Any:
             return value
         raise ConfigError(f"{name} must be true or false, got {value!r}")
     if origin is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+        if is_int(value):
+            return int(value)
         if isinstance(value, float) and value.is_integer():
             return int(value)
         raise ConfigError(f"{name} must be an integer, got {value!r}")
     if origin is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if is_real(value):
             if not math.isfinite(value):
                 raise ConfigError(f"{name} must be a finite number, got {value!r}")
             return float(value)
         raise ConfigError(f"{name} must be a number, got {value!r}")
     if origin is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        if isinstance(value, str) or is_real(value):
             return str(value)
         raise ConfigError(f"{name} must be a string, got {value!r}")
     if origin in (dict, Dict):

@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
+from .._checks import is_real
 
 __all__ = ["MetricsLogger", "read_metrics", "truncate_metrics"]
 
@@ -68,7 +69,7 @@ class MetricsLogger:
         if self._tb is not None:
             step = int(record.get("step", 0))
             for k, v in record.items():
-                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                if k != "step" and is_real(v):
                     self._tb.add_scalar(k.replace("_", "/", 1), v, step)
 
     def close(self, csv_path: Optional[Path] = None) -> None:

@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from ..._checks import (check_attn_drop, check_heads_input, check_mask, check_nonempty, check_pos_bias,
+from ..._checks import (check_heads_input, check_mask, check_nonempty, check_pos_bias, check_probability,
                         check_same_device, check_temp, check_tensor, stats_dtype)
 from .._kernels import fused_supported, kernel_for
 from .._kernels.fused import causal_tssa_fused
@@ -70,7 +70,7 @@ def causal_tssa(
         )
     attn_mask = check_mask(attn_mask, w.shape[0], n)
     check_same_device(w, temp=temp, pos_bias=pos_bias, attn_mask=attn_mask)
-    drop = check_attn_drop(attn_drop)
+    drop = check_probability(attn_drop, "attn_drop")
     drop_p = drop if training else 0.0
 
     bias = None if pos_bias is None else position_logit_bias(pos_bias, p, n, attn_mask)
@@ -125,7 +125,7 @@ def causal_tssa_step(
     check_temp(temp, h)
     check_pos_bias(pos_bias, h)
     check_same_device(w_t, "w_t", temp=temp, pos_bias=pos_bias)
-    drop = check_attn_drop(attn_drop)
+    drop = check_probability(attn_drop, "attn_drop")
     drop_p = drop if training else 0.0
     sd = stats_dtype(w_t)
     if state is None:

@@ -5,7 +5,7 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from ..._checks import check_tensor
+from ..._checks import check_tensor, is_int
 
 __all__ = ["CausalTSSAState", "check_state", "position_logit_bias"]
 
@@ -45,7 +45,7 @@ def check_state(state, w_t: torch.Tensor) -> None:
             raise ValueError(f"state.t must be an int or an integer tensor of shape () or ({b},), got {t}")
         if t.device != w_t.device:
             raise ValueError(f"state.t must be on w_t's device ({w_t.device}), got {t.device}")
-    elif isinstance(t, bool) or not isinstance(t, int) or t < 0:
+    elif not is_int(t) or t < 0:
         raise ValueError(f"state.t must be a non-negative int or an integer tensor, got {t!r}")
 
 

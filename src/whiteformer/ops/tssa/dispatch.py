@@ -5,7 +5,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..._checks import check_attn_drop, check_heads_input, check_mask, check_same_device, check_temp
+from ..._checks import check_heads_input, check_mask, check_probability, check_same_device, check_temp
 from .._kernels import fused_supported, kernel_for
 from .._kernels.fused import tssa_fused
 from .parallel import tssa_parallel
@@ -50,7 +50,7 @@ def tssa(
     check_temp(temp, w.shape[1])
     attn_mask = check_mask(attn_mask, w.shape[0], w.shape[2])
     check_same_device(w, temp=temp, attn_mask=attn_mask)
-    drop = check_attn_drop(attn_drop)
+    drop = check_probability(attn_drop, "attn_drop")
     drop_p = drop if training else 0.0
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")

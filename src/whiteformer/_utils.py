@@ -1,0 +1,61 @@
+"""Small helpers on modules and values shared across the package (bottom layer, beside ``_checks``):
+``eval_mode`` (a context), ``count_params`` and ``to_jsonable``."""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Iterator, Mapping
+
+import torch
+import torch.nn as nn
+
+__all__ = ["eval_mode", "count_params", "to_jsonable"]
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Put every submodule in eval mode inside the block and restore each one's own ``training``
+    flag on exit (``model.train()`` after would also switch on what was frozen in eval mode)."""
+    saved = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        yield model
+    finally:
+        for m, flag in saved:
+            m.training = flag
+
+
+def count_params(module: nn.Module) -> int:
+    """Number of parameters of ``module``, each counted once (a tied weight once)."""
+    return sum(p.numel() for p in module.parameters())
+
+
+def to_jsonable(value: Any, where: str = "value", *, tensors: bool = False) -> Any:
+    """``value`` as plain JSON types: lists for tuples, dicts with string keys for mappings.
+
+    ``tensors=True`` (reports of measurements): tensors become (nested) lists, non-finite floats
+    the strings "nan" / "inf" / "-inf", and other objects pass unchanged. ``tensors=False``
+    (configs that must load back exactly): anything that is not None, bool, int, float, str, a
+    list/tuple or a string-keyed mapping of those raises a ``TypeError`` naming ``where``.
+    """
+    if isinstance(value, float) and tensors and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v, f"{where}[{i}]", tensors=tensors) for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                if not tensors:
+                    raise TypeError(f"cannot save config: key {k!r} of {where} is not a string")
+                k = str(k)
+            out[k] = to_jsonable(v, f"{where}[{k!r}]", tensors=tensors)
+        return out
+    if tensors:
+        return to_jsonable(value.tolist(), where, tensors=True) if isinstance(value, torch.Tensor) else value
+    raise TypeError(
+        f"cannot save config: constructor argument {where} = {value!r} ({type(value).__name__}) is not "
+        "JSON-serialisable; pass plain values (numbers, strings, lists, dicts) to the constructor"
+    )

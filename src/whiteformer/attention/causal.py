@@ -1,0 +1,140 @@
+"""Causal attention layers for generation: the prefill/step protocol they share, and the softmax
+(GPT) baseline with its key/value cache.
+
+:class:`CausalAttention` is what a language model's block needs of its attention: ``forward``
+(timm's contract, causal), ``prefill`` (the same, plus the state after the last real token) and
+``step`` (one token and the state -> its output and the next state). Two layers implement it:
+:class:`~whiteformer.attention.CausalTSSA` (ToST's causal TSSA: a constant-size state of running
+statistics, constant memory per generated token) and :class:`CausalSelfAttention` here (a
+:class:`KVCache` that grows with the tokens seen). ``prefill`` then ``step`` reproduces ``forward``
+token for token (tests/test_causal_protocol.py).
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional, Protocol, Tuple, runtime_checkable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from einops import rearrange
+
+from .._checks import check_divisible, check_mask, check_probability, check_tensor, check_tokens_input
+from .registry import register_attention
+
+__all__ = ["CausalAttention", "CausalSelfAttention", "KVCache"]
+
+
+@runtime_checkable
+class CausalAttention(Protocol):
+    """The generation protocol of a causal attention layer (x (B, N, C), x_t (B, C)).
+
+    - ``forward(x, attn_mask=None) -> y``: y[:, t] depends only on the real tokens of x[:, :t+1];
+    - ``prefill(x, attn_mask=None) -> (y, state)``: as ``forward``, plus the state after the last
+      real token of each sequence;
+    - ``step(x_t, state=None) -> (y_t, state)``: the next token (``state=None``: the first one).
+    """
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> Any: ...
+
+    def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Any]: ...
+
+    def step(self, x_t: torch.Tensor, state: Any = None) -> Tuple[torch.Tensor, Any]: ...
+
+
+class KVCache(NamedTuple):
+    """Keys and values of the tokens seen so far: k, v of shape (B, H, T, p); ``mask`` (B, T)
+    bool keep-mask of those tokens (None: all real), from a padded prefill."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    mask: Optional[torch.Tensor] = None
+
+
+
+@register_attention("causal_mhsa")
+class CausalSelfAttention(nn.Module):
+    """Causal softmax multi-head attention with a key/value cache (GPT baseline); implements
+    :class:`CausalAttention` (its state is a :class:`KVCache`, growing with the tokens seen).
+
+    ``qkv``: Linear(dim, 3 dim) with output layout (3, H, p) (as timm / nanoGPT ``c_attn``),
+    ``proj``: Linear(dim, dim) (nanoGPT ``c_proj``). ``softmax(q k^T / sqrt(p) + causal) v``.
+
+    ``fused_attn`` (timm's attribute, default True): ``F.scaled_dot_product_attention``; False
+    forms the (B, H, N, N) scores and their softmax explicitly (nanoGPT's slow path, the baseline
+    of benchmarks that compare against "explicit softmax").
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, proj_bias: bool = False,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0):
+        super().__init__()
+        self.head_dim = check_divisible(dim, num_heads)
+        self.dim, self.num_heads = dim, num_heads
+        self.attn_drop = check_probability(attn_drop, "attn_drop")
+        self.fused_attn = True
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(check_probability(proj_drop, "proj_drop"))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}, attn_drop={self.attn_drop}"
+
+    def _qkv(self, x: torch.Tensor):
+        q, k, v = rearrange(self.qkv(x), "b n (s h d) -> s b h n d", s=3, h=self.num_heads)
+        return q, k, v
+
+    def _out(self, y: torch.Tensor) -> torch.Tensor:
+        return self.proj_drop(self.proj(rearrange(y, "b h n d -> b n (h d)")))
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x (B, N, C), attn_mask (B, N) bool keep-mask -> y (B, N, C); y[:, t] depends only on
+        the real tokens of x[:, :t+1]; padded outputs are 0."""
+        return self.prefill(x, attn_mask)[0]
+
+    def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, KVCache]:
+        """Like :meth:`forward`, also returning the key/value cache of the N tokens."""
+        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
+        attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
+        q, k, v = self._qkv(x)
+        drop = self.attn_drop if self.training else 0.0
+        n = x.shape[1]
+        if attn_mask is None:
+            if self.fused_attn:
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+            else:
+                y = self._explicit(q, k, v, torch.ones(n, n, dtype=torch.bool, device=x.device).tril(), drop)
+            return self._out(y), KVCache(k, v)
+        eye = torch.eye(n, dtype=torch.bool, device=x.device)
+        # causal and real keys; a padded query keeps its own key so that no row is empty
+        allowed = (torch.ones_like(eye).tril() & attn_mask[:, None, None, :]) | eye
+        if self.fused_attn:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
+        else:
+            y = self._explicit(q, k, v, allowed, drop)
+        y = self._out(y).masked_fill(~attn_mask[..., None], 0.0)
+        return y, KVCache(k, v, attn_mask)
+
+    def _explicit(self, q, k, v, allowed: torch.Tensor, drop: float) -> torch.Tensor:
+        """``softmax(q k^T / sqrt(p), keys where allowed) v`` with the (B, H, N, N) scores formed."""
+        scores = (q @ k.transpose(-2, -1)) * self.head_dim ** -0.5
+        attn = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+        return F.dropout(attn, drop, self.training) @ v
+
+    def step(self, x_t: torch.Tensor, state: Optional[KVCache] = None) -> Tuple[torch.Tensor, KVCache]:
+        """One token x_t (B, C) attending to the cached tokens and itself -> (y_t (B, C), cache)."""
+        cache = state
+        check_tensor(x_t, "x_t", 2)
+        if x_t.shape[-1] != self.dim:
+            raise ValueError(f"x_t must have shape (B, {self.dim}), got {tuple(x_t.shape)}")
+        q, k, v = self._qkv(x_t.unsqueeze(1))
+        mask = None
+        if cache is not None:
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"state must be a KVCache or None, got {type(cache).__name__}")
+            k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
+            if cache.mask is not None:
+                mask = torch.cat([cache.mask, cache.mask.new_ones(cache.mask.shape[0], 1)], dim=1)
+        drop = self.attn_drop if self.training else 0.0
+        allowed = None if mask is None else mask[:, None, None, :]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
+        return self._out(y)[:, 0], KVCache(k, v, mask)
