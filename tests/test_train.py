@@ -400,3 +400,27 @@ def test_finetune_from_a_foreign_pth_checkpoint(tmp_path):
     assert torch.equal(m.blocks[0].attn.qkv.weight, src.blocks[0].attn.qkv.weight)
     res = train(tiny_cfg(tmp_path, finetune=str(tmp_path / "ckpt.pth"), steps=2))
     assert res["final_eval"]["n"] == 359
+
+
+@pytest.mark.parametrize("schedule", ["linear", "inverse_sqrt"])
+def test_schedule_option_sets_the_learning_rate_and_resume_keeps_it(tmp_path, schedule):
+    """``schedule=`` (ToST Table 7's LRA schedules) drives the logged learning rate step by step;
+    resuming the run under another schedule is refused, not silently mixed."""
+    from whiteformer.train.schedule import lr_multiplier
+
+    cfg = tiny_cfg(tmp_path, steps=8, warmup_steps=2, lr=1e-3, min_lr=1e-5, schedule=schedule, log_every=1,
+                   ckpt_every=4)
+    train(cfg)
+    recs = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    logged = {r["step"]: r["lr"] for r in recs if "lr" in r}
+    assert sorted(logged) == list(range(1, 9))
+    for step, lr in logged.items():
+        assert lr == pytest.approx(1e-3 * lr_multiplier(schedule, step - 1, 8, 2, 1e-2))
+    other = "cosine"
+    with pytest.raises(ConfigError, match=f"schedule={schedule}.*schedule={other}"):
+        train(tiny_cfg(tmp_path, steps=8, warmup_steps=2, lr=1e-3, min_lr=1e-5, schedule=other, resume=True))
+
+
+def test_unknown_schedule_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="schedule must be one of cosine, linear, inverse_sqrt"):
+        tiny_cfg(tmp_path, steps=2, schedule="step").validate()

@@ -18,7 +18,9 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
+
 from .._checks import is_int, is_real
+from .schedule import SCHEDULES
 
 __all__ = ["TrainConfig", "EvalConfig", "GenerateConfig", "AnalyzeConfig", "ConfigError", "parse_overrides",
            "parse_value", "build_config", "config_to_dict", "save_config", "load_yaml", "format_fields"]
@@ -72,7 +74,9 @@ class TrainConfig:
     steps: int = _h("total optimizer steps; > 0 overrides epochs (required for text)", default=0)
     batch_size: int = _h("global batch size (split over the DDP processes)", default=64)
     lr: float = _h("peak learning rate (AdamW)", default=1e-3)
-    min_lr: float = _h("final learning rate of the cosine schedule", default=1e-5)
+    min_lr: float = _h("final learning rate (cosine, linear) or floor (inverse_sqrt) of the schedule", default=1e-5)
+    schedule: str = _h("learning-rate decay after the linear warm-up: cosine, linear, inverse_sqrt "
+                       "(ToST Table 7: inverse_sqrt for LRA ListOps, linear for the other LRA tasks)", default="cosine")
     weight_decay: float = _h("AdamW weight decay (not on biases, norms, no_weight_decay())", default=0.05)
     beta1: float = _h("AdamW beta1", default=0.9)
     beta2: float = _h("AdamW beta2", default=0.999)
@@ -114,6 +118,7 @@ class TrainConfig:
         _check(self.steps >= 0, f"steps must be >= 0, got {self.steps}")
         _check(self.lr > 0, f"lr must be > 0, got {self.lr}")
         _check(0 <= self.min_lr <= self.lr, f"min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
+        _check(self.schedule in SCHEDULES, f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         _check(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
         _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "beta1 and beta2 must be in [0, 1)")
         _check(self.warmup_steps >= 0 and self.warmup_epochs >= 0, "warm-up lengths must be >= 0")

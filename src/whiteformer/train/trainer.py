@@ -109,7 +109,8 @@ class Trainer:
             model = D.convert_sync_batchnorm(model, dist.device)
         self.module = model  # the plain model (what is saved)
         self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
-        self.scheduler = build_scheduler(self.optimizer, self.total_steps, self.warmup, cfg.lr, cfg.min_lr)
+        self.scheduler = build_scheduler(self.optimizer, self.total_steps, self.warmup, cfg.lr, cfg.min_lr,
+                                         cfg.schedule)
         self.ema = ModelEMA(model, cfg.ema_decay) if cfg.ema else None
         if dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -166,6 +167,10 @@ class Trainer:
                               f"configuration than this one ({str(err).splitlines()[0]}); resume with the run's own "
                               f"configuration (whiteformer train --out RUN --resume reads RUN/config.yaml)") from err
         self.scheduler.load_state_dict(st["scheduler"])
+        saved = {getattr(fn, "schedule", "cosine") for fn in self.scheduler.lr_lambdas}
+        if saved != {cfg.schedule}:
+            raise ConfigError(f"checkpoint {str(path)!r} was trained with schedule={','.join(sorted(saved))}, this "
+                              f"configuration says schedule={cfg.schedule}; resume with the run's own schedule")
         if st.get("total_steps") not in (None, self.total_steps):
             # Extending (or shortening) a run: the warm-up + cosine schedule is recomputed for the new
             # length and continues from this step, as if the run had been configured so from the start.
