@@ -106,8 +106,9 @@ def is_real(value) -> bool:
 def check_int(value, name: str, minimum: int | None = None) -> int:
     """An integer (not a bool) ``>= minimum`` when given; returns it as an ``int``."""
     if not is_int(value) or (minimum is not None and value < minimum):
-        bound = "" if minimum is None else f" >= {minimum}"
-        raise ValueError(f"{name} must be an integer{bound}, got {value!r}")
+        what = {None: "an integer", 0: "a non-negative integer", 1: "a positive integer"}.get(
+            minimum, f"an integer >= {minimum}")
+        raise ValueError(f"{name} must be {what}, got {value!r}")
     return int(value)
 
 

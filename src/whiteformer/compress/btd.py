@@ -33,7 +33,7 @@ import torch
 
 from ._tensor import TensorLike, as_float64, check_tensor_like, to_dense
 from .cp import CPResult, cp
-from .._checks import is_int, normalize_ranks
+from .._checks import check_int, normalize_ranks
 from .truncatt import allocate_ranks_spectral
 from .whitening import Whitening
 
@@ -235,8 +235,7 @@ def btd_ll1(Y: TensorLike, rank: Optional[int] = None, *, ranks: Optional[Sequen
         C = torch.eye(H, dtype=X.dtype, device=X.device)
     else:
         if cp_result is None:
-            if not is_int(rank) or rank < 1:
-                raise ValueError(f"rank must be a positive int, got {rank!r}")
+            check_int(rank, "rank", 1)
             kw = dict(seed=seed)
             kw.update(cp_kwargs or {})
             cpres = cp(Y64, rank, calib=wh, **kw)

@@ -13,7 +13,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from .._checks import is_int, normalize_ranks
+from .._checks import check_int, is_int, normalize_ranks
 from .._utils import count_params
 from ..attention.compressed import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt
 from . import flops
@@ -158,8 +158,7 @@ def compress_attention(attn: nn.Module, *, qk: Optional[str] = "truncatt",
         raise ValueError(f"rank_allocation must be 'btd' or 'spectral', got {rank_allocation!r}")
     if protocol not in ("flops", "rank"):
         raise ValueError(f"protocol must be 'flops' (equal QK MACs) or 'rank' (equal total QK rank), got {protocol!r}")
-    if not is_int(num_tokens) or num_tokens < 1:
-        raise ValueError(f"num_tokens must be a positive int, got {num_tokens!r}")
+    check_int(num_tokens, "num_tokens", 1)
     qk_rank, vo_rank = _ranks_arg(qk_rank, "qk_rank"), _ranks_arg(vo_rank, "vo_rank")
     if qk is None and (qk_rank is not None or qk_flops_ratio is not None):
         raise ValueError("qk_rank / qk_flops_ratio given but qk=None (QK kept exact)")

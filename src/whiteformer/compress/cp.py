@@ -30,7 +30,7 @@ import torch
 
 from ._tensor import TensorLike, as_float64, check_tensor_like, mttkrp, norm_sq, unfolding_gram
 from .whitening import Whitening
-from .._checks import is_int
+from .._checks import check_int
 
 __all__ = ["CPResult", "cp", "cp_als", "epc_correction", "cp_sensitivity", "cp_norm_sq"]
 
@@ -248,8 +248,7 @@ def cp(Y: TensorLike, rank: int, *, n_iter_max: int = 100, tol: float = 1e-8, in
         :class:`CPResult` with factors in the dtype of Y (computation in float64).
     """
     check_tensor_like(Y)
-    if not is_int(rank) or rank < 1:
-        raise ValueError(f"rank must be a positive int, got {rank!r}")
+    check_int(rank, "rank", 1)
     if init not in ("svd", "random"):
         raise ValueError(f"init must be 'svd' or 'random', got {init!r}")
     Y64 = as_float64(Y)

@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 
 from ._tensor import HeadFactors, TensorLike, as_float64, check_tensor_like, head_slice, norm_sq
-from .._checks import is_int, normalize_ranks
+from .._checks import check_int, normalize_ranks
 from .whitening import Whitening
 
 __all__ = ["TruncAttResult", "truncatt", "head_spectra", "allocate_ranks_spectral"]
@@ -78,8 +78,7 @@ def allocate_ranks_spectral(spectra: Sequence[torch.Tensor], total_rank: int,
     largest next gain ``s_h[r_h]^2`` (the error drop of one more rank for that head), i.e. the
     next-largest singular values not kept yet.
     """
-    if not is_int(total_rank) or total_rank < 1:
-        raise ValueError(f"total_rank must be a positive int, got {total_rank!r}")
+    check_int(total_rank, "total_rank", 1)
     caps = [len(s) if max_rank is None else min(len(s), max_rank) for s in spectra]
     if total_rank > sum(caps):
         raise ValueError(f"total_rank {total_rank} exceeds the available rank {sum(caps)}")

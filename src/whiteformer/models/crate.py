@@ -26,7 +26,7 @@ from .blocks import ISTA
 from .checkpoint import PretrainedMixin
 from ..layers import PatchGrid, resample_abs_pos_embed, vit_forward_intermediates
 from .registry import build_with_defaults, register_model
-from .._checks import check_probability, is_int
+from .._checks import check_int, check_probability
 
 __all__ = ["CRATE", "CRATEBlock", "CRATEPatchEmbed"]
 
@@ -107,10 +107,8 @@ class CRATE(PretrainedMixin, nn.Module):
         super().__init__()
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
-        if not is_int(num_classes) or num_classes < 0:
-            raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
-        if not is_int(depth) or depth < 0:
-            raise ValueError(f"depth must be an int >= 0, got {depth!r}")
+        check_int(num_classes, "num_classes", 0)
+        check_int(depth, "depth", 0)
         for name, val in (("attn_drop_rate", attn_drop_rate), ("pos_drop_rate", pos_drop_rate)):
             check_probability(val, name)
         self.num_classes = num_classes
@@ -136,8 +134,7 @@ class CRATE(PretrainedMixin, nn.Module):
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         """New head (PyTorch default init) for ``num_classes`` (0: identity); optional new pooling."""
-        if not is_int(num_classes) or num_classes < 0:
-            raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
+        check_int(num_classes, "num_classes", 0)
         if global_pool is not None:
             if global_pool not in ("token", "avg"):
                 raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")

@@ -21,7 +21,7 @@ from typing import Dict, Optional, Sequence, Set, Union
 import torch
 import torch.nn as nn
 
-from .._checks import check_divisible, check_probability, is_int
+from .._checks import check_divisible, check_int, check_probability
 from ..attention.baselines import MHSA
 from ..layers import PatchGrid, resample_abs_pos_embed, vit_forward_intermediates
 from .blocks import DropPath, LayerScale, Mlp
@@ -94,10 +94,8 @@ class VisionTransformer(PretrainedMixin, nn.Module):
         super().__init__()
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
-        if not is_int(num_classes) or num_classes < 0:
-            raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
-        if not is_int(depth) or depth < 0:
-            raise ValueError(f"depth must be an int >= 0, got {depth!r}")
+        check_int(num_classes, "num_classes", 0)
+        check_int(depth, "depth", 0)
         check_divisible(embed_dim, num_heads, "embed_dim")
         for name, val in (("drop_rate", drop_rate), ("pos_drop_rate", pos_drop_rate),
                           ("proj_drop_rate", proj_drop_rate), ("attn_drop_rate", attn_drop_rate),
@@ -150,8 +148,7 @@ class VisionTransformer(PretrainedMixin, nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         """New (re-initialised) head for ``num_classes`` (0: identity); ``global_pool`` 'token'
         or 'avg' switches the pooling (the norms are left as built, as timm)."""
-        if not is_int(num_classes) or num_classes < 0:
-            raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
+        check_int(num_classes, "num_classes", 0)
         if global_pool is not None:
             if global_pool not in ("token", "avg"):
                 raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 
 from .. import attention as _attention
-from .._checks import check_divisible, check_probability, check_tensor, check_tokens_input, is_int, is_real
+from .._checks import check_divisible, check_int, check_probability, check_tensor, check_tokens_input, is_int, is_real
 from ..layers import to_2tuple
 from .blocks import ISTA, ClassAttentionBlock, ConvPatchEmbed, DropPath, FourierPositionalEncoding, Mlp
 from .checkpoint import PretrainedMixin
@@ -192,8 +192,7 @@ class ToSTVision(PretrainedMixin, nn.Module):
             if not is_int(v) or v < (0 if name == "depth" else 1):
                 low = 0 if name == "depth" else 1
                 raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
-        if not is_int(num_classes) or num_classes < 0:
-            raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
+        check_int(num_classes, "num_classes", 0)
         check_attn_args(attn, attn_kwargs)
         if mlp not in _MLP_KINDS:
             raise ValueError(f"mlp must be one of {_MLP_KINDS}, got {mlp!r}")
@@ -263,8 +262,7 @@ class ToSTVision(PretrainedMixin, nn.Module):
 
     def reset_classifier(self, num_classes: int) -> None:
         """Replace the head by a freshly initialised ``Linear(D, num_classes)`` (0: identity)."""
-        if not is_int(num_classes) or num_classes < 0:
-            raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
+        check_int(num_classes, "num_classes", 0)
         self.num_classes = num_classes
         ref = self.norm.weight
         if num_classes > 0:

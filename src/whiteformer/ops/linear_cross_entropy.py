@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from .._checks import is_int
+from .._checks import check_int, is_int
 
 __all__ = ["linear_cross_entropy"]
 
@@ -36,8 +36,7 @@ def _check(h, weight, targets, chunk_size: int) -> None:
                          f"{getattr(targets, 'shape', type(targets).__name__)}")
     if targets.dtype.is_floating_point or targets.dtype == torch.bool:
         raise TypeError(f"targets must be an integer tensor of class ids, got {targets.dtype}")
-    if not is_int(chunk_size) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    check_int(chunk_size, "chunk_size", 1)
 
 
 def _work_dtype(h: torch.Tensor) -> torch.dtype:

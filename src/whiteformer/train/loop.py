@@ -13,7 +13,7 @@ from typing import Callable, Dict, Optional, Sequence
 
 import torch
 import torch.nn as nn
-from .._checks import is_int
+from .._checks import check_int
 
 __all__ = ["train_step", "finetune"]
 
@@ -50,8 +50,7 @@ def finetune(model: nn.Module, task, *, epochs: int = 1, lr: float = 1e-4, weigh
     step. Returns ``{"steps", "train_loss" (mean of the last epoch), "time_s"}``."""
     from .optim import build_optimizer
 
-    if not is_int(epochs) or epochs < 1:
-        raise ValueError(f"epochs must be a positive int, got {epochs!r}")
+    check_int(epochs, "epochs", 1)
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a finite positive number, got {lr!r}")
     say = log or (lambda _m: None)
