@@ -141,3 +141,15 @@ def test_compress_takes_a_run_directory_the_train_option_style_and_reports_accur
     assert rc == 0 and "--model-arg KEY=VALUE is deprecated" in err and "--data is deprecated" in err
     assert main(["eval", "--checkpoint", str(out)]) == 2  # no run config and no --dataset: one clear line
     assert "--dataset" in capsys.readouterr().err
+    # --protocol rank (the paper's Table 1): IrrAtt gets TruncAtt's total QK rank at the same ratio;
+    # --protocol flops (ours) charges the general head fusion to the budget, so it gets less.
+    totals = {}
+    for qk, protocol in (("truncatt", "flops"), ("irratt", "rank"), ("irratt", "flops")):
+        dst = tmp_path / f"{qk}_{protocol}"
+        assert main(["compress", "--checkpoint", str(run), "--qk", qk, "--qk-flops-ratio", "0.5", "--protocol", protocol,
+                     "--vo", "none", "--out", str(dst)]) == 0
+        assert f"(protocol {protocol})" in capsys.readouterr().out
+        totals[qk, protocol] = json.loads((dst / "compression_report.json").read_text())["blocks"][0]["qk_total_rank"]
+    assert totals["irratt", "rank"] == totals["truncatt", "flops"] > totals["irratt", "flops"]
+    assert main(["compress", "--checkpoint", str(run), "--qk", "irratt", "--qk-flops-ratio", "0.5", "--protocol",
+                 "equal", "--out", str(tmp_path / "bad")]) == 2

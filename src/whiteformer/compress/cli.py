@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="truncatt: per-head rank (or H comma-separated); cp: R; irratt: total rank (or H ranks)")
     g.add_argument("--qk-flops-ratio", type=float, default=None,
                    help="per block, the largest rank with QK MACs <= ratio x original (Sec. 3.4)")
+    p.add_argument("--protocol", choices=["flops", "rank"], default="flops",
+                   help="how methods are compared at --qk-flops-ratio: flops (each method its largest rank within "
+                        "the QK MACs budget) or rank (the paper's Table 1: every method TruncAtt's total rank H r)")
     p.add_argument("--vo", choices=["truncatt", "none"], default="truncatt", help="VO compression")
     p.add_argument("--vo-rank", type=_ranks, default=None, help="VO TruncAtt rank per head (default: VO exact)")
     p.add_argument("--mlp-rank", type=_ranks, default=None, help="MLP SVD rank R or R1,R2 (default: MLP kept)")
@@ -209,14 +212,15 @@ def _run(args: argparse.Namespace) -> int:
             calib = task.train_ds.get_batch(idx)[0].to(device)
 
     say(f"compressing {name} ({args.checkpoint}): qk={args.qk} "
-        + (f"qk_rank={args.qk_rank}" if args.qk_rank is not None else f"qk_flops_ratio={args.qk_flops_ratio}")
+        + (f"qk_rank={args.qk_rank}" if args.qk_rank is not None else f"qk_flops_ratio={args.qk_flops_ratio} (protocol {args.protocol})")
         + f", vo_rank={args.vo_rank}, mlp_rank={args.mlp_rank}" + (f", calib={len(calib)} images" if calib is not None
                                                                     else ""))
     t0 = time.perf_counter()
     new, report = compress(
         model, qk=args.qk, qk_rank=args.qk_rank, qk_flops_ratio=args.qk_flops_ratio, vo=args.vo,
         vo_rank=args.vo_rank, mlp_rank=args.mlp_rank, calib=calib, fusion=args.fusion,
-        rank_allocation=args.rank_allocation, blocks=args.blocks, num_tokens=args.num_tokens, seed=args.seed,
+        rank_allocation=args.rank_allocation, protocol=args.protocol, blocks=args.blocks, num_tokens=args.num_tokens,
+        seed=args.seed,
         latency_batch=args.latency_batch, latency_runs=args.latency_runs)
     report.extra["compression_time_s"] = time.perf_counter() - t0
     if task is not None:
