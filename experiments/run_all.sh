@@ -11,4 +11,5 @@ $PY experiments/exp5_language.py
 $PY experiments/exp2_ablations.py
 $PY experiments/exp6_listops.py
 $PY experiments/exp7_efficiency.py
+$PY experiments/exp8_plain_vit.py
 $PY experiments/exp9_lra.py
