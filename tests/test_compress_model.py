@@ -307,6 +307,8 @@ def test_cli_end_to_end(tmp_path, capsys):
                           str(tmp_path / "bad")]) == 2
     assert "out of range" in capsys.readouterr().err
     assert compress_main(["--checkpoint", ckpt, "--qk-rank", "4"]) == 2  # --out missing
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("whiteformer compress: error:") and "--out" in err
     assert compress_main(["--checkpoint", ckpt, "--qk-rank", "4", "--calib", "8", "--out", str(tmp_path / "b")]) == 2
     assert "need --data" in capsys.readouterr().err
 

@@ -107,8 +107,16 @@ def _model_arg(text: str):
     return k.strip(), val
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """argparse whose usage errors are one ``prog: error: ...`` line and exit code 2 (the other
+    ``whiteformer`` commands' form), not the whole usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _OneLineErrors(
         prog="whiteformer compress",
         description="Compress the attention of a ViT/DeiT checkpoint (TruncAtt / CP SlimAtt / IrrAtt QK, VO TruncAtt, "
                     "SVD MLP; paper 'Vision Transformer with Irregular Attention'), optionally fine-tune, and save "
