@@ -350,9 +350,9 @@ def compression(out, verdicts):
 
 def compression_reading(by, ratios, cfg) -> str:
     """The paragraph under the compression table: what each protocol shows, from the rows."""
-    import math
-
-    n_test = 10000
+    n_test = {"mnist": 10000}.get(cfg["dataset"])  # test-set size, for the noise level of one accuracy
+    if n_test is None:
+        return ""
     acc = by[f"truncatt_{ratios[0]}"]["base_acc"]
     noise = 100 * math.sqrt(acc * (1 - acc) / n_test)  # binomial std of one test accuracy, in points
 

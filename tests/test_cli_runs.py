@@ -146,8 +146,8 @@ def test_compress_takes_a_run_directory_the_train_option_style_and_reports_accur
     totals = {}
     for qk, protocol in (("truncatt", "flops"), ("irratt", "rank"), ("irratt", "flops")):
         dst = tmp_path / f"{qk}_{protocol}"
-        assert main(["compress", "--checkpoint", str(run), "--qk", qk, "--qk-flops-ratio", "0.5", "--protocol", protocol,
-                     "--vo", "none", "--out", str(dst)]) == 0
+        assert main(["compress", "--checkpoint", str(run), "--qk", qk, "--qk-flops-ratio", "0.5",
+                     "--protocol", protocol, "--vo", "none", "--out", str(dst)]) == 0
         assert f"(protocol {protocol})" in capsys.readouterr().out
         totals[qk, protocol] = json.loads((dst / "compression_report.json").read_text())["blocks"][0]["qk_total_rank"]
     assert totals["irratt", "rank"] == totals["truncatt", "flops"] > totals["irratt", "flops"]

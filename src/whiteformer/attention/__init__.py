@@ -20,7 +20,8 @@ from .compressed import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt  # noqa
 
 __all__ = [
     "build", "get_attention_class", "list_attention", "register_attention",
-    "TSSA", "CausalTSSA", "CausalAttention", "CausalSelfAttention", "KVCache", "DMSA", "ECAttention", "MHSA", "MSSA", "XCA", "ClassAttention",
+    "TSSA", "CausalTSSA", "CausalAttention", "CausalSelfAttention", "KVCache",
+    "DMSA", "ECAttention", "MHSA", "MSSA", "XCA", "ClassAttention",
     "ClassAttentionPool", "LocalPatchInteraction", "ViTBlock",
     "CompressedAttention", "CPSlimAtt", "IrrAtt", "TruncAtt",
 ]

@@ -50,7 +50,6 @@ class KVCache(NamedTuple):
     mask: Optional[torch.Tensor] = None
 
 
-
 @register_attention("causal_mhsa")
 class CausalSelfAttention(nn.Module):
     """Causal softmax multi-head attention with a key/value cache (GPT baseline); implements
@@ -122,18 +121,17 @@ class CausalSelfAttention(nn.Module):
 
     def step(self, x_t: torch.Tensor, state: Optional[KVCache] = None) -> Tuple[torch.Tensor, KVCache]:
         """One token x_t (B, C) attending to the cached tokens and itself -> (y_t (B, C), cache)."""
-        cache = state
         check_tensor(x_t, "x_t", 2)
         if x_t.shape[-1] != self.dim:
             raise ValueError(f"x_t must have shape (B, {self.dim}), got {tuple(x_t.shape)}")
         q, k, v = self._qkv(x_t.unsqueeze(1))
         mask = None
-        if cache is not None:
-            if not isinstance(cache, KVCache):
-                raise TypeError(f"state must be a KVCache or None, got {type(cache).__name__}")
-            k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
-            if cache.mask is not None:
-                mask = torch.cat([cache.mask, cache.mask.new_ones(cache.mask.shape[0], 1)], dim=1)
+        if state is not None:
+            if not isinstance(state, KVCache):
+                raise TypeError(f"state must be a KVCache or None, got {type(state).__name__}")
+            k, v = torch.cat([state.k, k], dim=2), torch.cat([state.v, v], dim=2)
+            if state.mask is not None:
+                mask = torch.cat([state.mask, state.mask.new_ones(state.mask.shape[0], 1)], dim=1)
         drop = self.attn_drop if self.training else 0.0
         allowed = None if mask is None else mask[:, None, None, :]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)

@@ -17,6 +17,7 @@ which ``torch.utils.flop_counter.FlopCounterMode`` reproduces (see :func:`whitef
 from __future__ import annotations
 
 from typing import Sequence, Union
+
 from .._checks import is_int
 
 __all__ = ["mhsa_macs", "mhsa_qk_macs", "mhsa_vo_macs", "truncatt_qk_macs", "cp_qk_macs", "irratt_qk_macs",

@@ -220,7 +220,8 @@ def _run(args: argparse.Namespace) -> int:
             calib = task.train_ds.get_batch(idx)[0].to(device)
 
     say(f"compressing {name} ({args.checkpoint}): qk={args.qk} "
-        + (f"qk_rank={args.qk_rank}" if args.qk_rank is not None else f"qk_flops_ratio={args.qk_flops_ratio} (protocol {args.protocol})")
+        + (f"qk_rank={args.qk_rank}" if args.qk_rank is not None
+           else f"qk_flops_ratio={args.qk_flops_ratio} (protocol {args.protocol})")
         + f", vo_rank={args.vo_rank}, mlp_rank={args.mlp_rank}" + (f", calib={len(calib)} images" if calib is not None
                                                                     else ""))
     t0 = time.perf_counter()
@@ -228,8 +229,7 @@ def _run(args: argparse.Namespace) -> int:
         model, qk=args.qk, qk_rank=args.qk_rank, qk_flops_ratio=args.qk_flops_ratio, vo=args.vo,
         vo_rank=args.vo_rank, mlp_rank=args.mlp_rank, calib=calib, fusion=args.fusion,
         rank_allocation=args.rank_allocation, protocol=args.protocol, blocks=args.blocks, num_tokens=args.num_tokens,
-        seed=args.seed,
-        latency_batch=args.latency_batch, latency_runs=args.latency_runs)
+        seed=args.seed, latency_batch=args.latency_batch, latency_runs=args.latency_runs)
     report.extra["compression_time_s"] = time.perf_counter() - t0
     if task is not None:
         report.extra["accuracy"] = {"original": task.evaluate(model)["acc"], "compressed": task.evaluate(new)["acc"]}

@@ -12,6 +12,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
+
 from .._checks import is_int
 from .._utils import eval_mode  # noqa: F401  (re-exported: whiteformer.compress.latency.eval_mode)
 

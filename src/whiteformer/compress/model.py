@@ -467,8 +467,9 @@ def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int,
     config = {"qk": qk, "qk_rank": qk_rank, "qk_flops_ratio": qk_flops_ratio, "vo": vo, "vo_rank": vo_rank,
               "mlp_rank": mlp_rank, "calib": None if calib is None else list(calib.shape), "fusion": fusion,
               "rank_allocation": rank_allocation, "protocol": protocol, "blocks": idx, "seed": seed}
-    report = CompressionReport(config=to_jsonable(config, tensors=True), blocks=rows, num_tokens=N, params=count_params(new),
-                               params_orig=count_params(model), flops=flops_new, flops_orig=flops_orig,
+    report = CompressionReport(config=to_jsonable(config, tensors=True), blocks=rows, num_tokens=N,
+                               params=count_params(new), params_orig=count_params(model), flops=flops_new,
+                               flops_orig=flops_orig,
                                mhsa_flops=sum(attn_new), mhsa_flops_orig=sum(attn_orig), latency=latency)
     return new, report
 

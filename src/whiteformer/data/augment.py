@@ -15,6 +15,7 @@ from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
+
 from .._checks import is_int
 
 __all__ = ["Augment", "translate", "hflip"]

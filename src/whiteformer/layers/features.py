@@ -6,6 +6,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
+
 from .._checks import is_int
 
 __all__ = ["feature_take_indices", "vit_forward_intermediates"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from typing import Sequence, Tuple, Union
+
 from .._checks import is_int
 
 __all__ = ["to_2tuple"]

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._checks import autocast_off, check_mask, check_nonempty, check_probability, check_same_device, check_tensor, is_real, stats_dtype
+from .._checks import (autocast_off, check_mask, check_nonempty, check_probability, check_same_device, check_tensor,
+                       is_real, stats_dtype)
 
 __all__ = ["mhsa", "mhsa_explicit", "xca", "mssa", "class_attention"]
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+
 from .._checks import check_int, is_int
 
 __all__ = ["linear_cross_entropy"]

@@ -13,6 +13,7 @@ from typing import Callable, Dict, Optional, Sequence
 
 import torch
 import torch.nn as nn
+
 from .._checks import check_int
 
 __all__ = ["train_step", "finetune"]

@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
+
 from .._checks import is_real
 
 __all__ = ["MetricsLogger", "read_metrics", "truncate_metrics"]
