@@ -1,15 +1,15 @@
 """Small helpers on modules and values shared across the package (bottom layer, beside ``_checks``):
-``eval_mode`` (a context), ``count_params`` and ``to_jsonable``."""
+``eval_mode`` (a context), ``count_params``, ``to_jsonable`` and ``zero_padded``."""
 from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Optional
 
 import torch
 import torch.nn as nn
 
-__all__ = ["eval_mode", "count_params", "to_jsonable"]
+__all__ = ["eval_mode", "count_params", "to_jsonable", "zero_padded"]
 
 
 @contextlib.contextmanager
@@ -23,6 +23,18 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
     finally:
         for m, flag in saved:
             m.training = flag
+
+
+def zero_padded(x: torch.Tensor, keep: Optional[torch.Tensor], token_dim: int = 1) -> torch.Tensor:
+    """``x`` with its padded tokens set to 0: ``keep`` is a (B, N) bool keep-mask (True = real
+    token; None returns ``x``), the tokens of ``x`` lie along ``token_dim`` (1 for (B, N, C), 2 for
+    head-split (B, H, N, p)). Zeroing (not only masking scores) keeps NaN/inf held by a padded
+    token out of every product with it, forward and backward."""
+    if keep is None:
+        return x
+    shape = [keep.shape[0]] + [1] * (x.dim() - 1)
+    shape[token_dim] = keep.shape[1]
+    return x.masked_fill(~keep.reshape(shape), 0.0)
 
 
 def count_params(module: nn.Module) -> int:

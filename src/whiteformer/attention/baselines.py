@@ -8,8 +8,9 @@ Parameter names and layouts follow the official implementations so their checkpo
 * :class:`ClassAttention` -- CaiT/XCiT ``ClassAttention`` (``qkv`` (3C, C), ``proj``), as in ToST's
   ``cls_attn_blocks.i.attn``.
 
-With an ``attn_mask`` (B, N) keep-mask, padded tokens are excluded and the outputs at padded
-positions are 0 (ClassAttention passes tokens 1: through unchanged, padded or not).
+With an ``attn_mask`` (B, N) keep-mask, padded tokens are zeroed before the projections (NaN/inf
+held there reaches nothing), excluded as keys, and the outputs at padded positions are 0
+(ClassAttention passes tokens 1: through unchanged, padded or not).
 """
 from __future__ import annotations
 
@@ -19,14 +20,11 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from .._checks import check_divisible, check_mask, check_tokens_input
+from .._utils import zero_padded
 from ..ops.baselines import class_attention, mhsa, mhsa_explicit, mssa, xca
 from .registry import register_attention
 
 __all__ = ["MHSA", "XCA", "MSSA", "ClassAttention"]
-
-
-def _zero_padded_tokens(y: torch.Tensor, keep) -> torch.Tensor:
-    return y if keep is None else y.masked_fill(~keep[..., None], 0.0)
 
 
 def _split_qkv(qkv: torch.Tensor, heads: int):
@@ -70,13 +68,13 @@ class MHSA(nn.Module):
         excluded, combined with ``causal``) -> y (B, N, C), 0 at padded tokens."""
         check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
         keep = check_mask(attn_mask, x.shape[0], x.shape[1])
-        q, k, v = _split_qkv(self.qkv(x), self.num_heads)
+        q, k, v = _split_qkv(self.qkv(zero_padded(x, keep)), self.num_heads)
         q, k = self.q_norm(q), self.k_norm(k)
         op = mhsa if self.fused_attn else mhsa_explicit
         drop = self.attn_drop.p if self.training else 0.0
         y = op(q, k, v, keep, causal=self.causal, scale=self.scale, dropout_p=drop)
         y = self.proj_drop(self.proj(rearrange(y, "b h n p -> b n (h p)")))
-        return _zero_padded_tokens(y, keep)
+        return zero_padded(y, keep)
 
 
 @register_attention("xca")
@@ -105,11 +103,11 @@ class XCA(nn.Module):
         out of the p x p cross-covariance) -> y (B, N, C), 0 at padded tokens."""
         check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
         keep = check_mask(attn_mask, x.shape[0], x.shape[1])
-        q, k, v = _split_qkv(self.qkv(x), self.num_heads)
+        q, k, v = _split_qkv(self.qkv(zero_padded(x, keep)), self.num_heads)
         drop = self.attn_drop.p if self.training else 0.0
         y = xca(q, k, v, self.temperature, keep, dropout_p=drop)
         y = self.proj_drop(self.proj(rearrange(y, "b h n p -> b n (h p)")))
-        return _zero_padded_tokens(y, keep)
+        return zero_padded(y, keep)
 
     @torch.jit.ignore
     def no_weight_decay(self):
@@ -155,11 +153,11 @@ class MSSA(nn.Module):
         excluded) -> y (B, N, C), 0 at padded tokens."""
         check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
         keep = check_mask(attn_mask, x.shape[0], x.shape[1])
-        w = rearrange(self.qkv(x), "b n (h p) -> b h n p", h=self.num_heads)
+        w = rearrange(self.qkv(zero_padded(x, keep)), "b n (h p) -> b h n p", h=self.num_heads)
         drop = self.attn_drop.p if self.training else 0.0
         y = mssa(w, keep, scale=self.scale, dropout_p=drop)
         y = self.to_out(rearrange(y, "b h n p -> b n (h p)"))
-        return _zero_padded_tokens(y, keep)
+        return zero_padded(y, keep)
 
 
 @register_attention("class_attention")
@@ -189,6 +187,7 @@ class ClassAttention(nn.Module):
         check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
         keep = check_mask(attn_mask, x.shape[0], x.shape[1])
         C = self.dim
+        tokens, x = x, zero_padded(x, keep)  # padded tokens take no part (tokens 1: pass through as given)
         # Only the class token needs a query: project it with the q rows of qkv, all tokens with k, v.
         w, b = self.qkv.weight, self.qkv.bias
         q = F.linear(x[:, :1], w[:C], None if b is None else b[:C])
@@ -199,5 +198,5 @@ class ClassAttention(nn.Module):
         cls = class_attention(q, k, v, keep, scale=self.scale, dropout_p=drop)
         cls = self.proj_drop(self.proj(rearrange(cls, "b h n p -> b n (h p)")))
         if keep is not None:
-            cls = _zero_padded_tokens(cls, keep[:, :1])
-        return torch.cat([cls, x[:, 1:]], dim=1)
+            cls = zero_padded(cls, keep[:, :1])
+        return torch.cat([cls, tokens[:, 1:]], dim=1)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from .._checks import check_divisible, check_mask, check_probability, check_tensor, check_tokens_input
+from .._utils import zero_padded
 from .registry import register_attention
 
 __all__ = ["CausalAttention", "CausalSelfAttention", "KVCache"]
@@ -94,7 +95,7 @@ class CausalSelfAttention(nn.Module):
         """Like :meth:`forward`, also returning the key/value cache of the N tokens."""
         check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
         attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
-        q, k, v = self._qkv(x)
+        q, k, v = self._qkv(zero_padded(x, attn_mask))  # a padded token takes no part, NaN/inf included
         drop = self.attn_drop if self.training else 0.0
         n = x.shape[1]
         if attn_mask is None:
@@ -110,7 +111,7 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
         else:
             y = self._explicit(q, k, v, allowed, drop)
-        y = self._out(y).masked_fill(~attn_mask[..., None], 0.0)
+        y = zero_padded(self._out(y), attn_mask)
         return y, KVCache(k, v, attn_mask)
 
     def _explicit(self, q, k, v, allowed: torch.Tensor, drop: float) -> torch.Tensor:

@@ -37,6 +37,7 @@ from einops import rearrange
 
 from .._checks import (autocast_off, check_divisible, check_mask, check_probability, check_tokens_input, is_int,
                        normalize_ranks, stats_dtype)
+from .._utils import zero_padded
 from . import macs as _macs
 from .registry import register_attention
 
@@ -155,6 +156,7 @@ class CompressedAttention(nn.Module):
         check_tokens_input(x, "x", self.dim, like=self.v.weight)
         B, N, _ = x.shape
         keep = check_mask(attn_mask, B, N)
+        x = zero_padded(x, keep)  # padded tokens take no part (NaN/inf there reach nothing)
         sd = stats_dtype(x)
         proj = self._project(x)
         v = self.v(x)
@@ -176,9 +178,7 @@ class CompressedAttention(nn.Module):
                                                    dropout_p=drop, scale=1.0)
                 o = self.vo_layout.merge(o)
         y = self.proj_drop(self.proj(o.to(x.dtype)))
-        if keep is not None:
-            y = y.masked_fill(~keep[..., None], 0.0)
-        return y.to(x.dtype)
+        return zero_padded(y, keep).to(x.dtype)
 
 
 class _LowRankQK(CompressedAttention):

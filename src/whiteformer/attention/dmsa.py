@@ -13,6 +13,7 @@ import torch.nn as nn
 from einops import rearrange
 
 from .._checks import check_divisible, check_mask, check_probability, check_tokens_input, is_real
+from .._utils import zero_padded
 from ..ops.dmsa import check_dmsa_options, dmsa
 from ..ops.rotary import rotary
 from .registry import register_attention
@@ -69,12 +70,12 @@ class DMSA(nn.Module):
         """
         check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
         attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
+        x = zero_padded(x, attn_mask)  # padded tokens take no part (NaN/inf there reach nothing)
         s = rearrange(self.qkv(x), "b n (h d) -> b h n d", h=self.num_heads)
         positions = None if attn_mask is None else (attn_mask.long().cumsum(dim=1) - 1).clamp_min(0)
         logits = self.membership(rotary(x, self.rope_base, positions))  # (B, N, H)
         out, stats = dmsa(s, logits, attn_mask, self.sparsity, self.activation, self.mode, return_stats=True,
                           gate_activation=self.gate_activation, attn_drop=self.attn_drop, training=self.training)
         y = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
-        if attn_mask is not None:
-            y = y.masked_fill(~attn_mask.unsqueeze(-1), 0.0)  # padded outputs are 0, not the bias
+        y = zero_padded(y, attn_mask)  # padded outputs are 0, not the bias
         return (y, stats) if return_pi else y

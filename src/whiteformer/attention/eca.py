@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from .._checks import (autocast_off, check_divisible, check_eps, check_mask, check_sketch_rank, check_tokens_input,
                        is_int, is_real, stats_dtype)
+from .._utils import zero_padded
 from ..ops.eca import _compress, _expand, eca_omega
 from .registry import register_attention
 
@@ -237,6 +238,7 @@ class ECAttention(nn.Module):
         check_tokens_input(x, "x", self.dim)
         B, N, _ = x.shape
         attn_mask = check_mask(attn_mask, B, N)
+        x = zero_padded(x, attn_mask)  # padded tokens take no part (NaN/inf there reach nothing)
         if return_pi and not self.use_compress:
             raise ValueError("return_pi=True needs the compression module (compress=False has no memberships)")
         if self.use_expand:

@@ -11,17 +11,13 @@ import torch
 import torch.nn as nn
 from einops import rearrange
 
-from .._checks import check_divisible, check_probability, check_tensor, check_tokens_input
+from .._checks import check_divisible, check_mask, check_probability, check_tensor, check_tokens_input
+from .._utils import zero_padded
 from ..ops.causal_tssa import CausalTSSAState, causal_tssa, causal_tssa_step
 from ..ops.tssa import tssa
 from .registry import register_attention
 
 __all__ = ["TSSA", "CausalTSSA"]
-
-
-def _zero_padded(y: torch.Tensor, attn_mask: Optional[torch.Tensor]) -> torch.Tensor:
-    # padded tokens take no part: their outputs are 0 (not the projection bias)
-    return y if attn_mask is None else y.masked_fill(~attn_mask.unsqueeze(-1), 0.0)
 
 
 @register_attention("tssa")
@@ -73,11 +69,13 @@ class TSSA(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, return_pi: bool = False):
         """x (B, N, C), attn_mask (B, N) bool keep-mask -> y (B, N, C), or ``(y, {"pi": (B, H, N)})``."""
         check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
-        w = rearrange(self.qkv(x), "b n (h d) -> b h n d", h=self.num_heads)
+        attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
+        # padded tokens take no part: zeroed inputs (NaN/inf reach nothing), outputs 0 (not the bias)
+        w = rearrange(self.qkv(zero_padded(x, attn_mask)), "b n (h d) -> b h n d", h=self.num_heads)
         out, pi = tssa(w, self.temp, attn_mask, return_pi=True, attn_drop=self.attn_drop, training=self.training,
                        normalize=self.normalize)
         y = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
-        y = _zero_padded(y, attn_mask)
+        y = zero_padded(y, attn_mask)
         return (y, {"pi": pi}) if return_pi else y
 
 
@@ -122,11 +120,12 @@ class CausalTSSA(nn.Module):
 
     def _run(self, x, attn_mask):
         check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
-        w = rearrange(self.qkv(x), "b n (h d) -> b h n d", h=self.num_heads)
+        attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
+        w = rearrange(self.qkv(zero_padded(x, attn_mask)), "b n (h d) -> b h n d", h=self.num_heads)
         out, pi, state = causal_tssa(w, self.temp, self.pos_bias, attn_mask, return_pi=True, return_state=True,
                                      attn_drop=self.attn_drop, training=self.training)
         y = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
-        return _zero_padded(y, attn_mask), pi, state
+        return zero_padded(y, attn_mask), pi, state
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, return_pi: bool = False):
         """x (B, N, C) with N <= max_len (when pos_bias), attn_mask (B, N) bool keep-mask ->

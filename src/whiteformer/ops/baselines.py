@@ -3,7 +3,8 @@
 All operators take head-split tensors of shape (B, H, N, p) (B batch, H heads, N tokens, p head dim)
 and an optional (B, N) bool keep-mask ``attn_mask`` (True = real token). With a mask, padded tokens
 are excluded as keys and their outputs are 0, so every real token gets the same result as when its
-sequence is run alone; a fully padded sequence gives zeros (never NaN).
+sequence is run alone; a fully padded sequence gives zeros (never NaN). Padded positions of q, k, v
+are zeroed first, so NaN/inf held by a padded token reaches no real token, forward or backward.
 
 Under float16/bfloat16 the softmax logits, the softmax and the token-wise norms are computed in
 float32 (also inside ``torch.autocast``); outputs are returned in the input dtype.
@@ -14,8 +15,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._checks import (autocast_off, check_mask, check_nonempty, check_probability, check_same_device, check_tensor,
-                       is_real, stats_dtype)
+from .._checks import (autocast_off, check_mask, check_nonempty, check_probability,
+                       check_same_device, check_tensor, is_real, stats_dtype)
+from .._utils import zero_padded
 
 __all__ = ["mhsa", "mhsa_explicit", "xca", "mssa", "class_attention"]
 
@@ -72,7 +74,7 @@ def _allowed(keep: torch.Tensor, q_keep: torch.Tensor, causal: bool = False) -> 
 
 def _zero_padded(out: torch.Tensor, q_keep: torch.Tensor) -> torch.Tensor:
     """Zero the outputs (B, H, Nq, p) of padded queries; ``q_keep`` is (B, Nq)."""
-    return out.masked_fill(~q_keep[:, None, :, None], 0.0)
+    return zero_padded(out, q_keep, 2)
 
 
 # ----------------------------------------------------------------------------- softmax attention
@@ -98,6 +100,7 @@ def mhsa(q, k, v, attn_mask=None, *, causal: bool = False, scale=None, dropout_p
     s = _scale(scale, q.shape[-1])
     if keep is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=bool(causal), scale=s)
+    q, k, v = (zero_padded(t, keep, 2) for t in (q, k, v))
     allowed = _allowed(keep, keep, bool(causal))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=s)
     return _zero_padded(out, keep)
@@ -117,6 +120,7 @@ def mhsa_explicit(q, k, v, attn_mask=None, *, causal: bool = False, scale=None, 
     s = _scale(scale, q.shape[-1])
     sd = stats_dtype(q)
     n = q.shape[2]
+    q, k, v = (zero_padded(t, keep, 2) for t in (q, k, v))
     with autocast_off(q):
         logits = (q.to(sd) @ k.to(sd).transpose(-2, -1)) * s
         if keep is not None:
@@ -184,9 +188,7 @@ def xca(q, k, v, temperature, attn_mask=None, *, dropout_p: float = 0.0):
     sd = stats_dtype(q)
     with autocast_off(q):
         q, k, v32 = q.to(sd), k.to(sd), v.to(sd)
-        if keep is not None:
-            pad = ~keep[:, None, :, None]
-            q, k, v32 = q.masked_fill(pad, 0.0), k.masked_fill(pad, 0.0), v32.masked_fill(pad, 0.0)
+        q, k, v32 = (zero_padded(t, keep, 2) for t in (q, k, v32))
         q = F.normalize(q, dim=-2)
         k = F.normalize(k, dim=-2)
         attn = (q.transpose(-2, -1) @ k) * temp  # (B, H, p, p)
@@ -230,6 +232,8 @@ def class_attention(q_cls, k, v, attn_mask=None, *, scale=None, dropout_p: float
     s = _scale(scale, q_cls.shape[-1])
     if keep is None:
         return F.scaled_dot_product_attention(q_cls, k, v, dropout_p=dropout_p, scale=s)
+    q_cls = zero_padded(q_cls, keep[:, :1], 2)
+    k, v = zero_padded(k, keep, 2), zero_padded(v, keep, 2)
     allowed = _allowed(keep, keep[:, :1])
     out = F.scaled_dot_product_attention(q_cls, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=s)
     return _zero_padded(out, keep[:, :1])
