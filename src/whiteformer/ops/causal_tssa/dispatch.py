@@ -10,6 +10,7 @@ from ..._checks import (check_heads_input, check_mask, check_nonempty, check_pos
                         check_same_device, check_temp, check_tensor, stats_dtype)
 from .._kernels import fused_supported, kernel_for
 from .._kernels.fused import causal_tssa_fused
+from ..context_parallel import check_group, chunk_layout
 from .parallel import causal_tssa_parallel
 from .recurrent import causal_tssa_recurrent
 from .state import CausalTSSAState, check_state, position_logit_bias
@@ -27,6 +28,7 @@ def causal_tssa(
     return_state: bool = False,
     attn_drop: float = 0.0,
     training: bool = False,
+    group=None,
 ):
     """Causal Token Statistics Self-Attention (ToST Eq. (28) with memberships Eq. (39)).
 
@@ -55,6 +57,17 @@ def causal_tssa(
             real tokens.
         attn_drop: dropout probability on the gain ``1 / (1 + dots)`` (official code).
         training: dropout is applied only when True.
+        group: a ``torch.distributed`` process group over which the sequence is split (context
+            parallelism): each rank passes its contiguous chunk of the tokens, w (B, H, N_r, p)
+            (group rank order = sequence order; N_r may differ, every rank the same B, H, p;
+            ``attn_mask`` is this chunk's) and gets exactly its rows of the unsplit op, forward
+            and backward. Positions (``pos_bias``, the ``T_max`` limit on the whole length) are
+            global. The sums of the earlier ranks' tokens come from an exclusive prefix over
+            ranks of the per-rank totals (all-gathers of (B, H, p) and (B, H, 1 + p) sums,
+            independent of N; :mod:`whiteformer.ops.context_parallel`). ``return_state`` gives
+            the state after this rank's last token. Always the PyTorch path: the fused kernels
+            (C++ CPU, Triton) start their prefix sums at zero and take no combined statistics.
+            ``None``: the op on this process's tokens alone.
 
     Returns:
         out (B, H, N, p) in ``w``'s dtype, or a tuple ``(out, [pi], [state])`` in that order.
@@ -63,26 +76,30 @@ def causal_tssa(
     heads, n, p = w.shape[1], w.shape[2], w.shape[3]
     check_temp(temp, heads)
     check_pos_bias(pos_bias, heads)
-    if pos_bias is not None and n > pos_bias.shape[1]:
-        raise ValueError(
-            f"sequence length N = {n} exceeds the positional bias table length T_max = "
-            f"{pos_bias.shape[1]} (pos_bias has shape {tuple(pos_bias.shape)})"
-        )
     attn_mask = check_mask(attn_mask, w.shape[0], n)
     check_same_device(w, temp=temp, pos_bias=pos_bias, attn_mask=attn_mask)
     drop = check_probability(attn_drop, "attn_drop")
     drop_p = drop if training else 0.0
+    start, total = 0, n
+    if group is not None:
+        check_group(group)
+        start, total, _ = chunk_layout(w, group, attn_mask)
+    if pos_bias is not None and total > pos_bias.shape[1]:
+        raise ValueError(
+            f"sequence length N = {total} exceeds the positional bias table length T_max = "
+            f"{pos_bias.shape[1]} (pos_bias has shape {tuple(pos_bias.shape)})"
+        )
 
-    bias = None if pos_bias is None else position_logit_bias(pos_bias, p, n, attn_mask)
+    bias = None if pos_bias is None else position_logit_bias(pos_bias, p, n, attn_mask, start=start)
     kernel = None
-    if drop_p == 0.0:
+    if drop_p == 0.0 and group is None:
         kernel = kernel_for("causal_tssa", w)
         if kernel is None and fused_supported(w):
             kernel = causal_tssa_fused
     if kernel is not None:
         out, pi, *sums = kernel(w, temp, bias, attn_mask)
     else:
-        out, pi, *sums = causal_tssa_parallel(w, temp, bias, attn_mask, drop_p)
+        out, pi, *sums = causal_tssa_parallel(w, temp, bias, attn_mask, drop_p, group=group)
     if not (return_pi or return_state):
         return out
     res = (out,)
@@ -90,7 +107,7 @@ def causal_tssa(
         res += (pi,)
     if return_state:
         sd = stats_dtype(w)
-        t = n if attn_mask is None else attn_mask.long().sum(dim=-1)
+        t = start + (n if attn_mask is None else attn_mask.long().sum(dim=-1))
         res += (CausalTSSAState(*(s.to(sd) for s in sums), t),)
     return res
 

@@ -11,6 +11,11 @@ s <= t (plus the state of earlier tokens), and lb_t the logit bias (``p * pos_bi
     Pi_t   = softmax_heads(temp * (sum_p ratio_t + lb_t))                           (Eq. 39)
     dots_t = sum_s Pi_s x_s^2 / (sum_s Pi_s + PI_EPS)
     out_t  = -x_t Pi_t / (1 + dots_t)                                               (Eq. 28)
+
+With a process ``group`` (context parallelism, :mod:`whiteformer.ops.context_parallel`) each rank
+holds a contiguous chunk of the tokens; the sums over the tokens of the earlier ranks (the
+exclusive prefix over ranks of the per-rank totals of x^2, then of Pi and Pi x^2) start this
+rank's prefix sums, so every rank gets exactly its rows of the unsplit op.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import torch.nn.functional as F
 
 from ..._checks import autocast_off, stats_dtype
 from ..constants import PI_EPS, RATIO_EPS
+from ..context_parallel import exclusive_prefix_sum
 
 __all__ = ["causal_tssa_parallel"]
 
@@ -32,6 +38,7 @@ def causal_tssa_parallel(
     attn_mask: Optional[torch.Tensor] = None,
     drop_p: float = 0.0,
     initial: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
+    group=None,
 ) -> Tuple[torch.Tensor, ...]:
     """Causal TSSA on validated inputs.
 
@@ -40,11 +47,13 @@ def causal_tssa_parallel(
             (see :func:`.state.position_logit_bias`) or None; attn_mask: (B, N) bool or None;
             drop_p: dropout on the gain 1 / (1 + dots);
         initial: the sums (sum_sq (B, H, p), sum_pi (B, H), sum_sq_pi (B, H, p)) of earlier
-            tokens, or None to start from zero.
+            tokens, or None to start from zero;
+        group: a process group over which the tokens are split (validated by the caller; rank
+            order = sequence order), or None. ``logit_bias`` must then hold the global positions.
 
     Returns:
         out (B, H, N, p) and pi (B, H, N) in ``w``'s dtype, and the final sums sum_sq, sum_pi,
-        sum_sq_pi (float32 for half inputs).
+        sum_sq_pi (float32 for half inputs); with a group, the sums up to this rank's last token.
     """
     sd = stats_dtype(w)
     with autocast_off(w):
@@ -53,6 +62,8 @@ def causal_tssa_parallel(
             x = x.masked_fill(~attn_mask[:, None, :, None], 0.0)
         x2 = x * x
         energy = x2.cumsum(dim=-2)  # (B, H, N, p)
+        if group is not None:
+            energy = energy + exclusive_prefix_sum(energy[:, :, -1], group).unsqueeze(-2)
         if initial is not None:
             energy = energy + initial[0].to(sd).unsqueeze(-2)
         logits = (x2 / energy.clamp_min(RATIO_EPS)).sum(dim=-1)  # (B, H, N)
@@ -63,6 +74,10 @@ def causal_tssa_parallel(
             pi = pi.masked_fill(~attn_mask[:, None, :], 0.0)
         mass = pi.cumsum(dim=-1)  # (B, H, N)
         sq_pi = (x2 * pi.unsqueeze(-1)).cumsum(dim=-2)  # (B, H, N, p)
+        if group is not None:  # one exclusive prefix of the (B, H, 1 + p) totals [sum Pi, sum Pi x^2]
+            prior = exclusive_prefix_sum(torch.cat([mass[..., -1:], sq_pi[:, :, -1]], dim=-1), group)
+            mass = mass + prior[..., :1]
+            sq_pi = sq_pi + prior[..., 1:].unsqueeze(-2)
         if initial is not None:
             mass = mass + initial[1].to(sd).unsqueeze(-1)
             sq_pi = sq_pi + initial[2].to(sd).unsqueeze(-2)

@@ -8,6 +8,7 @@ import torch
 from ..._checks import check_heads_input, check_mask, check_probability, check_same_device, check_temp
 from .._kernels import fused_supported, kernel_for
 from .._kernels.fused import tssa_fused
+from ..context_parallel import check_group, chunk_layout
 from .parallel import tssa_parallel
 
 __all__ = ["tssa"]
@@ -22,6 +23,7 @@ def tssa(
     attn_drop: float = 0.0,
     training: bool = False,
     normalize: bool = True,
+    group=None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Token Statistics Self-Attention (ToST Eq. (11), memberships Eq. (10)/(34)).
 
@@ -37,6 +39,15 @@ def tssa(
         normalize: l2-normalise each feature over the tokens before computing Pi (Eq. (32)-(34),
             the official default). ``False`` gives ``Pi = softmax_heads(temp * sum_p w^2)``: the
             "no l2 normalisation" row of the ToST Table 8 ablation (always the PyTorch path).
+        group: a ``torch.distributed`` process group over which the sequence is split (context
+            parallelism): each rank passes its contiguous chunk of the tokens, w (B, H, N_r, p)
+            (group rank order = sequence order; N_r may differ, every rank the same B, H, p;
+            ``attn_mask`` is this chunk's), and gets exactly its rows of the unsplit op, forward
+            and backward. Communication per call: all-reduces of (B, H, p) and (B, H, p + 1)
+            sums, independent of N (:mod:`whiteformer.ops.context_parallel`). Always the
+            PyTorch path: the fused kernels (C++ CPU, Triton) form their token sums internally
+            and take no combined ones. With dropout, the gain's mask is the first rank's.
+            ``None``: the op on this process's tokens alone.
 
     Returns:
         out (B, H, N, p) in ``w``'s dtype; with ``return_pi``, ``(out, pi)`` with pi (B, H, N)
@@ -54,7 +65,11 @@ def tssa(
     drop_p = drop if training else 0.0
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
-    if normalize and drop_p == 0.0:
+    if group is not None:
+        check_group(group)
+        chunk_layout(w, group)  # same (B, H, p) on every rank
+        out, pi = tssa_parallel(w, temp, attn_mask, drop_p, normalize=normalize, group=group)
+    elif normalize and drop_p == 0.0:
         kernel = kernel_for("tssa", w)
         if kernel is None and fused_supported(w):
             kernel = tssa_fused

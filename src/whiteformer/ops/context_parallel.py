@@ -1,0 +1,203 @@
+"""Context parallelism: the collectives that let TSSA run on a sequence split over processes.
+
+Each process of a ``torch.distributed`` group holds one contiguous chunk of the tokens (group
+rank order = sequence order; chunks may differ in length). TSSA mixes tokens only through
+per-head sums over tokens (ToST Eq. (11): ``sum_n w^2``, ``sum_n Pi w^2``, ``sum_n Pi``; Eq. (28):
+the same as prefix sums), so a split sequence needs only these O(B H p) numbers combined:
+
+* non-causal: :func:`all_reduce_sum` of the per-rank sums (the whole-sequence sums on every rank);
+* causal: :func:`exclusive_prefix_sum` of the per-rank totals (the sums of the tokens on the
+  earlier ranks, the offset of this rank's prefix sums), by an all-gather of the totals.
+
+Both are autograd Functions whose backward is the matching collective (the adjoint): the
+gradient of an all-reduce input is the all-reduce of the output gradients (every rank's output
+depends on every rank's input); the gradient of an exclusive prefix is the exclusive *suffix*
+sum of the output gradients. Each backward is itself written with these Functions, so double
+backward works too.
+
+:func:`chunk_layout` exchanges the chunk shapes (checked equal except the token count) and the
+token offsets (global positions); :func:`count_communication` records the bytes each collective
+of this module hands to torch.distributed (the benchmark ``benchmarks/context_parallel.py``).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Iterator, List, NamedTuple, Optional, Union
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["ChunkLayout", "CommRecord", "CommLog", "all_reduce_sum", "broadcast_from_first", "check_group", "chunk_layout", "count_communication",
+           "exclusive_prefix_sum"]
+
+
+# ------------------------------------------------------------------------------ byte counting
+@dataclass
+class CommRecord:
+    """One collective call: ``op`` ("all_reduce" / "all_gather" / "broadcast"), ``nbytes`` the payload this rank
+    handed to it (its input tensor), ``world`` the group size."""
+
+    op: str
+    nbytes: int
+    world: int
+
+
+@dataclass
+class CommLog:
+    """The collectives recorded by :func:`count_communication`."""
+
+    records: List[CommRecord] = field(default_factory=list)
+
+    @property
+    def payload_bytes(self) -> int:
+        """Bytes this rank handed to the collectives."""
+        return sum(r.nbytes for r in self.records)
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes this rank sends under the bandwidth-optimal ring algorithms: an all-reduce of n
+        bytes sends ``2 (R - 1) / R * n``, an all-gather of n bytes per rank sends ``(R - 1) n``."""
+        total = 0.0
+        for r in self.records:
+            if r.op == "all_reduce":
+                total += 2.0 * (r.world - 1) / r.world * r.nbytes
+            elif r.op == "broadcast":  # a ring/pipelined broadcast: each rank forwards it once
+                total += r.nbytes
+            else:
+                total += (r.world - 1) * r.nbytes
+        return int(round(total))
+
+
+_LOGS: List[CommLog] = []
+
+
+@contextlib.contextmanager
+def count_communication() -> Iterator[CommLog]:
+    """Record every collective of this module (forward and backward) while the block runs."""
+    log = CommLog()
+    _LOGS.append(log)
+    try:
+        yield log
+    finally:
+        _LOGS.remove(log)
+
+
+def _record(op: str, t: torch.Tensor, world: int) -> None:
+    for log in _LOGS:
+        log.records.append(CommRecord(op, t.numel() * t.element_size(), world))
+
+
+def _all_reduce(t: torch.Tensor, group) -> torch.Tensor:
+    t = t.contiguous().clone()
+    _record("all_reduce", t, dist.get_world_size(group))
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    return t
+
+
+def _all_gather(t: torch.Tensor, group) -> List[torch.Tensor]:
+    t = t.contiguous()
+    world = dist.get_world_size(group)
+    _record("all_gather", t, world)
+    out = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(out, t, group=group)
+    return out
+
+
+# ------------------------------------------------------------------------------ checks
+def check_group(group, name: str = "group") -> None:
+    """``group`` is a torch.distributed process group of an initialised default group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(f"{name} needs torch.distributed initialised (dist.init_process_group), it is not")
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"{name} must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
+    if dist.get_rank(group) < 0:
+        raise ValueError(f"{name} does not contain this process (global rank {dist.get_rank()})")
+
+
+# ------------------------------------------------------------------------------ autograd collectives
+class _AllReduceSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return _all_reduce(x, group)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        return _AllReduceSum.apply(g, ctx.group), None
+
+
+class _ExclusiveScan(torch.autograd.Function):
+    """``reverse=False``: sum of the inputs of the ranks before this one; ``True``: after it."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group, reverse: bool) -> torch.Tensor:
+        ctx.group, ctx.reverse = group, reverse
+        parts = _all_gather(x, group)
+        rank = dist.get_rank(group)
+        chosen = parts[rank + 1:] if reverse else parts[:rank]
+        out = torch.zeros_like(x)
+        for part in chosen:
+            out = out + part
+        return out
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        return _ExclusiveScan.apply(g, ctx.group, not ctx.reverse), None, None
+
+
+def broadcast_from_first(t: torch.Tensor, group) -> torch.Tensor:
+    """``t`` of the group's first rank on every rank (not differentiable; e.g. a dropout mask
+    shared by the tokens of all ranks)."""
+    t = t.contiguous().clone()
+    _record("broadcast", t, dist.get_world_size(group))
+    dist.broadcast(t, src=dist.get_global_rank(group, 0), group=group)
+    return t
+
+
+def all_reduce_sum(x: torch.Tensor, group) -> torch.Tensor:
+    """Sum of ``x`` over the ranks of ``group`` (same shape on every rank), differentiable."""
+    return _AllReduceSum.apply(x, group)
+
+
+def exclusive_prefix_sum(x: torch.Tensor, group) -> torch.Tensor:
+    """Sum of ``x`` over the ranks of ``group`` before this one (zeros on rank 0), differentiable."""
+    return _ExclusiveScan.apply(x, group, False)
+
+
+# ------------------------------------------------------------------------------ chunk layout
+class ChunkLayout(NamedTuple):
+    """Where a rank's chunk lies in the split sequence (see :func:`chunk_layout`)."""
+
+    start: Union[int, torch.Tensor]
+    length: int
+    real: Union[int, torch.Tensor]
+
+
+def chunk_layout(
+    x: torch.Tensor, group, attn_mask: Optional[torch.Tensor] = None, name: str = "w", token_dim: int = 2
+) -> ChunkLayout:
+    """Exchange the chunk shapes of ``x`` (tokens along ``token_dim``, e.g. w (B, H, N_r, p)) over
+    ``group``: checks that every rank has the same sizes except the token count.
+
+    Returns ``(start, length, real)``: ``start`` the position of this rank's first token in its
+    sequence (an int: the tokens of the earlier ranks; with ``attn_mask`` (B, N_r), a (B,) tensor:
+    the *real* tokens of each sequence on the earlier ranks), ``length`` the whole sequence's
+    token count (padding included), ``real`` the real tokens per sequence over all ranks ((B,)
+    with a mask, else ``length``).
+    """
+    rank = dist.get_rank(group)
+    sizes = list(x.shape)
+    header = torch.tensor(sizes, dtype=torch.int64, device=x.device)
+    shapes = torch.stack(_all_gather(header, group)).tolist()
+    mine = sizes[:token_dim] + sizes[token_dim + 1:]
+    for r, other in enumerate(shapes):
+        theirs = other[:token_dim] + other[token_dim + 1:]
+        if theirs != mine:
+            raise ValueError(f"{name} must have the same shape on every rank of the group except the token count "
+                             f"(dim {token_dim}): rank {rank} has {tuple(sizes)}, rank {r} has {tuple(other)}")
+    length = sum(s[token_dim] for s in shapes)
+    if attn_mask is None:
+        return ChunkLayout(sum(s[token_dim] for s in shapes[:rank]), length, length)
+    counts = torch.stack(_all_gather(attn_mask.sum(dim=-1).to(torch.int64), group))  # (R, B)
+    return ChunkLayout(counts[:rank].sum(dim=0), length, counts.sum(dim=0))

@@ -1,0 +1,151 @@
+"""Context parallelism (issue 26): TSSA and causal TSSA on a sequence split over 2 and 3 CPU
+processes (gloo) give exactly the rows of the unsplit op, forward and every gradient (weights
+included), with masks, uneven chunks and a chunk of one token; the collectives' adjoints; the
+checks. Each test spawns its processes once and runs all its cases in them (slow start-up)."""
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
+
+B, H, P = 2, 3, 4
+TOL = dict(rtol=1e-10, atol=1e-11)
+
+
+def _init(rank: int, world: int, store: str) -> None:
+    os.environ["WHITEFORMER_DISABLE_KERNELS"] = "1"  # the unsplit op: the PyTorch path, no C++ build
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+
+
+def _inputs(n: int, seed: int, masked: bool):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(B, H, n, P, generator=g, dtype=torch.float64) * 2
+    temp = torch.rand(H, 1, generator=g, dtype=torch.float64) + 0.5
+    bias = torch.randn(H, n + 3, 1, generator=g, dtype=torch.float64) * 0.5
+    g_out = torch.randn(B, H, n, P, generator=g, dtype=torch.float64)
+    g_pi = torch.randn(B, H, n, generator=g, dtype=torch.float64)
+    g_state = [torch.randn(B, H, P, generator=g, dtype=torch.float64), torch.randn(B, H, generator=g,
+                                                                                    dtype=torch.float64),
+               torch.randn(B, H, P, generator=g, dtype=torch.float64)]
+    mask = None
+    if masked:  # left padding in row 0, right padding + holes in row 1
+        mask = torch.ones(B, n, dtype=torch.bool)
+        mask[0, :2] = False
+        mask[1, n - 3:] = False
+        mask[1, 3] = False
+    return w, temp, bias, mask, g_out, g_pi, g_state
+
+
+def _run(op: str, w, temp, bias, mask, group):
+    """out, pi and (causal) the state sums of ``op`` on the leaf tensors given."""
+    from whiteformer.ops import causal_tssa, tssa
+
+    if op == "tssa":
+        out, pi = tssa(w, temp, mask, return_pi=True, group=group)
+        return out, pi, []
+    out, pi, state = causal_tssa(w, temp, bias, mask, return_pi=True, return_state=True, group=group)
+    return out, pi, [state.sum_sq, state.sum_pi, state.sum_sq_pi, state.t]
+
+
+def _check_split(op: str, sizes, masked: bool, group, seed: int) -> None:
+    """Split over ``group`` (chunk ``sizes`` in group rank order) == unsplit, rows and gradients."""
+    rank, n = dist.get_rank(group), sum(sizes)
+    lo, hi = sum(sizes[:rank]), sum(sizes[:rank + 1])
+    w, temp, bias, mask, g_out, g_pi, g_state = _inputs(n, seed, masked)
+    leaves = [t.clone().requires_grad_() for t in (w, temp, bias)]
+    out, pi, state = _run(op, *leaves, mask, None)
+    loss = (out * g_out).sum() + (pi * g_pi).sum() + sum((s * g).sum() for s, g in zip(state, g_state))
+    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+
+    local = [w[:, :, lo:hi].clone().requires_grad_(), temp.clone().requires_grad_(), bias.clone().requires_grad_()]
+    lmask = None if mask is None else mask[:, lo:hi]
+    out_r, pi_r, state_r = _run(op, *local, lmask, group)
+    torch.testing.assert_close(out_r, out[:, :, lo:hi].detach(), **TOL)
+    torch.testing.assert_close(pi_r, pi[:, :, lo:hi].detach(), **TOL)
+    last = rank == len(sizes) - 1
+    if state_r:  # the state after this rank's last token: the unsplit op on the prefix
+        prefix = _run(op, w[:, :, :hi], temp, bias, None if mask is None else mask[:, :hi], None)[2]
+        for a, b in zip(state_r, prefix):
+            torch.testing.assert_close(torch.as_tensor(a), torch.as_tensor(b), **TOL)
+    loss_r = (out_r * g_out[:, :, lo:hi]).sum() + (pi_r * g_pi[:, :, lo:hi]).sum()
+    if last:
+        loss_r = loss_r + sum((s * g).sum() for s, g in zip(state_r, g_state))
+    grads_r = torch.autograd.grad(loss_r, local, allow_unused=True)
+    torch.testing.assert_close(grads_r[0], grads[0][:, :, lo:hi], **TOL)
+    for mine, full in zip(grads_r[1:], grads[1:]):  # weights: each rank holds its share
+        if full is None:
+            assert mine is None
+            continue
+        total = mine.clone()
+        dist.all_reduce(total, group=group)
+        torch.testing.assert_close(total, full, **TOL)
+
+
+def _collectives(group) -> None:
+    """The autograd collectives' forward values and adjoints, and the byte log."""
+    from whiteformer.ops.context_parallel import all_reduce_sum, count_communication, exclusive_prefix_sum
+
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    x = torch.full((3,), float(rank + 1), dtype=torch.float64, requires_grad=True)
+    with count_communication() as log:
+        y = all_reduce_sum(x, group)
+        z = exclusive_prefix_sum(x, group)
+        ((y * (rank + 1)).sum() + (z * (rank + 1)).sum()).backward()
+    assert torch.equal(y.detach(), torch.full((3,), world * (world + 1) / 2, dtype=torch.float64))
+    assert torch.equal(z.detach(), torch.full((3,), rank * (rank + 1) / 2, dtype=torch.float64))
+    # d/dx_r: all-reduce of the weights (every rank) + the weights of the ranks after r
+    later = sum(k + 1 for k in range(rank + 1, world))
+    assert torch.equal(x.grad, torch.full((3,), world * (world + 1) / 2 + later, dtype=torch.float64))
+    assert sorted(r.op for r in log.records) == ["all_gather", "all_gather", "all_reduce", "all_reduce"]
+    assert log.payload_bytes == 4 * 3 * 8
+
+
+def _worker(rank: int, world: int, store: str) -> None:
+    _init(rank, world, store)
+    group = dist.group.WORLD
+    _collectives(group)
+    # chunk sizes in rank order: uneven, one rank with a single token
+    sizes = {2: [6, 1], 3: [3, 1, 5]}[world]
+    for op in ("tssa", "causal_tssa"):
+        for masked in (False, True):
+            _check_split(op, sizes, masked, group, seed=11)
+    if world == 3:  # a subgroup: group ranks (0, 1) are global ranks (1, 2)
+        sub = dist.new_group([1, 2])
+        if rank in (1, 2):
+            for op in ("tssa", "causal_tssa"):
+                _check_split(op, [1, 4], True, sub, seed=12)
+    _errors(group, rank)
+    dist.destroy_process_group()
+
+
+def _errors(group, rank: int) -> None:
+    from whiteformer.ops import causal_tssa, tssa
+
+    w = torch.randn(B, H + (rank == 1), 3, P, dtype=torch.float64)
+    with pytest.raises(ValueError, match="same shape on every rank of the group except the token count"):
+        tssa(w, torch.ones(w.shape[1], 1, dtype=torch.float64), group=group)
+    w = torch.randn(B, H, 3, P, dtype=torch.float64)
+    bias = torch.zeros(H, 4, 1, dtype=torch.float64)  # room for 4 tokens, the split sequence has 3 * world
+    with pytest.raises(ValueError, match="exceeds the positional bias table"):
+        causal_tssa(w, torch.ones(H, 1, dtype=torch.float64), bias, group=group)
+    with pytest.raises(TypeError, match="ProcessGroup"):
+        tssa(w, torch.ones(H, 1, dtype=torch.float64), group="world")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_split_equals_unsplit(world, tmp_path):
+    mp.spawn(_worker, args=(world, str(tmp_path / "store")), nprocs=world, join=True)
+
+
+def test_group_needs_initialised_distributed():
+    from whiteformer.ops import tssa
+
+    if dist.is_initialized():
+        pytest.skip("a default process group exists in this process")
+    w = torch.randn(1, 2, 3, 4)
+    with pytest.raises(ValueError, match="torch.distributed initialised"):
+        tssa(w, torch.ones(2, 1), group=object())
