@@ -63,6 +63,28 @@ def check_mask(attn_mask, batch: int, tokens: int, name: str = "attn_mask") -> t
     return attn_mask
 
 
+def check_cu_seqlens(cu_seqlens, total: int, name: str = "cu_seqlens") -> list:
+    """Validate packed-sequence boundaries (FlashAttention's convention): a 1-D integer tensor
+    (int32, or int64) of shape (S + 1,) with ``cu_seqlens[0] = 0``, non-decreasing, ending at
+    ``total`` (the packed token count); segment s is tokens ``cu_seqlens[s]:cu_seqlens[s + 1]``.
+    Returns the S segment lengths as Python ints (reads the values: one host sync)."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"{name} must be an int32 tensor of shape (S + 1,), got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must have dtype torch.int32 (FlashAttention's convention) or torch.int64, "
+                        f"got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
+        raise ValueError(f"{name} must have shape (S + 1,) with S >= 1 segments, got {tuple(cu_seqlens.shape)}")
+    bounds = [int(v) for v in cu_seqlens.tolist()]
+    if bounds[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {bounds[0]}")
+    if any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"{name} must be non-decreasing (cumulative sequence lengths), got {bounds}")
+    if bounds[-1] != total:
+        raise ValueError(f"{name} must end at the number of packed tokens ({total}), got {bounds[-1]}")
+    return [b - a for a, b in zip(bounds, bounds[1:])]
+
+
 def check_tokens_input(x, name: str = "x", dim: int | None = None, like: torch.Tensor | None = None) -> None:
     """Check a layer input of shape (B, N, C) (and C == dim when given; with ``like``, one of the
     layer's weights, the dtype must match it outside autocast: :func:`check_input_dtype`)."""

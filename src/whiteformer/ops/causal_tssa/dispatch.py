@@ -11,6 +11,7 @@ from ..._checks import (check_heads_input, check_mask, check_nonempty, check_pos
 from .._kernels import fused_supported, kernel_for
 from .._kernels.fused import causal_tssa_fused
 from ..context_parallel import check_group, chunk_layout
+from ..packing import from_padded, packed_layout, to_padded
 from .parallel import causal_tssa_parallel
 from .recurrent import causal_tssa_recurrent
 from .state import CausalTSSAState, check_state, position_logit_bias
@@ -29,6 +30,7 @@ def causal_tssa(
     attn_drop: float = 0.0,
     training: bool = False,
     group=None,
+    cu_seqlens: Optional[torch.Tensor] = None,
 ):
     """Causal Token Statistics Self-Attention (ToST Eq. (28) with memberships Eq. (39)).
 
@@ -68,11 +70,23 @@ def causal_tssa(
             the state after this rank's last token. Always the PyTorch path: the fused kernels
             (C++ CPU, Triton) start their prefix sums at zero and take no combined statistics.
             ``None``: the op on this process's tokens alone.
+        cu_seqlens: optional (S + 1,) int32 boundaries of S packed documents (FlashAttention's
+            convention: starts at 0, non-decreasing, ends at N) with ``w`` of shape (1, H, N, p):
+            each document is its own sequence (own statistics, memberships, positions 0.. for
+            ``pos_bias``: the longest document must fit ``T_max``), exactly as if run alone
+            (:mod:`whiteformer.ops.packing`). ``return_state`` then gives one state per
+            document (batch S, ``t`` the (S,) lengths). Not combined with ``attn_mask``.
 
     Returns:
         out (B, H, N, p) in ``w``'s dtype, or a tuple ``(out, [pi], [state])`` in that order.
     """
     check_heads_input(w)
+    if cu_seqlens is not None:
+        pk = packed_layout(w, attn_mask, cu_seqlens, group)
+        out, pi, *state = causal_tssa(to_padded(w, pk), temp, pos_bias, pk.mask, True, return_state=return_state,
+                                      attn_drop=attn_drop, training=training)
+        res = (from_padded(out, pk),) + ((from_padded(pi, pk),) if return_pi else ()) + tuple(state)
+        return res if len(res) > 1 else res[0]
     heads, n, p = w.shape[1], w.shape[2], w.shape[3]
     check_temp(temp, heads)
     check_pos_bias(pos_bias, heads)

@@ -1,5 +1,5 @@
-"""How the references honour a padding mask: by definition, each sequence's real tokens are run
-alone and padded positions get 0."""
+"""How the references honour a padding mask and packed documents: by definition, each sequence's
+real tokens (each document of a packed row) are run alone and padded positions get 0."""
 from __future__ import annotations
 
 from typing import Callable, Optional, Tuple
@@ -25,3 +25,17 @@ def per_sequence(
         out[b, :, keep] = o[0]
         pi[b, :, keep] = p[0]
     return out, pi
+
+
+def per_segment(
+    fn: Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]],
+    x: torch.Tensor,
+    cu_seqlens: Optional[torch.Tensor],
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``fn`` as in :func:`per_sequence`, applied to each packed document of x (1, H, total, p)
+    alone (document s: tokens ``cu_seqlens[s]:cu_seqlens[s + 1]``), the results concatenated."""
+    if cu_seqlens is None:
+        return fn(x)
+    bounds = cu_seqlens.tolist()
+    pieces = [fn(x[:, :, a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
+    return torch.cat([o for o, _ in pieces], dim=2), torch.cat([p for _, p in pieces], dim=2)

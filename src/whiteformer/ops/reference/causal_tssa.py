@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ..._checks import stats_dtype
 from ..constants import PI_EPS, RATIO_EPS
-from ._masking import per_sequence
+from ._masking import per_segment, per_sequence
 
 __all__ = ["causal_tssa_reference"]
 
@@ -44,13 +44,19 @@ def causal_tssa_reference(
     *,
     attn_drop: float = 0.0,
     training: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
 ):
     """Reference causal TSSA. w (B, H, N, p), temp (H, 1), pos_bias (H, T_max, 1) or None,
-    attn_mask (B, N) bool keep-mask or None. Returns out (B, H, N, p) (and Pi (B, H, N)).
+    attn_mask (B, N) bool keep-mask or None; ``cu_seqlens`` (S + 1,): packed documents in
+    w (1, H, total, p), each run alone (positions from 0). Returns out (B, H, N, p) (and Pi (B, H, N)).
     Half inputs are computed in float32 and cast back. No input validation."""
     sd = stats_dtype(w)
     x, tp = w.to(sd), temp.to(sd)
     pb = None if pos_bias is None else pos_bias.to(sd)
-    out, Pi = per_sequence(lambda z: _causal_tssa_literal(z, tp, pb, attn_drop, training), x, attn_mask)
+
+    def run(z):
+        return _causal_tssa_literal(z, tp, pb, attn_drop, training)
+
+    out, Pi = per_segment(lambda y: per_sequence(run, y, attn_mask), x, cu_seqlens)
     out, Pi = out.to(w.dtype), Pi.to(w.dtype)
     return (out, Pi) if return_pi else out

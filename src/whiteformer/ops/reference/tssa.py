@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..._checks import stats_dtype
 from ..constants import NORM_EPS, PI_EPS
-from ._masking import per_sequence
+from ._masking import per_segment, per_sequence
 
 __all__ = ["tssa_reference"]
 
@@ -38,14 +38,20 @@ def tssa_reference(
     attn_drop: float = 0.0,
     training: bool = False,
     normalize: bool = True,
+    cu_seqlens: Optional[torch.Tensor] = None,
 ):
     """Reference TSSA. w (B, H, N, p), temp (H, 1), attn_mask (B, N) bool keep-mask or None.
 
+    ``cu_seqlens`` (S + 1,): packed documents in w (1, H, total, p), each run alone.
     Returns out (B, H, N, p) (and Pi (B, H, N) with ``return_pi``). Half inputs are computed in
     float32 and cast back. No input validation (see :func:`whiteformer.ops.tssa`).
     """
     sd = stats_dtype(w)
     x, tp = w.to(sd), temp.to(sd)
-    out, Pi = per_sequence(lambda z: _tssa_literal(z, tp, attn_drop, training, normalize), x, attn_mask)
+
+    def run(z):
+        return _tssa_literal(z, tp, attn_drop, training, normalize)
+
+    out, Pi = per_segment(lambda y: per_sequence(run, y, attn_mask), x, cu_seqlens)
     out, Pi = out.to(w.dtype), Pi.to(w.dtype)
     return (out, Pi) if return_pi else out

@@ -9,6 +9,7 @@ from ..._checks import check_heads_input, check_mask, check_probability, check_s
 from .._kernels import fused_supported, kernel_for
 from .._kernels.fused import tssa_fused
 from ..context_parallel import check_group, chunk_layout
+from ..packing import from_padded, packed_layout, to_padded
 from .parallel import tssa_parallel
 
 __all__ = ["tssa"]
@@ -24,6 +25,7 @@ def tssa(
     training: bool = False,
     normalize: bool = True,
     group=None,
+    cu_seqlens: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Token Statistics Self-Attention (ToST Eq. (11), memberships Eq. (10)/(34)).
 
@@ -48,6 +50,10 @@ def tssa(
             PyTorch path: the fused kernels (C++ CPU, Triton) form their token sums internally
             and take no combined ones. With dropout, the gain's mask is the first rank's.
             ``None``: the op on this process's tokens alone.
+        cu_seqlens: optional (S + 1,) int32 boundaries of S packed documents (FlashAttention's
+            convention: starts at 0, non-decreasing, ends at N) with ``w`` of shape (1, H, N, p):
+            each document is its own sequence (its own statistics and memberships), exactly as
+            if run alone (:mod:`whiteformer.ops.packing`). Not combined with ``attn_mask``.
 
     Returns:
         out (B, H, N, p) in ``w``'s dtype; with ``return_pi``, ``(out, pi)`` with pi (B, H, N)
@@ -58,6 +64,12 @@ def tssa(
     one.
     """
     check_heads_input(w)
+    if cu_seqlens is not None:
+        pk = packed_layout(w, attn_mask, cu_seqlens, group)
+        out, pi = tssa(to_padded(w, pk), temp, pk.mask, True, attn_drop=attn_drop, training=training,
+                       normalize=normalize)
+        out, pi = from_padded(out, pk), from_padded(pi, pk)
+        return (out, pi) if return_pi else out
     check_temp(temp, w.shape[1])
     attn_mask = check_mask(attn_mask, w.shape[0], w.shape[2])
     check_same_device(w, temp=temp, attn_mask=attn_mask)

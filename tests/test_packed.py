@@ -1,0 +1,152 @@
+"""Packed variable-length sequences (``cu_seqlens``, FlashAttention's convention): a packed row
+gives each document the result it has alone, forward and gradients, on every kernel backend."""
+import pytest
+import torch
+
+from whiteformer.ops import causal_tssa, tssa
+from whiteformer.ops._kernels import ENV_BACKEND, ENV_DISABLE
+from whiteformer.ops.reference import causal_tssa_reference, tssa_reference
+
+# segment lengths: 1, odd, longer than the kernels' tiny test chunks (set below), an empty one
+LENGTHS = [1, 5, 0, 13, 2]
+
+
+def _cu(lengths, dtype=torch.int32):
+    return torch.tensor([0] + lengths, dtype=torch.long).cumsum(0).to(dtype)
+
+
+def _inputs(lengths=LENGTHS, heads=3, p=4, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    w = torch.randn(1, heads, total, p, generator=g, dtype=dtype, requires_grad=True)
+    temp = (torch.rand(heads, 1, generator=g, dtype=dtype) + 0.5).requires_grad_()
+    bias = (0.3 * torch.randn(heads, 16, 1, generator=g, dtype=dtype)).requires_grad_()
+    return w, temp, bias, _cu(lengths)
+
+
+def _alone(fn, w, cu, *args):
+    """Each document through ``fn`` (the unpacked op) alone, outputs and Pi concatenated."""
+    bounds = cu.tolist()
+    outs = [fn(w[:, :, a:b], *args) for a, b in zip(bounds, bounds[1:]) if b > a]
+    return torch.cat([o for o, _ in outs], 2), torch.cat([p for _, p in outs], 2)
+
+
+BACKENDS = {
+    "torch": {ENV_DISABLE: "1"},
+    "cpu": {ENV_BACKEND: "cpu"},
+    "triton": {ENV_BACKEND: "triton"},
+}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def backend(request, monkeypatch):
+    import whiteformer.ops._kernels.fused as fused
+
+    if request.param == "cpu":
+        from whiteformer.ops._kernels.build import fast_path_available
+
+        if not fast_path_available():
+            pytest.skip("C++ kernel not built on this machine")
+        monkeypatch.setattr(fused, "CHUNK", 4)  # documents cross the kernel's chunk boundaries
+    if request.param == "triton":
+        pytest.importorskip("triton")
+    for k, v in BACKENDS[request.param].items():
+        monkeypatch.setenv(k, v)
+    return request.param
+
+
+def _dtype(backend):
+    return torch.float32 if backend == "triton" else torch.float64
+
+
+def test_causal_packed_equals_alone(backend):
+    w, temp, bias, cu = _inputs(dtype=_dtype(backend))
+    out, pi = causal_tssa(w, temp, bias, return_pi=True, cu_seqlens=cu)
+    ref_out, ref_pi = _alone(lambda z, *a: causal_tssa(z, *a, return_pi=True), w, cu, temp, bias)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(pi, ref_pi)
+    lit_out, lit_pi = causal_tssa_reference(w, temp, bias, return_pi=True, cu_seqlens=cu)
+    torch.testing.assert_close(out, lit_out)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad((out * g).sum() + pi.sum(), (w, temp, bias))
+    ref_grads = torch.autograd.grad((ref_out * g).sum() + ref_pi.sum(), (w, temp, bias))
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b)
+
+
+def test_tssa_packed_equals_alone(backend):
+    w, temp, _, cu = _inputs(dtype=_dtype(backend))
+    out, pi = tssa(w, temp, return_pi=True, cu_seqlens=cu)
+    ref_out, ref_pi = _alone(lambda z, t: tssa(z, t, return_pi=True), w, cu, temp)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(pi, ref_pi)
+    torch.testing.assert_close(out, tssa_reference(w, temp, cu_seqlens=cu))
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad((out * g).sum() + pi.sum(), (w, temp))
+    ref_grads = torch.autograd.grad((ref_out * g).sum() + ref_pi.sum(), (w, temp))
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b)
+
+
+def test_packed_gradcheck_float64():
+    w, temp, bias, cu = _inputs([1, 4, 3], heads=2, p=3)
+    assert torch.autograd.gradcheck(lambda w, t, b: causal_tssa(w, t, b, return_pi=True, cu_seqlens=cu),
+                                    (w, temp, bias))
+    assert torch.autograd.gradcheck(lambda w, t: tssa(w, t, return_pi=True, cu_seqlens=cu), (w, temp))
+
+
+def test_packed_state_per_document():
+    w, temp, bias, cu = _inputs()
+    _, state = causal_tssa(w, temp, bias, return_state=True, cu_seqlens=cu)
+    assert state.sum_sq.shape == (len(LENGTHS), 3, 4)
+    assert state.t.tolist() == LENGTHS
+    bounds = cu.tolist()
+    for s, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        if b == a:
+            assert not state.sum_sq[s].detach().any() and not state.sum_pi[s].detach().any()
+            continue
+        _, alone = causal_tssa(w[:, :, a:b], temp, bias, return_state=True)
+        for field in ("sum_sq", "sum_pi", "sum_sq_pi"):
+            torch.testing.assert_close(getattr(state, field)[s], getattr(alone, field)[0])
+
+
+def test_packed_documents_do_not_leak():
+    w, temp, bias, cu = _inputs()
+    out = causal_tssa(w, temp, bias, cu_seqlens=cu)
+    w2 = w.detach().clone()
+    w2[:, :, :6] = torch.randn_like(w2[:, :, :6])  # change the first documents only
+    out2 = causal_tssa(w2, temp, bias, cu_seqlens=cu)
+    torch.testing.assert_close(out[:, :, 6:], out2[:, :, 6:])
+
+
+@pytest.mark.parametrize("bad, err, match", [
+    (torch.tensor([0, 3, 7], dtype=torch.float32), TypeError, "int32"),
+    (torch.tensor([[0, 7]], dtype=torch.int32), ValueError, r"\(S \+ 1,\)"),
+    (torch.tensor([0], dtype=torch.int32), ValueError, r"\(S \+ 1,\)"),
+    (torch.tensor([1, 7], dtype=torch.int32), ValueError, "start at 0"),
+    (torch.tensor([0, 5, 3, 7], dtype=torch.int32), ValueError, "non-decreasing"),
+    (torch.tensor([0, 3, 6], dtype=torch.int32), ValueError, "end at"),
+    ([0, 7], TypeError, "cu_seqlens"),
+])
+def test_bad_cu_seqlens(bad, err, match):
+    w = torch.randn(1, 2, 7, 4)
+    temp = torch.ones(2, 1)
+    for op in (tssa, causal_tssa):
+        with pytest.raises(err, match=match):
+            op(w, temp, cu_seqlens=bad)
+
+
+def test_packed_refuses_batch_and_mask_and_long_documents():
+    temp = torch.ones(2, 1)
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"\(1, H, total, p\)"):
+        causal_tssa(torch.randn(2, 2, 7, 4), temp, cu_seqlens=cu)
+    with pytest.raises(ValueError, match="attn_mask and cu_seqlens"):
+        tssa(torch.randn(1, 2, 7, 4), temp, torch.ones(1, 7, dtype=torch.bool), cu_seqlens=cu)
+    with pytest.raises(ValueError, match="cu_seqlens and group"):
+        causal_tssa(torch.randn(1, 2, 7, 4), temp, group=object(), cu_seqlens=cu)
+    # positions restart per document: 7 packed tokens fit a table of 4 when no document is longer
+    bias = torch.zeros(2, 4, 1)
+    causal_tssa(torch.randn(1, 2, 7, 4), temp, bias, cu_seqlens=cu)
+    with pytest.raises(ValueError, match="T_max"):
+        causal_tssa(torch.randn(1, 2, 7, 4), temp, bias, cu_seqlens=torch.tensor([0, 2, 7], dtype=torch.int32))
