@@ -246,6 +246,11 @@ def cmd_list_models(argv: List[str]) -> int:
 def cmd_list_datasets(argv: List[str]) -> int:
     from .data import dataset_builder, list_datasets
 
+    if argv:
+        if argv[0] in ("-h", "--help"):
+            print("usage: whiteformer list-datasets   (the names --dataset takes)")
+            return 0
+        raise UsageError(f"list-datasets takes no arguments, got {' '.join(argv)!r}")
     for n in list_datasets():
         doc = (dataset_builder(n).__doc__ or "").strip().splitlines()
         print(f"{n:14s} {doc[0] if doc else ''}")
@@ -259,6 +264,10 @@ def analysis_eca_toy(cfg) -> int:
         from .analysis import eca_toy
     except ImportError as err:
         raise UsageError(f"the eca-toy analysis is not available: {err}") from err
+    try:
+        eca_toy.check_overrides(cfg.options)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     res = eca_toy.run(cfg.out, seed=cfg.seed, small=cfg.small, plots=cfg.plots, **cfg.options)
     fmt = getattr(eca_toy, "_format_summary", None)
     if callable(fmt):
@@ -324,7 +333,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         close = difflib.get_close_matches(name, COMMANDS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        print(f"whiteformer: unknown command {name!r}{hint}\n\n{_usage()}", file=sys.stderr)
+        print(f"whiteformer: error: unknown command {name!r}{hint}; commands: {', '.join(COMMANDS)} "
+              f"(whiteformer --help)", file=sys.stderr)
         return 2
     try:
         return COMMANDS[name].run(argv[1:])

@@ -51,7 +51,7 @@ from ..ops.eca import (
 )
 from .rates import coding_rate, subspace_compression_rate
 
-__all__ = ["ToyConfig", "SMALL", "run", "make_data", "main"]
+__all__ = ["ToyConfig", "SMALL", "run", "make_data", "main", "check_overrides"]
 
 _EXPAND_STREAM = 0  # eca_omega stream offsets: one sketch per layer and module
 _COMPRESS_STREAM = 10_000
@@ -341,9 +341,19 @@ def run(out_dir, seed: int = 0, *, config: Optional[ToyConfig] = None, small: bo
         torch.set_num_threads(old)
 
 
+def check_overrides(overrides) -> None:
+    """Every name in ``overrides`` is a field of :class:`ToyConfig` (else a ``ValueError`` listing them)."""
+    names = [f.name for f in dataclasses.fields(ToyConfig)]
+    unknown = sorted(k for k in overrides if k not in names)
+    if unknown:
+        raise ValueError(f"unknown eca-toy option(s) {', '.join(map(repr, unknown))}; valid options: "
+                         f"{', '.join(names)}")
+
+
 def _run(out_dir, seed, config, small, plots, dtype, overrides) -> dict:
     t_start = time.perf_counter()
     cfg = config or (SMALL if small else ToyConfig())
+    check_overrides(overrides)
     if overrides:
         cfg = dataclasses.replace(cfg, **overrides)
     out = Path(out_dir)

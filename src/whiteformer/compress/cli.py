@@ -168,18 +168,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available")
-    return dev
+def _check_counts(args: argparse.Namespace) -> None:
+    """The integer options' ranges and the seed (a ``ValueError`` naming the flag)."""
+    from ..train.configuration import check_seed
+
+    for flag, v, low in (("--calib", args.calib, 0), ("--finetune-epochs", args.finetune_epochs, 0),
+                         ("--batch-size", args.batch_size, 1), ("--latency-runs", args.latency_runs, 1),
+                         ("--max-steps", args.max_steps, 1), ("--latency-batch", args.latency_batch, 1),
+                         ("--num-tokens", args.num_tokens, 1)):
+        if v is not None and v < low:
+            raise ValueError(f"{flag} must be >= {low}, got {v}")
+    if args.max_steps is not None and not args.finetune_epochs:
+        raise ValueError("--max-steps limits fine-tuning: add --finetune-epochs K")
+    check_seed(args.seed, "--seed")
 
 
 def _run(args: argparse.Namespace) -> int:
     from ..models import create_model
     from ..models.checkpoint import read_config
+    from ..train.distributed import resolve_device
     from ..train.evaluate import resolve_checkpoint
     from .model import compress
 
@@ -201,13 +208,11 @@ def _run(args: argparse.Namespace) -> int:
         if not math.isfinite(v) or v < 0 or (flag == "--lr" and v == 0):
             raise ValueError(f"{flag} must be a finite {'positive' if flag == '--lr' else 'non-negative'} number, "
                              f"got {v}")
-    for flag, v in (("--calib", args.calib), ("--finetune-epochs", args.finetune_epochs)):
-        if v < 0:
-            raise ValueError(f"{flag} must be >= 0, got {v}")
+    _check_counts(args)
     if args.fusion_constraints and not args.finetune_epochs:
         raise ValueError("--fusion-constraints applies to fine-tuning: add --finetune-epochs K")
     torch.manual_seed(args.seed)
-    device = _device(args.device)
+    device = resolve_device(args.device)
     model = create_model(name, checkpoint_path=str(ckpt), **dict(args.model_arg)).to(device).eval()
 
     calib = task = None

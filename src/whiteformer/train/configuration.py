@@ -22,8 +22,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Un
 from .._checks import is_int, is_real
 from .schedule import SCHEDULES
 
-__all__ = ["TrainConfig", "EvalConfig", "GenerateConfig", "AnalyzeConfig", "ConfigError", "parse_overrides",
-           "parse_value", "build_config", "config_to_dict", "save_config", "load_yaml", "format_fields"]
+__all__ = ["TrainConfig", "EvalConfig", "GenerateConfig", "AnalyzeConfig", "ConfigError", "check_seed", "check_device",
+           "parse_overrides", "parse_value", "build_config", "config_to_dict", "save_config", "load_yaml", "format_fields"]
 
 T = TypeVar("T")
 
@@ -47,6 +47,33 @@ def _check_finite(cfg) -> None:
         v = getattr(cfg, f.name)
         if isinstance(v, float) and not math.isfinite(v):
             raise ConfigError(f"{f.name} must be a finite number, got {v!r}")
+
+
+#: the seeds torch.manual_seed takes (a 64-bit integer); negative seeds are refused as well
+MAX_SEED = 2 ** 63 - 1
+
+
+def check_seed(seed, name: str = "seed") -> int:
+    """A seed in [0, 2**63 - 1] (``torch.manual_seed`` overflows beyond 64 bits)."""
+    _check(is_int(seed) and 0 <= seed <= MAX_SEED, f"{name} must be an integer in [0, 2**63 - 1], got {seed!r}")
+    return int(seed)
+
+
+def check_device(spec: str):
+    """``torch.device(spec)``, or a :class:`ConfigError` naming the accepted forms ("auto" is
+    resolved by :func:`whiteformer.train.distributed.resolve_device`, not here)."""
+    import torch
+
+    try:
+        return torch.device(spec)
+    except (RuntimeError, ValueError, TypeError) as err:
+        raise ConfigError(f"device must be auto, cpu, cuda, cuda:N (or another torch device), got {spec!r} "
+                          f"({str(err).splitlines()[0]})") from None
+
+
+def _check_device_name(spec: str) -> None:
+    if spec not in ("auto", ""):
+        check_device(spec)
 
 
 @dataclass
@@ -137,6 +164,9 @@ class TrainConfig:
         _check(self.ckpt_minutes >= 0, f"ckpt_minutes must be >= 0 (0: off), got {self.ckpt_minutes}")
         _check(not (self.resume and self.overwrite), "resume and overwrite exclude each other: pick one")
         _check(not (self.resume and self.finetune), "resume continues a run; finetune starts a new one: pick one")
+        _check(self.report_images >= 0, f"report_images must be >= 0, got {self.report_images}")
+        check_seed(self.seed)
+        _check_device_name(self.device)
 
 
 @dataclass
@@ -161,6 +191,7 @@ class EvalConfig:
         _check_finite(self)
         _check(bool(self.checkpoint), "give --checkpoint (a run directory or a checkpoint)")
         _check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        _check_device_name(self.device)
 
 
 @dataclass
@@ -183,6 +214,8 @@ class GenerateConfig:
         _check(self.temperature >= 0, "temperature must be >= 0")
         _check(self.top_k >= 0, "top_k must be >= 0 (0: off)")
         _check(self.num_samples >= 1, "num_samples must be >= 1")
+        check_seed(self.seed)
+        _check_device_name(self.device)
 
 
 @dataclass
@@ -195,6 +228,9 @@ class AnalyzeConfig:
     plots: bool = _h("write PNG figures (needs matplotlib)", default=True)
     checkpoint: Optional[str] = _h("run directory (analysis 'report')", default=None)
     options: Dict[str, Any] = _h("analysis-specific options, e.g. options.layers=6", default_factory=dict)
+
+    def validate(self) -> None:
+        check_seed(self.seed)
 
 
 def parse_value(text: str) -> Any:
@@ -219,7 +255,7 @@ def parse_value(text: str) -> Any:
         try:
             return yaml.safe_load(s)
         except yaml.YAMLError as err:
-            raise ConfigError(f"cannot parse {text!r} as a YAML list/mapping: {err}") from err
+            raise ConfigError(f"cannot parse {text!r} as a YAML list/mapping: {yaml_error_line(err)}") from None
     return text
 
 
@@ -329,17 +365,33 @@ def _unknown(cls, key: str) -> ConfigError:
     return ConfigError(f"unknown option {key!r} for {cls.__name__}{hint}; valid options: {', '.join(names)}")
 
 
+def yaml_error_line(err) -> str:
+    """One line for a ``yaml.YAMLError``: the problem and where (line, column; 1-based)."""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    context = getattr(err, "context", None)
+    return f"{problem}{where}" + (f" ({context})" if context else "")
+
+
 def load_yaml(path) -> Dict[str, Any]:
     import yaml
 
+    import stat
+
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"config file {str(p)!r} does not exist")
+    if p.is_dir():
+        raise ConfigError(f"config file {str(p)!r} is a directory, not a YAML file")
+    mode = p.stat().st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):  # a pipe (-c <(...)) is read; a device is not
+        raise ConfigError(f"config file {str(p)!r} is not a regular file (a YAML file expected)")
     try:
         with open(p, encoding="utf-8") as f:
             data = yaml.safe_load(f)
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {err}") from err
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {yaml_error_line(err)}") from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"config file {str(p)!r} is not a UTF-8 text file (YAML expected): {err}") from err
     if data is None:

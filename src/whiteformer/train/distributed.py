@@ -38,16 +38,16 @@ class DistInfo:
 
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
-    """"auto" -> cuda (the local rank's GPU) if available, else cpu; otherwise ``torch.device(spec)``."""
+    """"auto" -> cuda (the local rank's GPU) if available, else cpu; otherwise ``torch.device(spec)``.
+    A device name torch does not know, or CUDA where there is none, is a :class:`ConfigError`."""
+    from .configuration import ConfigError, check_device
+
     if spec in ("auto", "", None):
         spec = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(spec)
-    except RuntimeError as err:
-        raise ValueError(f"invalid device {spec!r}: {err}") from err
+    device = check_device(spec)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {spec!r} requested but CUDA is not available; use --device cpu")
+            raise ConfigError(f"device {spec!r} requested but CUDA is not available; use --device cpu")
         if device.index is None:
             device = torch.device("cuda", local_rank)
     return device

@@ -21,6 +21,8 @@ def user_error(err: BaseException) -> Optional[str]:
     if isinstance(err, pickle.UnpicklingError):
         return (f"refused to load a pickled file: it holds objects other than tensors, which could run code "
                 f"({str(err).splitlines()[0]})")
+    if isinstance(err, OSError) and err.errno is None and err.args:
+        return str(err)  # raised with a message of its own (e.g. "checkpoint directory ... has no ...")
     if isinstance(err, OSError) and err.errno is not None:
         where = f": {err.filename!r}" if err.filename else ""
         hint = {errno.ENOSPC: " (the disk is full: free space or choose another --out)",

@@ -52,6 +52,8 @@ def finetune(model: nn.Module, task, *, epochs: int = 1, lr: float = 1e-4, weigh
     from .optim import build_optimizer
 
     check_int(epochs, "epochs", 1)
+    if max_steps is not None:
+        check_int(max_steps, "max_steps", 1)
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a finite positive number, got {lr!r}")
     say = log or (lambda _m: None)

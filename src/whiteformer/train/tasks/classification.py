@@ -36,6 +36,11 @@ class ClassificationTask(Task):
         if augment is None and (translate or flip):
             augment = Augment(translate=translate, flip=flip)
         self.augment = augment if (augment is not None and augment.active and self.augments) else None
+        size = getattr(train_ds, "img_size", None)
+        if self.augment is not None and size and self.augment.translate > min(size) // 2:
+            raise ConfigError(f"translate ({self.augment.translate} pixels) must be at most half the images' "
+                              f"smaller side ({min(size) // 2} for images {tuple(size)}): a larger shift moves "
+                              f"most of the image out of the frame")
         self.eval_batch_size = eval_batch_size
         self._perm_epoch = -1
         self._perm: Optional[torch.Tensor] = None

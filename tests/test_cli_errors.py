@@ -1,0 +1,107 @@
+"""Every user error of the ``whiteformer`` commands is one ``error: ...`` line with exit code 2,
+and options that make no sense are refused instead of silently accepted (issue 21, items 12-14)."""
+import pytest
+
+from whiteformer.cli import main
+from whiteformer.compress.cli import main as compress_main
+from whiteformer.models import create_model
+
+# every train below stops before training (--num-threads left at 0: the thread count is not touched)
+TINY = ["model_args={patch_size: 2, embed_dim: 16, depth: 1, num_heads: 2}", "--no-progress", "--no-tensorboard"]
+
+
+def _one_error_line(capsys, *needles):
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and ": error: " in lines[0] and "Traceback" not in err, err
+    for n in needles:
+        assert n in lines[0], (n, err)
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def deit_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("deit") / "orig"
+    create_model("deit_t_p16", img_size=8, patch_size=4, in_chans=1, num_classes=10, depth=1, embed_dim=16,
+                 num_heads=2).save_pretrained(d)
+    return str(d)
+
+
+def test_unknown_command_prints_an_error_line(capsys):
+    assert main(["frobnicate"]) == 2
+    _one_error_line(capsys, "unknown command 'frobnicate'", "train")
+
+
+def test_list_datasets_refuses_arguments(capsys):
+    assert main(["list-datasets", "--foo"]) == 2
+    _one_error_line(capsys, "--foo")
+    assert main(["list-datasets"]) == 0
+
+
+@pytest.mark.parametrize("command", ["eval", "generate"])
+@pytest.mark.parametrize("device", ["gpu7", "tpu"])
+def test_unknown_device_is_one_line(tmp_path, capsys, command, device):
+    assert main([command, "--checkpoint", str(tmp_path), "--device", device]) == 2
+    _one_error_line(capsys, f"got {device!r}", "cuda:N")
+
+
+@pytest.mark.parametrize("device", ["gpu7", "tpu"])
+def test_compress_unknown_device_is_one_line(tmp_path, capsys, deit_dir, device):
+    assert compress_main(["--checkpoint", deit_dir, "--qk-rank", "4", "--device", device,
+                          "--out", str(tmp_path / "c")]) == 2
+    _one_error_line(capsys, f"got {device!r}")
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--seed", str(2 ** 70)], "seed must be an integer in [0, 2**63 - 1]"),
+    (["--report-images", "-1"], "report_images must be >= 0"),
+    (["--device", "gpu7"], "device must be"),
+])
+def test_train_refuses_out_of_range_options(tmp_path, capsys, argv, needle):
+    assert main(["train", *TINY, "--epochs", "1", "--out", str(tmp_path / "r"), *argv]) == 2
+    _one_error_line(capsys, needle)
+    assert not (tmp_path / "r").exists()
+
+
+def test_translate_larger_than_the_images_is_refused(tmp_path, capsys):
+    assert main(["train", *TINY, "--epochs", "1", "--translate", "100", "--out", str(tmp_path / "r")]) == 2
+    _one_error_line(capsys, "translate (100 pixels)", "(8, 8)")
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--finetune-epochs", "1", "--dataset", "digits", "--max-steps", "0"], "--max-steps must be >= 1, got 0"),
+    (["--finetune-epochs", "1", "--dataset", "digits", "--max-steps", "-3"], "--max-steps must be >= 1, got -3"),
+    (["--finetune-epochs", "1", "--dataset", "digits", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--max-steps", "3"], "add --finetune-epochs"),
+    (["--seed", str(2 ** 70)], "--seed must be an integer"),
+])
+def test_compress_refuses_nonsense_counts(tmp_path, capsys, deit_dir, argv, needle):
+    assert compress_main(["--checkpoint", deit_dir, "--qk-rank", "4", *argv, "--out", str(tmp_path / "c")]) == 2
+    _one_error_line(capsys, needle)
+    assert not (tmp_path / "c").exists()
+
+
+def test_compress_checkpoint_without_weights(tmp_path, capsys, deit_dir):
+    from pathlib import Path
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((Path(deit_dir) / "config.json").read_text())
+    assert compress_main(["--checkpoint", str(bare), "--qk-rank", "4", "--out", str(tmp_path / "c")]) == 2
+    _one_error_line(capsys, "has no model.safetensors", str(bare))
+
+
+def test_eca_toy_unknown_option(tmp_path, capsys):
+    assert main(["analyze", "eca-toy", "--small", "options.bogus=3", "--out", str(tmp_path / "a")]) == 2
+    _one_error_line(capsys, "'bogus'", "layers")
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("kind", ["dir", "device", "syntax"])
+def test_config_file_errors_say_what_is_wrong(tmp_path, capsys, kind):
+    path = {"dir": str(tmp_path), "device": "/dev/zero", "syntax": str(tmp_path / "bad.yaml")}[kind]
+    (tmp_path / "bad.yaml").write_text("a: 1\nb: [1, 2\nc: 3\n")
+    assert main(["train", "-c", path]) == 2
+    line = _one_error_line(capsys, path)
+    assert {"dir": "is a directory", "device": "not a regular file", "syntax": "line 3"}[kind] in line
