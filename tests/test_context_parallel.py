@@ -104,10 +104,54 @@ def _collectives(group) -> None:
     assert log.payload_bytes == 4 * 3 * 8
 
 
+def _check_lm(group, sizes) -> None:
+    """A ToST LM (global position embedding and position bias, a padding mask, ignored targets):
+    rows of the logits, the loss (same on every rank) and the gradients averaged over the group
+    equal the unsplit model's; GPT refuses."""
+    from whiteformer.models.lm import GPTLM, ToSTLM
+
+    rank, n = dist.get_rank(group), sum(sizes)
+    lo, hi = sum(sizes[:rank]), sum(sizes[:rank + 1])
+    torch.manual_seed(3)
+    model = ToSTLM(vocab_size=11, dim=8, depth=2, num_heads=2, max_len=n + 2).double()
+    with torch.no_grad():
+        for blk in model.transformer.h:  # non-trivial position bias and layer scales
+            blk.attn.pos_bias.normal_(0, 0.5)
+            blk.gamma1.fill_(0.5)
+            blk.gamma2.fill_(0.5)
+    idx = torch.randint(0, 11, (2, n))
+    targets = torch.randint(0, 11, (2, n))
+    targets[0, :3] = -1
+    mask = torch.ones(2, n, dtype=torch.bool)
+    mask[1, :2] = False
+    for loss_chunk in (None, 4):
+        model.zero_grad()
+        logits, loss = model(idx, targets, attn_mask=mask, loss_chunk=loss_chunk)
+        loss.backward()
+        full = {k: p.grad.clone() for k, p in model.named_parameters()}
+        model.zero_grad()
+        model.set_context_parallel(group)
+        try:
+            logits_r, loss_r = model(idx[:, lo:hi], targets[:, lo:hi], attn_mask=mask[:, lo:hi], loss_chunk=loss_chunk)
+            loss_r.backward()
+        finally:
+            model.set_context_parallel(None)
+        torch.testing.assert_close(loss_r, loss, **TOL)
+        if logits is not None:
+            torch.testing.assert_close(logits_r, logits[:, lo:hi], **TOL)
+        for k, p in model.named_parameters():
+            mean = p.grad.clone()
+            dist.all_reduce(mean, group=group)
+            torch.testing.assert_close(mean / len(sizes), full[k], **TOL, msg=k)
+    with pytest.raises(ValueError, match="ring attention"):
+        GPTLM(vocab_size=11, dim=8, depth=1, num_heads=2).set_context_parallel(group)
+
+
 def _worker(rank: int, world: int, store: str) -> None:
     _init(rank, world, store)
     group = dist.group.WORLD
     _collectives(group)
+    _check_lm(group, {2: [5, 4], 3: [4, 1, 4]}[world])
     # chunk sizes in rank order: uneven, one rank with a single token
     sizes = {2: [6, 1], 3: [3, 1, 5]}[world]
     for op in ("tssa", "causal_tssa"):

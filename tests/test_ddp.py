@@ -21,12 +21,14 @@ COMMON = dict(dataset="subspaces", steps=8, batch_size=32, lr=2e-3, warmup_steps
               tensorboard=False)
 
 
-def _cli_args():
+def cli_args(common, **mappings):
+    """``whiteformer train`` arguments for the options ``common`` and the dict options ``mappings``
+    (e.g. ``model_args={...}``)."""
     out = []
-    for k, v in COMMON.items():
+    for k, v in common.items():
         out += [f"--{k.replace('_', '-')}", str(v)]
-    out.append("model_args={" + ", ".join(f"{k}: {v}" for k, v in MODEL_ARGS.items()) + "}")
-    out.append("data_args={" + ", ".join(f"{k}: {v}" for k, v in DATA_ARGS.items()) + "}")
+    for name, mapping in mappings.items():
+        out.append(name + "={" + ", ".join(f"{k}: {v}" for k, v in mapping.items()) + "}")
     return out
 
 
@@ -34,7 +36,7 @@ def test_two_cpu_processes_match_one_process(tmp_path):
     ddp_out = tmp_path / "ddp"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "whiteformer",
-           "train", *_cli_args(), "--out", str(ddp_out)]
+           "train", *cli_args(COMMON, model_args=MODEL_ARGS, data_args=DATA_ARGS), "--out", str(ddp_out)]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "2 processes" in res.stdout

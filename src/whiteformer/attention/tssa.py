@@ -2,6 +2,10 @@
 
 Both map (B, N, C) -> (B, N, C): one projection ``qkv`` (C -> C, despite its name it is the
 single U of Eq. (31)), the operator per head, heads merged, output projection ``proj``.
+
+Both are :class:`~whiteformer.attention.context_parallel.ContextParallel`: after
+``layer.set_context_parallel(group)`` each rank of ``group`` passes its contiguous chunk of the
+tokens and gets exactly its rows of the unsplit layer (positions global).
 """
 from __future__ import annotations
 
@@ -15,13 +19,14 @@ from .._checks import check_divisible, check_mask, check_probability, check_tens
 from .._utils import zero_padded
 from ..ops.causal_tssa import CausalTSSAState, causal_tssa, causal_tssa_step
 from ..ops.tssa import tssa
+from .context_parallel import ContextParallel
 from .registry import register_attention
 
 __all__ = ["TSSA", "CausalTSSA"]
 
 
 @register_attention("tssa")
-class TSSA(nn.Module):
+class TSSA(ContextParallel, nn.Module):
     """Token Statistics Self-Attention layer (ToST Eq. (11); Algorithm 1).
 
     Parameters: ``qkv`` Linear(dim, dim, bias=qkv_bias), ``temp`` (H, 1) ones, ``proj``
@@ -73,14 +78,14 @@ class TSSA(nn.Module):
         # padded tokens take no part: zeroed inputs (NaN/inf reach nothing), outputs 0 (not the bias)
         w = rearrange(self.qkv(zero_padded(x, attn_mask)), "b n (h d) -> b h n d", h=self.num_heads)
         out, pi = tssa(w, self.temp, attn_mask, return_pi=True, attn_drop=self.attn_drop, training=self.training,
-                       normalize=self.normalize)
+                       normalize=self.normalize, group=self.context_parallel_group)
         y = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
         y = zero_padded(y, attn_mask)
         return (y, {"pi": pi}) if return_pi else y
 
 
 @register_attention("causal_tssa")
-class CausalTSSA(nn.Module):
+class CausalTSSA(ContextParallel, nn.Module):
     """Causal TSSA layer (ToST Appendix B Eq. (28), memberships Eq. (39); Algorithm 2).
 
     Parameters: ``qkv`` Linear(dim, dim, bias=qkv_bias), ``temp`` (H, 1) ones, ``pos_bias``
@@ -123,7 +128,8 @@ class CausalTSSA(nn.Module):
         attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
         w = rearrange(self.qkv(zero_padded(x, attn_mask)), "b n (h d) -> b h n d", h=self.num_heads)
         out, pi, state = causal_tssa(w, self.temp, self.pos_bias, attn_mask, return_pi=True, return_state=True,
-                                     attn_drop=self.attn_drop, training=self.training)
+                                     attn_drop=self.attn_drop, training=self.training,
+                                     group=self.context_parallel_group)
         y = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
         return zero_padded(y, attn_mask), pi, state
 
@@ -135,7 +141,8 @@ class CausalTSSA(nn.Module):
 
     def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None
                 ) -> Tuple[torch.Tensor, CausalTSSAState]:
-        """Like :meth:`forward`, also returning the state after the last (real) token."""
+        """Like :meth:`forward`, also returning the state after the last (real) token (of this
+        rank's chunk, when context-parallel)."""
         y, _, state = self._run(x, attn_mask)
         return y, state
 
@@ -143,6 +150,9 @@ class CausalTSSA(nn.Module):
              ) -> Tuple[torch.Tensor, CausalTSSAState]:
         """One token x_t (B, C) -> (y_t (B, C), new state); memory independent of position."""
         check_tensor(x_t, "x_t", 2)
+        if self.context_parallel_group is not None:
+            raise ValueError("CausalTSSA.step runs on one process: call set_context_parallel(None) before "
+                             "generating (the state of a split prefill is on the group's last rank)")
         if x_t.shape[-1] != self.dim:
             raise ValueError(f"x_t must have shape (B, {self.dim}), got {tuple(x_t.shape)}")
         w_t = rearrange(self.qkv(x_t), "b (h d) -> b h d", h=self.num_heads)

@@ -17,6 +17,14 @@ parameters, which use the layer names ``qkv`` / ``proj`` / ``pos_bias`` (officia
 
 Generation: ToST keeps the constant-size recurrent state of causal TSSA (constant memory and
 time per token); GPT keeps a key/value cache.
+
+Context parallelism (ToST only): after ``model.set_context_parallel(group)`` each rank of the
+``torch.distributed`` group passes its contiguous chunk of every sequence (rank order = sequence
+order, chunks may differ in length) to :meth:`CausalLM.forward`; positions are global, each rank
+gets its rows of the logits, and the loss is the mean over all ranks' targets (the same value on
+every rank). Its backward gives each rank ``R`` times its share of the parameter gradient
+(``R`` the group size), so the *mean* of the gradients over the group (what
+DistributedDataParallel does) is the unsplit gradient.
 """
 from __future__ import annotations
 
@@ -28,9 +36,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .._checks import check_divisible, check_mask, check_probability, is_int, is_real
+from .._checks import check_divisible, check_mask, check_probability, is_int, is_real, stats_dtype
 from ..attention.causal import CausalAttention, CausalSelfAttention, KVCache
+from ..attention.context_parallel import ContextParallel
 from ..attention.tssa import CausalTSSA
+from ..ops.context_parallel import all_reduce_sum, chunk_layout
 from ..ops.linear_cross_entropy import linear_cross_entropy
 from .checkpoint import PretrainedMixin
 from ..layers import feature_take_indices
@@ -98,7 +108,7 @@ class LMBlock(nn.Module):
         return self._finish(x_t, h), state
 
 
-class CausalLM(PretrainedMixin, nn.Module):
+class CausalLM(ContextParallel, PretrainedMixin, nn.Module):
     """Shared shell of :class:`ToSTLM` and :class:`GPTLM` (see the module docstring).
 
     Subclasses provide ``_make_attn(i)`` and ``_attn_len_limit()``.
@@ -198,9 +208,21 @@ class CausalLM(PretrainedMixin, nn.Module):
         if lo < 0 or hi >= self.vocab_size:
             raise ValueError(f"{name} has token ids in [{lo}, {hi}], expected [0, {self.vocab_size - 1}]")
 
-    def _check_attn_mask(self, attn_mask, idx: torch.Tensor) -> Optional[torch.Tensor]:
+    def check_context_parallel(self) -> None:
+        for i, blk in enumerate(self.transformer.h):
+            if not isinstance(blk.attn, ContextParallel):
+                raise ValueError(f"{type(self).__name__} cannot run context-parallel: block {i}'s attention "
+                                 f"({type(blk.attn).__name__}) mixes token contents and would need the keys and values "
+                                 "of the other ranks (ring attention); context parallelism is for ToST (TSSA) models")
+
+    def _one_process(self, what: str) -> None:
+        if self.context_parallel_group is not None:
+            raise ValueError(f"{what} runs on one process; the model is context-parallel (call "
+                             "set_context_parallel(None) first)")
+
+    def _check_attn_mask(self, attn_mask, idx: torch.Tensor, whole: bool = True) -> Optional[torch.Tensor]:
         """A (B, T) keep-mask (bool, or 0/1 integers as in ``transformers``) -> bool or None;
-        every sequence needs at least one real token."""
+        every sequence needs at least one real token (``whole=False``: checked by the caller)."""
         if attn_mask is None:
             return None
         if isinstance(attn_mask, torch.Tensor) and attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
@@ -208,7 +230,7 @@ class CausalLM(PretrainedMixin, nn.Module):
                 raise ValueError("attn_mask must hold 0/1 (or bool) values, 1/True = real token")
             attn_mask = attn_mask.bool()
         attn_mask = check_mask(attn_mask, idx.shape[0], idx.shape[1])
-        if not bool(attn_mask.any(dim=1).all()):
+        if whole and not bool(attn_mask.any(dim=1).all()):
             raise ValueError("attn_mask has a sequence without any real token (an all-False row)")
         return attn_mask
 
@@ -245,11 +267,18 @@ class CausalLM(PretrainedMixin, nn.Module):
     def forward_features(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """idx (B, T) token ids, attn_mask (B, T) keep-mask (None: no padding; left or right
         padding allowed) -> final hidden states after ``ln_f`` (B, T, D). Each real token sees
-        the real tokens of its own sequence only, at positions counted among them."""
+        the real tokens of its own sequence only, at positions counted among them. Context-parallel
+        (see the module docstring): idx and attn_mask are this rank's chunk, positions global."""
         self._check_idx(idx)
-        attn_mask = self._check_attn_mask(attn_mask, idx)
-        self._check_len(self._real_len(idx, attn_mask))
-        x = self._embed(idx, 0, attn_mask)
+        group = self.context_parallel_group
+        attn_mask = self._check_attn_mask(attn_mask, idx, whole=group is None)
+        start, real = 0, self._real_len(idx, attn_mask)
+        if group is not None:
+            start, _, real = chunk_layout(idx, group, attn_mask, name="idx", token_dim=1)
+            if isinstance(real, torch.Tensor) and not bool((real > 0).all()):
+                raise ValueError("attn_mask has a sequence without any real token on any rank (an all-False row)")
+        self._check_len(real)
+        x = self._embed(idx, start, attn_mask)
         for blk in self.transformer.h:
             x = blk(x, attn_mask)
         return self.transformer.ln_f(x)
@@ -268,6 +297,8 @@ class CausalLM(PretrainedMixin, nn.Module):
         :func:`whiteformer.ops.linear_cross_entropy`, so the (B, T, V) logits (1.6 GB in float32
         for 8k tokens of a 50k vocabulary, kept for backward) are never formed; returns
         ``(None, loss)`` with the same loss and gradients as the plain path.
+
+        Context-parallel: the loss is the mean over the targets of every rank of the group.
         """
         if loss_chunk is not None and targets is None:
             raise ValueError("loss_chunk needs targets (it computes the loss without forming the logits)")
@@ -278,6 +309,14 @@ class CausalLM(PretrainedMixin, nn.Module):
                                  f"{getattr(targets, 'shape', type(targets).__name__)}")
             if targets.dtype.is_floating_point or targets.dtype == torch.bool:
                 raise TypeError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
+        if loss_chunk is not None and self.context_parallel_group is not None:
+            flat = targets.reshape(-1).long()
+            counted = (flat != -1).sum()
+            total = (h * 0.0).sum()
+            if bool(counted):
+                total = linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.lm_head.weight, flat,
+                                             chunk_size=loss_chunk, ignore_index=-1) * counted
+            return None, self._mean_loss(total, counted)
         if loss_chunk is not None:
             flat = targets.reshape(-1).long()
             if not bool((flat != -1).any()):
@@ -290,19 +329,26 @@ class CausalLM(PretrainedMixin, nn.Module):
         loss = None
         if targets is not None:
             flat = targets.reshape(-1).long()
-            total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), flat, ignore_index=-1,
-                                    reduction="sum")
-            counted = (flat != -1).sum()
-            if not bool(counted):  # every target ignored: 0 (not 0/0 = NaN), still part of the graph
-                warnings.warn("every target is -1 (ignored): the loss is 0", RuntimeWarning, stacklevel=2)
-            loss = total / counted.clamp_min(1)
+            total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).to(stats_dtype(logits)), flat,
+                                    ignore_index=-1, reduction="sum")
+            loss = self._mean_loss(total, (flat != -1).sum())
         return logits, loss
+
+    def _mean_loss(self, total: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
+        """``total / counted``, both summed over the context-parallel group when there is one."""
+        group = self.context_parallel_group
+        if group is not None:
+            total, counted = all_reduce_sum(total, group), all_reduce_sum(counted, group)
+        if not bool(counted):  # every target ignored: 0 (not 0/0 = NaN), still part of the graph
+            warnings.warn("every target is -1 (ignored): the loss is 0", RuntimeWarning, stacklevel=3)
+        return total / counted.clamp_min(1)
 
     def forward_intermediates(self, idx: torch.Tensor, indices: Optional[Union[int, Sequence[int]]] = None,
                               norm: bool = False, stop_early: bool = False, intermediates_only: bool = False):
         """timm-style: outputs of the blocks selected by ``indices`` (None: all, int n: last n,
         list: those), each (B, T, D) (``ln_f`` applied when ``norm``). Returns the list when
         ``intermediates_only``, else ``(final hidden after ln_f, list)``."""
+        self._one_process("forward_intermediates")
         self._check_idx(idx)
         self._check_len(idx.shape[1])
         take, max_index = feature_take_indices(self.depth, indices)
@@ -322,6 +368,7 @@ class CausalLM(PretrainedMixin, nn.Module):
     # ---- recurrent / cached inference ------------------------------------------------------------
     def _prefill_hidden(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor] = None
                         ) -> Tuple[torch.Tensor, LMState]:
+        self._one_process("prefill / generation")
         self._check_idx(idx)
         attn_mask = self._check_attn_mask(attn_mask, idx)
         real = self._real_len(idx, attn_mask)
@@ -346,6 +393,7 @@ class CausalLM(PretrainedMixin, nn.Module):
         ToST: constant memory and time per token; GPT: the key/value cache grows by one token.
         Raises ``ValueError`` past the context limit (see :attr:`context_limit`).
         """
+        self._one_process("step")
         if not isinstance(idx_t, torch.Tensor) or idx_t.dim() != 1:
             raise ValueError(f"idx_t must be a (B,) tensor of token ids, got "
                              f"{getattr(idx_t, 'shape', type(idx_t).__name__)}")
@@ -413,6 +461,7 @@ class CausalLM(PretrainedMixin, nn.Module):
         recurrent state or cache is rebuilt from it, since the positions shift). ``crop=False``
         raises ``ValueError`` before generating instead. Without a limit nothing is cropped.
         """
+        self._one_process("generate")
         self._check_idx(idx)
         _check_pos_int(max_new_tokens, "max_new_tokens", 0)
         if not is_real(temperature) \

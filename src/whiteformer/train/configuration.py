@@ -100,6 +100,9 @@ class TrainConfig:
     epochs: int = _h("training epochs (image / sequence datasets)", default=30)
     steps: int = _h("total optimizer steps; > 0 overrides epochs (required for text)", default=0)
     batch_size: int = _h("global batch size (split over the DDP processes)", default=64)
+    context_parallel: int = _h("split every training sequence over this many processes (context parallelism, "
+                               "under torchrun; text datasets and ToST language models); the WORLD_SIZE / R groups "
+                               "of R consecutive ranks are data-parallel", default=1)
     lr: float = _h("peak learning rate (AdamW)", default=1e-3)
     min_lr: float = _h("final learning rate (cosine, linear) or floor (inverse_sqrt) of the schedule", default=1e-5)
     schedule: str = _h("learning-rate decay after the linear warm-up: cosine, linear, inverse_sqrt "
@@ -155,6 +158,9 @@ class TrainConfig:
         _check(self.translate >= 0, f"translate must be >= 0 pixels, got {self.translate}")
         _check(0 <= self.flip <= 1, f"flip must be a probability in [0, 1], got {self.flip}")
         _check(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")
+        _check(self.context_parallel >= 1, f"context_parallel must be >= 1, got {self.context_parallel}")
+        _check(self.block_size >= self.context_parallel,
+               f"block_size {self.block_size} must be >= context_parallel {self.context_parallel} (a token per process)")
         _check(self.ckpt_every >= 0 and self.eval_every >= 0 and self.log_every >= 1,
                "ckpt_every and eval_every must be >= 0, log_every >= 1")
         _check(self.keep_last >= 1, f"keep_last must be >= 1, got {self.keep_last}")

@@ -1,7 +1,10 @@
 """Data-parallel training support (``torchrun --nproc_per_node=N -m whiteformer train ...``).
 
 - :func:`setup`: reads torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), initialises
-  the process group (``nccl`` on CUDA, ``gloo`` on CPU) and picks the device.
+  the process group (``nccl`` on CUDA, ``gloo`` on CPU) and picks the device. With context
+  parallelism ``R`` (``--context-parallel R``) the ranks form ``WORLD_SIZE / R`` groups of ``R``
+  consecutive ranks; each group shares a slice of the batch and splits its sequences (group rank
+  order = sequence order), the groups are data-parallel.
 - :func:`convert_sync_batchnorm`: BatchNorm layers (the conv patch embedding of the ToST shell) must
   see the statistics of the *global* batch for data-parallel training to equal one process with the
   same global batch. On CUDA this is ``torch.nn.SyncBatchNorm``; torch's SyncBatchNorm does not run
@@ -17,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-__all__ = ["DistInfo", "setup", "cleanup", "resolve_device", "convert_sync_batchnorm", "CPUSyncBatchNorm",
+__all__ = ["DistInfo", "setup", "token_chunk", "cleanup", "resolve_device", "convert_sync_batchnorm", "CPUSyncBatchNorm",
            "all_reduce_sum", "all_gather_object", "barrier"]
 
 
@@ -27,6 +30,22 @@ class DistInfo:
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+    cp_size: int = 1  # processes per context-parallel group (1: none)
+    cp_group: Any = None  # this rank's context-parallel process group
+
+    @property
+    def cp_rank(self) -> int:
+        """Position of this rank's chunk in the sequence."""
+        return self.rank % self.cp_size
+
+    @property
+    def dp_rank(self) -> int:
+        """Which data-parallel slice of the batch this rank's group reads."""
+        return self.rank // self.cp_size
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size // self.cp_size
 
     @property
     def enabled(self) -> bool:
@@ -53,18 +72,37 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
     return device
 
 
-def setup(device: str = "auto") -> DistInfo:
-    """Initialise distributed training when launched by torchrun (WORLD_SIZE > 1)."""
+def setup(device: str = "auto", context_parallel: int = 1) -> DistInfo:
+    """Initialise distributed training when launched by torchrun (WORLD_SIZE > 1), with
+    ``context_parallel`` consecutive ranks per context-parallel group."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
+    if context_parallel > 1 and world % context_parallel:
+        raise ValueError(f"--context-parallel {context_parallel} needs a number of processes divisible by it, got "
+                         f"WORLD_SIZE={world} (launch with torchrun --nproc_per_node=R*D)")
     dev = resolve_device(device, local)
     if world > 1 and not dist.is_initialized():
         backend = "nccl" if dev.type == "cuda" else "gloo"
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         dist.init_process_group(backend=backend, rank=rank, world_size=world)
-    return DistInfo(rank=rank, world_size=world, local_rank=local, device=dev)
+    cp_group = None
+    if context_parallel > 1:
+        for first in range(0, world, context_parallel):  # every rank creates every group
+            group = dist.new_group(list(range(first, first + context_parallel)))
+            if first <= rank < first + context_parallel:
+                cp_group = group
+    return DistInfo(rank=rank, world_size=world, local_rank=local, device=dev, cp_size=context_parallel,
+                    cp_group=cp_group)
+
+
+def token_chunk(n: int, index: int, parts: int) -> slice:
+    """The ``index``-th of ``parts`` contiguous chunks of ``n`` tokens (the first ``n % parts``
+    chunks one token longer): a context-parallel rank's share of a sequence."""
+    base, extra = divmod(n, parts)
+    lo = index * base + min(index, extra)
+    return slice(lo, lo + base + (index < extra))
 
 
 def cleanup() -> None:

@@ -105,6 +105,8 @@ class Trainer:
         self.warmup = cfg.warmup_steps or int(round(cfg.warmup_epochs * self.steps_per_epoch))
 
         model = model.to(dist.device)
+        if dist.cp_size > 1:
+            self._context_parallel(model)
         if dist.enabled:
             model = D.convert_sync_batchnorm(model, dist.device)
         self.module = model  # the plain model (what is saved)
@@ -132,6 +134,17 @@ class Trainer:
         self.start_step = 0
         self.prev_train_time = 0.0
         self._resume()
+
+    def _context_parallel(self, model: nn.Module) -> None:
+        """Split every sequence over the rank's context-parallel group (language models only; the
+        loss is the group's mean, so DDP's gradient mean over all ranks is the unsplit gradient)."""
+        if self.task.kind != "lm" or not hasattr(model, "set_context_parallel"):
+            raise ConfigError(f"--context-parallel needs a language-model task (text data) and a ToST language "
+                              f"model (tost_lm_*); got dataset {self.cfg.dataset!r} and model {self.cfg.model!r}")
+        try:
+            model.set_context_parallel(self.dist.cp_group)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
 
     # ------------------------------------------------------------------ run directory
     def _prepare_run_dir(self) -> None:
@@ -246,6 +259,7 @@ class Trainer:
                  f"({len(self.train_ds)} train / {len(self.eval_ds)} {cfg.eval_split}), {self.total_steps} steps "
                  f"({self.steps_per_epoch} per epoch), batch {cfg.batch_size}, device {dist.device}"
                  + (f", {dist.world_size} processes" if dist.enabled else "")
+                 + (f" (context-parallel {dist.cp_size} x data-parallel {dist.dp_size})" if dist.cp_size > 1 else "")
                  + f", {torch.get_num_threads()} threads")
         logger = MetricsLogger(self.run_dir, enabled=self.main, tensorboard=cfg.tensorboard)
         pbar = None
@@ -382,6 +396,8 @@ class Trainer:
                     "run_dir": str(self.run_dir)}
             if cfg.report:
                 report_model = self._eval_model()
+                if self.dist.cp_size > 1:  # the report's analyses and samples run on this process alone
+                    report_model.set_context_parallel(None)
                 results["report"] = str(write_report_safe(self.run_dir, report_model, self.task, results, info,
                                                           cfg.report_images, self.say))
             results["final_dir"] = str(self.run_dir / ("final_ema" if self.ema is not None else "final"))
@@ -413,7 +429,7 @@ def train(cfg: TrainConfig, command: str = "", post_step=()) -> Dict[str, Any]:
         torch.use_deterministic_algorithms(True)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     try:
-        dist = D.setup(cfg.device)
+        dist = D.setup(cfg.device, cfg.context_parallel)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     try:

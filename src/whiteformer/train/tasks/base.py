@@ -55,13 +55,15 @@ class Task:
     def __init__(self, train_ds, eval_ds, batch_size: int = 64, seed: int = 0, dist: Optional[DistInfo] = None,
                  bf16: bool = False):
         dist = dist or DistInfo()
-        if batch_size % dist.world_size:
+        if batch_size % dist.dp_size:
             raise ValueError(f"batch_size {batch_size} must be divisible by the number of processes "
-                             f"{dist.world_size} (it is the global batch)")
+                             f"{dist.dp_size} (it is the global batch)"
+                             + (f"; with context parallelism {dist.cp_size}, the data-parallel groups" if dist.cp_size > 1
+                                else ""))
         self.train_ds, self.eval_ds = train_ds, eval_ds
         self.batch_size, self.seed, self.dist = batch_size, seed, dist
-        self.local_batch = batch_size // dist.world_size
-        self.lo = dist.rank * self.local_batch
+        self.local_batch = batch_size // dist.dp_size
+        self.lo = dist.dp_rank * self.local_batch
         self.hi = self.lo + self.local_batch
         self.device = dist.device
         self.bf16 = bf16

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.nn as nn
 
-from ..distributed import DistInfo, all_reduce_sum
+from ..distributed import DistInfo, all_reduce_sum, token_chunk
 from .base import ReportContext, Task, check_token_model, seeded_generator
 
 __all__ = ["LMTask"]
@@ -70,7 +70,15 @@ class LMTask(Task):
     def train_batch(self, step: int):
         high = len(self.train_ds) - self.block_size
         starts = torch.randint(0, high, (self.batch_size,), generator=seeded_generator(self.seed, 3, step))
-        return self._to(*self.train_ds.get_windows(starts[self.lo:self.hi], self.block_size))
+        return self._to(*self._chunk(*self.train_ds.get_windows(starts[self.lo:self.hi], self.block_size)))
+
+    def _chunk(self, *windows: torch.Tensor):
+        """This rank's contiguous share of the window's tokens under context parallelism (the
+        model combines the ranks' statistics; see ``--context-parallel``), else the windows."""
+        if self.dist.cp_size == 1:
+            return windows
+        part = token_chunk(windows[0].shape[1], self.dist.cp_rank, self.dist.cp_size)
+        return tuple(w[:, part] for w in windows)
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor):
         with self.autocast():
@@ -88,12 +96,12 @@ class LMTask(Task):
         ds = ds if ds is not None else self.eval_ds
         was_training = model.training
         model.eval()
-        starts = self.eval_starts(ds)[self.dist.rank::self.dist.world_size]
+        starts = self.eval_starts(ds)[self.dist.dp_rank::self.dist.dp_size]
         tot = torch.zeros(2, dtype=torch.float64, device=self.device)
         for i in range(0, len(starts), self.local_batch):
-            x, y = self._to(*ds.get_windows(starts[i:i + self.local_batch], self.block_size))
+            x, y = self._to(*self._chunk(*ds.get_windows(starts[i:i + self.local_batch], self.block_size)))
             with self.autocast():
-                _, loss = model(x, targets=y)
+                _, loss = model(x, targets=y)  # context-parallel: the mean over the group's chunks
             tot[0] += loss.double() * y.numel()
             tot[1] += y.numel()
         all_reduce_sum(tot)

@@ -1,0 +1,63 @@
+"""``whiteformer train --context-parallel 2`` under torchrun (2 CPU processes, gloo): every training
+sequence split over the two processes gives the same model and losses as one process (issue 26)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+from test_ddp import cli_args
+
+from whiteformer.train import TrainConfig, train
+from whiteformer.train.configuration import ConfigError
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+# global position embedding and position bias: the chunks' positions must be global
+MODEL_ARGS = {"dim": 16, "depth": 2, "num_heads": 2, "pos_emb": True, "pos_bias": True}
+COMMON = dict(model="tost_lm_base", dataset="text", steps=4, batch_size=4, block_size=15, lr=3e-3, warmup_steps=1,
+              eval_batches=1, ckpt_every=4, log_every=2, num_threads=1, seed=3, progress=False, report=False,
+              tensorboard=False)
+
+
+def test_two_processes_split_sequences_match_one_process(tmp_path):
+    cp_out = tmp_path / "cp"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "whiteformer",
+           "train", *cli_args(COMMON, model_args=MODEL_ARGS), "--context-parallel", "2", "--out", str(cp_out)]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "context-parallel 2 x data-parallel 1" in res.stdout
+
+    n = torch.get_num_threads()
+    try:
+        train(TrainConfig(model_args=dict(MODEL_ARGS), out=str(tmp_path / "one"), **COMMON))
+    finally:
+        torch.set_num_threads(n)
+    a = load_file(str(cp_out / "final" / "model.safetensors"))
+    b = load_file(str(tmp_path / "one" / "final" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+    logs = [[json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (cp_out, tmp_path / "one")]
+    pairs = list(zip(*[[r for r in log if "train_loss" in r or "eval_loss" in r] for log in logs]))
+    assert len(pairs) >= 3
+    for r, s in pairs:
+        for key in ("train_loss", "eval_loss"):
+            if key in s:
+                assert r[key] == pytest.approx(s[key], rel=1e-5), (key, r, s)
+
+
+def test_context_parallel_refusals(tmp_path):
+    from whiteformer.train.distributed import token_chunk
+
+    assert [token_chunk(7, i, 3) for i in range(3)] == [slice(0, 3), slice(3, 5), slice(5, 7)]
+    with pytest.raises(ConfigError, match="block_size 1 must be >= context_parallel 2"):
+        TrainConfig(context_parallel=2, block_size=1).validate()
+    with pytest.raises(ConfigError, match="divisible by it, got WORLD_SIZE=1"):
+        train(TrainConfig(model_args=dict(MODEL_ARGS), out=str(tmp_path / "x"), context_parallel=2, **COMMON))
