@@ -26,6 +26,7 @@ be saved: tuples come back as lists); override ``convert_state_dict`` to accept 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import inspect
 import json
@@ -41,6 +42,7 @@ import torch.nn as nn
 from .._utils import to_jsonable
 
 __all__ = [
+    "CheckpointFileError",
     "PretrainedMixin",
     "load_checkpoint",
     "read_aliases",
@@ -59,6 +61,15 @@ _ALIAS_KEY = "whiteformer_aliases"
 _PREFIXES = ("module.", "_orig_mod.")
 
 PathLike = Union[str, os.PathLike]
+
+
+class CheckpointFileError(ValueError):
+    """A checkpoint or ``config.json`` that cannot be read: truncated, corrupt, or not in the
+    format its name says; ``path`` names the file (the message does too)."""
+
+    def __init__(self, path, problem: str):
+        self.path = str(path)
+        super().__init__(f"{self.path!r} {problem}")
 
 
 # ----------------------------------------------------------------------------- init-kwargs capture
@@ -204,8 +215,14 @@ def read_config(path: PathLike) -> Optional[Dict[str, Any]]:
     cfg = path / CONFIG_NAME if path.is_dir() else None
     if cfg is None or not cfg.is_file():
         return None
-    with open(cfg, encoding="utf-8") as f:
-        config = json.load(f)
+    try:
+        with open(cfg, encoding="utf-8") as f:
+            config = json.load(f)
+    except json.JSONDecodeError as err:
+        raise CheckpointFileError(cfg, f"is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}") \
+            from None
+    except UnicodeDecodeError as err:
+        raise CheckpointFileError(cfg, f"is not a UTF-8 text file (JSON expected): {err.reason}") from None
     if not isinstance(config, dict) or not isinstance(config.get("init_kwargs", {}), dict):
         raise ValueError(f"{str(cfg)!r} is not a whiteformer config (expected an object with 'init_kwargs')")
     return config
@@ -236,19 +253,29 @@ def read_aliases(path: PathLike) -> Dict[str, str]:
         path = path / WEIGHTS_NAME
     if path.suffix != ".safetensors" or not path.is_file():
         return {}
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt", device="cpu") as f:
+    with _open_safetensors(path) as f:
         return _aliases(f.metadata() or {}, set(f.keys()), path)
+
+
+@contextlib.contextmanager
+def _open_safetensors(path: Path):
+    """``safe_open(path)`` whose errors (a ``SafetensorError`` that names no file: truncated,
+    corrupt header, ...) become a :class:`CheckpointFileError` naming ``path``."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            yield f
+    except SafetensorError as err:
+        raise CheckpointFileError(path, f"is not a readable safetensors file (truncated or corrupt?): {err}") \
+            from None
 
 
 def _load_safetensors(path: Path) -> Dict[str, torch.Tensor]:
     """Tensors of a safetensors file, tied tensors stored once filled back from the alias metadata.
     An alias that names a tensor the file also stores must be equal to its target (else refused)."""
-    from safetensors import safe_open
-
     out: Dict[str, torch.Tensor] = {}
-    with safe_open(str(path), framework="pt", device="cpu") as f:
+    with _open_safetensors(path) as f:
         meta = f.metadata() or {}
         for k in f.keys():
             out[k] = f.get_tensor(k)
@@ -273,14 +300,43 @@ def _check_aliases_tied(model: nn.Module, aliases: Mapping[str, str], path) -> N
                              "(the file's metadata does not match this model)")
 
 
+#: words of torch's weights-only unpickler when a file holds objects it refuses (globals, classes);
+#: any other unpickling failure means the bytes are not a pickle at all
+_REFUSED_OBJECT = ("GLOBAL", "global", "allowlist", "Can only")
+
+
 def _torch_load(path: Path):
+    """``torch.load(path, weights_only=True)`` (``argparse.Namespace`` allowed); a file that is not
+    a torch checkpoint at all is a :class:`CheckpointFileError`, a pickle holding objects other
+    than tensors stays torch's ``UnpicklingError`` (refused: such objects could run code)."""
+    import pickle
+
     try:
-        return torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - retried once with argparse.Namespace allowed
-        if "Namespace" not in str(err) or not hasattr(torch.serialization, "safe_globals"):
-            raise
-        with torch.serialization.safe_globals([argparse.Namespace]):
+        try:
             return torch.load(str(path), map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as err:  # retried once with argparse.Namespace allowed
+            if "Namespace" not in str(err) or not hasattr(torch.serialization, "safe_globals"):
+                raise
+            with torch.serialization.safe_globals([argparse.Namespace]):
+                return torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if any(w in str(err) for w in _REFUSED_OBJECT):
+            raise
+        raise CheckpointFileError(path, f"is not a valid torch checkpoint (not a pickle of tensors: "
+                                        f"{_torch_problem(err)})") from None
+    except OSError:
+        raise  # the file system's word (permission, missing file) names the file itself
+    except Exception as err:  # noqa: BLE001 - garbage bytes fail anywhere in the unpickler / zip reader
+        raise CheckpointFileError(path, f"is not a valid torch checkpoint (truncated or corrupt?): "
+                                        f"{type(err).__name__}: {_torch_problem(err)}") from None
+
+
+def _torch_problem(err: BaseException) -> str:
+    """The telling line of torch.load's message (its weights-only failures start with a long preamble)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    telling = [ln for ln in lines if not ln.startswith(("Weights only load failed", "Please file an issue",
+                                                          "Check the documentation", "WeightsUnpickler error"))]
+    return (telling or lines or [type(err).__name__])[0][:200]
 
 
 def _strip_prefixes(state_dict: Mapping[str, Any]) -> Dict[str, Any]:
@@ -331,7 +387,7 @@ def read_state_dict(path: PathLike) -> Dict[str, torch.Tensor]:
     return _strip_prefixes(sd)
 
 
-def _fmt(keys: List[str], limit: int = 20) -> str:
+def _fmt(keys: List[str], limit: int = 5) -> str:
     more = f" ... (+{len(keys) - limit} more)" if len(keys) > limit else ""
     return ", ".join(keys[:limit]) + more
 
@@ -348,6 +404,23 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
         if k in state_dict and tuple(state_dict[k].shape) != tuple(own[k].shape)
     )
     return {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
+
+
+def _dtype_kind(dtype: torch.dtype) -> str:
+    return ("bool" if dtype == torch.bool else "complex" if dtype.is_complex
+            else "floating-point" if dtype.is_floating_point else "integer")
+
+
+def _check_dtype_kinds(model: nn.Module, state_dict: Mapping[str, torch.Tensor], path) -> None:
+    """A tensor of the checkpoint must be of the same kind as the model's (floating point, integer,
+    bool, complex): ``load_state_dict`` would cast int64 weights to float (or floats to integer
+    buffers) silently."""
+    own = model.state_dict()
+    for key, value in state_dict.items():
+        if key in own and _dtype_kind(value.dtype) != _dtype_kind(own[key].dtype):
+            raise ValueError(f"checkpoint {str(path)!r}: {key!r} holds {_dtype_kind(value.dtype)} values "
+                             f"({value.dtype}) where the model has {own[key].dtype}; refusing to cast them "
+                             "(a corrupted file, or the checkpoint of another model)")
 
 
 def load_checkpoint(model: nn.Module, path: PathLike, strict: bool = True,
@@ -374,18 +447,19 @@ def load_checkpoint(model: nn.Module, path: PathLike, strict: bool = True,
             reset = sorted(k for k in set(sd) | set(model.state_dict()) if under(k))
             sd = {k: v for k, v in sd.items() if not under(k)}
             sd.update({k: v for k, v in model.state_dict().items() if under(k)})
+    _check_dtype_kinds(model, sd, path)
     report = check_state_dict(model, sd)
     if any(report.values()):
         if strict:
-            lines = [f"checkpoint {str(path)!r} does not fit {type(model).__name__}:"]
+            parts = []
             if report["missing"]:
-                lines.append(f"  missing keys ({len(report['missing'])}): {_fmt(report['missing'])}")
+                parts.append(f"missing keys ({len(report['missing'])}): {_fmt(report['missing'])}")
             if report["unexpected"]:
-                lines.append(f"  unexpected keys ({len(report['unexpected'])}): {_fmt(report['unexpected'])}")
+                parts.append(f"unexpected keys ({len(report['unexpected'])}): {_fmt(report['unexpected'])}")
             if report["mismatched"]:
                 mm = [f"{k} {tuple(a)} vs model {tuple(b)}" for k, a, b in report["mismatched"]]
-                lines.append(f"  mismatched shapes ({len(mm)}): {_fmt(mm)}")
-            raise ValueError("\n".join(lines))
+                parts.append(f"mismatched shapes ({len(mm)}): {_fmt(mm)}")
+            raise ValueError(f"checkpoint {str(path)!r} does not fit {type(model).__name__}: " + "; ".join(parts))
         bad = {k for k, _, _ in report["mismatched"]} | set(report["unexpected"])
         sd = {k: v for k, v in sd.items() if k not in bad}
     model.load_state_dict(sd, strict=strict)

@@ -13,10 +13,11 @@ def user_error(err: BaseException) -> Optional[str]:
     import errno
     import pickle
 
+    from ..models.checkpoint import CheckpointFileError
     from .checkpoint import CheckpointError
     from .configuration import ConfigError
 
-    if isinstance(err, (ConfigError, CheckpointError, ImportError, FloatingPointError)):
+    if isinstance(err, (ConfigError, CheckpointError, CheckpointFileError, ImportError, FloatingPointError)):
         return str(err)
     if isinstance(err, pickle.UnpicklingError):
         return (f"refused to load a pickled file: it holds objects other than tensors, which could run code "
