@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -140,7 +141,8 @@ def test_analyze_eca_toy_small(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(eca_toy, "run", fake_run)
     monkeypatch.setattr(eca_toy, "_format_summary", lambda res: "summary", raising=False)
     assert main(["analyze", "eca-toy", "--out", str(tmp_path), "--small", "--seed", "2", "options.layers=3"]) == 0
-    assert calls == {"out": str(tmp_path), "seed": 2, "small": True, "plots": True, "layers": 3}
+    assert Path(calls.pop("out")).parent == tmp_path  # written beside, then moved into --out
+    assert calls == {"seed": 2, "small": True, "plots": True, "layers": 3}
     assert "summary" in capsys.readouterr().out
 
 

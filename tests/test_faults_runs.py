@@ -104,8 +104,9 @@ def test_a_non_run_directory_is_refused_and_overwrite_deletes_only_run_files(tmp
     capsys.readouterr()
     train(tiny_cfg(out, steps=2, overwrite=True))
     said = capsys.readouterr().out
-    assert "overwrite: deleting" in said and "config.yaml" in said and "notes.txt" not in said
+    assert "overwrite: moved" in said and "config.yaml" in said and "notes.txt" not in said
     assert (out / "notes.txt").read_text() == "keep me"  # not a file a run writes: kept
+    assert not [p for p in out.iterdir() if p.name.startswith(".overwritten-")]  # deleted once the run finished
     assert not (out / "final" / "weights.bin").exists() and (out / "final" / "model.safetensors").is_file()
 
 
@@ -145,11 +146,17 @@ def test_all_corrupt_checkpoints_are_quarantined_and_a_second_crash_keeps_progre
     for p in ckpts:  # every checkpoint corrupt
         with open(p / "model.safetensors", "r+b") as f:
             f.truncate(100)
-    # Resume: nothing valid, restart from 0, crash after 5 steps (checkpoints at 2 and 4 written).
-    with pytest.raises(Crash):
-        train(tiny_cfg(run, resume=True), post_step=[_crash_after(5)])
+    # Resume: nothing valid; it stops naming the quarantined checkpoints (issue 21, item 6: never
+    # start over in place of the run to continue).
+    with pytest.raises(ConfigError, match="corrupt-step_00000006, checkpoints/corrupt-step_00000008.*--overwrite"):
+        train(tiny_cfg(run, resume=True))
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
-    assert names == ["corrupt-step_00000006", "corrupt-step_00000008", "step_00000002", "step_00000004"]
+    assert names == ["corrupt-step_00000006", "corrupt-step_00000008"]
+    assert (run / "final" / "model.safetensors").is_file()
+    # --overwrite starts afresh: crash after 5 steps (checkpoints at 2 and 4 written).
+    with pytest.raises(Crash):
+        train(tiny_cfg(run, overwrite=True), post_step=[_crash_after(5)])
+    assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_00000002", "step_00000004"]
     # The second crash did not cost the progress: the next resume starts at step 4.
     with pytest.raises(Crash):
         train(tiny_cfg(run, resume=True), post_step=[_crash_after(1)])

@@ -147,6 +147,7 @@ def _command_line() -> str:
 @register_command("train", "train or fine-tune a model (resumable, DDP under torchrun)")
 def cmd_train(argv: List[str]) -> int:
     from .train import TrainConfig, train
+    from .train.outputs import say
 
     cfg = _config(TrainConfig, argv, "train", base=_resumed_run_config)
     if cfg is None:
@@ -154,11 +155,11 @@ def cmd_train(argv: List[str]) -> int:
     res = train(cfg, command=_command_line())
     if res.get("final_dir") is None:  # not the main process
         return 0
-    print(f"final {cfg.eval_split} {res['summary']}; training time {res['train_time_s']:.1f} s")
-    print(f"model: {res['final_dir']}")
+    say(f"final {cfg.eval_split} {res['summary']}; training time {res['train_time_s']:.1f} s")
+    say(f"model: {res['final_dir']}")
     if res.get("report"):
         figs = ", ".join(str(cfg.out) + "/" + f for f in res.get("figures", {}).values())
-        print(f"report: {res['report']}" + (f" (figures: {figs})" if figs else ""))
+        say(f"report: {res['report']}" + (f" (figures: {figs})" if figs else ""))
     return 0
 
 
@@ -268,7 +269,10 @@ def analysis_eca_toy(cfg) -> int:
         eca_toy.check_overrides(cfg.options)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    res = eca_toy.run(cfg.out, seed=cfg.seed, small=cfg.small, plots=cfg.plots, **cfg.options)
+    from .train.outputs import staged_output
+
+    with staged_output(cfg.out, overwrite=cfg.overwrite) as stage:
+        res = eca_toy.run(stage, seed=cfg.seed, small=cfg.small, plots=cfg.plots, **cfg.options)
     fmt = getattr(eca_toy, "_format_summary", None)
     if callable(fmt):
         print(fmt(res))
@@ -278,11 +282,13 @@ def analysis_eca_toy(cfg) -> int:
 
 @register_analysis("report", "re-create the report of a classification run (--checkpoint RUN --out DIR)")
 def analysis_report(cfg) -> int:
+    import shutil
     from pathlib import Path
 
     from .train.configuration import ConfigError
     from .train.distributed import DistInfo, resolve_device
     from .train.evaluate import load_model, resolve_checkpoint
+    from .train.outputs import check_output_dir, staged_output
     from .train.report import write_report
     from .train.tasks import build_task
 
@@ -291,16 +297,21 @@ def analysis_report(cfg) -> int:
     path, run = resolve_checkpoint(cfg.checkpoint)
     if not run:
         raise ConfigError(f"{str(path)!r} has no train_config.json (not a run written by whiteformer train)")
+    check_output_dir(cfg.out, overwrite=cfg.overwrite)  # before any work
     device = resolve_device("auto")
     model = load_model(path).to(device).eval()
     task = build_task(run["dataset"], data_dir=run.get("data_dir"), data_args=run.get("data_args", {}),
                       eval_split=run["eval_split"], dist=DistInfo(device=device),
                       **{k: run[k] for k in ("batch_size", "block_size", "eval_batches") if k in run})
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     results = {"final_eval": task.evaluate(model)}
     info = {"model": run["model"], "dataset": run["dataset"], "eval_split": run["eval_split"], "checkpoint": str(path)}
-    print(f"report: {write_report(out, model, task, results, info)}")
+    with staged_output(cfg.out, overwrite=cfg.overwrite) as stage:
+        metrics = [d / "metrics.jsonl" for d in (path.parent, path.parent.parent) if (d / "metrics.jsonl").is_file()]
+        if metrics:  # the run's training curves (read only; not written to --out)
+            shutil.copyfile(metrics[0], stage / "metrics.jsonl")
+        name = write_report(stage, model, task, results, info).name
+        (stage / "metrics.jsonl").unlink(missing_ok=True)
+    print(f"report: {Path(cfg.out) / name}")
     return 0
 
 

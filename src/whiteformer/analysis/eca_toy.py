@@ -440,7 +440,8 @@ def _format_summary(res: dict) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description="ECAttention toy experiment (paper 003, Sec. 4.1, Fig. 3/4/13, Table 10)")
-    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--out", required=True, help="output directory (missing or empty unless --overwrite)")
+    ap.add_argument("--overwrite", action="store_true", help="replace eca_toy.json and the figures in a non-empty --out")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--small", action="store_true", help="reduced size (d=64, n=200, L=3) for a quick check")
     ap.add_argument("--layers", type=int, default=None)
@@ -448,6 +449,8 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: fastest here)")
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
+    if Path(args.out).is_dir() and any(Path(args.out).iterdir()) and not args.overwrite:
+        ap.error(f"--out {args.out!r} is not empty; choose another --out or pass --overwrite")
     over = {k: v for k, v in (("layers", args.layers), ("epochs", args.epochs)) if v is not None}
     res = run(args.out, seed=args.seed, small=args.small, plots=not args.no_plots, num_threads=args.threads, **over)
     print(_format_summary(res))

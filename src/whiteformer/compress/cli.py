@@ -6,7 +6,9 @@
 
 writes ``DIR/model.safetensors`` + ``DIR/config.json`` (``save_pretrained``; loads back with
 ``create_model(name, checkpoint_path=DIR)``), ``DIR/compression_report.json`` and
-``DIR/compression_report.md`` (Table 1-style summary and per-block table).
+``DIR/compression_report.md`` (Table 1-style summary and per-block table). ``DIR`` must be missing or
+empty unless ``--overwrite`` (which replaces only these files), and is never the checkpoint's own
+directory, inside it, or a directory containing it: the source is never written to.
 
 Data, evaluation and fine-tuning go through :mod:`whiteformer.train`: the dataset's task
 (:func:`whiteformer.train.tasks.build_task`, images resized to the model's size) evaluates the
@@ -163,7 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--latency-runs", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
-    p.add_argument("--out", required=True, help="output directory (compressed checkpoint + report)")
+    p.add_argument("--out", required=True, help="output directory (compressed checkpoint + report): missing or "
+                   "empty, never the checkpoint's own directory or one that contains it")
+    p.add_argument("--overwrite", action="store_true",
+                   help="accept a non-empty --out: replace model.safetensors, config.json and compression_report.* "
+                        "there, keep the other files (the checkpoint's own directory is still refused)")
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -183,15 +189,34 @@ def _check_counts(args: argparse.Namespace) -> None:
     check_seed(args.seed, "--seed")
 
 
+def check_out(out, checkpoint, model_path: Path, overwrite: bool) -> Path:
+    """``--out`` if ``compress`` may write there: never the source model's directory, inside it, or a
+    directory containing it (symbolic links resolved), and empty unless ``overwrite``."""
+    from ..train.configuration import ConfigError
+    from ..train.outputs import check_output_dir
+
+    target = Path(out).expanduser().resolve()
+    model_dir = model_path.resolve() if model_path.is_dir() else model_path.resolve().parent
+    for src in (Path(checkpoint).expanduser().resolve(), model_path.resolve(), model_dir):
+        how = ("is" if target == src else "contains" if target in src.parents
+               else "is inside" if src == model_dir and model_dir in target.parents else None)
+        if how is not None:
+            raise ConfigError(f"--out {str(out)!r} {how} the checkpoint being compressed ({str(src)!r}); choose "
+                              f"another --out (the source is never written to, even with --overwrite)")
+    return check_output_dir(out, overwrite=overwrite)
+
+
 def _run(args: argparse.Namespace) -> int:
     from ..models import create_model
     from ..models.checkpoint import read_config
     from ..train.distributed import resolve_device
     from ..train.evaluate import resolve_checkpoint
+    from ..train.outputs import staged_output
     from .model import compress
 
     say = (lambda _m: None) if args.quiet else (lambda m: print(m, flush=True))
     ckpt, run = resolve_checkpoint(args.checkpoint, prefer_ema=True)  # run dir, final/ or a model dir/file
+    check_out(args.out, args.checkpoint, ckpt, args.overwrite)  # before any work
     if args.data is None and run:
         args.data, args.data_dir = run.get("dataset"), args.data_dir or run.get("data_dir")
     name = args.model
@@ -246,11 +271,13 @@ def _run(args: argparse.Namespace) -> int:
         report.extra["finetune"] = res
         report.extra["accuracy"]["finetuned"] = res["acc_after"]
     new.eval()
-    out = Path(args.out)
-    new.save_pretrained(out)
-    (out / "compression_report.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n", encoding="utf-8")
+    out = check_out(args.out, args.checkpoint, ckpt, args.overwrite)
     md = report.to_markdown()
-    (out / "compression_report.md").write_text(md, encoding="utf-8")
+    with staged_output(out, overwrite=args.overwrite) as stage:  # moved into --out only once all is written
+        new.save_pretrained(stage)
+        (stage / "compression_report.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n",
+                                                       encoding="utf-8")
+        (stage / "compression_report.md").write_text(md, encoding="utf-8")
     say(md)
     lat = report.latency or {}
     if lat.get("after_ms") and lat.get("before_ms") and lat["after_ms"] > lat["before_ms"]:

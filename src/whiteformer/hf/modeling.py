@@ -17,6 +17,8 @@ methods (``forward``, ``prefill``, ``step``); ``.whiteformer`` returns that mode
 """
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -49,6 +51,10 @@ def _refuse(output_attentions, output_hidden_states, return_dict, inputs_embeds=
             raise ValueError(f"{name} is not supported by whiteformer models; leave it unset")
     if return_dict is False:
         raise ValueError("return_dict=False is not supported; read the fields of the returned output")
+
+
+#: the names ``save_pretrained`` writes
+_WRITTEN = re.compile(r"(generation_)?config\.json|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json")
 
 
 class WhiteformerPreTrainedModel(PreTrainedModel):
@@ -90,6 +96,18 @@ class WhiteformerPreTrainedModel(PreTrainedModel):
         with torch.no_grad():
             model.whiteformer.load_state_dict(model.whiteformer.state_dict())
         return out
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """``PreTrainedModel.save_pretrained``, which (as for any ``transformers`` model) replaces the
+        files it writes in an existing directory (``config.json``, ``generation_config.json``,
+        ``model*.safetensors``, the shard index) and keeps the others; a symbolic link in the place of
+        one of those is removed first, so its target is never written through."""
+        folder = Path(save_directory)
+        if folder.is_dir():
+            for p in folder.iterdir():
+                if p.is_symlink() and _WRITTEN.fullmatch(p.name):
+                    p.unlink()
+        return super().save_pretrained(save_directory, *args, **kwargs)
 
     @property
     def whiteformer(self) -> nn.Module:

@@ -30,7 +30,8 @@ import torch
 import torch.nn as nn
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_training_checkpoint", "verify_checkpoint", "list_checkpoints",
-           "latest_checkpoint", "quarantine", "remove_stale_temporaries", "rng_state", "set_rng_state", "MANIFEST"]
+           "latest_checkpoint", "quarantine", "list_quarantined", "remove_stale_temporaries", "rng_state",
+           "set_rng_state", "MANIFEST"]
 
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.pt"
@@ -243,6 +244,12 @@ def quarantine(path: Path) -> Path:
         k += 1
     os.rename(path, dest)
     return dest
+
+
+def list_quarantined(root) -> List[str]:
+    """Names of the checkpoints under ``root`` that :func:`quarantine` moved aside, sorted."""
+    root = Path(root)
+    return sorted(p.name for p in root.iterdir() if p.name.startswith(_CORRUPT)) if root.is_dir() else []
 
 
 def latest_checkpoint(root, log: Callable[[str], None] = print,

@@ -124,7 +124,8 @@ class TrainConfig:
     num_threads: int = _h("torch CPU threads (0: torch default)", default=0)
     deterministic: bool = _h("torch.use_deterministic_algorithms(True)", default=False)
     out: str = _h("run directory (config, logs, checkpoints, report)", default="runs/train")
-    overwrite: bool = _h("start afresh in an existing run directory (deletes its checkpoints)", default=False)
+    overwrite: bool = _h("replace the run in --out: its files are moved aside and deleted once the new run has its "
+                         "final model (other files are kept)", default=False)
     resume: bool = _h("continue from the newest valid checkpoint in the run directory", default=False)
     ckpt_every: int = _h("checkpoint every k steps (0: at the end of every epoch; LM: 10 times per run)", default=0)
     ckpt_minutes: float = _h("also checkpoint when this many minutes passed since the last one (0: off); "
@@ -228,12 +229,14 @@ class GenerateConfig:
 class AnalyzeConfig:
     """``whiteformer analyze <analysis>``: white-box analyses (``eca-toy``, ``report``)."""
 
-    out: str = _h("output directory", default="runs/analysis")
+    out: str = _h("output directory (missing or empty unless --overwrite)", default="runs/analysis")
     seed: int = _h("random seed", default=0)
     small: bool = _h("reduced problem size (quick check)", default=False)
     plots: bool = _h("write PNG figures (needs matplotlib)", default=True)
     checkpoint: Optional[str] = _h("run directory (analysis 'report')", default=None)
     options: Dict[str, Any] = _h("analysis-specific options, e.g. options.layers=6", default_factory=dict)
+    overwrite: bool = _h("write into a non-empty --out, replacing the files of the same names (others are kept)",
+                         default=False)
 
     def validate(self) -> None:
         check_seed(self.seed)

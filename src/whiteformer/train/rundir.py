@@ -12,21 +12,26 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import time
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from .checkpoint import list_checkpoints
+from .checkpoint import list_checkpoints, list_quarantined
 from .configuration import ConfigError
+from .outputs import remove_entry
 
-__all__ = ["RunLock", "LOCK_NAME", "RUN_FILES", "open_run_dir", "check_run_dir", "run_created", "clear_run_files"]
+__all__ = ["RunLock", "LOCK_NAME", "RUN_FILES", "FINAL_DIRS", "open_run_dir", "check_run_dir", "run_created",
+           "stash_run_files", "restore_stash", "drop_stashes"]
 
 LOCK_NAME = ".whiteformer-run.lock"
 #: what a run writes into its directory (everything else belongs to the user)
 RUN_FILES = ("checkpoints", "final", "final_ema", "tensorboard", "config.yaml", "metrics.jsonl", "metrics.csv",
              "report.md", "report.json", "curves.png", "coding_rate.png", "membership.png", LOCK_NAME)
+#: a directory holding one of these holds a finished run: a new run there needs --overwrite
+FINAL_DIRS = ("final", "final_ema")
+#: prefix of the hidden directory where --overwrite keeps the replaced run until the new one has its model
+STASH_PREFIX = ".overwritten-"
 
 
 class RunLock:
@@ -80,20 +85,51 @@ class RunLock:
 
 
 def run_created(run_dir) -> List[Path]:
-    """The entries of ``run_dir`` a run creates (the names in :data:`RUN_FILES`)."""
-    return [Path(run_dir) / n for n in RUN_FILES if (Path(run_dir) / n).exists() and n != LOCK_NAME]
+    """The entries of ``run_dir`` a run creates (the names in :data:`RUN_FILES`; a link counts)."""
+    return [Path(run_dir) / n for n in RUN_FILES if os.path.lexists(Path(run_dir) / n) and n != LOCK_NAME]
 
 
-def clear_run_files(run_dir, say: Callable[[str], None]) -> None:
-    """Delete what a run created in ``run_dir`` (never the user's other files), saying what."""
+def _is_stash(name: str) -> bool:
+    return name.startswith(STASH_PREFIX)
+
+
+def stash_run_files(run_dir, say: Callable[[str], None]) -> Optional[Path]:
+    """``--overwrite``: move what a run created in ``run_dir`` (never the user's other files) into a
+    hidden ``.overwritten-*`` directory there, saying what. Renaming moves a link, not its target.
+    Deleted by :func:`drop_stashes` once the new run has written its final model, put back by
+    :func:`restore_stash` if the new run fails before its first checkpoint."""
     gone = run_created(run_dir)
-    if gone:
-        say(f"overwrite: deleting {', '.join(p.name for p in gone)} in {str(run_dir)!r}")
+    if not gone:
+        return None
+    stash = Path(run_dir) / f"{STASH_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    stash.mkdir()
     for p in gone:
-        if p.is_dir():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
+        os.rename(p, stash / p.name)
+    say(f"overwrite: moved {', '.join(p.name for p in gone)} in {str(run_dir)!r} aside to {stash.name}; deleted once "
+        f"this run has written its final model")
+    return stash
+
+
+def restore_stash(run_dir, stash: Path, say: Callable[[str], None]) -> None:
+    """Undo :func:`stash_run_files` after a failed start: the new run's files go, the old come back."""
+    for p in run_created(run_dir):
+        remove_entry(p)
+    for p in sorted(stash.iterdir()):
+        os.rename(p, Path(run_dir) / p.name)
+    stash.rmdir()
+    say(f"overwrite: this run failed before its first checkpoint; the previous run's files are back in "
+        f"{str(run_dir)!r}")
+
+
+def drop_stashes(run_dir, say: Callable[[str], None]) -> None:
+    """Delete the runs replaced under ``--overwrite`` (every ``.overwritten-*`` entry), links unlinked and
+    never followed; a failure is reported, not hidden, and does not fail the finished run."""
+    for p in sorted(Path(run_dir).iterdir()):
+        if _is_stash(p.name):
+            try:
+                remove_entry(p)
+            except OSError as err:
+                say(f"warning: could not delete the replaced run's files {str(p)!r}: {err}")
 
 
 def open_run_dir(run_dir, *, resume: bool, overwrite: bool, command: str = ""):
@@ -114,14 +150,17 @@ def open_run_dir(run_dir, *, resume: bool, overwrite: bool, command: str = ""):
 
 def check_run_dir(run_dir, *, resume: bool, overwrite: bool, marked: Optional[bool] = None) -> str:
     """What to do with ``run_dir`` before a run writes into it; returns ``"fresh"`` (nothing to
-    keep), ``"resume"`` (continue its checkpoints) or ``"clear"`` (delete the run's own files first).
+    keep), ``"resume"`` (continue its checkpoints) or ``"clear"`` (move the run's own files aside,
+    :func:`stash_run_files`; they are deleted once the new run has its final model).
 
     - missing or empty (or holding only the lock file): fresh;
     - with checkpoints: ``resume`` continues them, ``overwrite`` clears the run's files, else an error;
+    - ``overwrite`` clears any other directory too, keeping the files a run does not write;
+    - a finished run (``final/``, ``final_ema/``) without checkpoints to continue, or a run whose
+      checkpoints were all found corrupt (``corrupt-step_*``): an error, nothing is replaced;
     - without checkpoints, written by a run (``marked``: the lock file was there; default: look)
       and holding nothing else: a run that never checkpointed, started afresh;
-    - anything else (files a run did not write, or no mark of a run): an error unless ``overwrite``,
-      which deletes only the names a run creates (:data:`RUN_FILES`) and keeps the rest.
+    - anything else (files a run did not write, or no mark of a run): an error.
     """
     p = Path(run_dir)
     if marked is None:
@@ -138,12 +177,28 @@ def check_run_dir(run_dir, *, resume: bool, overwrite: bool, marked: Optional[bo
             return "clear"
         raise ConfigError(f"run directory {str(run_dir)!r} already has checkpoints; pass --resume to continue it, "
                           f"--overwrite to start afresh, or choose another --out")
-    foreign = [n for n in entries if n not in RUN_FILES]
-    if not foreign and marked:
-        return "clear"
     if overwrite:
+        return "clear"
+    corrupt = list_quarantined(p / "checkpoints")
+    if corrupt:
+        raise no_intact_checkpoint(run_dir, corrupt)
+    foreign = [n for n in entries if n not in RUN_FILES and not _is_stash(n)]
+    if not foreign and marked:
+        finished = [n + "/" for n in FINAL_DIRS if os.path.lexists(p / n)]
+        if finished:
+            why = "but no checkpoint to continue it from" if resume else "(and no checkpoints)"
+            raise ConfigError(f"run directory {str(run_dir)!r} holds a finished run ({', '.join(finished)}) {why}; "
+                              f"choose another --out, or pass --overwrite to replace it")
         return "clear"
     what = ", ".join(entries[:6]) + (", ..." if len(entries) > 6 else "")
     raise ConfigError(f"--out {str(run_dir)!r} is not empty ({what}) and is not a run to resume (no checkpoints); "
                       f"choose another --out, or pass --overwrite to delete the files a run writes "
                       f"({', '.join(n for n in RUN_FILES if n != LOCK_NAME)}) and keep the others")
+
+
+def no_intact_checkpoint(run_dir, corrupt: List[str]) -> ConfigError:
+    """The error of a run whose checkpoints are all corrupt (``--resume`` never starts it over)."""
+    return ConfigError(f"run directory {str(run_dir)!r} has no intact checkpoint: the corrupt ones were moved to "
+                       f"{', '.join('checkpoints/' + n for n in corrupt)} (kept for inspection) and nothing else was "
+                       f"changed; pass --overwrite to start afresh (deleting them and the run's other files), or "
+                       f"choose another --out")

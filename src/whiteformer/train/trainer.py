@@ -27,7 +27,8 @@ import torch.nn as nn
 
 from . import distributed as D
 from .build import build_datasets, build_model, check_names, describe
-from .checkpoint import latest_checkpoint, remove_stale_temporaries, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import (latest_checkpoint, list_checkpoints, list_quarantined, remove_stale_temporaries, rng_state,
+                         save_checkpoint, set_rng_state)
 
 from .configuration import ConfigError, TrainConfig, config_to_dict, save_config
 from .ema import ModelEMA
@@ -35,16 +36,14 @@ from .metrics import MetricsLogger, truncate_metrics
 from .optim import build_optimizer
 from .schedule import build_scheduler
 from .loop import train_step
-from .rundir import LOCK_NAME, check_run_dir, clear_run_files, open_run_dir
+from .outputs import remove_entry, replace_entry, say as _say
+from .rundir import (LOCK_NAME, check_run_dir, drop_stashes, no_intact_checkpoint, open_run_dir, restore_stash,
+                     stash_run_files)
 from .schedule import extend_schedule
 from .signals import RunInterrupted, StopRequest
 from .tasks import make_task, seeded_generator, task_class, task_options
 
 __all__ = ["train", "Trainer"]
-
-
-def _say(msg: str) -> None:
-    print(msg, flush=True)
 
 
 def _quiet(msg: str) -> None:
@@ -64,6 +63,7 @@ class Trainer:
         self.run_dir = Path(cfg.out)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.lock = None
+        self.stash = None  # where --overwrite moved the replaced run (deleted once this run has its model)
         if self.main:  # one writer per run directory, for the life of the run
             self.lock, self.dir_mode = open_run_dir(self.run_dir, resume=cfg.resume, overwrite=cfg.overwrite,
                                                     command=command)
@@ -77,9 +77,13 @@ class Trainer:
 
     def close(self, failed: bool = False) -> None:
         """Release the run directory (the OS releases it too if the process dies); a run that
-        failed before writing anything leaves no directory behind."""
+        failed before writing anything leaves no directory behind, and one that replaced a run under
+        ``--overwrite`` and failed before its first checkpoint puts the replaced run back."""
         if self.lock is None:
             return
+        if failed and self.stash is not None and not list_checkpoints(self.ckpt_dir):
+            restore_stash(self.run_dir, self.stash, self.say)
+            self.stash = None
         if failed and self.dir_mode == "fresh" and [p.name for p in self.run_dir.iterdir()] == [LOCK_NAME]:
             self.lock.path.unlink(missing_ok=True)
             self.lock.release()
@@ -150,7 +154,7 @@ class Trainer:
     def _prepare_run_dir(self) -> None:
         if self.main:
             if self.dir_mode == "clear":
-                clear_run_files(self.run_dir, self.say)
+                self.stash = stash_run_files(self.run_dir, self.say)
             remove_stale_temporaries(self.ckpt_dir)
         D.barrier()
 
@@ -159,6 +163,9 @@ class Trainer:
         cfg = self.cfg
         found = latest_checkpoint(self.ckpt_dir, log=self.say, quarantine_corrupt=self.main) if cfg.resume else None
         if cfg.resume and found is None:
+            corrupt = list_quarantined(self.ckpt_dir)
+            if corrupt:  # never start over in place of the run the user asked to continue
+                raise no_intact_checkpoint(self.run_dir, corrupt)
             self.say(f"resume: no valid checkpoint in {str(self.ckpt_dir)!r}; starting from step 0")
         if found is None:
             # Fresh run: a defined RNG stream per process (dropout, drop-path).
@@ -386,9 +393,15 @@ class Trainer:
             for name, mod in (("final", self.module), ("final_ema", self.ema.module if self.ema else None)):
                 if mod is None:
                     continue
-                out = mod.save_pretrained(self.run_dir / name)
+                # Written beside, then renamed into place: a link named final/ is replaced, never written through.
+                tmp = self.run_dir / f".tmp-{name}-{os.getpid()}"
+                if os.path.lexists(tmp):
+                    remove_entry(tmp)
+                out = mod.save_pretrained(tmp)
                 for fname, text in extra.items():
                     (out / fname).write_text(text, encoding="utf-8")
+                replace_entry(tmp, self.run_dir / name)
+            drop_stashes(self.run_dir, self.say)  # the replaced run goes only now that this one has its model
             info = {"model": cfg.model, "dataset": cfg.dataset, "command": self.command, "eval_split": cfg.eval_split,
                     "steps": self.total_steps, "epochs": round(self.total_steps / self.steps_per_epoch, 2),
                     "params": describe(self.module)[1], "device": str(self.dist.device),
@@ -435,8 +448,11 @@ def train(cfg: TrainConfig, command: str = "", post_step=()) -> Dict[str, Any]:
     try:
         trainer = Trainer(cfg, dist, command, post_step)
         try:
-            return trainer.fit()
-        finally:
-            trainer.close()
+            res = trainer.fit()
+        except BaseException:
+            trainer.close(failed=True)
+            raise
+        trainer.close()
+        return res
     finally:
         D.cleanup()

@@ -1,0 +1,308 @@
+"""Nothing the user has is lost (issue 21, "Data loss", items 1-7, and the invariant suite): for every
+command that writes (``train``, ``compress``, ``analyze report``, ``analyze eca-toy``, the
+``save_pretrained`` of the zoo and of the ``transformers`` wrappers), a directory holding a model or
+the user's files comes out unchanged, byte for byte and through symbolic links, unless
+``--overwrite`` is given; the read-only commands (``eval``, ``generate``) change nothing."""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from whiteformer.cli import main
+from whiteformer.train import train
+from whiteformer.train.rundir import LOCK_NAME
+
+from test_faults_runs import SUBSPACES, Crash, _cli, _crash_after, _env, tiny_cfg
+from test_train import _one_thread  # noqa: F401  (autouse: one thread for the tiny models)
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX links and pipes")
+
+DEIT = ["--model", "deit_t_p16", "model_args={patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}", "--dataset",
+        "digits", "--steps", "1", "--no-progress", "--no-report", "--no-tensorboard", "--num-threads", "1"]
+COMPRESS = ["--qk", "truncatt", "--qk-rank", "2", "--vo", "none", "model_args.drop_rate=0.0"]
+
+
+def snapshot(root):
+    """``{relative path: sha256 of a file | "-> target" of a link | "dir"}`` of everything under
+    ``root``, links not followed (the run lock, which records its last holder, left out)."""
+    root = Path(root)
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in dirnames + [f for f in filenames if f != LOCK_NAME]:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            if p.is_symlink():
+                out[rel] = "-> " + os.readlink(p)
+            elif p.is_dir():
+                out[rel] = "dir"
+            else:
+                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def refused(capsys, rc, *words):
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err and all(w in err for w in words), err
+    return err
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished 2-step run (checkpoints at 1 and 2, final/), copied by each test."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    train(tiny_cfg(run, steps=2, ckpt_every=1, keep_last=2, log_every=1))
+    return run
+
+
+@pytest.fixture(scope="module")
+def deit_run(tmp_path_factory):
+    pytest.importorskip("sklearn")
+    run = tmp_path_factory.mktemp("deit") / "run"
+    assert main(["train", *DEIT, "--out", str(run)]) == 0
+    return run
+
+
+# ----------------------------------------------------------------------------- item 1: finished runs
+def test_a_finished_run_is_not_replaced_by_a_new_run(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path / "run")
+    new_run = ["train", *SUBSPACES, "--steps", "1", "--seed", "4", "--out", str(run)]
+    before = snapshot(run)
+    refused(capsys, main(new_run), "already has checkpoints", "--overwrite")
+    assert snapshot(run) == before
+    shutil.rmtree(run / "checkpoints")  # pruned: only final/ and the logs are left
+    before = snapshot(run)
+    refused(capsys, main(new_run), "holds a finished run (final/)", "--overwrite")
+    refused(capsys, main(["train", "--out", str(run), "--resume"]), "no checkpoint to continue it from")
+    assert snapshot(run) == before
+    capsys.readouterr()
+    assert main([*new_run, "--overwrite"]) == 0  # the flag replaces it; nothing of it is left over
+    assert snapshot(run)["final/model.safetensors"] != before["final/model.safetensors"]
+    assert not [p for p in run.iterdir() if p.name.startswith(".overwritten-")]
+
+
+def test_resume_continues_a_finished_run(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path / "run")
+    assert main(["train", "--out", str(run), "--resume", "--steps", "3"]) == 0
+    assert "resumed from" in capsys.readouterr().out
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
+
+
+# ----------------------------------------------------------------------------- item 3: links
+def test_overwrite_never_writes_or_deletes_through_links(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path / "run")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name in ("final", "checkpoints"):  # the run's final/ and checkpoints/ are links to the user's folders
+        shutil.move(str(run / name), str(elsewhere / name))
+        (run / name).symlink_to(elsewhere / name, target_is_directory=True)
+    (elsewhere / "notes.txt").write_text("mine")
+    (run / "metrics.csv").unlink()
+    (run / "metrics.csv").symlink_to(elsewhere / "notes.txt")
+    kept = snapshot(elsewhere)
+    assert main(["train", *SUBSPACES, "--steps", "1", "--out", str(run), "--overwrite"]) == 0
+    assert snapshot(elsewhere) == kept  # the links were removed, their targets untouched
+    assert not (run / "final").is_symlink() and (run / "final" / "model.safetensors").is_file()
+    assert not (run / "metrics.csv").is_symlink()
+    # Resuming writes the new final/ beside and renames it into place: a link there is replaced too.
+    shutil.move(str(run / "final"), str(elsewhere / "final2"))
+    (run / "final").symlink_to(elsewhere / "final2", target_is_directory=True)
+    kept = snapshot(elsewhere)
+    assert main(["train", "--out", str(run), "--resume", "--steps", "2"]) == 0
+    assert snapshot(elsewhere) == kept and not (run / "final").is_symlink()
+
+
+# ----------------------------------------------------------------------------- item 5: shipped configs
+def test_no_shipped_config_says_overwrite():
+    configs = sorted((Path(__file__).resolve().parents[1] / "src" / "whiteformer" / "configs").glob("*.y*ml"))
+    assert configs
+    for path in configs:
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
+        assert "overwrite" not in cfg and "resume" not in cfg, path
+
+
+def test_the_demo_passes_overwrite_only_for_its_own_directory():
+    from whiteformer.demo import demo_overrides
+
+    assert ("overwrite", True) in demo_overrides(["--epochs", "1"])
+    for argv in (["--out", "runs/mine"], ["out=runs/mine"], ["--resume"], ["--no-overwrite"]):
+        assert ("overwrite", True) not in demo_overrides(argv), argv
+
+
+# ----------------------------------------------------------------------------- item 6: corrupt checkpoints
+def test_resume_with_every_checkpoint_corrupt_stops_and_keeps_final(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path / "run")
+    for p in (run / "checkpoints").iterdir():
+        with open(p / "model.safetensors", "r+b") as f:
+            f.truncate(100)
+    final = snapshot(run / "final")
+    line = refused(capsys, main(["train", "--out", str(run), "--resume"]), "no intact checkpoint", "--overwrite",
+                   "checkpoints/corrupt-step_00000001, checkpoints/corrupt-step_00000002")
+    assert len(line.strip().splitlines()) == 1
+    # A second attempt is refused the same way (nothing to continue; nothing started over).
+    refused(capsys, main(["train", "--out", str(run), "--resume"]), "corrupt-step_00000002")
+    refused(capsys, main(["train", *SUBSPACES, "--steps", "1", "--out", str(run)]), "corrupt-step_00000002")
+    assert snapshot(run / "final") == final
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["corrupt-step_00000001",
+                                                                        "corrupt-step_00000002"]
+
+
+# ----------------------------------------------------------------------------- item 7: broken pipe, late deletion
+def test_output_to_a_closed_pipe_does_not_end_the_run(finished, tmp_path):
+    run = _copy(finished, tmp_path / "run")
+    old = snapshot(run)["final/model.safetensors"]
+    proc = subprocess.Popen(_cli("train", *SUBSPACES, "--steps", "2", "--log-every", "1", "--out", str(run),
+                                 "--overwrite"), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # `| head` that has already exited
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()
+    assert b"Broken pipe" not in err and b"Exception ignored" not in err, err.decode()
+    assert snapshot(run)["final/model.safetensors"] != old  # the new run finished and replaced the old one
+
+
+def test_a_failed_overwrite_keeps_the_old_run(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path / "run")
+    (run / "notes.txt").write_text("mine")
+    before = snapshot(run)
+    with pytest.raises(Crash):  # the new run fails at its first step: the old run is back, unchanged
+        train(tiny_cfg(run, steps=4, overwrite=True, seed=5), post_step=[_crash_after(1)])
+    assert snapshot(run) == before
+    assert "back in" in capsys.readouterr().out
+    # Once it has checkpointed, a failed new run stays resumable; the old files wait aside until it
+    # has its own final model (then they are deleted).
+    with pytest.raises(Crash):
+        train(tiny_cfg(run, steps=4, overwrite=True, seed=5), post_step=[_crash_after(3)])
+    assert [p for p in run.iterdir() if p.name.startswith(".overwritten-")]
+    assert not (run / "final").exists()
+    train(tiny_cfg(run, steps=4, resume=True, seed=5))
+    assert not [p for p in run.iterdir() if p.name.startswith(".overwritten-")]
+    assert (run / "notes.txt").read_text() == "mine" and (run / "final" / "model.safetensors").is_file()
+
+
+# ----------------------------------------------------------------------------- item 2: compress
+def test_compress_never_writes_into_its_source(deit_run, tmp_path, capsys):
+    run = _copy(deit_run, tmp_path / "run")
+    (tmp_path / "link").symlink_to(run / "final", target_is_directory=True)
+    before = snapshot(tmp_path)
+    for ckpt, out in ((run / "final", run / "final"), (run / "final", run), (run, run), (run, tmp_path),
+                      (run, run / "final" / "sub"), (run, tmp_path / "link"), (tmp_path / "link", run)):
+        for extra in ([], ["--overwrite"]):
+            rc = main(["compress", "--checkpoint", str(ckpt), *COMPRESS, "--out", str(out), *extra])
+            refused(capsys, rc, "the checkpoint being compressed", "choose another --out")
+    rc = main(["compress", "--checkpoint", str(run / "final" / "model.safetensors"), "--model", "deit_t_p16",
+               *COMPRESS, "--out", str(run / "final")])  # a weights file: its folder is the source
+    refused(capsys, rc, "the checkpoint being compressed")
+    assert snapshot(tmp_path) == before
+
+
+def test_compress_refuses_a_non_empty_out_and_overwrite_keeps_the_other_files(deit_run, tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    (mine / "model.safetensors").write_bytes(b"my weights")
+    (tmp_path / "shared.json").write_text("{}")
+    (mine / "config.json").symlink_to(tmp_path / "shared.json")
+    before = snapshot(tmp_path)
+    refused(capsys, main(["compress", "--checkpoint", str(deit_run), *COMPRESS, "--out", str(mine)]),
+            "is not empty", "--overwrite")
+    assert snapshot(tmp_path) == before
+    assert main(["compress", "--checkpoint", str(deit_run), *COMPRESS, "--out", str(mine), "--overwrite"]) == 0
+    after = snapshot(tmp_path)
+    assert after["mine/notes.txt"] == before["mine/notes.txt"] and after["shared.json"] == before["shared.json"]
+    assert after["mine/model.safetensors"] != before["mine/model.safetensors"]
+    assert not (mine / "config.json").is_symlink() and (mine / "compression_report.md").is_file()
+    assert sorted(p.name for p in mine.iterdir()) == ["compression_report.json", "compression_report.md",
+                                                      "config.json", "model.safetensors", "notes.txt"]
+
+
+# ----------------------------------------------------------------------------- item 4: analyze
+def test_analyze_report_refuses_to_overwrite_without_the_flag(finished, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    run = _copy(finished, tmp_path / "run")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.md").write_text("my report")
+    (out / "curves.png").symlink_to(tmp_path / "run" / "metrics.csv")
+    before = snapshot(tmp_path)
+    for target in (out, run):
+        refused(capsys, main(["analyze", "report", "--checkpoint", str(run), "--out", str(target)]),
+                "is not empty", "--overwrite")
+    assert snapshot(tmp_path) == before
+    assert main(["analyze", "report", "--checkpoint", str(run), "--out", str(out), "--overwrite"]) == 0
+    after = snapshot(tmp_path)
+    assert after["out/report.md"] != before["out/report.md"] and not (out / "curves.png").is_symlink()
+    assert {k: v for k, v in after.items() if k.startswith("run")} == \
+        {k: v for k, v in before.items() if k.startswith("run")}
+    assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_analyze_eca_toy_refuses_to_overwrite_without_the_flag(tmp_path, capsys):
+    out = tmp_path / "toy"
+    out.mkdir()
+    (out / "eca_toy.json").write_text("{}")
+    before = snapshot(out)
+    args = ["analyze", "eca-toy", "--small", "--no-plots", "options.layers=1", "options.epochs=1", "--out", str(out)]
+    refused(capsys, main(args), "is not empty", "--overwrite")
+    assert snapshot(out) == before
+    assert main([*args, "--overwrite"]) == 0
+    assert json.loads((out / "eca_toy.json").read_text())["config"]["layers"] == 1
+    fresh = tmp_path / "fresh"
+    assert main([*args[:-1], str(fresh)]) == 0 and (fresh / "eca_toy.json").is_file()
+    assert sorted(p.name for p in fresh.iterdir()) == ["eca_toy.json"]
+
+
+# ----------------------------------------------------------------------------- read-only commands
+def test_eval_and_generate_change_nothing(tmp_path, capsys):
+    lm = tmp_path / "lm"
+    assert main(["train", "--model", "tost_lm_base", "model_args={dim: 16, depth: 1, num_heads: 2}", "--dataset",
+                 "text", "--steps", "1", "--batch-size", "2", "--block-size", "8", "--eval-batches", "1",
+                 "--no-report", "--no-progress", "--no-tensorboard", "--num-threads", "1", "--out", str(lm)]) == 0
+    before = snapshot(lm)
+    assert main(["generate", "--checkpoint", str(lm), "--max-new-tokens", "4"]) == 0
+    assert main(["eval", "--checkpoint", str(lm)]) == 0
+    assert snapshot(lm) == before
+
+
+# ----------------------------------------------------------------------------- save_pretrained
+def test_save_pretrained_keeps_other_files_and_never_writes_through_links(tmp_path):
+    """As ``transformers``' ``save_pretrained``: the files it writes are replaced, the others kept;
+    a link in the place of one of them is replaced by the file, its target left alone."""
+    from whiteformer import create_model
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "weights.safetensors").write_bytes(b"someone else's weights")
+    (outside / "config.json").write_text("{}")
+    models = [("zoo", create_model("tost_lm_base", vocab_size=16, dim=16, depth=1, num_heads=2, max_len=8))]
+    try:
+        import whiteformer.hf  # noqa: F401
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError:  # the `hf` extra is not installed: the zoo's own save_pretrained only
+        AutoConfig = None
+    if AutoConfig is not None:
+        config = AutoConfig.for_model("whiteformer-tost-lm", model_name="tost_lm_base",
+                                      init_kwargs=dict(vocab_size=16, dim=16, depth=1, num_heads=2, max_len=8))
+        models.append(("hf", AutoModelForCausalLM.from_config(config)))
+    kept = snapshot(outside)
+    for name, model in models:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "notes.txt").write_text("mine")
+        (folder / "model.safetensors").symlink_to(outside / "weights.safetensors")
+        (folder / "config.json").symlink_to(outside / "config.json")
+        model.save_pretrained(folder)
+        assert snapshot(outside) == kept, name
+        assert (folder / "notes.txt").read_text() == "mine"
+        assert not (folder / "model.safetensors").is_symlink() and not (folder / "config.json").is_symlink()
+        assert (folder / "model.safetensors").stat().st_size > 1000
