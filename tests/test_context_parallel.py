@@ -1,7 +1,7 @@
 """Context parallelism (issue 26): TSSA and causal TSSA on a sequence split over 2 and 3 CPU
 processes (gloo) give exactly the rows of the unsplit op, forward and every gradient (weights
-included), with masks, uneven chunks and a chunk of one token; the collectives' adjoints; the
-checks. Each test spawns its processes once and runs all its cases in them (slow start-up)."""
+included), with masks, packed documents (cu_seqlens) spanning ranks, uneven chunks and a chunk of
+one token; a ToST LM split the same way; the collectives' adjoints; the checks. Each test spawns its processes once and runs all its cases in them (slow start-up)."""
 import os
 
 import pytest
@@ -21,54 +21,57 @@ def _init(rank: int, world: int, store: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
 
 
-def _inputs(n: int, seed: int, masked: bool):
+def _inputs(n: int, seed: int, masked: bool, b: int = B):
     g = torch.Generator().manual_seed(seed)
-    w = torch.randn(B, H, n, P, generator=g, dtype=torch.float64) * 2
+    w = torch.randn(b, H, n, P, generator=g, dtype=torch.float64) * 2
     temp = torch.rand(H, 1, generator=g, dtype=torch.float64) + 0.5
     bias = torch.randn(H, n + 3, 1, generator=g, dtype=torch.float64) * 0.5
-    g_out = torch.randn(B, H, n, P, generator=g, dtype=torch.float64)
-    g_pi = torch.randn(B, H, n, generator=g, dtype=torch.float64)
-    g_state = [torch.randn(B, H, P, generator=g, dtype=torch.float64), torch.randn(B, H, generator=g,
-                                                                                    dtype=torch.float64),
-               torch.randn(B, H, P, generator=g, dtype=torch.float64)]
+    g_out = torch.randn(b, H, n, P, generator=g, dtype=torch.float64)
+    g_pi = torch.randn(b, H, n, generator=g, dtype=torch.float64)
     mask = None
     if masked:  # left padding in row 0, right padding + holes in row 1
         mask = torch.ones(B, n, dtype=torch.bool)
         mask[0, :2] = False
         mask[1, n - 3:] = False
         mask[1, 3] = False
-    return w, temp, bias, mask, g_out, g_pi, g_state
+    return w, temp, bias, mask, g_out, g_pi
 
 
-def _run(op: str, w, temp, bias, mask, group):
+def _run(op: str, w, temp, bias, mask, group, cu=None):
     """out, pi and (causal) the state sums of ``op`` on the leaf tensors given."""
     from whiteformer.ops import causal_tssa, tssa
 
     if op == "tssa":
-        out, pi = tssa(w, temp, mask, return_pi=True, group=group)
+        out, pi = tssa(w, temp, mask, return_pi=True, group=group, cu_seqlens=cu)
         return out, pi, []
-    out, pi, state = causal_tssa(w, temp, bias, mask, return_pi=True, return_state=True, group=group)
+    out, pi, state = causal_tssa(w, temp, bias, mask, return_pi=True, return_state=True, group=group,
+                                 cu_seqlens=cu)
     return out, pi, [state.sum_sq, state.sum_pi, state.sum_sq_pi, state.t]
 
 
-def _check_split(op: str, sizes, masked: bool, group, seed: int) -> None:
-    """Split over ``group`` (chunk ``sizes`` in group rank order) == unsplit, rows and gradients."""
+def _check_split(op: str, sizes, masked: bool, group, seed: int, bounds=None) -> None:
+    """Split over ``group`` (chunk ``sizes`` in group rank order) == unsplit, rows and gradients;
+    ``bounds``: the cu_seqlens of one packed row (documents spanning ranks)."""
     rank, n = dist.get_rank(group), sum(sizes)
     lo, hi = sum(sizes[:rank]), sum(sizes[:rank + 1])
-    w, temp, bias, mask, g_out, g_pi, g_state = _inputs(n, seed, masked)
+    w, temp, bias, mask, g_out, g_pi = _inputs(n, seed, masked, 1 if bounds else B)
+    cu = None if bounds is None else torch.tensor(bounds, dtype=torch.int32)
     leaves = [t.clone().requires_grad_() for t in (w, temp, bias)]
-    out, pi, state = _run(op, *leaves, mask, None)
+    out, pi, state = _run(op, *leaves, mask, None, cu)
+    g = torch.Generator().manual_seed(seed + 1)
+    g_state = [torch.randn(s.shape, generator=g, dtype=torch.float64) for s in state[:3]]
     loss = (out * g_out).sum() + (pi * g_pi).sum() + sum((s * g).sum() for s, g in zip(state, g_state))
     grads = torch.autograd.grad(loss, leaves, allow_unused=True)
 
     local = [w[:, :, lo:hi].clone().requires_grad_(), temp.clone().requires_grad_(), bias.clone().requires_grad_()]
     lmask = None if mask is None else mask[:, lo:hi]
-    out_r, pi_r, state_r = _run(op, *local, lmask, group)
+    out_r, pi_r, state_r = _run(op, *local, lmask, group, cu)
     torch.testing.assert_close(out_r, out[:, :, lo:hi].detach(), **TOL)
     torch.testing.assert_close(pi_r, pi[:, :, lo:hi].detach(), **TOL)
     last = rank == len(sizes) - 1
     if state_r:  # the state after this rank's last token: the unsplit op on the prefix
-        prefix = _run(op, w[:, :, :hi], temp, bias, None if mask is None else mask[:, :hi], None)[2]
+        cut = None if bounds is None else torch.tensor([min(b, hi) for b in bounds], dtype=torch.int32)
+        prefix = _run(op, w[:, :, :hi], temp, bias, None if mask is None else mask[:, :hi], None, cut)[2]
         for a, b in zip(state_r, prefix):
             torch.testing.assert_close(torch.as_tensor(a), torch.as_tensor(b), **TOL)
     loss_r = (out_r * g_out[:, :, lo:hi]).sum() + (pi_r * g_pi[:, :, lo:hi]).sum()
@@ -154,15 +157,19 @@ def _worker(rank: int, world: int, store: str) -> None:
     _check_lm(group, {2: [5, 4], 3: [4, 1, 4]}[world])
     # chunk sizes in rank order: uneven, one rank with a single token
     sizes = {2: [6, 1], 3: [3, 1, 5]}[world]
+    # packed documents (an empty one; one spanning every rank boundary)
+    bounds = {2: [0, 3, 3, 5, 7], 3: [0, 2, 2, 7, 9]}[world]
     for op in ("tssa", "causal_tssa"):
         for masked in (False, True):
             _check_split(op, sizes, masked, group, seed=11)
+        _check_split(op, sizes, False, group, seed=13, bounds=bounds)
     if world == 3:  # a subgroup: group ranks (0, 1) are global ranks (1, 2)
         sub = dist.new_group([1, 2])
         if rank in (1, 2):
             for op in ("tssa", "causal_tssa"):
                 _check_split(op, [1, 4], True, sub, seed=12)
     _errors(group, rank)
+    dist.barrier()  # no rank tears its connections down while another still uses them
     dist.destroy_process_group()
 
 
@@ -176,6 +183,10 @@ def _errors(group, rank: int) -> None:
     bias = torch.zeros(H, 4, 1, dtype=torch.float64)  # room for 4 tokens, the split sequence has 3 * world
     with pytest.raises(ValueError, match="exceeds the positional bias table"):
         causal_tssa(w, torch.ones(H, 1, dtype=torch.float64), bias, group=group)
+    cu = torch.tensor([0, 2 + (rank == 1), 3 * dist.get_world_size(group)], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seqlens must be the same on every rank"):
+        tssa(torch.randn(1, H, 3, P, dtype=torch.float64), torch.ones(H, 1, dtype=torch.float64), group=group,
+             cu_seqlens=cu)
     with pytest.raises(TypeError, match="ProcessGroup"):
         tssa(w, torch.ones(H, 1, dtype=torch.float64), group="world")
 

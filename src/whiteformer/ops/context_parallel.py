@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Iterator, List, NamedTuple, Optional, Union
+from typing import Iterator, List, NamedTuple, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -175,7 +175,8 @@ class ChunkLayout(NamedTuple):
 
 
 def chunk_layout(
-    x: torch.Tensor, group, attn_mask: Optional[torch.Tensor] = None, name: str = "w", token_dim: int = 2
+    x: torch.Tensor, group, attn_mask: Optional[torch.Tensor] = None, name: str = "w", token_dim: int = 2,
+    same: Sequence[int] = (), same_name: str = "",
 ) -> ChunkLayout:
     """Exchange the chunk shapes of ``x`` (tokens along ``token_dim``, e.g. w (B, H, N_r, p)) over
     ``group``: checks that every rank has the same sizes except the token count.
@@ -184,12 +185,18 @@ def chunk_layout(
     sequence (an int: the tokens of the earlier ranks; with ``attn_mask`` (B, N_r), a (B,) tensor:
     the *real* tokens of each sequence on the earlier ranks), ``length`` the whole sequence's
     token count (padding included), ``real`` the real tokens per sequence over all ranks ((B,)
-    with a mask, else ``length``).
+    with a mask, else ``length``). ``same``: a few integers that must also agree on every rank
+    (e.g. a fingerprint of ``same_name``), exchanged with the shapes.
     """
     rank = dist.get_rank(group)
     sizes = list(x.shape)
-    header = torch.tensor(sizes, dtype=torch.int64, device=x.device)
-    shapes = torch.stack(_all_gather(header, group)).tolist()
+    header = torch.tensor([len(sizes), *same, *sizes], dtype=torch.int64, device=x.device)
+    gathered = torch.stack(_all_gather(header, group)).tolist()
+    for r, other in enumerate(gathered):
+        if other[:1 + len(same)] != header[:1 + len(same)].tolist():
+            raise ValueError(f"{same_name or 'the arguments'} must be the same on every rank of the group "
+                             f"(rank {rank} and rank {r} differ)")
+    shapes = [other[1 + len(same):] for other in gathered]
     mine = sizes[:token_dim] + sizes[token_dim + 1:]
     for r, other in enumerate(shapes):
         theirs = other[:token_dim] + other[token_dim + 1:]

@@ -9,6 +9,13 @@ The TSSA operators run a packed batch by laying the documents out as a padded ba
 (PyTorch, C++ CPU kernel, Triton) already gives each real token the result of its sequence
 alone, so packing is exactly "each document alone". The cost is the padding of that layout
 (S * L slots for ``total`` tokens) inside the operator only.
+
+Context parallelism (``group``): the packed row is split over the ranks (each holds a contiguous
+chunk, ``cu_seqlens`` are the boundaries of the whole row, the same on every rank) and a document
+may span rank boundaries. Each rank lays out its pieces of all S documents as (S, H, L_r, p), L_r
+its longest piece (a document without tokens there is an all-padding row), so row s is document
+s on every rank and the operators' context-parallel path combines each document's sums over the
+ranks, positions included (:mod:`whiteformer.ops.context_parallel`).
 """
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ from typing import List, NamedTuple
 import torch
 
 from .._checks import check_cu_seqlens
+from .context_parallel import check_group, chunk_layout
 
 __all__ = ["Packing", "packing", "packed_layout", "to_padded", "from_padded", "segment_positions"]
 
@@ -38,8 +46,13 @@ class Packing(NamedTuple):
 def packing(cu_seqlens: torch.Tensor, total: int, device: torch.device) -> Packing:
     """Validate ``cu_seqlens`` (see :func:`whiteformer._checks.check_cu_seqlens`) and build the layout."""
     lengths = check_cu_seqlens(cu_seqlens, total)
+    return _layout(cu_seqlens[:-1].to(device=device, dtype=torch.long), lengths, total, device)
+
+
+def _layout(starts: torch.Tensor, lengths: List[int], total: int, device: torch.device) -> Packing:
+    """The padded layout of S pieces of a row of ``total`` tokens: piece s is ``lengths[s]``
+    tokens from ``starts[s]``."""
     longest = max(lengths)
-    starts = cu_seqlens[:-1].to(device=device, dtype=torch.long)
     lens = torch.tensor(lengths, device=device, dtype=torch.long)
     slot = torch.arange(longest, device=device)
     mask = slot[None, :] < lens[:, None]  # (S, L)
@@ -50,10 +63,8 @@ def packing(cu_seqlens: torch.Tensor, total: int, device: torch.device) -> Packi
 
 def packed_layout(w: torch.Tensor, attn_mask, cu_seqlens, group=None) -> Packing:
     """The checks of an operator called with ``cu_seqlens``: ``w`` (1, H, total, p), no
-    ``attn_mask`` nor ``group``, ``cu_seqlens`` on ``w``'s device; returns the layout."""
-    if group is not None:
-        raise ValueError("cu_seqlens and group cannot be combined: packed documents are not split over ranks "
-                         "(pass one or the other)")
+    ``attn_mask``, ``cu_seqlens`` on ``w``'s device; returns the layout (with a ``group``: of this
+    rank's chunk, see the module docstring)."""
     if w.shape[0] != 1:
         raise ValueError(f"with cu_seqlens, w must hold the packed documents in one row, shape (1, H, total, p); "
                          f"got {tuple(w.shape)}")
@@ -62,7 +73,27 @@ def packed_layout(w: torch.Tensor, attn_mask, cu_seqlens, group=None) -> Packing
                          "attn_mask None)")
     if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != w.device:
         raise ValueError(f"cu_seqlens must be on w's device ({w.device}), got {cu_seqlens.device}")
-    return packing(cu_seqlens, w.shape[2], w.device)
+    if group is None:
+        return packing(cu_seqlens, w.shape[2], w.device)
+    return _chunk_packing(w, cu_seqlens, group)
+
+
+def _chunk_packing(w: torch.Tensor, cu_seqlens, group) -> Packing:
+    """The layout of this rank's pieces of the S documents of a packed row split over ``group``."""
+    check_group(group)
+    ok = isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1 and cu_seqlens.numel() > 0
+    check_cu_seqlens(cu_seqlens, int(cu_seqlens[-1]) if ok else 0)  # all but the total, before any collective
+    bounds = [int(v) for v in cu_seqlens.tolist()]
+    modulus = (1 << 61) - 1  # a fingerprint of the boundaries: the same on every rank
+    fingerprint = [len(bounds), sum(bounds) % modulus, sum((i + 1) * b for i, b in enumerate(bounds)) % modulus]
+    start, total, _ = chunk_layout(w, group, same=fingerprint, same_name="cu_seqlens")
+    check_cu_seqlens(cu_seqlens, total)
+    end = start + w.shape[2]
+    lo = [min(max(b, start), end) for b in bounds[:-1]]
+    hi = [max(min(b, end), start) for b in bounds[1:]]
+    pieces = [max(h - l, 0) for l, h in zip(lo, hi)]
+    starts = torch.tensor([l - start for l in lo], device=w.device, dtype=torch.long)
+    return _layout(starts, pieces, w.shape[2], w.device)
 
 
 def to_padded(x: torch.Tensor, pk: Packing) -> torch.Tensor:

@@ -63,8 +63,8 @@ def causal_tssa(
             parallelism): each rank passes its contiguous chunk of the tokens, w (B, H, N_r, p)
             (group rank order = sequence order; N_r may differ, every rank the same B, H, p;
             ``attn_mask`` is this chunk's) and gets exactly its rows of the unsplit op, forward
-            and backward. Positions (``pos_bias``, the ``T_max`` limit on the whole length) are
-            global. The sums of the earlier ranks' tokens come from an exclusive prefix over
+            and backward. Positions (``pos_bias``, the ``T_max`` limit on the whole length; with a
+            mask, on each sequence's real tokens) are global. The sums of the earlier ranks' tokens come from an exclusive prefix over
             ranks of the per-rank totals (all-gathers of (B, H, p) and (B, H, 1 + p) sums,
             independent of N; :mod:`whiteformer.ops.context_parallel`). ``return_state`` gives
             the state after this rank's last token. Always the PyTorch path: the fused kernels
@@ -75,7 +75,9 @@ def causal_tssa(
             each document is its own sequence (own statistics, memberships, positions 0.. for
             ``pos_bias``: the longest document must fit ``T_max``), exactly as if run alone
             (:mod:`whiteformer.ops.packing`). ``return_state`` then gives one state per
-            document (batch S, ``t`` the (S,) lengths). Not combined with ``attn_mask``.
+            document (batch S, ``t`` the (S,) lengths). Not combined with ``attn_mask``. With a
+            ``group``: the boundaries of the whole split row (the same on every rank); a document
+            may span ranks.
 
     Returns:
         out (B, H, N, p) in ``w``'s dtype, or a tuple ``(out, [pi], [state])`` in that order.
@@ -84,7 +86,7 @@ def causal_tssa(
     if cu_seqlens is not None:
         pk = packed_layout(w, attn_mask, cu_seqlens, group)
         out, pi, *state = causal_tssa(to_padded(w, pk), temp, pos_bias, pk.mask, True, return_state=return_state,
-                                      attn_drop=attn_drop, training=training)
+                                      attn_drop=attn_drop, training=training, group=group)
         res = (from_padded(out, pk),) + ((from_padded(pi, pk),) if return_pi else ()) + tuple(state)
         return res if len(res) > 1 else res[0]
     heads, n, p = w.shape[1], w.shape[2], w.shape[3]
@@ -97,12 +99,16 @@ def causal_tssa(
     start, total = 0, n
     if group is not None:
         check_group(group)
-        start, total, _ = chunk_layout(w, group, attn_mask)
+        start, total, real = chunk_layout(w, group, attn_mask)
+        if attn_mask is not None:  # split rows: the limit is on each sequence's real tokens
+            total = int(real.max())
     if pos_bias is not None and total > pos_bias.shape[1]:
         raise ValueError(
             f"sequence length N = {total} exceeds the positional bias table length T_max = "
             f"{pos_bias.shape[1]} (pos_bias has shape {tuple(pos_bias.shape)})"
         )
+    if pos_bias is not None and isinstance(start, torch.Tensor):  # rows without real tokens on this rank
+        start = start.clamp_max(pos_bias.shape[1] - 1)
 
     bias = None if pos_bias is None else position_logit_bias(pos_bias, p, n, attn_mask, start=start)
     kernel = None

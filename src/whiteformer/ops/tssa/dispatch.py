@@ -53,7 +53,9 @@ def tssa(
         cu_seqlens: optional (S + 1,) int32 boundaries of S packed documents (FlashAttention's
             convention: starts at 0, non-decreasing, ends at N) with ``w`` of shape (1, H, N, p):
             each document is its own sequence (its own statistics and memberships), exactly as
-            if run alone (:mod:`whiteformer.ops.packing`). Not combined with ``attn_mask``.
+            if run alone (:mod:`whiteformer.ops.packing`). Not combined with ``attn_mask``. With a
+            ``group``: the boundaries of the whole split row (the same on every rank); a document
+            may span ranks.
 
     Returns:
         out (B, H, N, p) in ``w``'s dtype; with ``return_pi``, ``(out, pi)`` with pi (B, H, N)
@@ -67,7 +69,7 @@ def tssa(
     if cu_seqlens is not None:
         pk = packed_layout(w, attn_mask, cu_seqlens, group)
         out, pi = tssa(to_padded(w, pk), temp, pk.mask, True, attn_drop=attn_drop, training=training,
-                       normalize=normalize)
+                       normalize=normalize, group=group)
         out, pi = from_padded(out, pk), from_padded(pi, pk)
         return (out, pi) if return_pi else out
     check_temp(temp, w.shape[1])
