@@ -83,7 +83,8 @@ def test_second_writer_is_refused_naming_the_holder_and_a_killed_holder_frees_th
         first.wait(timeout=30)
     # The kernel released the dead holder's lock: the run resumes at once.
     last = int(list_checkpoints(run / "checkpoints")[-1].name.split("_")[1])
-    res = train(tiny_cfg(run, steps=last + 1, resume=True, ckpt_every=5, keep_last=3))
+    res = train(tiny_cfg(run, steps=last + 1, resume=True, ckpt_every=5, keep_last=3, lr=1e-3,
+                         unlimited_length=True))  # the options of the command-line run (its defaults)
     assert res["final_eval"]["n"] == 32
 
 

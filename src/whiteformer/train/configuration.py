@@ -23,7 +23,7 @@ from .._checks import is_int, is_real
 from .schedule import SCHEDULES
 
 __all__ = ["TrainConfig", "EvalConfig", "GenerateConfig", "AnalyzeConfig", "ConfigError", "check_seed", "check_device",
-           "parse_overrides", "parse_value", "build_config", "config_to_dict", "save_config", "load_yaml", "format_fields"]
+           "RUN_DEFINING", "changed_run_options", "parse_overrides", "parse_value", "build_config", "config_to_dict", "save_config", "load_yaml", "format_fields"]
 
 T = TypeVar("T")
 
@@ -174,6 +174,27 @@ class TrainConfig:
         _check(self.report_images >= 0, f"report_images must be >= 0, got {self.report_images}")
         check_seed(self.seed)
         _check_device_name(self.device)
+
+
+#: the options that define what a run computes (its model, data, optimisation and random streams):
+#: ``--resume`` refuses a change to any of them. ``epochs`` / ``steps`` may grow (extending a run),
+#: and the others (device, threads, logging, checkpointing, evaluation and report options,
+#: ``data_dir`` when the data moved, ``context_parallel``) leave the trained weights unchanged.
+RUN_DEFINING = ("model", "model_args", "finetune", "dataset", "data_args", "translate", "flip", "block_size",
+                "unlimited_length", "batch_size", "lr", "min_lr", "schedule", "weight_decay", "beta1", "beta2",
+                "warmup_steps", "warmup_epochs", "label_smoothing", "clip_grad", "ema", "ema_decay", "bf16", "seed")
+
+
+def changed_run_options(saved: Optional[Dict[str, Any]], cfg: "TrainConfig") -> List[Tuple[str, Any, Any]]:
+    """``(name, the run's value, cfg's value)`` for each :data:`RUN_DEFINING` option that differs
+    between a run's saved configuration (a checkpoint's ``config``) and ``cfg`` ([] without one)."""
+    import json
+
+    if not isinstance(saved, dict):
+        return []
+    now = config_to_dict(cfg)
+    same = lambda a, b: json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)  # noqa: E731
+    return [(k, saved[k], now[k]) for k in RUN_DEFINING if k in saved and not same(saved[k], now[k])]
 
 
 @dataclass

@@ -27,7 +27,8 @@ __all__ = ["RunLock", "LOCK_NAME", "RUN_FILES", "FINAL_DIRS", "open_run_dir", "c
 LOCK_NAME = ".whiteformer-run.lock"
 #: what a run writes into its directory (everything else belongs to the user)
 RUN_FILES = ("checkpoints", "final", "final_ema", "tensorboard", "config.yaml", "metrics.jsonl", "metrics.csv",
-             "report.md", "report.json", "curves.png", "coding_rate.png", "membership.png", LOCK_NAME)
+             "report.md", "report.json", "curves.png", "coding_rate.png", "membership.png", "cls_attention.png",
+             LOCK_NAME)
 #: a directory holding one of these holds a finished run: a new run there needs --overwrite
 FINAL_DIRS = ("final", "final_ema")
 #: prefix of the hidden directory where --overwrite keeps the replaced run until the new one has its model

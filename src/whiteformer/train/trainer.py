@@ -30,7 +30,7 @@ from .build import build_datasets, build_model, check_names, describe
 from .checkpoint import (latest_checkpoint, list_checkpoints, list_quarantined, remove_stale_temporaries, rng_state,
                          save_checkpoint, set_rng_state)
 
-from .configuration import ConfigError, TrainConfig, config_to_dict, save_config
+from .configuration import RUN_DEFINING, ConfigError, TrainConfig, changed_run_options, config_to_dict, save_config
 from .ema import ModelEMA
 from .metrics import MetricsLogger, truncate_metrics
 from .optim import build_optimizer
@@ -175,6 +175,15 @@ class Trainer:
             return
         path, ck = found
         st = ck["trainer"]
+        changed = changed_run_options(st.get("config"), cfg)
+        if changed:
+            was = ", ".join(f"{k}={a}" for k, a, _ in changed)
+            now = ", ".join(f"{k}={b}" for k, _, b in changed)
+            raise ConfigError(f"--resume continues the run of checkpoint {str(path)!r} as it was configured; it was "
+                              f"written by a different model or configuration: the run has {was}, this command "
+                              f"asks for {now}. These options define a run ({', '.join(RUN_DEFINING)}); resume "
+                              f"without them (RUN/config.yaml holds the run's own), extend it with --epochs/--steps, "
+                              f"or start a new run (another --out, or --overwrite)")
         step = int(st["step"])
         if step > self.total_steps:
             raise ConfigError(f"checkpoint {str(path)!r} is at step {step}, past this configuration's "
