@@ -94,9 +94,12 @@ def test_a_finished_run_is_not_replaced_by_a_new_run(finished, tmp_path, capsys)
 
 def test_resume_continues_a_finished_run(finished, tmp_path, capsys):
     run = _copy(finished, tmp_path / "run")
+    (run / ".tmp-final-99999").mkdir()  # left by a run killed while writing its final model
+    (run / ".tmp-final-99999" / "model.safetensors").write_bytes(b"half")
     assert main(["train", "--out", str(run), "--resume", "--steps", "3"]) == 0
     assert "resumed from" in capsys.readouterr().out
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == [LOCK_NAME]
 
 
 # ----------------------------------------------------------------------------- item 3: links

@@ -21,13 +21,15 @@ import hashlib
 import json
 import os
 import random
-import shutil
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 import torch.nn as nn
+
+from .outputs import remove_entry
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_training_checkpoint", "verify_checkpoint", "list_checkpoints",
            "latest_checkpoint", "quarantine", "list_quarantined", "remove_stale_temporaries", "rng_state",
@@ -121,13 +123,24 @@ def list_checkpoints(root) -> List[Path]:
     return [p for _, p in sorted(found)]
 
 
+def _discard(path: Path) -> None:
+    """Delete a directory this module wrote (a link there is unlinked, never followed); a failure is
+    a warning, neither hidden nor fatal to the run."""
+    try:
+        remove_entry(path)
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        warnings.warn(f"could not delete {str(path)!r}: {err}", RuntimeWarning, stacklevel=2)
+
+
 def remove_stale_temporaries(root) -> None:
     """Delete temporary directories left by interrupted writes."""
     root = Path(root)
     if root.is_dir():
         for p in root.iterdir():
             if p.name.startswith(".tmp-") or p.name.startswith(".trash-"):
-                shutil.rmtree(p, ignore_errors=True)
+                _discard(p)
 
 
 # ----------------------------------------------------------------------------- save
@@ -143,8 +156,8 @@ def save_checkpoint(root, step: int, model: nn.Module, trainer_state: Dict[str, 
     root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(step)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    if os.path.lexists(tmp):
+        remove_entry(tmp)
     tmp.mkdir()
     try:
         save_pretrained(model, tmp)
@@ -168,18 +181,18 @@ def save_checkpoint(root, step: int, model: nn.Module, trainer_state: Dict[str, 
         if final.exists():  # e.g. a corrupt checkpoint of the same step that resume skipped
             trash = root / f".trash-{final.name}-{os.getpid()}"
             os.rename(final, trash)
-            shutil.rmtree(trash, ignore_errors=True)
+            _discard(trash)
         os.rename(tmp, final)
         _fsync(root)
     except BaseException as err:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _discard(tmp)
         if isinstance(err, (OSError, RuntimeError)) or type(err).__name__ == "SafetensorError":
             # Disk full, read-only, quota: the previous checkpoints are intact.
             raise CheckpointError(f"cannot write checkpoint {str(final)!r}: {err} (the previous checkpoints are "
                                   f"intact; free disk space and --resume)") from err
         raise
     for old in list_checkpoints(root)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        _discard(old)
     return final
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -94,6 +95,18 @@ def _is_stash(name: str) -> bool:
     return name.startswith(STASH_PREFIX)
 
 
+def _is_unfinished_final(name: str) -> bool:
+    """A ``final*/`` being written or replaced when the run was killed (the trainer's own names)."""
+    return any(name.startswith(f"{pre}{n}-") for pre in (".tmp-", ".trash-") for n in FINAL_DIRS)
+
+
+def remove_unfinished_finals(run_dir) -> None:
+    """Delete what a killed run left of writing its ``final*/`` (links unlinked, never followed)."""
+    for p in Path(run_dir).iterdir():
+        if _is_unfinished_final(p.name):
+            remove_entry(p)
+
+
 def stash_run_files(run_dir, say: Callable[[str], None]) -> Optional[Path]:
     """``--overwrite``: move what a run created in ``run_dir`` (never the user's other files) into a
     hidden ``.overwritten-*`` directory there, saying what. Renaming moves a link, not its target.
@@ -102,8 +115,7 @@ def stash_run_files(run_dir, say: Callable[[str], None]) -> Optional[Path]:
     gone = run_created(run_dir)
     if not gone:
         return None
-    stash = Path(run_dir) / f"{STASH_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    stash.mkdir()
+    stash = Path(tempfile.mkdtemp(prefix=f"{STASH_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}-", dir=str(run_dir)))
     for p in gone:
         os.rename(p, stash / p.name)
     say(f"overwrite: moved {', '.join(p.name for p in gone)} in {str(run_dir)!r} aside to {stash.name}; deleted once "
@@ -183,7 +195,7 @@ def check_run_dir(run_dir, *, resume: bool, overwrite: bool, marked: Optional[bo
     corrupt = list_quarantined(p / "checkpoints")
     if corrupt:
         raise no_intact_checkpoint(run_dir, corrupt)
-    foreign = [n for n in entries if n not in RUN_FILES and not _is_stash(n)]
+    foreign = [n for n in entries if n not in RUN_FILES and not _is_stash(n) and not _is_unfinished_final(n)]
     if not foreign and marked:
         finished = [n + "/" for n in FINAL_DIRS if os.path.lexists(p / n)]
         if finished:

@@ -37,8 +37,8 @@ from .optim import build_optimizer
 from .schedule import build_scheduler
 from .loop import train_step
 from .outputs import remove_entry, replace_entry, say as _say
-from .rundir import (LOCK_NAME, check_run_dir, drop_stashes, no_intact_checkpoint, open_run_dir, restore_stash,
-                     stash_run_files)
+from .rundir import (LOCK_NAME, check_run_dir, drop_stashes, no_intact_checkpoint, open_run_dir,
+                     remove_unfinished_finals, restore_stash, stash_run_files)
 from .schedule import extend_schedule
 from .signals import RunInterrupted, StopRequest
 from .tasks import make_task, seeded_generator, task_class, task_options
@@ -153,6 +153,7 @@ class Trainer:
     # ------------------------------------------------------------------ run directory
     def _prepare_run_dir(self) -> None:
         if self.main:
+            remove_unfinished_finals(self.run_dir)
             if self.dir_mode == "clear":
                 self.stash = stash_run_files(self.run_dir, self.say)
             remove_stale_temporaries(self.ckpt_dir)
