@@ -624,6 +624,33 @@ def lm_model_section(lm: Optional[Dict[str, Any]]) -> List[str]:
     return out
 
 
+def grad_checkpointing_section(gc: Optional[Dict[str, Any]]) -> List[str]:
+    """Peak memory and time of a training step with and without activation checkpointing
+    (benchmarks/grad_checkpointing.py)."""
+    from . import grad_checkpointing as G
+
+    out = ["## Activation checkpointing of the language models", ""]
+    if not gc:
+        return out + ["Not run yet: `python -m benchmarks.grad_checkpointing`.", ""]
+    out += [
+        "One training step (forward with the chunked next-token loss + backward, batch 1) without and with "
+        "`model.set_grad_checkpointing(True)` (each block run under `torch.utils.checkpoint`, "
+        "`use_reentrant=False`, and recomputed in backward). Peak memory: a separate process per cell, the RSS "
+        "high-water mark of the step minus the RSS before it (weights excluded; gradients, saved activations and "
+        "the temporaries of forward and backward included); time: that one step.",
+        "",
+        f"Command (on {gc['machine']['logical_cpus']} shared CPUs, load {gc['machine']['loadavg'][0]:.1f} at the "
+        "start):",
+        "",
+        "```",
+        gc.get("command") or "python -m benchmarks.grad_checkpointing",
+        "```",
+        "",
+        G.tables(gc),
+    ]
+    return out
+
+
 def render(results: Path, suffix: str = "") -> str:
     """The page for the result files in ``results`` (``suffix`` "_quick" for a --quick run)."""
     att = _load(results, f"attention_scaling{suffix}.json")
@@ -638,6 +665,7 @@ def render(results: Path, suffix: str = "") -> str:
         lines += generation_section(gen, results, suffix)
     lines += compression_section(comp)
     lines += lm_model_section(_load(results, f"lm_model{suffix}.json"))
+    lines += grad_checkpointing_section(_load(results, f"grad_checkpointing{suffix}.json"))
     lines += fused_section(results, suffix)
     lines += gpu_section(results, suffix)
     lines += [

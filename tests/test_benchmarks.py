@@ -238,3 +238,16 @@ def test_lm_model_tiny(tmp_path):
     res2 = lm_model.run(quick=True, overrides=dict(ov, losses=["plain"], mem_budget_gib=1e-9, profile_context=0),
                         threads=1, write=False)
     assert any(r.get("skipped") and r["model"] == "gpt_softmax" for r in res2["rows"])
+
+
+def test_grad_checkpointing_tiny(tmp_path):
+    from benchmarks import grad_checkpointing
+
+    res = grad_checkpointing.run(quick=True, out_dir=tmp_path, overrides=dict(contexts=[32], models=["tost"]),
+                                 threads=1, command="pytest")
+    assert {(r["model"], r["checkpointing"]) for r in res["rows"]} == {("tost", False), ("tost", True)}
+    assert all(r["peak_bytes"] >= 0 and r["time_s"] > 0 for r in res["rows"])
+    md = (tmp_path / "grad_checkpointing_quick.md").read_text()
+    assert "peak mem. with checkpointing" in md
+    page = "\n".join(report.grad_checkpointing_section(res))
+    assert "## Activation checkpointing" in page and "pytest" in page

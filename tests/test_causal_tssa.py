@@ -185,7 +185,8 @@ def test_float16_large_entries_finite_and_bfloat16():
         (dict(w=torch.randn(2, 3, 0, 5)), ValueError, "no tokens"),
         (dict(w=torch.randint(0, 3, (2, 3, 7, 5))), TypeError, "floating"),
         (dict(attn_mask=torch.ones(7, 2, dtype=torch.bool)), ValueError, "attn_mask must have shape"),
-        (dict(attn_mask=torch.ones(2, 7, dtype=torch.int64)), TypeError, "torch.bool"),
+        (dict(attn_mask=torch.ones(2, 7)), TypeError, "additive"),
+        (dict(attn_mask=torch.full((2, 7), 2)), ValueError, "0/1"),
     ],
 )
 def test_bad_inputs_raise(kwargs, err, match):

@@ -104,9 +104,14 @@ def test_attn_mask_honoured_or_refused(name):
         alone = layer(x[b:b + 1, :n])
         torch.testing.assert_close(y[b, :n], alone[0], atol=1e-10, rtol=1e-8)
     torch.testing.assert_close(layer(x, attn_mask=torch.ones(3, 7, dtype=torch.bool)), layer(x))
+    # transformers' long / int 0-1 masks mean the same as the bool one
+    torch.testing.assert_close(layer(x, attn_mask=keep.long()), y)
+    torch.testing.assert_close(layer(x, attn_mask=keep.int()), y)
+    with pytest.raises(ValueError, match="attn_mask must hold 0/1"):
+        layer(x, attn_mask=keep.long() * 2)
     with pytest.raises((ValueError, TypeError), match="attn_mask"):
         layer(x, attn_mask=keep[:, :5])
-    with pytest.raises(TypeError, match="attn_mask"):
+    with pytest.raises(TypeError, match="additive"):
         layer(x, attn_mask=keep.float())
 
 

@@ -48,14 +48,29 @@ def check_divisible(dim: int, num_heads: int, dim_name: str = "dim") -> int:
     return dim // num_heads
 
 
+def as_keep_mask(attn_mask, name: str = "attn_mask") -> torch.Tensor | None:
+    """A keep-mask as bool (True = real token): bool as it is, integer 0/1 (``transformers``' long
+    masks) converted; a float (additive) mask is refused with a ``TypeError``. Values other than
+    0/1 raise ``ValueError`` (not checked while ``torch.compile`` traces: that would read values)."""
+    if attn_mask is None or not isinstance(attn_mask, torch.Tensor) or attn_mask.dtype == torch.bool:
+        return attn_mask
+    if attn_mask.is_floating_point() or attn_mask.is_complex():
+        raise TypeError(f"{name} must be a bool or 0/1 integer keep-mask (True/1 = real token), got {attn_mask.dtype}: "
+                        f"float (additive) masks are not supported; pass (mask == 0) for an additive 0/-inf mask")
+    if not torch.compiler.is_compiling() and attn_mask.device.type != "meta" \
+            and bool(((attn_mask != 0) & (attn_mask != 1)).any()):
+        raise ValueError(f"{name} must hold 0/1 (or bool) values, 1/True = real token")
+    return attn_mask != 0
+
+
 def check_mask(attn_mask, batch: int, tokens: int, name: str = "attn_mask") -> torch.Tensor | None:
-    """Validate a (B, N) boolean keep-mask (True = real token); returns it or None."""
+    """Validate a (B, N) keep-mask (True / 1 = real token: bool, or 0/1 integers as ``transformers``
+    passes them, see :func:`as_keep_mask`); returns it as bool, or None."""
     if attn_mask is None:
         return None
     if not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"{name} must be a bool tensor of shape (B, N), got {type(attn_mask).__name__}")
-    if attn_mask.dtype != torch.bool:
-        raise TypeError(f"{name} must have dtype torch.bool (True = real token), got {attn_mask.dtype}")
+    attn_mask = as_keep_mask(attn_mask, name)
     if attn_mask.shape != (batch, tokens):
         raise ValueError(
             f"{name} must have shape (B, N) = ({batch}, {tokens}), got {tuple(attn_mask.shape)}"

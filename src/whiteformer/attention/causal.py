@@ -20,6 +20,7 @@ from einops import rearrange
 
 from .._checks import check_divisible, check_mask, check_probability, check_tensor, check_tokens_input
 from .._utils import zero_padded
+from ..ops.packing import segment_ids
 from .registry import register_attention
 
 __all__ = ["CausalAttention", "CausalSelfAttention", "KVCache"]
@@ -85,10 +86,27 @@ class CausalSelfAttention(nn.Module):
     def _out(self, y: torch.Tensor) -> torch.Tensor:
         return self.proj_drop(self.proj(rearrange(y, "b h n d -> b n (h d)")))
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, *,
+                cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x (B, N, C), attn_mask (B, N) bool keep-mask -> y (B, N, C); y[:, t] depends only on
-        the real tokens of x[:, :t+1]; padded outputs are 0."""
-        return self.prefill(x, attn_mask)[0]
+        the real tokens of x[:, :t+1]; padded outputs are 0. ``cu_seqlens`` (S + 1,) int32: x
+        (1, N, C) holds S packed documents, each attending causally within itself only (a
+        block-diagonal causal mask)."""
+        if cu_seqlens is None:
+            return self.prefill(x, attn_mask)[0]
+        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
+        if x.shape[0] != 1 or attn_mask is not None:
+            raise ValueError(f"with cu_seqlens, x must hold the packed documents in one row (1, N, C) and "
+                             f"attn_mask must be None; got x of shape {tuple(x.shape)}")
+        seg = segment_ids(cu_seqlens, x.shape[1], x.device)
+        allowed = (seg[:, None] == seg[None, :]).tril()  # (N, N): causal within each document
+        q, k, v = self._qkv(x)
+        drop = self.attn_drop if self.training else 0.0
+        if self.fused_attn:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
+        else:
+            y = self._explicit(q, k, v, allowed, drop)
+        return self._out(y)
 
     def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None
                 ) -> Tuple[torch.Tensor, KVCache]:

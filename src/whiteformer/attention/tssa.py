@@ -71,14 +71,17 @@ class TSSA(ContextParallel, nn.Module):
     def no_weight_decay(self):
         return {"temp"}
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, return_pi: bool = False):
-        """x (B, N, C), attn_mask (B, N) bool keep-mask -> y (B, N, C), or ``(y, {"pi": (B, H, N)})``."""
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, return_pi: bool = False, *,
+                cu_seqlens: Optional[torch.Tensor] = None):
+        """x (B, N, C), attn_mask (B, N) bool keep-mask -> y (B, N, C), or ``(y, {"pi": (B, H, N)})``.
+        ``cu_seqlens`` (S + 1,) int32: x (1, N, C) holds S packed documents, each its own sequence
+        (see :func:`whiteformer.ops.tssa`)."""
         check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
         attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
         # padded tokens take no part: zeroed inputs (NaN/inf reach nothing), outputs 0 (not the bias)
         w = rearrange(self.qkv(zero_padded(x, attn_mask)), "b n (h d) -> b h n d", h=self.num_heads)
         out, pi = tssa(w, self.temp, attn_mask, return_pi=True, attn_drop=self.attn_drop, training=self.training,
-                       normalize=self.normalize, group=self.context_parallel_group)
+                       normalize=self.normalize, group=self.context_parallel_group, cu_seqlens=cu_seqlens)
         y = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
         y = zero_padded(y, attn_mask)
         return (y, {"pi": pi}) if return_pi else y
@@ -123,27 +126,30 @@ class CausalTSSA(ContextParallel, nn.Module):
     def no_weight_decay(self):
         return {"temp", "pos_bias"} if self.pos_bias is not None else {"temp"}
 
-    def _run(self, x, attn_mask):
+    def _run(self, x, attn_mask, cu_seqlens=None):
         check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
         attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
         w = rearrange(self.qkv(zero_padded(x, attn_mask)), "b n (h d) -> b h n d", h=self.num_heads)
         out, pi, state = causal_tssa(w, self.temp, self.pos_bias, attn_mask, return_pi=True, return_state=True,
                                      attn_drop=self.attn_drop, training=self.training,
-                                     group=self.context_parallel_group)
+                                     group=self.context_parallel_group, cu_seqlens=cu_seqlens)
         y = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
         return zero_padded(y, attn_mask), pi, state
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, return_pi: bool = False):
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, return_pi: bool = False, *,
+                cu_seqlens: Optional[torch.Tensor] = None):
         """x (B, N, C) with N <= max_len (when pos_bias), attn_mask (B, N) bool keep-mask ->
-        y (B, N, C), or ``(y, {"pi": (B, H, N)})``. y[:, t] depends only on x[:, :t+1]."""
-        y, pi, _ = self._run(x, attn_mask)
+        y (B, N, C), or ``(y, {"pi": (B, H, N)})``. y[:, t] depends only on x[:, :t+1].
+        ``cu_seqlens`` (S + 1,) int32: x (1, N, C) holds S packed documents, each its own sequence
+        with positions from 0 (see :func:`whiteformer.ops.causal_tssa`)."""
+        y, pi, _ = self._run(x, attn_mask, cu_seqlens)
         return (y, {"pi": pi}) if return_pi else y
 
-    def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None
-                ) -> Tuple[torch.Tensor, CausalTSSAState]:
+    def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, *,
+                cu_seqlens: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, CausalTSSAState]:
         """Like :meth:`forward`, also returning the state after the last (real) token (of this
-        rank's chunk, when context-parallel)."""
-        y, _, state = self._run(x, attn_mask)
+        rank's chunk, when context-parallel; with ``cu_seqlens``: one state per document, batch S)."""
+        y, _, state = self._run(x, attn_mask, cu_seqlens)
         return y, state
 
     def step(self, x_t: torch.Tensor, state: Optional[CausalTSSAState] = None

@@ -29,6 +29,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast, ImageClassifie
 
 from ..models import create_model
 from .cache import WhiteformerCache
+from .packing import mask_document_starts, packed_cu_seqlens
 from .configuration import ToSTLMConfig, WhiteformerConfig, WhiteformerGPTConfig, WhiteformerVisionConfig
 
 __all__ = ["WhiteformerPreTrainedModel", "ToSTForCausalLM", "WhiteformerGPTForCausalLM",
@@ -63,6 +64,7 @@ class WhiteformerPreTrainedModel(PreTrainedModel):
 
     config_class = WhiteformerConfig
     base_model_prefix = ""
+    supports_gradient_checkpointing = True  # the whiteformer model's set_grad_checkpointing
     family: Optional[str] = None  # expected ``hf_model_type`` of the whiteformer model class
 
     def __init__(self, config: WhiteformerConfig):
@@ -108,6 +110,20 @@ class WhiteformerPreTrainedModel(PreTrainedModel):
                 if p.is_symlink() and _WRITTEN.fullmatch(p.name):
                     p.unlink()
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,
+                                    every_n_layers: int = 1) -> None:
+        """``gradient_checkpointing_enable()`` / ``Trainer(gradient_checkpointing=True)``: every block
+        of the whiteformer model is checkpointed with ``transformers``' checkpoint function
+        (``use_reentrant=False`` unless its kwargs say otherwise)."""
+        if every_n_layers != 1:
+            raise ValueError(f"whiteformer models checkpoint every block (every_n_layers=1), got {every_n_layers}")
+        self.whiteformer.set_grad_checkpointing(bool(enable), gradient_checkpointing_func if enable else None)
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        """Whether the blocks are checkpointed (read by ``is_gradient_checkpointing``)."""
+        return bool(getattr(self.whiteformer, "grad_checkpointing", False))
 
     @property
     def whiteformer(self) -> nn.Module:
@@ -170,9 +186,12 @@ class _WhiteformerForCausalLM(WhiteformerPreTrainedModel, GenerationMixin):
         labels (B, T) next-token targets, shifted inside as ``transformers`` does (-100 ignored).
 
         With a non-empty cache, input_ids are the new tokens (their mask columns must be 1) and
-        the model steps through them from the cached state. Positions always come from
-        ``attention_mask`` (real tokens counted; ``position_ids``, which ``generate`` derives the
-        same way, are not read). ``use_cache`` (default
+        the model steps through them from the cached state. Positions come from
+        ``attention_mask`` (real tokens counted; ``position_ids`` that ``generate`` derives the same
+        way are accepted). Packed documents (``DataCollatorWithFlattening``): input_ids (1, T) with
+        ``position_ids`` restarting at 0 at each document or ``cu_seq_lens_q`` become the model's
+        ``cu_seqlens`` (each document its own sequence; labels never cross a document; no cache);
+        other ``position_ids`` raise ``ValueError``. ``use_cache`` (default
         ``config.use_cache`` in eval mode, off in training) returns the state in
         ``output.cache`` (``past_key_values`` in older ``transformers``).
         """
@@ -182,6 +201,10 @@ class _WhiteformerForCausalLM(WhiteformerPreTrainedModel, GenerationMixin):
         if cache is not None and past_key_values is not None and cache is not past_key_values:
             raise ValueError("pass the cache once (cache or past_key_values), not both")
         cache = cache if cache is not None else past_key_values
+        in_prompt = cache is None or not isinstance(cache, WhiteformerCache) or cache.state is None
+        cu_seqlens = packed_cu_seqlens(attention_mask, position_ids if in_prompt else None, kwargs)
+        if cu_seqlens is not None:
+            return self._forward_packed(input_ids, attention_mask, labels, cu_seqlens, use_cache, cache, kwargs)
         if use_cache is None:
             use_cache = bool(getattr(self.config, "use_cache", True)) and not self.training
         net = self.whiteformer
@@ -215,6 +238,57 @@ class _WhiteformerForCausalLM(WhiteformerPreTrainedModel, GenerationMixin):
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=net.vocab_size, **kwargs)
         return _output(CausalLMOutputWithPast, loss=loss, logits=logits, cache=cache if use_cache else None)
+
+
+    def resize_token_embeddings(self, new_num_tokens: Optional[int] = None, pad_to_multiple_of: Optional[int] = None,
+                                mean_resizing: bool = True) -> nn.Embedding:
+        """``transformers``' resize (the tied ``lm_head`` follows ``wte``), then the whiteformer model's
+        ``vocab_size`` (its id check) and the configuration's ``init_kwargs`` (what a reload builds)
+        take the new size."""
+        emb = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        n = emb.weight.shape[0]
+        net = self.whiteformer
+        net.lm_head.out_features = n
+        net.vocab_size = n
+        if hasattr(net, "init_kwargs"):
+            net.init_kwargs = {**net.init_kwargs, "vocab_size": n}
+        self.config.init_kwargs = {**self.config.init_kwargs, "vocab_size": n}
+        self.config.vocab_size = n
+        return emb
+
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, *args, **kwargs):
+        """``transformers``' inputs, cropped like :meth:`whiteformer.models.lm.CausalLM.generate`: once a
+        sequence holds more real tokens than the model's context limit (``max_len`` of a learned
+        position embedding or ToST's position bias), the state is rebuilt from the last
+        ``max_len`` positions at every new token (as nanoGPT)."""
+        inputs = super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
+        limit = self.whiteformer.context_limit
+        mask = kwargs.get("attention_mask")
+        real = input_ids.shape[1] if mask is None else int((mask != 0).sum(dim=-1).max())
+        if limit is None or real <= limit:
+            return inputs
+        inputs["input_ids"] = input_ids[:, -limit:].clone()
+        if mask is not None:
+            inputs["attention_mask"] = mask[:, -limit:]
+        inputs.pop("position_ids", None)
+        cache = inputs.get("cache", inputs.get("past_key_values"))
+        if isinstance(cache, WhiteformerCache):  # a fresh prefill of the window; positions consumed stay counted
+            cache.state, cache.seq_length = None, input_ids.shape[1] - limit
+        return inputs
+
+    def _forward_packed(self, input_ids, attention_mask, labels, cu_seqlens, use_cache, cache, kwargs):
+        if use_cache or (cache is not None and cache.get_seq_length() != 0):
+            raise ValueError("a packed batch (position_ids restarting / cu_seq_lens_q) runs without a cache: pass "
+                             "use_cache=False and no past_key_values")
+        if attention_mask is not None and not bool((attention_mask != 0).all()):
+            raise ValueError("a packed batch has no padding: attention_mask must be all 1 (or None)")
+        net = self.whiteformer
+        logits, _ = net(input_ids, cu_seqlens=cu_seqlens.to(input_ids.device))
+        loss = None
+        if labels is not None:
+            labels = mask_document_starts(labels, cu_seqlens)
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=net.vocab_size, **kwargs)
+        return _output(CausalLMOutputWithPast, loss=loss, logits=logits, cache=None)
 
 
 class ToSTForCausalLM(_WhiteformerForCausalLM):

@@ -24,7 +24,7 @@ from einops import rearrange
 from ..attention.baselines import MSSA
 from .blocks import ISTA
 from .checkpoint import PretrainedMixin
-from ..layers import PatchGrid, resample_abs_pos_embed, vit_forward_intermediates
+from ..layers import GradCheckpointMixin, PatchGrid, resample_abs_pos_embed, vit_forward_intermediates
 from .registry import build_with_defaults, register_model
 from .._checks import check_int, check_probability
 
@@ -83,7 +83,7 @@ _OFFICIAL_RULES = [
 ]
 
 
-class CRATE(PretrainedMixin, nn.Module):
+class CRATE(GradCheckpointMixin, PretrainedMixin, nn.Module):
     """CRATE image classifier (official ``CRATE`` of ``model/crate.py``).
 
     Args: img_size, patch_size, in_chans, num_classes (0: no head), embed_dim (official ``dim``),
@@ -154,7 +154,10 @@ class CRATE(PretrainedMixin, nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> tokens after the last layer (B, 1 + N, D) (no final norm:
         CRATE normalises the pooled token in the head)."""
-        return self.blocks(self._embed(x))
+        x = self._embed(x)
+        for blk in self.blocks:
+            x = self.run_block(blk, x)
+        return x
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens (B, 1 + N, D) -> logits (B, num_classes) (normalised pooled token if ``pre_logits``)."""

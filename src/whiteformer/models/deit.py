@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from .._checks import check_divisible, check_int, check_probability
 from ..attention.baselines import MHSA
-from ..layers import PatchGrid, resample_abs_pos_embed, vit_forward_intermediates
+from ..layers import GradCheckpointMixin, PatchGrid, resample_abs_pos_embed, vit_forward_intermediates
 from .blocks import DropPath, LayerScale, Mlp
 from .checkpoint import PretrainedMixin
 from .hf_vit import convert_hf_vit_state_dict, is_hf_vit_state_dict
@@ -68,7 +68,7 @@ class ViTBlock(nn.Module):
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
-class VisionTransformer(PretrainedMixin, nn.Module):
+class VisionTransformer(GradCheckpointMixin, PretrainedMixin, nn.Module):
     """ViT / DeiT classifier with timm's ``VisionTransformer`` state_dict and protocol
     (``forward_features``, ``forward_head``, ``reset_classifier``, ``no_weight_decay``,
     ``forward_intermediates``).
@@ -172,7 +172,8 @@ class VisionTransformer(PretrainedMixin, nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> normalised tokens (B, 1 + N, D) (class token first)."""
         x = self._embed(x)
-        x = self.blocks(x)
+        for blk in self.blocks:
+            x = self.run_block(blk, x)
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:

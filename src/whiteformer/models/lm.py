@@ -36,14 +36,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .._checks import check_divisible, check_mask, check_probability, is_int, is_real, stats_dtype
+from .._checks import check_cu_seqlens, check_divisible, check_mask, check_probability, is_int, is_real, stats_dtype
 from ..attention.causal import CausalAttention, CausalSelfAttention, KVCache
 from ..attention.context_parallel import ContextParallel
 from ..attention.tssa import CausalTSSA
 from ..ops.context_parallel import all_reduce_sum, chunk_layout
 from ..ops.linear_cross_entropy import linear_cross_entropy
+from ..ops.packing import segment_positions
 from .checkpoint import PretrainedMixin
-from ..layers import feature_take_indices
+from ..layers import GradCheckpointMixin, feature_take_indices
 from .registry import build_with_defaults, register_model
 
 __all__ = ["CausalLM", "ToSTLM", "GPTLM", "CausalSelfAttention", "KVCache", "LMState"]
@@ -96,8 +97,10 @@ class LMBlock(nn.Module):
         x = x + self.gamma1 * h
         return x + self.gamma2 * self.mlp(self.ln_2(x))
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return self._finish(x, self.attn(self.ln_1(x), attn_mask))
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
+        packed = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
+        return self._finish(x, self.attn(self.ln_1(x), attn_mask, **packed))
 
     def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Any]:
         h, state = self.attn.prefill(self.ln_1(x), attn_mask)
@@ -108,7 +111,7 @@ class LMBlock(nn.Module):
         return self._finish(x_t, h), state
 
 
-class CausalLM(ContextParallel, PretrainedMixin, nn.Module):
+class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module):
     """Shared shell of :class:`ToSTLM` and :class:`GPTLM` (see the module docstring).
 
     Subclasses provide ``_make_attn(i)`` and ``_attn_len_limit()``.
@@ -225,10 +228,6 @@ class CausalLM(ContextParallel, PretrainedMixin, nn.Module):
         every sequence needs at least one real token (``whole=False``: checked by the caller)."""
         if attn_mask is None:
             return None
-        if isinstance(attn_mask, torch.Tensor) and attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
-            if bool(((attn_mask != 0) & (attn_mask != 1)).any()):
-                raise ValueError("attn_mask must hold 0/1 (or bool) values, 1/True = real token")
-            attn_mask = attn_mask.bool()
         attn_mask = check_mask(attn_mask, idx.shape[0], idx.shape[1])
         if whole and not bool(attn_mask.any(dim=1).all()):
             raise ValueError("attn_mask has a sequence without any real token (an all-False row)")
@@ -243,13 +242,27 @@ class CausalLM(ContextParallel, PretrainedMixin, nn.Module):
                 f"sequence length {t} exceeds the model's context limit {limit} (max_len; build the model "
                 f"with pos_emb=False{', pos_bias=False' if isinstance(self, ToSTLM) else ''} to remove it)")
 
+    def _check_packed(self, idx: torch.Tensor, attn_mask, cu_seqlens) -> torch.Tensor:
+        """Packed documents: idx (1, T), no attn_mask, valid ``cu_seqlens``, each document within the
+        context limit; returns the (1, T) positions within the documents."""
+        if idx.shape[0] != 1 or attn_mask is not None:
+            raise ValueError(f"with cu_seqlens, idx must hold the packed documents in one row (1, T) and attn_mask "
+                             f"must be None; got idx of shape {tuple(idx.shape)}")
+        if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != idx.device:
+            raise ValueError(f"cu_seqlens must be on idx's device ({idx.device}), got {cu_seqlens.device}")
+        self._check_len(max(check_cu_seqlens(cu_seqlens, idx.shape[1])))
+        return segment_positions(cu_seqlens, idx.shape[1], idx.device)[None]
+
     # ---- forward ------------------------------------------------------------------------------
     def _embed(self, idx: torch.Tensor, start: Union[int, torch.Tensor] = 0,
-               attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+               attn_mask: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Token + position embedding. Positions count real tokens only: token t of a sequence
-        gets ``start + (number of real tokens before it)`` (``start`` an int or (B,) tensor)."""
+        gets ``start + (number of real tokens before it)`` (``start`` an int or (B,) tensor);
+        ``positions`` (B, T), when given, are used as they are (packed documents)."""
         x = self.transformer.wte(idx)
-        if self.has_pos_emb:
+        if self.has_pos_emb and positions is not None:
+            x = x + self.transformer.wpe(positions)
+        elif self.has_pos_emb:
             if attn_mask is None:
                 pos = torch.arange(idx.shape[1], dtype=torch.long, device=idx.device).expand(idx.shape[0], -1)
             else:
@@ -264,30 +277,45 @@ class CausalLM(ContextParallel, PretrainedMixin, nn.Module):
     def _real_len(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor]) -> Union[int, torch.Tensor]:
         return idx.shape[1] if attn_mask is None else attn_mask.long().sum(dim=1)
 
-    def forward_features(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward_features(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, *,
+                         cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
         """idx (B, T) token ids, attn_mask (B, T) keep-mask (None: no padding; left or right
         padding allowed) -> final hidden states after ``ln_f`` (B, T, D). Each real token sees
         the real tokens of its own sequence only, at positions counted among them. Context-parallel
-        (see the module docstring): idx and attn_mask are this rank's chunk, positions global."""
+        (see the module docstring): idx and attn_mask are this rank's chunk, positions global.
+
+        ``cu_seqlens`` (S + 1,) int32 (FlashAttention's convention): idx (1, T) holds S packed
+        documents (``cu_seqlens[s]:cu_seqlens[s + 1]``), each its own sequence with positions
+        from 0, exactly as if run alone; no ``attn_mask`` and no context parallelism then."""
         self._check_idx(idx)
         group = self.context_parallel_group
         attn_mask = self._check_attn_mask(attn_mask, idx, whole=group is None)
-        start, real = 0, self._real_len(idx, attn_mask)
-        if group is not None:
-            start, _, real = chunk_layout(idx, group, attn_mask, name="idx", token_dim=1)
-            if isinstance(real, torch.Tensor) and not bool((real > 0).all()):
-                raise ValueError("attn_mask has a sequence without any real token on any rank (an all-False row)")
-        self._check_len(real)
-        x = self._embed(idx, start, attn_mask)
+        if cu_seqlens is not None:
+            if group is not None:
+                raise ValueError("cu_seqlens and context parallelism cannot be combined (packed documents are not "
+                                 "split over ranks)")
+            x = self._embed(idx, positions=self._check_packed(idx, attn_mask, cu_seqlens))
+        else:
+            start, real = 0, self._real_len(idx, attn_mask)
+            if group is not None:
+                start, _, real = chunk_layout(idx, group, attn_mask, name="idx", token_dim=1)
+                if isinstance(real, torch.Tensor) and not bool((real > 0).all()):
+                    raise ValueError("attn_mask has a sequence without any real token on any rank (an all-False row)")
+            self._check_len(real)
+            x = self._embed(idx, start, attn_mask)
         for blk in self.transformer.h:
-            x = blk(x, attn_mask)
+            x = self.run_block(blk, x, attn_mask, cu_seqlens)
         return self.transformer.ln_f(x)
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
-                attn_mask: Optional[torch.Tensor] = None, loss_chunk: Optional[int] = None
+                attn_mask: Optional[torch.Tensor] = None, loss_chunk: Optional[int] = None, *,
+                cu_seqlens: Optional[torch.Tensor] = None
                 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """idx (B, T) -> ``(logits (B, T, V), loss)``; ``attn_mask`` (B, T) keep-mask for padded
-        batches (see :meth:`forward_features`).
+        batches, ``cu_seqlens`` for packed documents in idx (1, T) (see :meth:`forward_features`).
+        With ``cu_seqlens`` the loss never crosses a document boundary: the target of each
+        document's last token (but the row's last) is ignored, since it would be the next
+        document's first token.
 
         Unlike nanoGPT, logits are returned for **all** positions even without targets. ``loss``
         is the mean next-token cross-entropy against ``targets`` (B, T) (``-1`` = ignored; 0 with a
@@ -302,13 +330,17 @@ class CausalLM(ContextParallel, PretrainedMixin, nn.Module):
         """
         if loss_chunk is not None and targets is None:
             raise ValueError("loss_chunk needs targets (it computes the loss without forming the logits)")
-        h = self.forward_features(idx, attn_mask)
+        h = self.forward_features(idx, attn_mask, cu_seqlens=cu_seqlens)
         if targets is not None:
             if not isinstance(targets, torch.Tensor) or targets.shape != idx.shape:
                 raise ValueError(f"targets must be a tensor of shape {tuple(idx.shape)}, got "
                                  f"{getattr(targets, 'shape', type(targets).__name__)}")
             if targets.dtype.is_floating_point or targets.dtype == torch.bool:
                 raise TypeError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
+            if cu_seqlens is not None:
+                ends = cu_seqlens[1:-1].to(targets.device, torch.long)
+                ends = ends[(ends > 0) & (ends < idx.shape[1])] - 1  # last token of each document but the row's last
+                targets = targets.long().index_fill(1, ends, -1)
         if loss_chunk is not None and self.context_parallel_group is not None:
             flat = targets.reshape(-1).long()
             counted = (flat != -1).sum()

@@ -40,7 +40,8 @@ import torch
 import torch.nn as nn
 
 from .. import attention as _attention
-from .._checks import check_divisible, check_mask, check_probability, is_int
+from .._checks import as_keep_mask, check_divisible, check_mask, check_probability, is_int
+from ..layers import GradCheckpointMixin
 from .blocks import Mlp
 from .checkpoint import PretrainedMixin
 from .registry import build_with_defaults, register_model
@@ -106,7 +107,7 @@ class LRABlock(nn.Module):
         return self.norm2(x + self.mlp(x))
 
 
-class LRAClassifier(PretrainedMixin, nn.Module):
+class LRAClassifier(GradCheckpointMixin, PretrainedMixin, nn.Module):
     """Sequence classifier of the LRA benchmark with a pluggable attention (see module docstring).
 
     Args:
@@ -205,8 +206,7 @@ class LRAClassifier(PretrainedMixin, nn.Module):
                 got = tuple(attn_mask.shape) if isinstance(attn_mask, torch.Tensor) else type(attn_mask).__name__
                 raise ValueError(f"attn_mask must be a bool tensor of the tokens' shape {tuple(tokens.shape)}, "
                                  f"got {got}")
-            if attn_mask.dtype != torch.bool:
-                raise TypeError(f"attn_mask must have dtype torch.bool (True = real token), got {attn_mask.dtype}")
+            attn_mask = as_keep_mask(attn_mask)
         elif self.pad_id is not None:
             attn_mask = tokens != self.pad_id
         if attn_mask is not None and not bool(attn_mask.any(-1).all()):
@@ -226,7 +226,7 @@ class LRAClassifier(PretrainedMixin, nn.Module):
             attn_mask = None  # nothing to hide: the layers' unmasked (fast) path
         check_mask(attn_mask, b, x.shape[1])
         for blk in self.blocks:
-            x = blk(x, attn_mask=attn_mask)
+            x = self.run_block(blk, x, attn_mask=attn_mask)
         x = self.norm(x)
         if self.cls_token is not None:
             return x[:, 0]

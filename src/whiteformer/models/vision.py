@@ -27,7 +27,7 @@ import torch.nn as nn
 
 from .. import attention as _attention
 from .._checks import check_divisible, check_int, check_probability, check_tensor, check_tokens_input, is_int, is_real
-from ..layers import to_2tuple
+from ..layers import GradCheckpointMixin, to_2tuple
 from .blocks import ISTA, ClassAttentionBlock, ConvPatchEmbed, DropPath, FourierPositionalEncoding, Mlp
 from .checkpoint import PretrainedMixin
 
@@ -130,7 +130,7 @@ class Block(nn.Module):
         return (x, stats) if return_pi else x
 
 
-class ToSTVision(PretrainedMixin, nn.Module):
+class ToSTVision(GradCheckpointMixin, PretrainedMixin, nn.Module):
     """ToST's XCiT-derived image classifier with a pluggable token mixer (see module docstring).
 
     Args:
@@ -284,14 +284,14 @@ class ToSTVision(PretrainedMixin, nn.Module):
         cls = self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype)
         x = torch.cat((cls, x), dim=1)
         for blk in self.cls_attn_blocks:
-            x = blk(x)
+            x = self.run_block(blk, x)
         return self.norm(x)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C_in, H, W) -> normalised tokens (B, 1 + N, D), CLS token first."""
         x = self._embed(x)
         for blk in self.blocks:
-            x = blk(x)
+            x = self.run_block(blk, x)
         return self._head_tokens(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:

@@ -26,7 +26,7 @@ import torch
 from .._checks import check_cu_seqlens
 from .context_parallel import check_group, chunk_layout
 
-__all__ = ["Packing", "packing", "packed_layout", "to_padded", "from_padded", "segment_positions"]
+__all__ = ["Packing", "packing", "packed_layout", "to_padded", "from_padded", "segment_ids", "segment_positions"]
 
 
 class Packing(NamedTuple):
@@ -110,9 +110,14 @@ def from_padded(y: torch.Tensor, pk: Packing) -> torch.Tensor:
     return flat[:, pk.flat].unsqueeze(0)
 
 
+def segment_ids(cu_seqlens: torch.Tensor, total: int, device: torch.device) -> torch.Tensor:
+    """(total,) long: the document index of each packed token (validates ``cu_seqlens``)."""
+    lengths = check_cu_seqlens(cu_seqlens, total)
+    return torch.repeat_interleave(torch.arange(len(lengths), device=device),
+                                   torch.tensor(lengths, device=device), output_size=total)
+
+
 def segment_positions(cu_seqlens: torch.Tensor, total: int, device: torch.device) -> torch.Tensor:
     """(total,) long: each packed token's position within its document (0 at every start)."""
-    lengths = check_cu_seqlens(cu_seqlens, total)
-    starts = torch.repeat_interleave(cu_seqlens[:-1].to(device=device, dtype=torch.long),
-                                     torch.tensor(lengths, device=device), output_size=total)
+    starts = cu_seqlens.to(device=device, dtype=torch.long)[segment_ids(cu_seqlens, total, device)]
     return torch.arange(total, device=device) - starts

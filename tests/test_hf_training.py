@@ -1,0 +1,153 @@
+"""Training through transformers: packed batches (DataCollatorWithFlattening), gradient
+checkpointing, the LM's HF contract (resize_token_embeddings, generate past max_len, masks)."""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+transformers = pytest.importorskip("transformers", reason="needs the hf extra: pip install whiteformer[hf]")
+
+import whiteformer.hf  # noqa: E402,F401
+from transformers import AutoConfig, AutoModelForCausalLM, DataCollatorWithFlattening  # noqa: E402
+
+TINY = dict(vocab_size=61, dim=32, depth=2, num_heads=4, max_len=16)
+LM = {"whiteformer-tost-lm": "tost_lm_base", "whiteformer-gpt": "gpt_base"}
+
+
+def _lm(model_type, **over):
+    config = AutoConfig.for_model(model_type, model_name=LM[model_type], init_kwargs={**TINY, **over})
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # layer scale and position bias away from their tiny / zero init
+        for p in model.parameters():
+            if p.dim() == 1 or p.shape[-1] == 1:
+                p.normal_(std=0.5)
+    return model
+
+
+DOCS = [[5, 9, 2, 7, 1], [3], [8, 8, 4, 60, 11, 2, 6], [0, 13]]
+
+
+@pytest.mark.parametrize("flash_kwargs", [False, True])
+@pytest.mark.parametrize("model_type", list(LM))
+def test_flattened_batch_equals_each_document_alone(model_type, flash_kwargs):
+    model = _lm(model_type)
+    batch = DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs)(
+        [{"input_ids": d} for d in DOCS])
+    assert ("cu_seq_lens_q" in batch) == flash_kwargs
+    out = model(**batch)
+    assert out.cache is None
+    alone = [model(torch.tensor([d]), use_cache=False).logits[0] for d in DOCS]
+    torch.testing.assert_close(out.logits[0], torch.cat(alone))
+    # the loss: every document's shifted next-token loss inside itself
+    total = sum(F.cross_entropy(a[:-1], torch.tensor(d[1:], dtype=torch.long), reduction="sum") for a, d in zip(alone, DOCS))
+    torch.testing.assert_close(out.loss, total / sum(len(d) - 1 for d in DOCS))
+    # labels = input_ids (no separators): the wrapper still keeps the loss inside the documents
+    plain = model(batch["input_ids"], labels=batch["input_ids"], position_ids=batch["position_ids"])
+    torch.testing.assert_close(plain.loss, out.loss)
+    # gradients: those of the documents run alone
+    grads = torch.autograd.grad(out.loss, list(model.parameters()))
+    want = torch.autograd.grad(total / sum(len(d) - 1 for d in DOCS), list(model.parameters()))
+    for a, b in zip(grads, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_packed_batches_that_cannot_be_honoured_raise():
+    model = _lm("whiteformer-tost-lm")
+    ids = torch.randint(0, 61, (2, 6))
+    with pytest.raises(ValueError, match="position_ids that cannot be honoured"):
+        model(ids, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]] * 2))
+    with pytest.raises(ValueError, match="position_ids that cannot be honoured"):
+        model(ids[:1], position_ids=torch.tensor([[3, 4, 5, 6, 7, 8]]))
+    with pytest.raises(ValueError, match="without a cache"):
+        model(ids[:1], position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]]), use_cache=True)
+    with pytest.raises(ValueError, match="differ"):
+        model(ids[:1], cu_seq_lens_q=torch.tensor([0, 3, 6], dtype=torch.int32),
+              cu_seq_lens_k=torch.tensor([0, 2, 6], dtype=torch.int32))
+    # ordinary positions (as generate derives them, padding included) are accepted
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    pos = (mask.cumsum(1) - 1).masked_fill(mask == 0, 1)
+    torch.testing.assert_close(model(ids, attention_mask=mask, position_ids=pos).logits,
+                               model(ids, attention_mask=mask).logits)
+
+
+@pytest.mark.parametrize("model_type", list(LM))
+def test_gradient_checkpointing_enable_same_loss_and_gradients(model_type):
+    model = _lm(model_type).train()
+    ids = torch.randint(0, 61, (2, 9))
+    loss = model(ids, labels=ids).loss
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    model.gradient_checkpointing_enable()
+    assert model.whiteformer.grad_checkpointing and model.is_activation_checkpointing
+    calls = []
+    hook = model.whiteformer.transformer.h[0].register_forward_pre_hook(lambda *a: calls.append(1))
+    loss2 = model(ids, labels=ids).loss
+    grads2 = torch.autograd.grad(loss2, list(model.parameters()))
+    assert len(calls) == 2  # the block ran again in backward: it was checkpointed
+    hook.remove()
+    torch.testing.assert_close(loss2, loss)
+    for a, b in zip(grads2, grads):
+        torch.testing.assert_close(a, b)
+    model.gradient_checkpointing_disable()
+    assert not model.whiteformer.grad_checkpointing
+
+
+def test_trainer_with_gradient_checkpointing_and_packed_batches(tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    g = torch.Generator().manual_seed(0)
+    docs = [{"input_ids": torch.randint(0, 61, (int(n),), generator=g).tolist()}
+            for n in torch.randint(2, 12, (32,), generator=g)]
+    model = _lm("whiteformer-tost-lm").train()
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=3,
+                             learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
+                             dataloader_num_workers=0, disable_tqdm=True, gradient_checkpointing=True)
+    trainer = Trainer(model=model, args=args, train_dataset=docs, data_collator=DataCollatorWithFlattening())
+    trainer.train()
+    assert model.whiteformer.grad_checkpointing
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
+
+
+@pytest.mark.parametrize("model_type", list(LM))
+def test_resize_token_embeddings_round_trips(model_type, tmp_path):
+    model = _lm(model_type)
+    model.resize_token_embeddings(70)
+    assert model.config.vocab_size == 70 and model.config.init_kwargs["vocab_size"] == 70
+    net = model.whiteformer
+    assert net.vocab_size == 70 and net.lm_head.weight is net.transformer.wte.weight
+    ids = torch.tensor([[65, 3, 69, 10]])  # ids of the new rows are accepted ...
+    logits = model(ids).logits
+    assert logits.shape == (1, 4, 70)
+    with pytest.raises(ValueError, match=r"expected \[0, 69\]"):  # ... and checked against the new size
+        model(torch.tensor([[70]]))
+    model.save_pretrained(tmp_path)
+    back = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert back.config.vocab_size == 70
+    torch.testing.assert_close(back(ids).logits, logits)
+    model.resize_token_embeddings(50)  # shrinking too
+    assert model(torch.tensor([[49, 1]])).logits.shape == (1, 2, 50)
+
+
+@pytest.mark.parametrize("model_type", list(LM))
+def test_generate_past_max_len_crops_like_whiteformer_generate(model_type):
+    model = _lm(model_type)  # max_len 16: a 10-token prompt and 20 new tokens go past it
+    idx = torch.randint(1, 61, (2, 10))  # (no pad id 0 in the prompts: no inferred padding)
+    out = model.generate(idx, max_new_tokens=20, do_sample=False, pad_token_id=0)
+    want = model.whiteformer.generate(idx, 20, temperature=0)
+    assert torch.equal(out, want)
+    long_prompt = torch.randint(1, 61, (1, 20))  # a prompt longer than max_len is cropped too
+    assert torch.equal(model.generate(long_prompt, max_new_tokens=3, do_sample=False, pad_token_id=0),
+                       model.whiteformer.generate(long_prompt, 3, temperature=0))
+
+
+@pytest.mark.parametrize("dtype", [torch.long, torch.int32])
+def test_integer_attention_masks_everywhere(dtype):
+    model = _lm("whiteformer-tost-lm")
+    ids = torch.randint(0, 61, (2, 6))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], dtype=dtype)
+    torch.testing.assert_close(model(ids, attention_mask=mask).logits[0, 2:],
+                               model(ids[:1, 2:]).logits[0])
+    with pytest.raises(TypeError, match="additive"):
+        model(ids, attention_mask=mask.float())
