@@ -186,6 +186,7 @@ def test_a_failed_overwrite_keeps_the_old_run(finished, tmp_path, capsys):
     # has its own final model (then they are deleted).
     with pytest.raises(Crash):
         train(tiny_cfg(run, steps=4, overwrite=True, seed=5), post_step=[_crash_after(3)])
+    assert "wait in" in capsys.readouterr().out
     assert [p for p in run.iterdir() if p.name.startswith(".overwritten-")]
     assert not (run / "final").exists()
     train(tiny_cfg(run, steps=4, resume=True, seed=5))

@@ -6,7 +6,11 @@ deleted or overwritten.
   never blocks the next one; a second writer gets an error naming the holder (pid, host, command,
   start time), which the lock file records. The file stays behind as the mark of a directory
   written by ``whiteformer train``.
-- :func:`check_run_dir`: what may be done with an existing directory (see its docstring).
+- :func:`check_run_dir`: what may be done with an existing directory (see its docstring); a
+  finished run (``final/``) is never replaced without ``--overwrite``.
+- ``--overwrite``: :func:`stash_run_files` moves the old run's files aside once the new run is
+  built, :func:`drop_stashes` deletes them when the new run has its final model, and
+  :func:`restore_stash` puts them back if it fails before its first checkpoint.
 """
 from __future__ import annotations
 

@@ -81,8 +81,12 @@ class Trainer:
         ``--overwrite`` and failed before its first checkpoint puts the replaced run back."""
         if self.lock is None:
             return
-        if failed and self.stash is not None and not list_checkpoints(self.ckpt_dir):
-            restore_stash(self.run_dir, self.stash, self.say)
+        if failed and self.stash is not None:
+            if not list_checkpoints(self.ckpt_dir):
+                restore_stash(self.run_dir, self.stash, self.say)
+            else:
+                self.say(f"overwrite: the replaced run's files wait in {str(self.stash)!r} until this run (continue "
+                         f"it with --resume) has written its final model")
             self.stash = None
         if failed and self.dir_mode == "fresh" and [p.name for p in self.run_dir.iterdir()] == [LOCK_NAME]:
             self.lock.path.unlink(missing_ok=True)
