@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 from whiteformer import create_model
 from whiteformer.analysis import coding_rate, layerwise_report
-from whiteformer.attention import build
+from whiteformer.attention import build, list_attention
 from whiteformer.compress import compress
 from whiteformer.models.checkpoint import load_checkpoint, read_state_dict
 
@@ -135,6 +135,19 @@ def test_half_input_to_a_float_layer_names_x_and_both_dtypes(name):
         layer(x)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts for the matmuls: accepted
         assert layer(x.bfloat16()).shape == x.shape
+
+
+@pytest.mark.parametrize("name", list_attention())
+def test_input_on_another_device_names_x_and_both_devices(name):
+    layer = build(name, 32, num_heads=4)  # on the CPU
+    with pytest.raises(ValueError, match=r"x is on device meta but the layer's parameters are on cpu"):
+        layer(torch.empty(2, 5, 32, device="meta"))
+    if hasattr(layer, "step"):  # the causal layers' one-token path as well
+        with pytest.raises(ValueError, match=r"x_t is on device meta .* on cpu"):
+            layer.step(torch.empty(2, 32, device="meta"))
+    with torch.device("meta"):  # a layer on meta with an input on meta: shapes only, no error
+        out = build(name, 32, num_heads=4)(torch.empty(2, 5, 32))
+    assert (out[0] if isinstance(out, tuple) else out).shape == (2, 5, 32)
 
 
 # ----------------------------------------------------------------------------- analysis / compression

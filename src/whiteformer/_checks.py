@@ -102,13 +102,24 @@ def check_cu_seqlens(cu_seqlens, total: int, name: str = "cu_seqlens") -> list:
 
 def check_tokens_input(x, name: str = "x", dim: int | None = None, like: torch.Tensor | None = None) -> None:
     """Check a layer input of shape (B, N, C) (and C == dim when given; with ``like``, one of the
-    layer's weights, the dtype must match it outside autocast: :func:`check_input_dtype`)."""
+    layer's weights, the device must be its device (:func:`check_input_device`) and the dtype its
+    dtype outside autocast (:func:`check_input_dtype`))."""
     check_tensor(x, name, 3)
     check_nonempty(x, name, 1)
     if dim is not None and x.shape[-1] != dim:
         raise ValueError(f"{name} must have last dimension {dim} (the layer's dim), got shape {tuple(x.shape)}")
     if like is not None:
+        check_input_device(x, like, name)
         check_input_dtype(x, like, name)
+
+
+def check_input_device(x: torch.Tensor, param: torch.Tensor | None, name: str = "x") -> None:
+    """A layer input must be on its parameters' device: a ``ValueError`` naming ``name`` and both
+    devices, instead of torch's device error deep inside the layer or, on the ``meta`` device, a
+    result without values."""
+    if param is not None and x.device != param.device:
+        raise ValueError(f"{name} is on device {x.device} but the layer's parameters are on {param.device}: move "
+                         f"the input ({name}.to({str(param.device)!r})) or the layer (.to({str(x.device)!r}))")
 
 
 def stats_dtype(x: torch.Tensor) -> torch.dtype:

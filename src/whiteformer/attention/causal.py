@@ -18,7 +18,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import check_divisible, check_mask, check_probability, check_tensor, check_tokens_input
+from .._checks import (check_divisible, check_input_device, check_mask, check_probability, check_tensor,
+                       check_tokens_input)
 from .._utils import zero_padded
 from ..ops.packing import segment_ids
 from .registry import register_attention
@@ -143,6 +144,7 @@ class CausalSelfAttention(nn.Module):
         check_tensor(x_t, "x_t", 2)
         if x_t.shape[-1] != self.dim:
             raise ValueError(f"x_t must have shape (B, {self.dim}), got {tuple(x_t.shape)}")
+        check_input_device(x_t, self.qkv.weight, "x_t")
         q, k, v = self._qkv(x_t.unsqueeze(1))
         mask = None
         if state is not None:

@@ -13,8 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .._checks import (autocast_off, check_divisible, check_eps, check_mask, check_sketch_rank, check_tokens_input,
-                       is_int, is_real, stats_dtype)
+from .._checks import (autocast_off, check_divisible, check_eps, check_input_device, check_mask, check_sketch_rank,
+                       check_tokens_input, is_int, is_real, stats_dtype)
 from .._utils import zero_padded
 from ..ops.eca import _compress, _expand, eca_omega
 from .registry import register_attention
@@ -236,6 +236,7 @@ class ECAttention(nn.Module):
         ``(update, {"pi": (B, K, N)})`` with ``return_pi`` (Eq. 7 memberships). Computed in
         float32 for half inputs and under autocast (see the class docstring)."""
         check_tokens_input(x, "x", self.dim)
+        check_input_device(x, next(self.parameters(), None))  # half inputs are fine (float32 statistics)
         B, N, _ = x.shape
         attn_mask = check_mask(attn_mask, B, N)
         x = zero_padded(x, attn_mask)  # padded tokens take no part (NaN/inf there reach nothing)

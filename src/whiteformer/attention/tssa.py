@@ -15,7 +15,8 @@ import torch
 import torch.nn as nn
 from einops import rearrange
 
-from .._checks import check_divisible, check_mask, check_probability, check_tensor, check_tokens_input
+from .._checks import (check_divisible, check_input_device, check_mask, check_probability, check_tensor,
+                       check_tokens_input)
 from .._utils import zero_padded
 from ..ops.causal_tssa import CausalTSSAState, causal_tssa, causal_tssa_step
 from ..ops.tssa import tssa
@@ -161,6 +162,7 @@ class CausalTSSA(ContextParallel, nn.Module):
                              "generating (the state of a split prefill is on the group's last rank)")
         if x_t.shape[-1] != self.dim:
             raise ValueError(f"x_t must have shape (B, {self.dim}), got {tuple(x_t.shape)}")
+        check_input_device(x_t, self.qkv.weight, "x_t")
         w_t = rearrange(self.qkv(x_t), "b (h d) -> b h d", h=self.num_heads)
         out, state = causal_tssa_step(w_t, state, self.temp, self.pos_bias,
                                       attn_drop=self.attn_drop, training=self.training)
