@@ -102,6 +102,26 @@ def test_resume_continues_a_finished_run(finished, tmp_path, capsys):
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == [LOCK_NAME]
 
 
+def test_every_writing_command_refuses_a_folder_holding_a_model_directly_or_through_a_link(deit_run, tmp_path,
+                                                                                             capsys):
+    from whiteformer import create_model
+
+    mine = create_model("deit_t_p16", img_size=8, patch_size=4, in_chans=1, embed_dim=16, depth=1, num_heads=2,
+                        num_classes=10).save_pretrained(tmp_path / "mine")
+    (mine / "notes.txt").write_text("mine")
+    (tmp_path / "link").symlink_to(mine, target_is_directory=True)
+    before = snapshot(tmp_path)
+    for out in (mine, tmp_path / "link"):
+        for extra in ([], ["--resume"]):
+            refused(capsys, main(["train", *SUBSPACES, "--steps", "1", "--out", str(out), *extra]), "is not empty")
+        refused(capsys, main(["compress", "--checkpoint", str(deit_run), *COMPRESS, "--out", str(out)]),
+                "is not empty")
+        refused(capsys, main(["analyze", "eca-toy", "--small", "--no-plots", "--out", str(out)]), "is not empty")
+        refused(capsys, main(["analyze", "report", "--checkpoint", str(deit_run), "--out", str(out)]),
+                "is not empty")
+    assert snapshot(tmp_path) == before
+
+
 # ----------------------------------------------------------------------------- item 3: links
 def test_overwrite_never_writes_or_deletes_through_links(finished, tmp_path, capsys):
     run = _copy(finished, tmp_path / "run")
