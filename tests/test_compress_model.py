@@ -48,7 +48,7 @@ def test_input_model_untouched():
 @pytest.mark.parametrize("kw", [
     dict(qk="truncatt", qk_rank=P_, vo_rank=P_),
     dict(qk=None, vo_rank=P_),
-    dict(qk="irratt", qk_rank=(P_,) * H_, fusion="identity", vo_rank=P_, mlp_rank=F_),
+    dict(qk="irratt", qk_rank=(P_,) * H_, fusion="identity", vo_rank=P_, mlp_rank=F_, allow_growth=True),
 ])
 def test_full_rank_reproduces_logits(kw):
     model = tiny()

@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vo", choices=["truncatt", "none"], default="truncatt", help="VO compression")
     p.add_argument("--vo-rank", type=_ranks, default=None, help="VO TruncAtt rank per head (default: VO exact)")
     p.add_argument("--mlp-rank", type=_ranks, default=None, help="MLP SVD rank R or R1,R2 (default: MLP kept)")
+    p.add_argument("--allow-growth", action="store_true",
+                   help="accept ranks that make an attention block or MLP cost more MACs than the original "
+                        "(refused by default)")
     p.add_argument("--fusion", choices=["general", "identity"], default="general", help="IrrAtt head fusion")
     p.add_argument("--rank-allocation", choices=["btd", "spectral"], default="btd",
                    help="IrrAtt per-head ranks: Algorithm 1 (btd) or global singular values (spectral)")
@@ -259,7 +262,8 @@ def _run(args: argparse.Namespace) -> int:
         model, qk=args.qk, qk_rank=args.qk_rank, qk_flops_ratio=args.qk_flops_ratio, vo=args.vo,
         vo_rank=args.vo_rank, mlp_rank=args.mlp_rank, calib=calib, fusion=args.fusion,
         rank_allocation=args.rank_allocation, protocol=args.protocol, blocks=args.blocks, num_tokens=args.num_tokens,
-        seed=args.seed, latency_batch=args.latency_batch, latency_runs=args.latency_runs)
+        seed=args.seed, latency_batch=args.latency_batch, latency_runs=args.latency_runs,
+        allow_growth=args.allow_growth)
     report.extra["compression_time_s"] = time.perf_counter() - t0
     if task is not None:
         report.extra["accuracy"] = {"original": task.evaluate(model)["acc"], "compressed": task.evaluate(new)["acc"]}

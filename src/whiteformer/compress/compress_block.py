@@ -24,7 +24,7 @@ from .qk_vo import MHSASpec, mhsa_spec, qk_factors, vo_factors
 from .truncatt import allocate_ranks_spectral, head_spectra, truncatt
 from .whitening import Whitening
 
-__all__ = ["BlockReport", "compress_attention"]
+__all__ = ["BlockReport", "compress_attention", "check_growth"]
 
 _QK_METHODS = (None, "none", "truncatt", "cp", "irratt")
 
@@ -106,20 +106,31 @@ def _ranks_arg(rank, name: str):
     raise TypeError(f"{name} must be an int, a sequence of ints or None, got {type(rank).__name__}")
 
 
+def check_growth(macs: int, num_tokens: int, dim: int, num_heads: int, head_dim: int, allow_growth: bool,
+                 what: str) -> None:
+    """Refuse (``ValueError``) a compressed attention whose MACs (QK + VO) exceed the original
+    MHSA's at ``num_tokens`` tokens, unless ``allow_growth``."""
+    orig = flops.mhsa_macs(num_tokens, dim, num_heads, head_dim)
+    if macs > orig and not allow_growth:
+        raise ValueError(f"{what} would cost {macs / orig:.2f}x the attention MACs of the original MHSA ({macs} > "
+                         f"{orig} at N = {num_tokens} tokens): a compression that grows the model is refused; "
+                         "lower the rank, or pass allow_growth=True (whiteformer compress --allow-growth)")
+
+
 def compress_attention(attn: nn.Module, *, qk: Optional[str] = "truncatt",
                        qk_rank: Union[int, Sequence[int], None] = None, qk_flops_ratio: Optional[float] = None,
                        vo_rank: Union[int, Sequence[int], None] = None, num_tokens: int = 197,
                        calib: Optional[torch.Tensor] = None, fusion: str = "general",
                        rank_allocation: str = "btd", protocol: str = "flops", seed: int = 0,
-                       cp_kwargs: Optional[dict] = None, btd_kwargs: Optional[dict] = None
-                       ) -> Tuple[CompressedAttention, BlockReport]:
+                       cp_kwargs: Optional[dict] = None, btd_kwargs: Optional[dict] = None,
+                       allow_growth: bool = False) -> Tuple[CompressedAttention, BlockReport]:
     """Compress one timm-layout MHSA module (``qkv`` Linear(F, 3F), ``proj`` Linear(F, F), ``num_heads``).
 
     Args:
         attn: the MHSA module (not modified).
         qk: "truncatt", "cp", "irratt", or None/"none" (QK kept exact).
-        qk_rank: with ``protocol="flops"``: truncatt: per-head rank (int or H ints, <= F/H); cp: R;
-            irratt: the total rank (int, split over heads by ``rank_allocation``) or explicit
+        qk_rank: with ``protocol="flops"``: truncatt: per-head rank (int or H ints, <= F/H); cp: R
+            (<= H p = F: R = H p already represents the QK map exactly); irratt: the total rank (int, split over heads by ``rank_allocation``) or explicit
             per-head ranks (H ints, each <= F/H). With ``protocol="rank"``: the total QK rank (int)
             for every method (truncatt: total / H per head; cp: R = total; irratt: sum of L_h).
         qk_flops_ratio: instead of ``qk_rank``. ``protocol="flops"`` (ours): each method gets its
@@ -140,6 +151,9 @@ def compress_attention(attn: nn.Module, *, qk: Optional[str] = "truncatt",
         protocol: "flops" (default) or "rank": how ``qk_flops_ratio`` / an int ``qk_rank`` compare
             the methods (see ``qk_rank``).
         seed, cp_kwargs, btd_kwargs: controls of :func:`cp` / :func:`btd_ll1`.
+        allow_growth: accept a result whose attention MACs (QK + VO at ``num_tokens``) exceed the
+            original's (CP's head expansion and IrrAtt's general fusion cost extra MACs); by default
+            such a compression raises ``ValueError`` (for CP before its decomposition runs).
     Returns:
         (new_module, :class:`BlockReport`). The new module is on the device/dtype of ``attn``; at full
         rank (qk_rank = vo_rank = F/H with truncatt) it reproduces ``attn``'s outputs.
@@ -201,8 +215,13 @@ def compress_attention(attn: nn.Module, *, qk: Optional[str] = "truncatt",
         qk_ranks = ranks
         method = "none" if qk is None else "truncatt"
     elif qk == "cp":
-        if not isinstance(qk_rank, int):
-            raise ValueError(f"qk='cp' needs an int rank R, got {qk_rank!r}")
+        if not is_int(qk_rank) or not 1 <= qk_rank <= H * p:
+            raise ValueError(f"qk_rank out of range: qk='cp' needs an int rank R in [1, H * p = {H * p}] (R = H p "
+                             f"already represents the QK map exactly), got {qk_rank!r}")
+        vo_macs = (flops.mhsa_vo_macs(num_tokens, F, H, p) if vo_rank is None
+                   else flops.vo_truncatt_macs(num_tokens, F, list(vo_ranks)))
+        check_growth(flops.cp_qk_macs(num_tokens, F, H, qk_rank) + vo_macs, num_tokens, F, H, p, allow_growth,
+                     f"CP rank R = {qk_rank}")
         res = cp(Yqk, qk_rank, seed=seed, calib=wq, **(cp_kwargs or {}))
         layer = CPSlimAtt(F, H, rank=qk_rank, vo_ranks=vo_ranks, **kw)
         _set_qk(layer, [res.A], [res.B], spec.scale, has_bias)
@@ -272,9 +291,11 @@ def compress_attention(attn: nn.Module, *, qk: Optional[str] = "truncatt",
         _set_vo(layer, res_vo.A, res_vo.B, out_bias)
         vo_err = res_vo.rel_error
 
+    N = num_tokens
+    check_growth(layer.qk_macs(N) + layer.vo_macs(N), N, F, H, p, allow_growth,
+                 f"qk={method} with QK ranks {tuple(qk_ranks)}")
     layer = layer.to(device=ref.device, dtype=ref.dtype)
     layer.train(attn.training)
-    N = num_tokens
     report = BlockReport(
         method=method, fusion=(fusion if method == "irratt" else None), qk_ranks=tuple(qk_ranks),
         vo_ranks=tuple(vo_ranks), num_tokens=N,

@@ -55,12 +55,14 @@ def compress_linear(linear: nn.Linear, rank: int, *, calib: Optional[torch.Tenso
 
 
 @torch.no_grad()
-def compress_mlp(mlp: nn.Module, rank: Union[int, Sequence[int]], *, calib: Optional[torch.Tensor] = None
-                 ) -> nn.Module:
+def compress_mlp(mlp: nn.Module, rank: Union[int, Sequence[int]], *, calib: Optional[torch.Tensor] = None,
+                 allow_growth: bool = False) -> nn.Module:
     """Copy of a timm-style ``Mlp`` (``fc1``, ``act``, ``fc2``) with both linears replaced by
     :class:`LowRankLinear` of rank ``rank`` (or ``(rank_fc1, rank_fc2)``).
 
     ``calib``: optional MLP inputs (..., F); fc2 is then calibrated on ``act(fc1(calib))``.
+    A rank r with ``r (in + out) > in out`` costs more MACs than the dense linear: ``ValueError``
+    unless ``allow_growth``.
     """
     fc1, fc2 = getattr(mlp, "fc1", None), getattr(mlp, "fc2", None)
     if not isinstance(fc1, nn.Linear) or not isinstance(fc2, nn.Linear):
@@ -71,6 +73,13 @@ def compress_mlp(mlp: nn.Module, rank: Union[int, Sequence[int]], *, calib: Opti
         r1, r2 = rank
     else:
         r1 = r2 = rank
+    for name, fc, r in (("fc1", fc1, r1), ("fc2", fc2, r2)):
+        grows = is_int(r) and 1 <= r <= min(fc.in_features, fc.out_features) \
+            and r * (fc.in_features + fc.out_features) > fc.in_features * fc.out_features
+        if grows and not allow_growth:  # (a rank out of range is reported by compress_linear)
+            raise ValueError(f"MLP rank {r} for {name} ({fc.in_features} -> {fc.out_features}) costs more MACs than "
+                             f"the dense layer (r (in + out) > in out): a compression that grows the model is "
+                             "refused; lower the rank, or pass allow_growth=True (whiteformer compress --allow-growth)")
     hidden = None
     if calib is not None:
         act = getattr(mlp, "act", nn.Identity())

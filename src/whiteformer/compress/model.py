@@ -345,8 +345,8 @@ def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int,
              protocol: str = "flops",
              blocks: Optional[Sequence[int]] = None, num_tokens: Optional[int] = None, seed: int = 0,
              cp_kwargs: Optional[dict] = None, btd_kwargs: Optional[dict] = None,
-             latency_batch: Optional[int] = None, latency_runs: int = 5, latency_warmup: int = 1
-             ) -> Tuple[nn.Module, CompressionReport]:
+             latency_batch: Optional[int] = None, latency_runs: int = 5, latency_warmup: int = 1,
+             allow_growth: bool = False) -> Tuple[nn.Module, CompressionReport]:
     """Compress the attention (and optionally the MLPs) of a ViT / DeiT; ``model`` is left untouched.
 
     Args:
@@ -373,6 +373,9 @@ def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int,
         num_tokens: N for the rank budget and the MACs (default: the model's patches + prefix tokens).
         latency_batch: if given, measure the latency before/after (median of ``latency_runs`` runs
             after ``latency_warmup``) on a random batch of that size.
+        allow_growth: accept ranks that make a block's attention (QK + VO MACs at ``num_tokens``) or
+            an MLP linear cost more than the original (e.g. a large CP rank, whose head expansion
+            costs ``N H R``); by default such a compression raises ``ValueError`` naming the block.
     Returns:
         ``(new_model, CompressionReport)``; the new model records its compression spec in
         ``init_kwargs["compression"]`` (checkpoints load back with ``create_model``).
@@ -431,13 +434,13 @@ def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int,
                     blk.attn, qk=qk, qk_rank=qk_rank, qk_flops_ratio=qk_flops_ratio, vo_rank=vo_rank,
                     num_tokens=N, calib=inputs.get(i, {}).get("attn"), fusion=fusion,
                     rank_allocation=rank_allocation, protocol=protocol, seed=seed, cp_kwargs=cp_kwargs,
-                    btd_kwargs=btd_kwargs)
+                    btd_kwargs=btd_kwargs, allow_growth=allow_growth)
                 blk.attn = layer
                 reports[i] = rep
                 entry["attn"] = layer_spec(layer)
             if mlp_rank is not None:
                 r = tuple(mlp_rank) if isinstance(mlp_rank, (list, tuple)) else mlp_rank
-                blk.mlp = compress_mlp(blk.mlp, r, calib=inputs.get(i, {}).get("mlp"))
+                blk.mlp = compress_mlp(blk.mlp, r, calib=inputs.get(i, {}).get("mlp"), allow_growth=allow_growth)
                 entry["mlp"] = mlp_spec(blk.mlp)
         except (TypeError, ValueError) as err:
             raise type(err)(f"block {i}: {err}") from err
@@ -466,7 +469,8 @@ def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int,
 
     config = {"qk": qk, "qk_rank": qk_rank, "qk_flops_ratio": qk_flops_ratio, "vo": vo, "vo_rank": vo_rank,
               "mlp_rank": mlp_rank, "calib": None if calib is None else list(calib.shape), "fusion": fusion,
-              "rank_allocation": rank_allocation, "protocol": protocol, "blocks": idx, "seed": seed}
+              "rank_allocation": rank_allocation, "protocol": protocol, "blocks": idx, "seed": seed,
+              "allow_growth": bool(allow_growth)}
     report = CompressionReport(config=to_jsonable(config, tensors=True), blocks=rows, num_tokens=N,
                                params=count_params(new), params_orig=count_params(model), flops=flops_new,
                                flops_orig=flops_orig,
