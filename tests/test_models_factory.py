@@ -61,5 +61,5 @@ def test_absurd_config_sizes_refused_before_allocation(run_dir):
     cfg = json.loads(cfg_path.read_text())
     cfg["init_kwargs"].update(embed_dim=4_000_000, num_heads=4)
     cfg_path.write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="GiB of parameters"):
+    with pytest.raises(ValueError, match="parameters"):
         whiteformer.from_pretrained(run)

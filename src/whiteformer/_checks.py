@@ -160,6 +160,24 @@ def check_int(value, name: str, minimum: int | None = None) -> int:
     return int(value)
 
 
+def check_finite_real(value, name: str, allow_none: bool = False) -> float | None:
+    """A finite real number (not a bool, not NaN or +-inf; also None when ``allow_none``); returns
+    it as a float (or None). The check of hyper-parameters that scale weights (layer-scale inits,
+    step sizes): a non-finite one would give an all-NaN model instead of an error."""
+    if value is None and allow_none:
+        return None
+    if not is_real(value) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number{' or None' if allow_none else ''}, got {value!r}")
+    return float(value)
+
+
+def check_positive_real(value, name: str) -> float:
+    """A finite real number > 0 (ratios, widths' multipliers); returns it as a float."""
+    if not is_real(value) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
 def check_probability(value, name: str = "p") -> float:
     """A dropout-style probability in [0, 1) (1 would drop everything); returns it as a float.
     The one probability check of the package: dropout, attention dropout, drop-path rates."""
@@ -179,11 +197,20 @@ def check_heads_input(w, name: str = "w") -> None:
     check_nonempty(w, name, 3, "features (head dim p)")
 
 
-def check_temp(temp, heads: int, name: str = "temp") -> None:
-    """A per-head temperature of shape (H, 1)."""
+def check_temp(temp, heads: int, like: torch.Tensor, name: str = "temp") -> torch.Tensor:
+    """A per-head temperature: a tensor of shape (H, 1), or a finite number, returned as the (H, 1)
+    tensor of that value on ``like``'s device (in :func:`stats_dtype` of ``like``). NaN/inf raise:
+    always for a number; for a tensor when it is on the CPU and torch.compile is not tracing (the
+    check reads H values: no device synchronisation, no graph break)."""
+    if is_real(temp):
+        value = check_finite_real(temp, name)
+        return torch.full((heads, 1), value, dtype=stats_dtype(like), device=like.device)
     check_tensor(temp, name, 2)
     if temp.shape != (heads, 1):
         raise ValueError(f"{name} must have shape (H, 1) = ({heads}, 1) to match w, got {tuple(temp.shape)}")
+    if temp.device.type == "cpu" and not torch.compiler.is_compiling():
+        check_finite(temp, name)
+    return temp
 
 
 def check_pos_bias(pos_bias, heads: int, name: str = "pos_bias") -> None:

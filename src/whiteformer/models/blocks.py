@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .._checks import check_probability, check_tensor, check_tokens_input
+from .._checks import check_finite_real, check_positive_real, check_probability, check_tensor, check_tokens_input
 from ..layers.helpers import to_2tuple
 
 __all__ = [
@@ -92,7 +92,7 @@ class LayerScale(nn.Module):
 
     def __init__(self, dim: int, init_values: float = 1e-5):
         super().__init__()
-        self.gamma = nn.Parameter(init_values * torch.ones(dim))
+        self.gamma = nn.Parameter(check_finite_real(init_values, "init_values") * torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.gamma
@@ -109,8 +109,8 @@ class ISTA(nn.Module):
     def __init__(self, dim: int, eta: float = 0.1, lambd: float = 0.1):
         super().__init__()
         self.dim = dim
-        self.eta = float(eta)
-        self.lambd = float(lambd)
+        self.eta = check_finite_real(eta, "eta")
+        self.lambd = check_finite_real(lambd, "lambd")
         self.weight = nn.Parameter(torch.empty(dim, dim))
         with torch.no_grad():
             nn.init.kaiming_uniform_(self.weight)
@@ -285,6 +285,8 @@ class ClassAttentionBlock(nn.Module):
         tokens_norm: bool = False,
     ):
         super().__init__()
+        eta = check_finite_real(eta, "eta", allow_none=True)
+        mlp_ratio = check_positive_real(mlp_ratio, "mlp_ratio")
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = _class_attention_cls()(
             dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop

@@ -26,7 +26,8 @@ from .blocks import ISTA
 from .checkpoint import PretrainedMixin
 from ..layers import GradCheckpointMixin, PatchGrid, resample_abs_pos_embed, vit_forward_intermediates
 from .registry import build_with_defaults, register_model
-from .._checks import check_int, check_probability
+from .size import num_patches
+from .._checks import check_finite_real, check_int, check_probability
 
 __all__ = ["CRATE", "CRATEBlock", "CRATEPatchEmbed"]
 
@@ -100,6 +101,18 @@ class CRATE(GradCheckpointMixin, PretrainedMixin, nn.Module):
 
     hf_model_type = "whiteformer-vision"
 
+    @staticmethod
+    def estimate_num_params(args: dict) -> int:
+        """Parameters from the constructor arguments alone (arithmetic, nothing built; see
+        :mod:`whiteformer.models.size`): MSSA (``qkv`` and ``to_out``) and ISTA per block,
+        patch projection, position embedding, head."""
+        dim, heads = args["embed_dim"], args["num_heads"]
+        inner = heads * (args["dim_head"] or dim // heads)
+        patches = num_patches(args["img_size"], args["patch_size"])
+        patch_dim = num_patches(args["patch_size"], 1) * args["in_chans"]
+        return (args["depth"] * (2 * dim * inner + dim * dim + 4 * dim)
+                + (patch_dim + patches + 1) * dim + dim * args["num_classes"])
+
     def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, num_classes: int = 1000,
                  embed_dim: int = 384, depth: int = 12, num_heads: int = 6, dim_head: Optional[int] = None,
                  eta: float = 0.1, lambd: float = 0.1, global_pool: str = "token", attn_drop_rate: float = 0.0,
@@ -111,6 +124,8 @@ class CRATE(GradCheckpointMixin, PretrainedMixin, nn.Module):
         check_int(depth, "depth", 0)
         for name, val in (("attn_drop_rate", attn_drop_rate), ("pos_drop_rate", pos_drop_rate)):
             check_probability(val, name)
+        check_finite_real(eta, "eta")
+        check_finite_real(lambd, "lambd")
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim

@@ -21,11 +21,12 @@ from typing import Dict, Optional, Sequence, Set, Union
 import torch
 import torch.nn as nn
 
-from .._checks import check_divisible, check_int, check_probability
+from .._checks import check_divisible, check_finite_real, check_int, check_positive_real, check_probability
 from ..attention.baselines import MHSA
 from ..layers import GradCheckpointMixin, PatchGrid, resample_abs_pos_embed, vit_forward_intermediates
 from .blocks import DropPath, LayerScale, Mlp
 from .checkpoint import PretrainedMixin
+from .size import mlp_width, num_patches, transformer_params
 from .hf_vit import convert_hf_vit_state_dict, is_hf_vit_state_dict
 from .registry import build_with_defaults, register_model
 
@@ -85,6 +86,15 @@ class VisionTransformer(GradCheckpointMixin, PretrainedMixin, nn.Module):
 
     hf_model_type = "whiteformer-vision"
 
+    @staticmethod
+    def estimate_num_params(args: dict) -> int:
+        """Parameters from the constructor arguments alone (arithmetic, nothing built; see
+        :mod:`whiteformer.models.size`): blocks, patch projection, position embedding, head."""
+        dim, patches = args["embed_dim"], num_patches(args["img_size"], args["patch_size"])
+        patch_area = num_patches(args["patch_size"], 1)
+        return (transformer_params(args["depth"], dim, mlp_width(dim, args["mlp_ratio"]), extra_per_block=2 * dim)
+                + (patch_area * args["in_chans"] + patches + 1) * dim + dim * args["num_classes"])
+
     def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, num_classes: int = 1000,
                  global_pool: str = "token", embed_dim: int = 768, depth: int = 12, num_heads: int = 12,
                  mlp_ratio: float = 4.0, qkv_bias: bool = True, init_values: Optional[float] = None,
@@ -101,6 +111,8 @@ class VisionTransformer(GradCheckpointMixin, PretrainedMixin, nn.Module):
                           ("proj_drop_rate", proj_drop_rate), ("attn_drop_rate", attn_drop_rate),
                           ("drop_path_rate", drop_path_rate)):
             check_probability(val, name)
+        init_values = check_finite_real(init_values, "init_values", allow_none=True)
+        mlp_ratio = check_positive_real(mlp_ratio, "mlp_ratio")
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim

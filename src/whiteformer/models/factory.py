@@ -6,8 +6,10 @@ A checkpoint may be named in three ways, everywhere: a directory written by ``sa
 that run's ``final/`` itself; a single weights file (``.safetensors``, ``.pth``, ...) also works
 with :func:`create_model` when the model name is given.
 
-Sizes read from a ``config.json`` are not trusted: the model is first built on the ``meta`` device
-(no memory) and refused when its parameters and buffers would not fit in this machine's memory.
+Sizes read from a ``config.json`` are not trusted: every build first checks the bounds of
+:mod:`whiteformer.models.size` (blocks and a parameter estimate, arithmetic on the arguments); a
+checkpoint's model is then built on the ``meta`` device (no memory) and refused when its parameters
+and buffers would not fit in this machine's memory.
 """
 from __future__ import annotations
 

@@ -36,7 +36,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .._checks import check_cu_seqlens, check_divisible, check_mask, check_probability, is_int, is_real, stats_dtype
+from .._checks import (check_cu_seqlens, check_divisible, check_finite_real, check_mask, check_positive_real,
+                       check_probability, is_int, is_real, stats_dtype)
 from ..attention.causal import CausalAttention, CausalSelfAttention, KVCache
 from ..attention.context_parallel import ContextParallel
 from ..attention.tssa import CausalTSSA
@@ -44,6 +45,7 @@ from ..ops.context_parallel import all_reduce_sum, chunk_layout
 from ..ops.linear_cross_entropy import linear_cross_entropy
 from ..ops.packing import segment_positions
 from .checkpoint import PretrainedMixin
+from .size import mlp_width, transformer_params
 from ..layers import GradCheckpointMixin, feature_take_indices
 from .registry import build_with_defaults, register_model
 
@@ -121,6 +123,17 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
     ``get_num_params()``.
     """
 
+    @staticmethod
+    def estimate_num_params(args: Dict[str, Any]) -> int:
+        """Parameters from the constructor arguments alone (arithmetic, nothing built; see
+        :mod:`whiteformer.models.size`): tied embedding, position embedding, blocks (with causal
+        TSSA's (H, max_len) position bias when ``pos_bias``)."""
+        dim, max_len = args["dim"], args["max_len"]
+        pos_bias = args["num_heads"] * max_len if args.get("pos_bias") else 0
+        return (args["vocab_size"] * dim + (max_len * dim if args["pos_emb"] else 0)
+                + transformer_params(args["depth"], dim, mlp_width(dim, args["mlp_ratio"]),
+                                     extra_per_block=2 * dim + pos_bias, attn_maps=2 if "pos_bias" in args else 4))
+
     def __init__(self, vocab_size: int, dim: int, depth: int, num_heads: int, max_len: int,
                  pos_emb: bool, mlp_ratio: float, bias: bool, dropout: float, init_values: float,
                  **attn_opts: Any):
@@ -130,8 +143,10 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         _check_pos_int(max_len, "max_len")
         check_divisible(dim, num_heads)
         check_probability(dropout, "dropout")
-        if not is_real(mlp_ratio) or int(dim * mlp_ratio) < 1:
-            raise ValueError(f"mlp_ratio must be a positive number, got {mlp_ratio!r}")
+        mlp_ratio = check_positive_real(mlp_ratio, "mlp_ratio")
+        if int(dim * mlp_ratio) < 1:
+            raise ValueError(f"mlp_ratio must give an MLP width int(dim * mlp_ratio) >= 1, got {mlp_ratio!r}")
+        init_values = check_finite_real(init_values, "init_values")
         self.vocab_size, self.dim, self.depth, self.num_heads = vocab_size, dim, depth, num_heads
         self.max_len, self.has_pos_emb, self.bias, self.dropout = max_len, bool(pos_emb), bool(bias), dropout
         self.num_features = self.embed_dim = dim

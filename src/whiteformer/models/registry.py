@@ -19,6 +19,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch.nn as nn
 
+from .size import check_model_size
+
 _MODELS: Dict[str, Callable[..., nn.Module]] = {}
 
 
@@ -43,8 +45,24 @@ def is_model(name: str) -> bool:
     return name in _MODELS
 
 
+def _estimate(cls: type, args: Dict[str, Any]) -> Optional[float]:
+    """``cls.estimate_num_params(args)`` (arithmetic on the sizes), None when the class has none or
+    an argument is not a number (the constructor then reports it), inf when a size overflows."""
+    estimate = getattr(cls, "estimate_num_params", None)
+    if estimate is None:
+        return None
+    try:
+        return estimate(args)
+    except OverflowError:
+        return float("inf")
+    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError):
+        return None
+
+
 def build_with_defaults(cls: type, defaults: Dict[str, Any], overrides: Dict[str, Any]) -> nn.Module:
-    """``cls(**{**defaults, **overrides})`` with a clear error for unknown override names."""
+    """``cls(**{**defaults, **overrides})`` with a clear error for unknown override names, after the
+    size bounds of :mod:`whiteformer.models.size` (blocks, estimated parameters) are checked from
+    the arguments alone."""
     params = inspect.signature(cls.__init__).parameters
     accepts_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     if not accepts_var_kw:
@@ -52,7 +70,10 @@ def build_with_defaults(cls: type, defaults: Dict[str, Any], overrides: Dict[str
         if unknown:
             valid = sorted(k for k in params if k != "self")
             raise TypeError(f"{cls.__name__} got unknown argument(s) {unknown}; valid arguments: {valid}")
-    return cls(**{**defaults, **overrides})
+    kwargs = {**defaults, **overrides}
+    args = {**{k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}, **kwargs}
+    check_model_size(cls.__name__, args, _estimate(cls, args), getattr(cls, "depth_args", ("depth",)))
+    return cls(**kwargs)
 
 
 def get_model_entry(name: str) -> Callable[..., nn.Module]:

@@ -26,15 +26,19 @@ import torch
 import torch.nn as nn
 
 from .. import attention as _attention
-from .._checks import check_divisible, check_int, check_probability, check_tensor, check_tokens_input, is_int, is_real
+from .._checks import (check_divisible, check_finite_real, check_int, check_positive_real, check_probability,
+                       check_tensor, check_tokens_input, is_int)
 from ..layers import GradCheckpointMixin, to_2tuple
 from .blocks import ISTA, ClassAttentionBlock, ConvPatchEmbed, DropPath, FourierPositionalEncoding, Mlp
 from .checkpoint import PretrainedMixin
+from .size import mlp_width, transformer_params
 
 __all__ = ["Block", "ToSTVision"]
 
 _MLP_KINDS = ("mlp", "ista", "none")
 _NO_DECAY_SUFFIXES = ("temp", "temperature", "pos_bias", "cls_token", "pos_embed")
+# (dim, width) maps of an attention layer, for the size estimate (default 4: q, k, v, output)
+_ATTN_MAPS = {"tssa": 2, "dmsa": 2, "eca": 1}
 
 
 def check_attn_args(attn: Any, attn_kwargs: Any) -> None:
@@ -98,6 +102,8 @@ class Block(nn.Module):
         super().__init__()
         if mlp not in _MLP_KINDS:
             raise ValueError(f"mlp must be one of {_MLP_KINDS}, got {mlp!r}")
+        eta = check_finite_real(eta, "eta", allow_none=True)
+        mlp_ratio = check_positive_real(mlp_ratio, "mlp_ratio")
         self.dim = dim
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps) if prenorm else nn.Identity()
         self.attn = _attention.build(
@@ -162,6 +168,21 @@ class ToSTVision(GradCheckpointMixin, PretrainedMixin, nn.Module):
     """
 
     hf_model_type = "whiteformer-vision"
+    depth_args = ("depth", "cls_attn_layers")
+
+    @staticmethod
+    def estimate_num_params(args: Dict[str, Any]) -> int:
+        """Parameters from the constructor arguments alone (arithmetic, nothing built), for the
+        size bounds of :mod:`whiteformer.models.size`: blocks, class-attention blocks, the conv
+        patch embedding (about ``12 D^2``) and the head."""
+        dim, hidden = args["embed_dim"], mlp_width(args["embed_dim"], args["mlp_ratio"])
+        mlp = {"mlp": hidden, "ista": dim // 2, "none": 0}[args["mlp"]]  # ISTA: one (D, D) dictionary
+        head_dim = (args["attn_kwargs"] or {}).get("head_dim")
+        width = args["num_heads"] * head_dim if head_dim else dim
+        maps = _ATTN_MAPS.get(args["attn"], 4)
+        return (transformer_params(args["depth"], dim, mlp, width, 2 * dim, maps)
+                + transformer_params(args["cls_attn_layers"], dim, hidden, extra_per_block=2 * dim)
+                + 12 * dim * dim + 64 * dim + dim * args["num_classes"])
 
     def __init__(
         self,
@@ -199,8 +220,8 @@ class ToSTVision(GradCheckpointMixin, PretrainedMixin, nn.Module):
         drop_rate = check_probability(drop_rate, "drop_rate")
         attn_drop_rate = check_probability(attn_drop_rate, "attn_drop_rate")
         drop_path_rate = check_probability(drop_path_rate, "drop_path_rate")
-        if eta is not None and (not is_real(eta)):
-            raise TypeError(f"eta must be a float or None, got {eta!r}")
+        eta = check_finite_real(eta, "eta", allow_none=True)
+        mlp_ratio = check_positive_real(mlp_ratio, "mlp_ratio")
 
         self.num_classes = num_classes
         self.num_features = self.embed_dim = embed_dim

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._checks import (autocast_off, check_mask, check_nonempty, check_probability,
+from .._checks import (autocast_off, check_finite_real, check_mask, check_nonempty, check_probability,
                        check_same_device, check_tensor, is_real, stats_dtype)
 from .._utils import zero_padded
 
@@ -156,7 +156,8 @@ def mssa(w, attn_mask=None, *, scale=None, dropout_p: float = 0.0):
 
 def _check_temperature(temperature, heads: int, q: torch.Tensor) -> torch.Tensor:
     if is_real(temperature):
-        return torch.full((1, heads, 1, 1), float(temperature), dtype=stats_dtype(q), device=q.device)
+        value = check_finite_real(temperature, "temperature")
+        return torch.full((1, heads, 1, 1), value, dtype=stats_dtype(q), device=q.device)
     check_tensor(temperature, "temperature")
     check_same_device(q, "q", temperature=temperature)
     if temperature.numel() != heads or temperature.dim() > 3 or any(s != 1 for s in temperature.shape[1:]):

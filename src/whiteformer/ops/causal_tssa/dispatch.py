@@ -2,7 +2,7 @@
 that runs them (see :mod:`.._kernels`)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -21,7 +21,7 @@ __all__ = ["causal_tssa", "causal_tssa_step"]
 
 def causal_tssa(
     w: torch.Tensor,
-    temp: torch.Tensor,
+    temp: Union[torch.Tensor, float],
     pos_bias: Optional[torch.Tensor] = None,
     attn_mask: Optional[torch.Tensor] = None,
     return_pi: bool = False,
@@ -46,7 +46,7 @@ def causal_tssa(
 
     Args:
         w: (B, H, N, p) projected tokens per head.
-        temp: (H, 1) temperature.
+        temp: (H, 1) temperature, or one finite number for every head.
         pos_bias: optional (H, T_max, 1) per-head, per-position bias on the membership logits
             (zeros at init). ``N > T_max`` raises ``ValueError``; ``None`` has no length limit.
         attn_mask: optional (B, N) bool keep-mask (True = real token). Padded tokens are left
@@ -90,7 +90,7 @@ def causal_tssa(
         res = (from_padded(out, pk),) + ((from_padded(pi, pk),) if return_pi else ()) + tuple(state)
         return res if len(res) > 1 else res[0]
     heads, n, p = w.shape[1], w.shape[2], w.shape[3]
-    check_temp(temp, heads)
+    temp = check_temp(temp, heads, w)
     check_pos_bias(pos_bias, heads)
     attn_mask = check_mask(attn_mask, w.shape[0], n)
     check_same_device(w, temp=temp, pos_bias=pos_bias, attn_mask=attn_mask)
@@ -135,7 +135,7 @@ def causal_tssa(
 def causal_tssa_step(
     w_t: torch.Tensor,
     state: Optional[CausalTSSAState],
-    temp: torch.Tensor,
+    temp: Union[torch.Tensor, float],
     pos_bias: Optional[torch.Tensor] = None,
     *,
     return_pi: bool = False,
@@ -147,7 +147,7 @@ def causal_tssa_step(
     Args:
         w_t: (B, H, p) the projected current token.
         state: :class:`CausalTSSAState` of the previous tokens, or None to start.
-        temp: (H, 1) temperature.
+        temp: (H, 1) temperature, or one finite number for every head.
         pos_bias: optional (H, T_max, 1); raises ``ValueError`` once ``t`` reaches ``T_max``.
         return_pi: also return pi_t (B, H).
 
@@ -159,7 +159,7 @@ def causal_tssa_step(
     check_nonempty(w_t, "w_t", 1, "heads")
     check_nonempty(w_t, "w_t", 2, "features (head dim p)")
     b, h, p = w_t.shape
-    check_temp(temp, h)
+    temp = check_temp(temp, h, w_t)
     check_pos_bias(pos_bias, h)
     check_same_device(w_t, "w_t", temp=temp, pos_bias=pos_bias)
     drop = check_probability(attn_drop, "attn_drop")

@@ -17,7 +17,7 @@ __all__ = ["tssa"]
 
 def tssa(
     w: torch.Tensor,
-    temp: torch.Tensor,
+    temp: Union[torch.Tensor, float],
     attn_mask: Optional[torch.Tensor] = None,
     return_pi: bool = False,
     *,
@@ -31,7 +31,7 @@ def tssa(
 
     Args:
         w: (B, H, N, p) projected tokens ``U_k^T Z`` per head.
-        temp: (H, 1) temperature (``1 / (2 eta)`` in Eq. (10)).
+        temp: (H, 1) temperature (``1 / (2 eta)`` in Eq. (10)), or one finite number for every head.
         attn_mask: optional (B, N) bool keep-mask (True = real token). Padded tokens take no
             part in any statistic (norms, membership sums, second moments) and their outputs
             are 0, so each real token gets the result of its sequence alone.
@@ -72,7 +72,7 @@ def tssa(
                        normalize=normalize, group=group)
         out, pi = from_padded(out, pk), from_padded(pi, pk)
         return (out, pi) if return_pi else out
-    check_temp(temp, w.shape[1])
+    temp = check_temp(temp, w.shape[1], w)
     attn_mask = check_mask(attn_mask, w.shape[0], w.shape[2])
     check_same_device(w, temp=temp, attn_mask=attn_mask)
     drop = check_probability(attn_drop, "attn_drop")
