@@ -215,6 +215,50 @@ def test_bad_input():
     assert "pip install whiteformer[hf]" in res.stdout, res.stderr
 
 
+def _vision(**init):
+    config = AutoConfig.for_model("whiteformer-vision", model_name="deit_t_p16",
+                                  init_kwargs=dict(img_size=8, patch_size=4, in_chans=1, num_classes=10, depth=1,
+                                                   embed_dim=16, num_heads=2, **init))
+    return AutoModelForImageClassification.from_config(config).eval()
+
+
+def test_labels_of_the_wrong_shape_are_named():
+    x = torch.randn(2, 1, 8, 8)
+    with pytest.raises(ValueError, match=r"labels must have shape \(2,\) or \(2, 1\) .*got \(3,\)"):
+        _vision()(x, labels=torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match=r"labels must have shape \(2, 10\) .*multi_label.*got \(2,\)"):
+        _vision()(x, labels=torch.tensor([1.5, 2.0]))  # float labels: multi-label targets, one per class
+    model = _vision()
+    assert model(x, labels=torch.tensor([1, 2])).loss.shape == ()
+    assert model(x, labels=torch.tensor([[1], [2]])).loss.shape == ()  # (B, 1), as transformers' own view(-1)
+
+
+def test_half_checkpoint_reads_float_pixels(tmp_path):
+    _vision().half().save_pretrained(tmp_path / "fp16")
+    model = AutoModelForImageClassification.from_pretrained(tmp_path / "fp16")
+    assert model.dtype == torch.float16
+    out = model(torch.randn(2, 1, 8, 8))  # float32 pixels are cast to the model's dtype
+    assert out.logits.dtype == torch.float16 and torch.isfinite(out.logits).all()
+
+
+def test_config_json_that_is_not_an_object(tmp_path):
+    from whiteformer.hf import WhiteformerForImageClassification
+
+    _vision().save_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="must hold a JSON object.*got a list"):
+        WhiteformerForImageClassification.from_pretrained(tmp_path / "m")
+
+
+@pytest.mark.parametrize("model_type", list(LM))
+def test_assisted_decoding_is_refused_as_unsupported(model_type):
+    model = _lm(model_type)
+    idx = torch.randint(0, 61, (1, 5))
+    for kw in (dict(assistant_model=_lm(model_type)), dict(prompt_lookup_num_tokens=2)):
+        with pytest.raises(ValueError, match="assisted decoding .* is not supported"):
+            model.generate(idx, max_new_tokens=3, pad_token_id=0, **kw)
+
+
 def _hf_vit(kind="vit", labels=5):
     from transformers import DeiTConfig, DeiTForImageClassification, ViTConfig, ViTForImageClassification
 

@@ -46,6 +46,16 @@ class WhiteformerConfig(PretrainedConfig):
         self.init_kwargs = dict(init_kwargs or {})
         self._mirror()
 
+    @classmethod
+    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
+        """``PretrainedConfig.get_config_dict``; a ``config.json`` that is not a JSON object (an array,
+        a number) is a ``ValueError`` naming it, not a ``TypeError`` from ``cls(**config)``."""
+        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+        if not isinstance(config_dict, dict):
+            raise ValueError(f"the config.json of {str(pretrained_model_name_or_path)!r} must hold a JSON object "
+                             f"(model_name, init_kwargs, ...), got a {type(config_dict).__name__}")
+        return config_dict, kwargs
+
     #: (whiteformer constructor argument, transformers attribute) pairs copied by :meth:`_mirror`
     mirrored = ()
 

@@ -153,6 +153,17 @@ class WhiteformerPreTrainedModel(PreTrainedModel):
 
 class _WhiteformerForCausalLM(WhiteformerPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
+    #: neither cache (ToST's running statistics, the GPT's WhiteformerCache) can be cropped back to
+    #: the tokens a verifier accepted, so transformers refuses assisted decoding by any route
+    _is_stateful = True
+
+    def generate(self, *args, **kwargs):
+        """``GenerationMixin.generate``; assisted (speculative) decoding is refused up front."""
+        for key in ("assistant_model", "prompt_lookup_num_tokens"):
+            if kwargs.get(key) is not None:
+                raise ValueError(f"assisted decoding ({key}=...) is not supported by whiteformer models: their "
+                                 "cache cannot be rolled back to the accepted tokens; generate without it")
+        return super().generate(*args, **kwargs)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -296,7 +307,6 @@ class ToSTForCausalLM(_WhiteformerForCausalLM):
 
     config_class = ToSTLMConfig
     family = "whiteformer-tost-lm"
-    _is_stateful = True  # the running statistics cannot be rolled back (no assisted decoding)
 
 
 class WhiteformerGPTForCausalLM(_WhiteformerForCausalLM):
@@ -321,8 +331,29 @@ class WhiteformerForImageClassification(WhiteformerPreTrainedModel):
         _refuse(output_attentions, output_hidden_states, return_dict)
         if pixel_values is None:
             raise ValueError("pixel_values is required: a (B, C, H, W) image tensor")
+        if isinstance(pixel_values, torch.Tensor) and pixel_values.is_floating_point():
+            pixel_values = pixel_values.to(self.dtype)  # as transformers' vision models (an fp16 checkpoint)
         logits = self.whiteformer(pixel_values)
         loss = None
         if labels is not None:
+            _check_labels(labels, logits, self.config)
             loss = self.loss_function(labels, logits, self.config, **kwargs)
         return ImageClassifierOutput(loss=loss, logits=logits)
+
+
+def _check_labels(labels, logits: torch.Tensor, config) -> None:
+    """``labels`` fit the loss ``transformers`` picks (``config.problem_type``, else from the labels'
+    dtype): class indices (B,) or (B, 1) for single-label classification, (B, num_labels) floats for
+    multi-label, (B,) or (B, 1) values for regression (num_labels = 1)."""
+    if not isinstance(labels, torch.Tensor):
+        raise TypeError(f"labels must be a tensor, got {type(labels).__name__}")
+    b, n = logits.shape[0], logits.shape[-1]
+    kind = config.problem_type or ("regression" if n == 1 else "single_label_classification"
+                                   if labels.dtype in (torch.long, torch.int) else "multi_label_classification")
+    want = {"regression": ((b,), (b, 1)), "single_label_classification": ((b,), (b, 1)),
+            "multi_label_classification": ((b, n),)}.get(kind)
+    if want is not None and tuple(labels.shape) not in want:
+        what = {"regression": "target values", "single_label_classification": "class indices (integer)",
+                "multi_label_classification": "0/1 targets per label (float)"}[kind]
+        raise ValueError(f"labels must have shape {' or '.join(map(str, want))} ({what} for {kind}, batch {b}, "
+                         f"{n} labels), got {tuple(labels.shape)} ({labels.dtype})")
