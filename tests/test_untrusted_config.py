@@ -45,6 +45,8 @@ def nothing_built(monkeypatch):
     ("tost_lm_base", dict(dim=2**20), "parameters"),
     ("tost_lra_text", dict(max_len=10**12), "parameters"),
     ("tost_t12_p16", dict(embed_dim=2**20, num_heads=1, mlp_ratio=4.0), "parameters"),
+    ("tost_t12_p16", dict(in_chans=10**10), "parameters"),
+    ("deit_t_p16", dict(num_classes=10**9), "parameters"),
     ("gpt_base", dict(dim=2**3000, num_heads=1), "parameters"),  # overflows float: still refused
 ])
 def test_oversized_models_are_refused_before_building(nothing_built, name, over, match):

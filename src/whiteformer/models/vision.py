@@ -174,15 +174,18 @@ class ToSTVision(GradCheckpointMixin, PretrainedMixin, nn.Module):
     def estimate_num_params(args: Dict[str, Any]) -> int:
         """Parameters from the constructor arguments alone (arithmetic, nothing built), for the
         size bounds of :mod:`whiteformer.models.size`: blocks, class-attention blocks, the conv
-        patch embedding (about ``12 D^2``) and the head."""
+        patch embedding (about ``12 D^2``, its first 3x3 conv ``9 in_chans D / (patch / 2)``) and
+        the head."""
         dim, hidden = args["embed_dim"], mlp_width(args["embed_dim"], args["mlp_ratio"])
         mlp = {"mlp": hidden, "ista": dim // 2, "none": 0}[args["mlp"]]  # ISTA: one (D, D) dictionary
         head_dim = (args["attn_kwargs"] or {}).get("head_dim")
         width = args["num_heads"] * head_dim if head_dim else dim
         maps = _ATTN_MAPS.get(args["attn"], 4)
+        patch = args["patch_size"][0] if isinstance(args["patch_size"], (tuple, list)) else args["patch_size"]
         return (transformer_params(args["depth"], dim, mlp, width, 2 * dim, maps)
                 + transformer_params(args["cls_attn_layers"], dim, hidden, extra_per_block=2 * dim)
-                + 12 * dim * dim + 64 * dim + dim * args["num_classes"])
+                + 12 * dim * dim + 9 * args["in_chans"] * dim // max(1, patch // 2)
+                + 64 * dim + dim * args["num_classes"])
 
     def __init__(
         self,
