@@ -177,3 +177,24 @@ def test_nonfinite_xca_temperature_is_refused():
     q = torch.randn(1, 2, 5, 4)
     with pytest.raises(ValueError, match="temperature"):
         ops.xca(q, q, q, math.nan)
+
+
+@pytest.mark.parametrize("entry, match", [
+    ({"attn": {"type": "cp_slimatt", "rank": 10**9}}, "rank out of range"),
+    ({"mlp": {"fc1_rank": 10**9, "fc2_rank": 4}}, "rank out of range"),
+])
+def test_compression_spec_ranks_in_config_json_are_bounded(tmp_path, monkeypatch, entry, match):
+    """A compressed checkpoint's config.json rebuilds its layers from the recorded ranks: a rank
+    beyond what the layer can use (CP R > H p, an SVD rank > min(in, out)) is refused before any
+    (huge) layer is built."""
+    model = create_model("deit_t_p16", **TINY_VISION)
+    model.save_pretrained(tmp_path / "m")
+    cfg_path = tmp_path / "m" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    attn = {"dim": 32, "num_heads": 4, "vo_ranks": [8] * 4, "qk_bias": True, "proj_bias": True}
+    if "attn" in entry:
+        entry = {"attn": {**attn, **entry["attn"]}}
+    cfg["init_kwargs"]["compression"] = {"format": 1, "blocks": [entry]}
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=match):
+        from_pretrained(tmp_path / "m")

@@ -324,7 +324,8 @@ class CPSlimAtt(CompressedAttention):
     ``fusion`` S^H (H x R). QK MACs ``2NFR + N(N+1)HR``.
 
     Args:
-        dim: F; num_heads: H; rank: R (default F); vo_ranks, qk_bias, proj_bias, attn_drop, proj_drop:
+        dim: F; num_heads: H; rank: R in [1, F] (default F; R = F = H p already represents the QK map
+        of any MHSA, as IrrAtt's total rank H p); vo_ranks, qk_bias, proj_bias, attn_drop, proj_drop:
         as :class:`TruncAtt`.
     Shapes: x (B, N, F) -> (B, N, F).
     """
@@ -333,8 +334,8 @@ class CPSlimAtt(CompressedAttention):
                  qk_bias: bool = True, proj_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0):
         super().__init__(dim, num_heads, vo_ranks, proj_bias, attn_drop, proj_drop)
         rank = dim if rank is None else rank
-        if not is_int(rank) or rank < 1:
-            raise ValueError(f"rank must be a positive int, got {rank!r}")
+        if not is_int(rank) or not 1 <= rank <= dim:
+            raise ValueError(f"rank out of range: must be an int in [1, dim = H p = {dim}], got {rank!r}")
         self.rank = rank
         self.q = nn.Linear(dim, rank, bias=qk_bias)
         self.k = nn.Linear(dim, rank, bias=False)

@@ -22,6 +22,10 @@ class LowRankLinear(nn.Module):
         for v, n in ((in_features, "in_features"), (out_features, "out_features"), (rank, "rank")):
             if not is_int(v) or v < 1:
                 raise ValueError(f"{n} must be a positive int, got {v!r}")
+        if rank > min(in_features, out_features):
+            raise ValueError(f"rank out of range: must be <= min(in_features, out_features) = "
+                             f"{min(in_features, out_features)} (a factorisation of a larger rank is no lower), "
+                             f"got {rank}")
         self.in_features, self.out_features, self.rank = in_features, out_features, rank
         self.first = nn.Linear(in_features, rank, bias=False)
         self.second = nn.Linear(rank, out_features, bias=bias)
