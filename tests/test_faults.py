@@ -88,7 +88,7 @@ def test_killed_build_lock_holder_does_not_block_the_next_process(tmp_path):
     res = _python(LOAD_TINY.format(src=str(src), timeout=30), env, timeout=180)
     assert res.returncode == 0, res.stderr
     assert "loaded wf_tiny" in res.stdout and str(directory) in res.stdout
-    assert "building the kernel (once per machine" in res.stderr
+    assert "building the kernel (once per environment" in res.stderr
     assert not (directory / "lock").exists()
 
 
@@ -169,3 +169,62 @@ def test_bad_build_timeout_is_a_clear_error(monkeypatch):
         build._timeout()
     monkeypatch.setenv(build.ENV_TIMEOUT, "2.5")
     assert build._timeout() == 2.5
+
+
+# ----------------------------------------------------------------------------- build key (issue 21, item 15)
+def test_build_key_covers_the_environment(monkeypatch):
+    """Two virtual environments with the same torch read headers from different paths (written into
+    build.ninja): each must get its own directory, not rebuild the other's binary in turn."""
+    from torch.utils import cpp_extension
+
+    args = ("wf_tiny", TINY.encode(), ("-O2",), ())
+    env = build.build_environment()
+    assert env["prefix"] and env["torch_include"] == cpp_extension.include_paths() and env["cxx"]
+    same = build.extension_dir(*args)
+    assert build.extension_dir(*args) == same == build.extension_dir(*args, environment=env)
+    for key, other in (("torch_include", ["/other/venv/torch/include"]), ("prefix", "/other/venv"),
+                       ("cxx", "/usr/bin/clang++"), ("python_abi", "cpython-312.so"), ("torch", "9.9.9")):
+        assert build.extension_dir(*args, environment={**env, key: other}) != same, key
+    assert build.extension_dir("wf_tiny", TINY.encode(), ("-O3",), ()) != same  # flags
+    assert build.extension_dir("wf_tiny", (TINY + "//").encode(), ("-O2",), ()) != same  # source
+    # the default environment follows what cpp_extension would compile with
+    monkeypatch.setattr(cpp_extension, "include_paths", lambda *a, **k: ["/elsewhere/torch/include"])
+    assert build.extension_dir(*args) != same
+    monkeypatch.setenv("CXX", "/nonexistent/g++-99")
+    assert build.build_environment()["cxx"] == "/nonexistent/g++-99"
+
+
+def test_building_message_whenever_a_build_runs(tmp_path, monkeypatch, capsys):
+    """The message is printed when ninja really has work, also when a binary already exists (a
+    changed input), and not when it has none. The compile step is replaced by a trivial ninja rule."""
+    import shutil
+    import subprocess
+    import types
+
+    from torch.utils import cpp_extension
+
+    if shutil.which("ninja") is None:
+        pytest.skip("needs ninja")
+    monkeypatch.setenv("WHITEFORMER_KERNEL_CACHE", str(tmp_path / "cache"))
+    runs = []
+
+    def fake_load(name, sources, extra_cflags, extra_ldflags, build_directory, verbose):
+        with open(os.path.join(build_directory, "build.ninja"), "w") as f:
+            f.write(f"rule cp\n  command = cp $in $out\nbuild {name}.so: cp {sources[0]}\n")
+        res = subprocess.run(["ninja", "-C", build_directory], capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout + res.stderr
+        runs.append("no work to do" not in res.stdout)
+        return types.SimpleNamespace(__name__=name)
+
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    src = _tiny(tmp_path)
+    build.load_cpp_extension("wf_tiny", src, timeout=5)
+    assert "building the kernel" in capsys.readouterr().err and runs == [True]
+    build.load_cpp_extension("wf_tiny", src, timeout=5)
+    assert "building" not in capsys.readouterr().err and runs == [True, False]
+    directory = build.extension_dir("wf_tiny", src.read_bytes(), (), ())
+    local = directory / src.name
+    os.utime(local, (time.time() + 5, time.time() + 5))  # an input newer than the binary: ninja rebuilds
+    assert (directory / "wf_tiny.so").exists()
+    build.load_cpp_extension("wf_tiny", src, timeout=5)
+    assert "building the kernel" in capsys.readouterr().err and runs == [True, False, True]

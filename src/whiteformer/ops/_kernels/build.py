@@ -1,12 +1,15 @@
 """Builds and loads the fused CPU TSSA kernel (``tssa_cpu.cpp``, shipped as package data).
 
-The extension is JIT-built once per machine with :func:`torch.utils.cpp_extension.load` (needs a
+The extension is JIT-built once per environment with :func:`torch.utils.cpp_extension.load` (needs a
 C++ compiler and ``ninja``; about a minute) into the user's cache,
 ``$WHITEFORMER_KERNEL_CACHE/<tag>`` (default ``$XDG_CACHE_HOME/whiteformer/kernels``, i.e.
-``~/.cache/whiteformer/kernels``). ``<tag>`` is a key on what the binary depends on: the source
-text, the compiler flags (ISA, the epsilons of :mod:`whiteformer.ops.constants`), Python and torch
-versions. The source is copied into that directory and built from there, so another checkout or
-install of the same version reuses the binary instead of rebuilding it.
+``~/.cache/whiteformer/kernels``). ``<tag>`` is a key on everything the binary depends on
+(:func:`build_environment`): the source text, the compiler flags (ISA, the epsilons of
+:mod:`whiteformer.ops.constants`), the Python ABI, the torch version and the paths its headers and
+libraries are read from (``build.ninja`` holds them: two virtual environments with the same torch
+have different paths, so each gets its own directory instead of rebuilding the other's binary in
+turn), ``sys.prefix`` and the compiler. The source is copied into that directory and built from
+there, so another checkout using the same environment reuses the binary.
 
 Concurrency and faults: the build runs under an OS file lock (``fcntl.flock`` on
 ``<tag>/build.lock``), which the kernel releases when its owner dies, even by SIGKILL. While
@@ -15,8 +18,9 @@ mid-build) is stale and is removed, so it can no longer hang later processes. A 
 the lock held says so on stderr ("waiting for another process building the kernel…") and waits
 at most ``WHITEFORMER_KERNEL_BUILD_TIMEOUT`` seconds (default 600); after that, like after a failed
 build (no compiler, no ninja, ...), :func:`fast_path_available` is False, a warning says why once,
-and the operators use their PyTorch path. A first build says so on stderr ("building the fused
-TSSA kernel (once per machine, ~1 min)…").
+and the operators use their PyTorch path. Whenever a build runs (no binary yet, or ``ninja`` finds
+it out of date) it says so on stderr ("building the fused TSSA kernel (once per environment,
+~1 min)…").
 """
 from __future__ import annotations
 
@@ -36,8 +40,8 @@ import torch
 from .. import constants
 from . import kernels_disabled
 
-__all__ = ["build_error", "cache_root", "extension_dir", "fast_path_available", "load_cpp_extension",
-           "load_extension"]
+__all__ = ["build_environment", "build_error", "build_key", "cache_root", "extension_dir", "fast_path_available",
+           "load_cpp_extension", "load_extension", "needs_build"]
 
 ENV_CACHE = "WHITEFORMER_KERNEL_CACHE"
 ENV_TIMEOUT = "WHITEFORMER_KERNEL_BUILD_TIMEOUT"
@@ -62,12 +66,58 @@ def cache_root() -> Path:
     return Path(root)
 
 
-def extension_dir(name: str, source: bytes, cflags: Sequence[str], ldflags: Sequence[str]) -> Path:
-    """``<cache>/<tag>``: the tag keys the build on the source text, flags, Python and torch
-    (not on where the source lives, so every checkout shares one binary)."""
-    key = b"\0".join([name.encode(), source, " ".join(cflags).encode(), " ".join(ldflags).encode()])
-    tag = f"py{sys.version_info.major}{sys.version_info.minor}_torch{torch.__version__}_{hashlib.sha1(key).hexdigest()[:12]}"
+def build_environment() -> dict:
+    """What a binary built here depends on besides its source and flags: the Python ABI, torch
+    (version, build, the header / library paths and compiler standard ``build.ninja`` is written
+    with), ``sys.prefix`` and the C++ compiler ``cpp_extension`` runs (``$CXX``, resolved)."""
+    import shutil
+    import sysconfig
+
+    from torch.utils import cpp_extension
+
+    cxx = os.environ.get("CXX", "c++")
+    found = shutil.which(cxx)
+    return {"python_abi": f"{sys.implementation.cache_tag}{sysconfig.get_config_var('EXT_SUFFIX') or ''}",
+            "python_include": sysconfig.get_paths().get("include", ""), "prefix": sys.prefix,
+            "torch": torch.__version__, "torch_git": getattr(torch.version, "git_version", ""),
+            "torch_include": cpp_extension.include_paths(), "torch_lib": cpp_extension.library_paths(),
+            "cxx11_abi": bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)),
+            "cxx": os.path.realpath(found) if found else cxx}
+
+
+def build_key(name: str, source: bytes, cflags: Sequence[str], ldflags: Sequence[str],
+              environment: Optional[dict] = None) -> str:
+    """The hex digest keying a build: name, source text, flags and :func:`build_environment`."""
+    import json
+
+    env = build_environment() if environment is None else environment
+    key = json.dumps({"name": name, "source": hashlib.sha256(source).hexdigest(), "cflags": list(cflags),
+                      "ldflags": list(ldflags), "environment": env}, sort_keys=True, default=str)
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def extension_dir(name: str, source: bytes, cflags: Sequence[str], ldflags: Sequence[str],
+                  environment: Optional[dict] = None) -> Path:
+    """``<cache>/<tag>``: the tag is :func:`build_key` (not where the source lives, so every
+    checkout using one environment shares one binary; another environment has its own)."""
+    digest = build_key(name, source, cflags, ldflags, environment)[:16]
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}_torch{torch.__version__}_{digest}"
     return cache_root() / tag.replace("+", "_")
+
+
+def needs_build(directory: Path, name: str) -> bool:
+    """Whether loading ``name`` from ``directory`` compiles: no binary yet, no ``build.ninja``, or
+    ``ninja -n`` (a dry run of the file torch wrote for it) finds work to do."""
+    import subprocess
+
+    binary = directory / f"{name}{'.pyd' if os.name == 'nt' else '.so'}"
+    if not binary.exists() or not (directory / "build.ninja").exists():
+        return True
+    try:
+        res = subprocess.run(["ninja", "-C", str(directory), "-n"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return True
+    return res.returncode != 0 or "no work to do" not in res.stdout
 
 
 def _timeout() -> float:
@@ -131,7 +181,7 @@ def build_lock(directory: Path, timeout: float) -> Iterator[None]:
 
 def load_cpp_extension(name: str, source: Path, cflags: Sequence[str] = (), ldflags: Sequence[str] = (),
                        timeout: Optional[float] = None, what: str = "kernel"):
-    """Build (once per machine) and import the extension ``name`` from one C++ ``source`` file,
+    """Build (once per environment) and import the extension ``name`` from one C++ ``source`` file,
     under the OS lock of its cache directory (see the module docstring). Raises on failure."""
     from torch.utils import cpp_extension
 
@@ -146,8 +196,8 @@ def load_cpp_extension(name: str, source: Path, cflags: Sequence[str] = (), ldfl
             tmp = local.with_name(f".{local.name}.{os.getpid()}.tmp")
             tmp.write_bytes(text)
             os.replace(tmp, local)
-        if not (directory / f"{name}{'.pyd' if os.name == 'nt' else '.so'}").exists():
-            print(f"whiteformer: building the {what} (once per machine, ~1 min)… ({directory})",
+        if needs_build(directory, name):
+            print(f"whiteformer: building the {what} (once per environment, ~1 min)… ({directory})",
                   file=sys.stderr, flush=True)
         return cpp_extension.load(name=name, sources=[str(local)], extra_cflags=list(cflags),
                                   extra_ldflags=list(ldflags), build_directory=str(directory), verbose=False)
