@@ -60,7 +60,7 @@ def test_capture_vision_bitwise_records_and_restores(attn):
     assert [r.name for r in rec.blocks] == ["blocks.0", "blocks.1"]
     assert len(rec.class_attention) == len(model.cls_attn_blocks)
     # reference values from the model's own analysis path
-    feats, stats = model.forward_intermediates(x, return_pi=True)
+    feats, stats = model.forward_intermediates(x, return_pi=True, output_fmt="NLC", intermediates_only=True)
     for r, blk, f, st in zip(rec.blocks, model.blocks, feats, stats):
         assert r.block is blk and r.attn is blk.attn and r.calls == 1
         assert r.input.shape == r.output.shape == r.attn_input.shape == (3, 16, 32)
@@ -108,9 +108,9 @@ def test_capture_restores_after_exception_and_keeps_user_patch():
 
 def test_capture_passes_through_forward_intermediates_return_pi():
     model, x = _vision("dmsa"), _images(2)
-    feats, stats = model.forward_intermediates(x, return_pi=True)
+    feats, stats = model.forward_intermediates(x, return_pi=True, output_fmt="NLC", intermediates_only=True)
     with capture(model) as rec:
-        feats2, stats2 = model.forward_intermediates(x, return_pi=True)
+        feats2, stats2 = model.forward_intermediates(x, return_pi=True, output_fmt="NLC", intermediates_only=True)
     for a, b, s, t, r in zip(feats, feats2, stats, stats2, rec.blocks):
         assert torch.equal(a, b) and torch.equal(s["pi"], t["pi"]) and torch.equal(s["gate"], t["gate"])
         assert torch.equal(r.pi, s["pi"])
@@ -204,7 +204,7 @@ def test_layerwise_report_values(attn, tmp_path):
     eps = 0.5
     rep = layerwise_report(model, x, eps=eps, out_dir=tmp_path)
     assert len(rep.rows) == 2 and rep.num_samples == 3 and rep.features == "output"
-    feats, stats = model.forward_intermediates(x, return_pi=True)
+    feats, stats = model.forward_intermediates(x, return_pi=True, output_fmt="NLC", intermediates_only=True)
     for row, blk, Z, st in zip(rep.rows, model.blocks, feats, stats):
         assert set(row) == set(COLUMNS)
         vals = [row[k] for k in ("R", "R_c", "delta_R", "R_c_var", "delta_R_var", "R_c_U")]

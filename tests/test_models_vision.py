@@ -231,16 +231,17 @@ def test_timm_protocol():
     torch.testing.assert_close(m.forward_head(feats, pre_logits=True), feats[:, 0])
     torch.testing.assert_close(m.head(feats[:, 0]), m(x))
 
-    inter = m.forward_intermediates(x)
+    final, inter = m.forward_intermediates(x, output_fmt="NLC")
+    torch.testing.assert_close(final, feats)
     assert len(inter) == 3 and all(t.shape == (2, 64, m.embed_dim) for t in inter)
     # The last intermediate is what the class-attention head consumes.
     torch.testing.assert_close(m._head_tokens(inter[-1]), feats)
-    sub = m.forward_intermediates(x, indices=[0, -1])
+    sub = m.forward_intermediates(x, indices=[0, -1], output_fmt="NLC", intermediates_only=True)
     torch.testing.assert_close(sub[0], inter[0])
     torch.testing.assert_close(sub[1], inter[2])
-    with pytest.raises(ValueError, match="indices"):
+    with pytest.raises(ValueError, match="out of range"):
         m.forward_intermediates(x, indices=[3])
-    inter_pi, stats = m.forward_intermediates(x, return_pi=True)
+    inter_pi, stats = m.forward_intermediates(x, return_pi=True, output_fmt="NLC", intermediates_only=True)
     assert len(stats) == 3 and stats[0]["pi"].shape == (2, m.num_heads, 64)
     torch.testing.assert_close(stats[0]["pi"].sum(1), torch.ones(2, 64))  # softmax over heads
     torch.testing.assert_close(inter_pi[-1], inter[-1])

@@ -247,7 +247,8 @@ def test_compress_refuses_a_non_empty_out_and_overwrite_keeps_the_other_files(de
     assert after["mine/model.safetensors"] != before["mine/model.safetensors"]
     assert not (mine / "config.json").is_symlink() and (mine / "compression_report.md").is_file()
     assert sorted(p.name for p in mine.iterdir()) == ["compression_report.json", "compression_report.md",
-                                                      "config.json", "model.safetensors", "notes.txt"]
+                                                      "config.json", "model.safetensors", "notes.txt",
+                                                      "whiteformer_auto.py"]
 
 
 # ----------------------------------------------------------------------------- item 4: analyze

@@ -16,3 +16,22 @@ from ._version import __version__  # noqa: F401
 from . import ops  # noqa: F401
 from . import attention  # noqa: F401
 from .models import create_model, from_pretrained, list_models  # noqa: F401
+
+
+def _load_hf() -> None:
+    import importlib
+
+    importlib.import_module("whiteformer.hf")
+
+
+def _install_hooks() -> None:
+    """Register with ``transformers``' Auto classes and ``peft``'s LoRA table when (and only if)
+    those libraries are imported: ``import whiteformer`` imports neither (see ``whiteformer.hf``)."""
+    from ._import_hooks import when_imported
+
+    when_imported("transformers.models.auto.configuration_auto", _load_hf)
+    when_imported("transformers.models.auto.modeling_auto", _load_hf)  # (so whiteformer.hf can wait for it)
+    when_imported("peft.utils.constants", _load_hf)
+
+
+_install_hooks()

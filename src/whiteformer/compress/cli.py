@@ -171,8 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (compressed checkpoint + report): missing or "
                    "empty, never the checkpoint's own directory or one that contains it")
     p.add_argument("--overwrite", action="store_true",
-                   help="accept a non-empty --out: replace model.safetensors, config.json and compression_report.* "
-                        "there, keep the other files (the checkpoint's own directory is still refused)")
+                   help="accept a non-empty --out: replace model.safetensors, config.json, whiteformer_auto.py and "
+                        "compression_report.* there, keep the other files (the checkpoint's own directory is still refused)")
     p.add_argument("--quiet", action="store_true")
     return p
 

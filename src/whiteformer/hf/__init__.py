@@ -1,8 +1,11 @@
 """whiteformer models in Hugging Face ``transformers`` (optional extra: ``pip install whiteformer[hf]``).
 
-Importing this module registers the configurations and models with the Auto classes::
+The Auto classes know whiteformer's ``model_type`` s as soon as ``transformers`` loads them in a
+process that imported ``whiteformer`` (``import whiteformer`` installs a post-import hook; it imports
+nothing of ``transformers`` itself), and any folder whiteformer saved loads without importing it at
+all through ``trust_remote_code=True`` (its ``config.json`` has an ``auto_map``)::
 
-    import whiteformer.hf  # noqa: F401
+    import whiteformer  # noqa: F401
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model("whiteformer-tost-lm", model_name="tost_lm_base",
@@ -10,35 +13,52 @@ Importing this module registers the configurations and models with the Auto clas
     model = AutoModelForCausalLM.from_config(config)
     out = model.generate(input_ids, max_new_tokens=20)   # state in a WhiteformerCache
 
-``model_type`` s: ``"whiteformer-tost-lm"`` (:class:`ToSTForCausalLM`), ``"whiteformer-gpt"``
-(:class:`WhiteformerGPTForCausalLM`), ``"whiteformer-vision"``
-(:class:`WhiteformerForImageClassification`). Directories written by whiteformer's own
-``save_pretrained`` load with ``AutoModel*.from_pretrained`` and the other way round.
+``model_type`` s and their classes (``AutoModel`` = headless, hidden states only):
+
+- ``"whiteformer-tost-lm"``: :class:`ToSTModel`, :class:`ToSTForCausalLM`;
+- ``"whiteformer-gpt"``: :class:`WhiteformerGPTModel`, :class:`WhiteformerGPTForCausalLM`;
+- ``"whiteformer-vision"``: :class:`WhiteformerVisionModel`, :class:`WhiteformerForImageClassification`.
+
+The model classes (:mod:`whiteformer.hf.modeling`) are imported on first use, and registered with
+``AutoModel*`` once ``transformers``' ``modeling_auto`` is loaded. :data:`LORA_TARGET_MODULES` are
+the default LoRA targets ``peft`` uses for each ``model_type`` (registered when ``peft`` loads).
 """
 try:
     import transformers  # noqa: F401
 except ImportError as err:  # pragma: no cover - exercised in a subprocess test
     raise ImportError("whiteformer.hf needs Hugging Face transformers: pip install whiteformer[hf]") from err
 
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageClassification
+import importlib
 
-from .cache import WhiteformerCache
+from .._import_hooks import when_imported
 from .configuration import ToSTLMConfig, WhiteformerConfig, WhiteformerGPTConfig, WhiteformerVisionConfig
-from .modeling import (ToSTForCausalLM, WhiteformerForImageClassification, WhiteformerGPTForCausalLM,
-                       WhiteformerPreTrainedModel)
+from .lora import LORA_TARGET_MODULES
+
+_MODELING = ("WhiteformerPreTrainedModel", "ToSTModel", "ToSTForCausalLM", "WhiteformerGPTModel",
+             "WhiteformerGPTForCausalLM", "WhiteformerVisionModel", "WhiteformerForImageClassification")
 
 __all__ = ["WhiteformerCache", "WhiteformerConfig", "ToSTLMConfig", "WhiteformerGPTConfig", "WhiteformerVisionConfig",
-           "WhiteformerPreTrainedModel", "ToSTForCausalLM", "WhiteformerGPTForCausalLM",
-           "WhiteformerForImageClassification"]
+           "LORA_TARGET_MODULES", *_MODELING]
 
 
-def _register() -> None:
+def __getattr__(name: str):
+    """The model classes and the cache, imported on first use (they import ``transformers``' models)."""
+    if name in _MODELING:
+        return getattr(importlib.import_module(".modeling", __name__), name)
+    if name == "WhiteformerCache":
+        return importlib.import_module(".cache", __name__).WhiteformerCache
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _register_configs() -> None:
+    from transformers.models.auto.configuration_auto import AutoConfig
+
     for config in (ToSTLMConfig, WhiteformerGPTConfig, WhiteformerVisionConfig):
         AutoConfig.register(config.model_type, config, exist_ok=True)
-    AutoModelForCausalLM.register(ToSTLMConfig, ToSTForCausalLM, exist_ok=True)
-    AutoModelForCausalLM.register(WhiteformerGPTConfig, WhiteformerGPTForCausalLM, exist_ok=True)
-    AutoModelForImageClassification.register(WhiteformerVisionConfig, WhiteformerForImageClassification,
-                                             exist_ok=True)
 
 
-_register()
+_register_configs()
+# the model classes register themselves at the end of their module (they need modeling_auto)
+when_imported("transformers.models.auto.modeling_auto",
+              lambda: importlib.import_module(".modeling", __name__))
+when_imported("peft.utils.constants", lambda: importlib.import_module(".lora", __name__).register_with_peft())

@@ -17,6 +17,7 @@ from typing import Any, Dict, Optional
 from transformers import PretrainedConfig
 
 from ..models import list_models
+from ..models.hf_remote import auto_map
 
 __all__ = ["WhiteformerConfig", "ToSTLMConfig", "WhiteformerGPTConfig", "WhiteformerVisionConfig"]
 
@@ -41,7 +42,9 @@ class WhiteformerConfig(PretrainedConfig):
                              f"whiteformer.list_models()")
         if init_kwargs is not None and not isinstance(init_kwargs, dict):
             raise TypeError(f"init_kwargs must be a dict of constructor arguments, got {type(init_kwargs).__name__}")
+        kwargs.pop("auto_map", None)  # always ours (models.hf_remote), never another module's
         super().__init__(**kwargs)  # (resets the instance's attributes: set ours after it)
+        self.auto_map = auto_map(self.model_type)
         self.model_name = model_name
         self.init_kwargs = dict(init_kwargs or {})
         self._mirror()
@@ -55,6 +58,12 @@ class WhiteformerConfig(PretrainedConfig):
             raise ValueError(f"the config.json of {str(pretrained_model_name_or_path)!r} must hold a JSON object "
                              f"(model_name, init_kwargs, ...), got a {type(config_dict).__name__}")
         return config_dict, kwargs
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class="AutoConfig") -> None:
+        """Nothing to do: every whiteformer configuration carries its ``auto_map`` (the folder's
+        ``whiteformer_auto.py`` module, written by ``save_pretrained``); ``transformers`` calls this
+        after loading remote code and would otherwise copy this package's source into saved folders."""
 
     #: (whiteformer constructor argument, transformers attribute) pairs copied by :meth:`_mirror`
     mirrored = ()

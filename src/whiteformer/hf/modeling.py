@@ -14,6 +14,16 @@ methods (``forward``, ``prefill``, ``step``); ``.whiteformer`` returns that mode
   left-padded batches) carries the state in a :class:`~whiteformer.hf.cache.WhiteformerCache`.
 - :class:`WhiteformerForImageClassification`: ``forward(pixel_values, labels)`` ->
   ``ImageClassifierOutput``.
+- headless (``AutoModel``): :class:`ToSTModel`, :class:`WhiteformerGPTModel` ->
+  ``BaseModelOutputWithPast`` (``last_hidden_state`` after ``ln_f``), :class:`WhiteformerVisionModel`
+  -> ``BaseModelOutputWithPooling`` (the tokens of ``forward_features`` and the pooled features).
+
+``output_hidden_states=True`` (every class) adds ``hidden_states``: the embeddings and one tensor per
+block, as ``transformers`` -- for the language models the last entry is after the final norm (as
+GPT-2 / Llama), for the vision models every entry is a raw block output (as ViT), (B, P + N, D)
+with the model's own tokens (DeiT / CRATE: class token first; the ToST shell: patch tokens only,
+its class token joins after the blocks). Saved folders carry an ``auto_map`` and
+``whiteformer_auto.py`` (:mod:`whiteformer.models.hf_remote`).
 """
 from __future__ import annotations
 
@@ -25,15 +35,18 @@ import torch
 import torch.nn as nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import CausalLMOutputWithPast, ImageClassifierOutput
+from transformers.modeling_outputs import (BaseModelOutputWithPast, BaseModelOutputWithPooling,
+                                           CausalLMOutputWithPast, ImageClassifierOutput)
 
+from .._import_hooks import when_imported
 from ..models import create_model
+from ..models.hf_remote import write_remote_code
 from .cache import WhiteformerCache
 from .packing import mask_document_starts, packed_cu_seqlens
 from .configuration import ToSTLMConfig, WhiteformerConfig, WhiteformerGPTConfig, WhiteformerVisionConfig
 
-__all__ = ["WhiteformerPreTrainedModel", "ToSTForCausalLM", "WhiteformerGPTForCausalLM",
-           "WhiteformerForImageClassification"]
+__all__ = ["WhiteformerPreTrainedModel", "ToSTModel", "ToSTForCausalLM", "WhiteformerGPTModel",
+           "WhiteformerGPTForCausalLM", "WhiteformerVisionModel", "WhiteformerForImageClassification"]
 
 
 def _output(cls, **fields):
@@ -44,10 +57,9 @@ def _output(cls, **fields):
     return cls(**fields)
 
 
-def _refuse(output_attentions, output_hidden_states, return_dict, inputs_embeds=None) -> None:
+def _refuse(output_attentions, return_dict, inputs_embeds=None) -> None:
     """Clear errors for the ``transformers`` options the wrappers do not implement."""
-    for name, value in (("output_attentions", output_attentions), ("output_hidden_states", output_hidden_states),
-                        ("inputs_embeds", inputs_embeds)):
+    for name, value in (("output_attentions", output_attentions), ("inputs_embeds", inputs_embeds)):
         if value is not None and value is not False:
             raise ValueError(f"{name} is not supported by whiteformer models; leave it unset")
     if return_dict is False:
@@ -66,6 +78,7 @@ class WhiteformerPreTrainedModel(PreTrainedModel):
     base_model_prefix = ""
     supports_gradient_checkpointing = True  # the whiteformer model's set_grad_checkpointing
     family: Optional[str] = None  # expected ``hf_model_type`` of the whiteformer model class
+    _no_split_modules = ["LMBlock", "Block", "ClassAttentionBlock", "ViTBlock", "CRATEBlock"]  # residual blocks
 
     def __init__(self, config: WhiteformerConfig):
         if not isinstance(config, self.config_class):
@@ -99,17 +112,27 @@ class WhiteformerPreTrainedModel(PreTrainedModel):
             model.whiteformer.load_state_dict(model.whiteformer.state_dict())
         return out
 
+    @classmethod
+    def register_for_auto_class(cls, auto_class="AutoModel") -> None:
+        """Nothing to do: the saved ``config.json`` always names ``whiteformer_auto.py`` in its
+        ``auto_map`` (``transformers`` calls this after loading remote code and would otherwise copy
+        this package's source files into every folder saved afterwards)."""
+
     def save_pretrained(self, save_directory, *args, **kwargs):
         """``PreTrainedModel.save_pretrained``, which (as for any ``transformers`` model) replaces the
         files it writes in an existing directory (``config.json``, ``generation_config.json``,
         ``model*.safetensors``, the shard index) and keeps the others; a symbolic link in the place of
-        one of those is removed first, so its target is never written through."""
+        one of those is removed first, so its target is never written through. Then the folder's
+        ``whiteformer_auto.py`` (what ``auto_map`` names, so that ``trust_remote_code=True`` loads it
+        without ``import whiteformer``)."""
         folder = Path(save_directory)
         if folder.is_dir():
             for p in folder.iterdir():
                 if p.is_symlink() and _WRITTEN.fullmatch(p.name):
                     p.unlink()
-        return super().save_pretrained(save_directory, *args, **kwargs)
+        out = super().save_pretrained(save_directory, *args, **kwargs)
+        write_remote_code(save_directory)
+        return out
 
     def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,
                                     every_n_layers: int = 1) -> None:
@@ -151,8 +174,64 @@ class WhiteformerPreTrainedModel(PreTrainedModel):
             t.copy_(fresh[name])
 
 
-class _WhiteformerForCausalLM(WhiteformerPreTrainedModel, GenerationMixin):
+def _lm_hidden_states(net: nn.Module, input_ids: torch.Tensor, mask: Optional[torch.Tensor]):
+    """``(final hidden after ln_f, hidden_states)``: embeddings, then each block's output, the last
+    one replaced by the final hidden (after ``ln_f``), as GPT-2 / Llama report them."""
+    final, states = net.forward_hidden_states(input_ids, attn_mask=mask)
+    return final, tuple(states[:-1]) + (final,)
+
+
+class _WhiteformerLMBase(WhiteformerPreTrainedModel):
     _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.transformer.wte
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.transformer.wte = value
+
+    def resize_token_embeddings(self, new_num_tokens: Optional[int] = None, pad_to_multiple_of: Optional[int] = None,
+                                mean_resizing: bool = True) -> nn.Embedding:
+        """``transformers``' resize (the tied ``lm_head`` follows ``wte``), then the whiteformer model's
+        ``vocab_size`` (its id check) and the configuration's ``init_kwargs`` (what a reload builds)
+        take the new size."""
+        emb = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        n = emb.weight.shape[0]
+        net = self.whiteformer
+        net.lm_head.out_features = n
+        net.vocab_size = n
+        if hasattr(net, "init_kwargs"):
+            net.init_kwargs = {**net.init_kwargs, "vocab_size": n}
+        self.config.init_kwargs = {**self.config.init_kwargs, "vocab_size": n}
+        self.config.vocab_size = n
+        return emb
+
+
+class _WhiteformerLMModel(_WhiteformerLMBase):
+    """Headless language model (``AutoModel``): ``forward(input_ids, attention_mask,
+    output_hidden_states)`` -> ``BaseModelOutputWithPast(last_hidden_state (B, T, D) after ln_f,
+    hidden_states)``; no cache (generation is the ``ForCausalLM`` class's)."""
+
+    def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
+                use_cache: Optional[bool] = None, past_key_values: Optional[Cache] = None,
+                inputs_embeds: Optional[torch.Tensor] = None, output_attentions: Optional[bool] = None,
+                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
+                **kwargs) -> BaseModelOutputWithPast:
+        _refuse(output_attentions, return_dict, inputs_embeds)
+        if input_ids is None:
+            raise ValueError("input_ids is required: a (B, T) tensor of token ids")
+        if use_cache or (past_key_values is not None and past_key_values.get_seq_length() != 0):
+            raise ValueError(f"{type(self).__name__} is headless and keeps no cache; generate with the "
+                             "ForCausalLM class (AutoModelForCausalLM)")
+        net = self.whiteformer
+        if output_hidden_states:
+            final, hidden = _lm_hidden_states(net, input_ids, attention_mask)
+        else:
+            final, hidden = net.forward_features(input_ids, attn_mask=attention_mask), None
+        return _output(BaseModelOutputWithPast, last_hidden_state=final, hidden_states=hidden)
+
+
+class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
     #: neither cache (ToST's running statistics, the GPT's WhiteformerCache) can be cropped back to
     #: the tokens a verifier accepted, so transformers refuses assisted decoding by any route
     _is_stateful = True
@@ -168,12 +247,6 @@ class _WhiteformerForCausalLM(WhiteformerPreTrainedModel, GenerationMixin):
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # forward creates a WhiteformerCache
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.transformer.wte
-
-    def set_input_embeddings(self, value: nn.Module) -> None:
-        self.transformer.wte = value
 
     def get_output_embeddings(self) -> nn.Module:
         return self.lm_head
@@ -204,9 +277,10 @@ class _WhiteformerForCausalLM(WhiteformerPreTrainedModel, GenerationMixin):
         ``cu_seqlens`` (each document its own sequence; labels never cross a document; no cache);
         other ``position_ids`` raise ``ValueError``. ``use_cache`` (default
         ``config.use_cache`` in eval mode, off in training) returns the state in
-        ``output.cache`` (``past_key_values`` in older ``transformers``).
+        ``output.cache`` (``past_key_values`` in older ``transformers``). ``output_hidden_states``
+        (not with tokens stepped from a cache) adds the embeddings and each block's output.
         """
-        _refuse(output_attentions, output_hidden_states, return_dict, inputs_embeds)
+        _refuse(output_attentions, return_dict, inputs_embeds)
         if input_ids is None:
             raise ValueError("input_ids is required: a (B, T) tensor of token ids")
         if cache is not None and past_key_values is not None and cache is not past_key_values:
@@ -215,6 +289,8 @@ class _WhiteformerForCausalLM(WhiteformerPreTrainedModel, GenerationMixin):
         in_prompt = cache is None or not isinstance(cache, WhiteformerCache) or cache.state is None
         cu_seqlens = packed_cu_seqlens(attention_mask, position_ids if in_prompt else None, kwargs)
         if cu_seqlens is not None:
+            if output_hidden_states:
+                raise ValueError("output_hidden_states is not available for packed documents; run them unpacked")
             return self._forward_packed(input_ids, attention_mask, labels, cu_seqlens, use_cache, cache, kwargs)
         if use_cache is None:
             use_cache = bool(getattr(self.config, "use_cache", True)) and not self.training
@@ -225,17 +301,26 @@ class _WhiteformerForCausalLM(WhiteformerPreTrainedModel, GenerationMixin):
                                 f"{type(cache).__name__}")
             cache = None  # an empty transformers cache: start ours
         mask = None if attention_mask is None else attention_mask
+        hidden = None
         if cache is None or cache.state is None:
             if use_cache or cache is not None:
                 logits, state = net.prefill(input_ids, attn_mask=mask)
                 cache = cache if cache is not None else WhiteformerCache()
                 cache.update_state(state, input_ids.shape[1])
+                if output_hidden_states:  # (prefill keeps only the final states: one more pass)
+                    hidden = _lm_hidden_states(net, input_ids, mask)[1]
+            elif output_hidden_states:
+                final, hidden = _lm_hidden_states(net, input_ids, mask)
+                logits = net.lm_head(final)
             else:
                 logits, _ = net(input_ids, attn_mask=mask)
         else:
             new = input_ids.shape[1] if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 else None
             if new is None:
                 raise ValueError(f"input_ids must have shape (B, T), got {getattr(input_ids, 'shape', None)}")
+            if output_hidden_states:
+                raise ValueError("output_hidden_states is not available for tokens stepped from a cache (the "
+                                 "recurrent step keeps no per-block outputs); run the sequence without a cache")
             if mask is not None and not bool((mask[:, -new:] != 0).all()):
                 raise ValueError("tokens fed after the cached prompt must be real (attention_mask 1): padding is "
                                  "only supported in the prompt")
@@ -248,24 +333,9 @@ class _WhiteformerForCausalLM(WhiteformerPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=net.vocab_size, **kwargs)
-        return _output(CausalLMOutputWithPast, loss=loss, logits=logits, cache=cache if use_cache else None)
+        return _output(CausalLMOutputWithPast, loss=loss, logits=logits, cache=cache if use_cache else None,
+                       hidden_states=hidden)
 
-
-    def resize_token_embeddings(self, new_num_tokens: Optional[int] = None, pad_to_multiple_of: Optional[int] = None,
-                                mean_resizing: bool = True) -> nn.Embedding:
-        """``transformers``' resize (the tied ``lm_head`` follows ``wte``), then the whiteformer model's
-        ``vocab_size`` (its id check) and the configuration's ``init_kwargs`` (what a reload builds)
-        take the new size."""
-        emb = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        n = emb.weight.shape[0]
-        net = self.whiteformer
-        net.lm_head.out_features = n
-        net.vocab_size = n
-        if hasattr(net, "init_kwargs"):
-            net.init_kwargs = {**net.init_kwargs, "vocab_size": n}
-        self.config.init_kwargs = {**self.config.init_kwargs, "vocab_size": n}
-        self.config.vocab_size = n
-        return emb
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, *args, **kwargs):
         """``transformers``' inputs, cropped like :meth:`whiteformer.models.lm.CausalLM.generate`: once a
@@ -302,11 +372,25 @@ class _WhiteformerForCausalLM(WhiteformerPreTrainedModel, GenerationMixin):
         return _output(CausalLMOutputWithPast, loss=loss, logits=logits, cache=None)
 
 
+class ToSTModel(_WhiteformerLMModel):
+    """Headless causal ToST (``tost_lm_*``, ``AutoModel``)."""
+
+    config_class = ToSTLMConfig
+    family = "whiteformer-tost-lm"
+
+
 class ToSTForCausalLM(_WhiteformerForCausalLM):
     """Causal ToST (``tost_lm_*``): generation carries the constant-size causal-TSSA statistics."""
 
     config_class = ToSTLMConfig
     family = "whiteformer-tost-lm"
+
+
+class WhiteformerGPTModel(_WhiteformerLMModel):
+    """Headless softmax GPT baseline (``gpt_*``, ``AutoModel``)."""
+
+    config_class = WhiteformerGPTConfig
+    family = "whiteformer-gpt"
 
 
 class WhiteformerGPTForCausalLM(_WhiteformerForCausalLM):
@@ -316,29 +400,53 @@ class WhiteformerGPTForCausalLM(_WhiteformerForCausalLM):
     family = "whiteformer-gpt"
 
 
-class WhiteformerForImageClassification(WhiteformerPreTrainedModel):
-    """Vision zoo model: ``forward(pixel_values (B, C, H, W), labels=None)`` ->
-    ``ImageClassifierOutput(loss, logits (B, num_classes))``; the loss follows
-    ``config.problem_type`` as in ``transformers`` (integer labels: cross-entropy)."""
-
+class _WhiteformerVisionBase(WhiteformerPreTrainedModel):
     config_class = WhiteformerVisionConfig
     family = "whiteformer-vision"
     main_input_name = "pixel_values"
 
-    def forward(self, pixel_values: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
-                output_attentions: Optional[bool] = None, output_hidden_states: Optional[bool] = None,
-                return_dict: Optional[bool] = None, **kwargs) -> ImageClassifierOutput:
-        _refuse(output_attentions, output_hidden_states, return_dict)
+    def _features(self, pixel_values, output_attentions, output_hidden_states, return_dict):
+        """``(forward_features output, hidden_states or None)``."""
+        _refuse(output_attentions, return_dict)
         if pixel_values is None:
             raise ValueError("pixel_values is required: a (B, C, H, W) image tensor")
         if isinstance(pixel_values, torch.Tensor) and pixel_values.is_floating_point():
             pixel_values = pixel_values.to(self.dtype)  # as transformers' vision models (an fp16 checkpoint)
-        logits = self.whiteformer(pixel_values)
+        net = self.whiteformer
+        if output_hidden_states:
+            final, states = net.forward_hidden_states(pixel_values)
+            return final, tuple(states)
+        return net.forward_features(pixel_values), None
+
+
+class WhiteformerVisionModel(_WhiteformerVisionBase):
+    """Headless vision model (``AutoModel``): ``forward(pixel_values)`` ->
+    ``BaseModelOutputWithPooling(last_hidden_state = forward_features (B, 1 + N, D), pooler_output =
+    the head's input (B, D), hidden_states)``."""
+
+    def forward(self, pixel_values: Optional[torch.Tensor] = None, output_attentions: Optional[bool] = None,
+                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
+                **kwargs) -> BaseModelOutputWithPooling:
+        final, hidden = self._features(pixel_values, output_attentions, output_hidden_states, return_dict)
+        pooled = self.whiteformer.forward_head(final, pre_logits=True)
+        return BaseModelOutputWithPooling(last_hidden_state=final, pooler_output=pooled, hidden_states=hidden)
+
+
+class WhiteformerForImageClassification(_WhiteformerVisionBase):
+    """Vision zoo model: ``forward(pixel_values (B, C, H, W), labels=None)`` ->
+    ``ImageClassifierOutput(loss, logits (B, num_classes), hidden_states)``; the loss follows
+    ``config.problem_type`` as in ``transformers`` (integer labels: cross-entropy)."""
+
+    def forward(self, pixel_values: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
+                output_attentions: Optional[bool] = None, output_hidden_states: Optional[bool] = None,
+                return_dict: Optional[bool] = None, **kwargs) -> ImageClassifierOutput:
+        final, hidden = self._features(pixel_values, output_attentions, output_hidden_states, return_dict)
+        logits = self.whiteformer.forward_head(final)
         loss = None
         if labels is not None:
             _check_labels(labels, logits, self.config)
             loss = self.loss_function(labels, logits, self.config, **kwargs)
-        return ImageClassifierOutput(loss=loss, logits=logits)
+        return ImageClassifierOutput(loss=loss, logits=logits, hidden_states=hidden)
 
 
 def _check_labels(labels, logits: torch.Tensor, config) -> None:
@@ -357,3 +465,19 @@ def _check_labels(labels, logits: torch.Tensor, config) -> None:
                 "multi_label_classification": "0/1 targets per label (float)"}[kind]
         raise ValueError(f"labels must have shape {' or '.join(map(str, want))} ({what} for {kind}, batch {b}, "
                          f"{n} labels), got {tuple(labels.shape)} ({labels.dtype})")
+
+
+def _register() -> None:
+    """The model classes with ``transformers``' Auto classes (once ``modeling_auto`` is loaded)."""
+    from transformers.models.auto import modeling_auto as auto
+
+    for config, base, head, auto_head in (
+            (ToSTLMConfig, ToSTModel, ToSTForCausalLM, auto.AutoModelForCausalLM),
+            (WhiteformerGPTConfig, WhiteformerGPTModel, WhiteformerGPTForCausalLM, auto.AutoModelForCausalLM),
+            (WhiteformerVisionConfig, WhiteformerVisionModel, WhiteformerForImageClassification,
+             auto.AutoModelForImageClassification)):
+        auto.AutoModel.register(config, base, exist_ok=True)
+        auto_head.register(config, head, exist_ok=True)
+
+
+when_imported("transformers.models.auto.modeling_auto", _register)

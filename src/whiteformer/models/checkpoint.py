@@ -4,7 +4,9 @@ Own format (a directory)::
 
     <dir>/model.safetensors   weights (tensors sharing storage, e.g. tied embeddings, stored once)
     <dir>/config.json         {"format", "model_name", "architecture", "init_kwargs", "version",
-                               "model_type" (the family's name in transformers, see whiteformer.hf)}
+                               "model_type" (the family's name in transformers, see whiteformer.hf),
+                               "auto_map" (transformers' remote-code entry, see models.hf_remote)}
+    <dir>/whiteformer_auto.py the module auto_map names (imports whiteformer.hf; models.hf_remote)
 
 written atomically (temporary file + ``os.replace``) by ``model.save_pretrained(dir)``.
 ``create_model(name, checkpoint_path=dir)`` uses the saved ``init_kwargs`` as defaults under the
@@ -40,6 +42,7 @@ import torch
 import torch.nn as nn
 
 from .._utils import to_jsonable
+from .hf_remote import auto_map, write_remote_code
 
 __all__ = [
     "CheckpointFileError",
@@ -191,6 +194,7 @@ def save_pretrained(model: nn.Module, save_dir: PathLike) -> Path:
     }
     if getattr(model, "hf_model_type", None):
         config["model_type"] = model.hf_model_type
+        config["auto_map"] = auto_map(model.hf_model_type)  # transformers loads the folder with trust_remote_code
     from .._version import __version__
 
     config["version"] = __version__
@@ -204,6 +208,8 @@ def save_pretrained(model: nn.Module, save_dir: PathLike) -> Path:
             json.dump(config, f, indent=2, sort_keys=True)
             f.write("\n")
 
+    if config.get("auto_map"):
+        write_remote_code(save_dir)
     _atomic_write(save_dir / CONFIG_NAME, write_config)
     return save_dir
 

@@ -15,7 +15,7 @@ Linear on the pooled token (class token, or mean over all tokens for ``global_po
 from __future__ import annotations
 
 import re
-from typing import Dict, Optional, Sequence, Set, Union
+from typing import Dict, Optional, Set
 
 import torch
 import torch.nn as nn
@@ -24,7 +24,7 @@ from einops import rearrange
 from ..attention.baselines import MSSA
 from .blocks import ISTA
 from .checkpoint import PretrainedMixin
-from ..layers import GradCheckpointMixin, PatchGrid, resample_abs_pos_embed, vit_forward_intermediates
+from ..layers import GradCheckpointMixin, PatchGrid, TimmFeatureMixin, resample_abs_pos_embed
 from .registry import build_with_defaults, register_model
 from .size import num_patches
 from .._checks import check_finite_real, check_int, check_probability
@@ -84,7 +84,7 @@ _OFFICIAL_RULES = [
 ]
 
 
-class CRATE(GradCheckpointMixin, PretrainedMixin, nn.Module):
+class CRATE(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, nn.Module):
     """CRATE image classifier (official ``CRATE`` of ``model/crate.py``).
 
     Args: img_size, patch_size, in_chans, num_classes (0: no head), embed_dim (official ``dim``),
@@ -161,15 +161,22 @@ class CRATE(GradCheckpointMixin, PretrainedMixin, nn.Module):
         self.head = (nn.Linear(self.embed_dim, num_classes, device=w.device, dtype=w.dtype)
                      if num_classes > 0 else nn.Identity())
 
-    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+    def _embed_grid(self, x: torch.Tensor):
+        """Images -> ([CLS; patches] + pos_embed (B, 1 + N, D), grid (Hp, Wp))."""
         x = self.patch_embed(x)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        return self.pos_drop(x + self.pos_embed)
+        return self.pos_drop(x + self.pos_embed), self.patch_embed.grid_size
+
+    def _finish(self, x: torch.Tensor) -> torch.Tensor:
+        return x  # CRATE normalises the pooled token in the head
+
+    def _inter_norm(self) -> nn.Module:
+        return self.fc_norm  # ``norm=True`` applies the head LayerNorm token-wise
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> tokens after the last layer (B, 1 + N, D) (no final norm:
         CRATE normalises the pooled token in the head)."""
-        x = self._embed(x)
+        x = self._embed_grid(x)[0]
         for blk in self.blocks:
             x = self.run_block(blk, x)
         return x
@@ -182,15 +189,6 @@ class CRATE(GradCheckpointMixin, PretrainedMixin, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
-
-    def forward_intermediates(self, x: torch.Tensor, indices: Optional[Union[int, Sequence[int]]] = None,
-                              return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
-                              output_fmt: str = "NCHW", intermediates_only: bool = False):
-        """timm-style intermediates (see :meth:`VisionTransformer.forward_intermediates`);
-        ``norm`` applies the head LayerNorm ``fc_norm`` token-wise. The final output is
-        :meth:`forward_features`'s."""
-        return vit_forward_intermediates(self, x, indices, return_prefix_tokens, norm, stop_early, output_fmt,
-                                         intermediates_only, nn.Identity(), self.fc_norm)
 
     def convert_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """Official CRATE keys (``to_patch_embedding.{1,2,3}``, ``pos_embedding``,

@@ -16,14 +16,14 @@ antialiasing, :func:`whiteformer.layers.resample_abs_pos_embed`, as timm's) by
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Set, Union
+from typing import Dict, Optional, Set
 
 import torch
 import torch.nn as nn
 
 from .._checks import check_divisible, check_finite_real, check_int, check_positive_real, check_probability
 from ..attention.baselines import MHSA
-from ..layers import GradCheckpointMixin, PatchGrid, resample_abs_pos_embed, vit_forward_intermediates
+from ..layers import GradCheckpointMixin, PatchGrid, TimmFeatureMixin, resample_abs_pos_embed
 from .blocks import DropPath, LayerScale, Mlp
 from .checkpoint import PretrainedMixin
 from .size import mlp_width, num_patches, transformer_params
@@ -69,10 +69,11 @@ class ViTBlock(nn.Module):
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
-class VisionTransformer(GradCheckpointMixin, PretrainedMixin, nn.Module):
+class VisionTransformer(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, nn.Module):
     """ViT / DeiT classifier with timm's ``VisionTransformer`` state_dict and protocol
-    (``forward_features``, ``forward_head``, ``reset_classifier``, ``no_weight_decay``,
-    ``forward_intermediates``).
+    (``forward_features``, ``forward_head``, ``reset_classifier``, ``no_weight_decay``, and the
+    feature API of :class:`~whiteformer.layers.TimmFeatureMixin`: ``forward_intermediates``,
+    ``prune_intermediate_layers``, ``group_matcher``, ``pretrained_cfg``).
 
     Args (timm names): img_size, patch_size, in_chans, num_classes (0: no head), global_pool
     ('token' or 'avg'; 'avg' uses ``fc_norm`` after pooling instead of ``norm``, as timm),
@@ -85,6 +86,7 @@ class VisionTransformer(GradCheckpointMixin, PretrainedMixin, nn.Module):
     """
 
     hf_model_type = "whiteformer-vision"
+    head_modules = ("fc_norm",)
 
     @staticmethod
     def estimate_num_params(args: dict) -> int:
@@ -176,17 +178,21 @@ class VisionTransformer(GradCheckpointMixin, PretrainedMixin, nn.Module):
         else:
             self.head = nn.Identity()
 
-    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+    def _embed_grid(self, x: torch.Tensor):
+        """Images -> ([CLS; patches] + pos_embed (B, 1 + N, D), grid (Hp, Wp))."""
         x = self.patch_embed(x)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        return self.pos_drop(x + self.pos_embed)
+        return self.pos_drop(x + self.pos_embed), self.patch_embed.grid_size
+
+    def _finish(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> normalised tokens (B, 1 + N, D) (class token first)."""
-        x = self._embed(x)
+        x, _ = self._embed_grid(x)
         for blk in self.blocks:
             x = self.run_block(blk, x)
-        return self.norm(x)
+        return self._finish(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens (B, 1 + N, D) -> logits (B, num_classes) (or pooled features if ``pre_logits``)."""
@@ -196,17 +202,6 @@ class VisionTransformer(GradCheckpointMixin, PretrainedMixin, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
-
-    def forward_intermediates(self, x: torch.Tensor, indices: Optional[Union[int, Sequence[int]]] = None,
-                              return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
-                              output_fmt: str = "NCHW", intermediates_only: bool = False):
-        """timm's ``forward_intermediates``: outputs of the selected blocks (None: all, int n:
-        last n, list: those), spatial tokens as (B, D, Hp, Wp) ('NCHW') or (B, N, D) ('NLC'),
-        ``norm`` applies the final norm to them, ``return_prefix_tokens`` pairs each with its class
-        token (B, 1, D). Returns the list when ``intermediates_only``, else ``(forward_features
-        output, list)``."""
-        return vit_forward_intermediates(self, x, indices, return_prefix_tokens, norm, stop_early, output_fmt,
-                                         intermediates_only, self.norm, self.norm)
 
     def convert_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """timm / official DeiT state_dicts have this model's keys; transformers ViT / DeiT ones are

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Dict, NamedTuple, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -302,6 +302,12 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         ``cu_seqlens`` (S + 1,) int32 (FlashAttention's convention): idx (1, T) holds S packed
         documents (``cu_seqlens[s]:cu_seqlens[s + 1]``), each its own sequence with positions
         from 0, exactly as if run alone; no ``attn_mask`` and no context parallelism then."""
+        return self._run_blocks(idx, attn_mask, cu_seqlens)
+
+    def _run_blocks(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+                    states: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
+        """Checks, embedding, blocks, ``ln_f``; the embeddings and each block's output are appended
+        to ``states`` when a list is given."""
         self._check_idx(idx)
         group = self.context_parallel_group
         attn_mask = self._check_attn_mask(attn_mask, idx, whole=group is None)
@@ -318,9 +324,21 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
                     raise ValueError("attn_mask has a sequence without any real token on any rank (an all-False row)")
             self._check_len(real)
             x = self._embed(idx, start, attn_mask)
+        if states is not None:
+            states.append(x)
         for blk in self.transformer.h:
             x = self.run_block(blk, x, attn_mask, cu_seqlens)
+            if states is not None:
+                states.append(x)
         return self.transformer.ln_f(x)
+
+    def forward_hidden_states(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, *,
+                              cu_seqlens: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        """idx, attn_mask, cu_seqlens as :meth:`forward_features` -> ``(final hidden after ln_f
+        (B, T, D), [embeddings, block 1 output, ..., block L output])``, each (B, T, D) (what
+        ``transformers``' ``output_hidden_states`` reports)."""
+        states: List[torch.Tensor] = []
+        return self._run_blocks(idx, attn_mask, cu_seqlens, states), states
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
                 attn_mask: Optional[torch.Tensor] = None, loss_chunk: Optional[int] = None, *,

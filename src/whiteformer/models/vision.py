@@ -20,7 +20,7 @@ Module and parameter names are those of the official ToST state dict (``patch_em
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Set, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -28,7 +28,7 @@ import torch.nn as nn
 from .. import attention as _attention
 from .._checks import (check_divisible, check_finite_real, check_int, check_positive_real, check_probability,
                        check_tensor, check_tokens_input, is_int)
-from ..layers import GradCheckpointMixin, to_2tuple
+from ..layers import GradCheckpointMixin, TimmFeatureMixin, feature_take_indices, forward_intermediates, to_2tuple
 from .blocks import ISTA, ClassAttentionBlock, ConvPatchEmbed, DropPath, FourierPositionalEncoding, Mlp
 from .checkpoint import PretrainedMixin
 from .size import mlp_width, transformer_params
@@ -39,6 +39,11 @@ _MLP_KINDS = ("mlp", "ista", "none")
 _NO_DECAY_SUFFIXES = ("temp", "temperature", "pos_bias", "cls_token", "pos_embed")
 # (dim, width) maps of an attention layer, for the size estimate (default 4: q, k, v, output)
 _ATTN_MAPS = {"tssa": 2, "dmsa": 2, "eca": 1}
+
+
+def _check_pool(global_pool: Any) -> None:
+    if global_pool not in ("token", "avg"):
+        raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
 
 
 def check_attn_args(attn: Any, attn_kwargs: Any) -> None:
@@ -136,7 +141,7 @@ class Block(nn.Module):
         return (x, stats) if return_pi else x
 
 
-class ToSTVision(GradCheckpointMixin, PretrainedMixin, nn.Module):
+class ToSTVision(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, nn.Module):
     """ToST's XCiT-derived image classifier with a pluggable token mixer (see module docstring).
 
     Args:
@@ -160,14 +165,24 @@ class ToSTVision(GradCheckpointMixin, PretrainedMixin, nn.Module):
         prenorm: LayerNorm before the attention/MLP of each block (official: True). ECA models
             keep it by default (the ECA paper does not say; ``prenorm=False`` gives
             ``x_{l+1} = x_l + ECAttention(x_l)``, paper 003 Eq. (4) literally).
+        global_pool: what the head reads: "token" (the class token after class attention, official)
+            or "avg" (the mean of the normalised patch tokens, as timm's XCiT).
 
     Shapes: ``forward`` (B, in_chans, H, W) -> logits (B, num_classes) (in training mode too; the
     official returns ``(x, x)`` there). ``forward_features`` -> (B, 1 + N, D) normalised tokens
-    (CLS first); ``forward_head(x, pre_logits=False)`` -> logits or CLS features (B, D);
-    ``forward_intermediates(x)`` -> list of the ``depth`` blocks' outputs (B, N, D).
+    (CLS first); ``forward_head(x, pre_logits=False)`` -> logits or pooled features (B, D);
+    timm's feature API (:class:`~whiteformer.layers.TimmFeatureMixin`): ``forward_intermediates``
+    (block outputs before the class token joins: patch tokens only), ``prune_intermediate_layers``
+    (the head includes the class-attention blocks), ``group_matcher``, ``pretrained_cfg``.
     """
 
     hf_model_type = "whiteformer-vision"
+    num_prefix_tokens = 0  # the class token joins after the blocks
+    first_conv = "patch_embed.proj.0.0"
+    head_modules = ("cls_attn_blocks",)
+    extra_groups = ("cls_attn_blocks",)
+    fixed_input_size = False  # Fourier positions: any multiple of the patch size
+
     depth_args = ("depth", "cls_attn_layers")
 
     @staticmethod
@@ -209,6 +224,7 @@ class ToSTVision(GradCheckpointMixin, PretrainedMixin, nn.Module):
         tokens_norm: bool = True,
         use_pos: bool = True,
         prenorm: bool = True,
+        global_pool: str = "token",
     ):
         super().__init__()
         check_divisible(embed_dim, num_heads, "embed_dim")
@@ -217,6 +233,7 @@ class ToSTVision(GradCheckpointMixin, PretrainedMixin, nn.Module):
                 low = 0 if name == "depth" else 1
                 raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
         check_int(num_classes, "num_classes", 0)
+        _check_pool(global_pool)
         check_attn_args(attn, attn_kwargs)
         if mlp not in _MLP_KINDS:
             raise ValueError(f"mlp must be one of {_MLP_KINDS}, got {mlp!r}")
@@ -227,6 +244,7 @@ class ToSTVision(GradCheckpointMixin, PretrainedMixin, nn.Module):
         mlp_ratio = check_positive_real(mlp_ratio, "mlp_ratio")
 
         self.num_classes = num_classes
+        self.global_pool = global_pool
         self.num_features = self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.attn_name = attn
@@ -284,9 +302,15 @@ class ToSTVision(GradCheckpointMixin, PretrainedMixin, nn.Module):
     def get_classifier(self) -> nn.Module:
         return self.head
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """Replace the head by a freshly initialised ``Linear(D, num_classes)`` (0: identity)."""
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        """Replace the head by a freshly initialised ``Linear(D, num_classes)`` (0: identity);
+        ``global_pool`` "token" or "avg" switches the pooling (see the class docstring)."""
         check_int(num_classes, "num_classes", 0)
+        if global_pool is not None:
+            _check_pool(global_pool)
+            self.global_pool = global_pool
+            if hasattr(self, "init_kwargs"):
+                self.init_kwargs = {**self.init_kwargs, "global_pool": global_pool}
         self.num_classes = num_classes
         ref = self.norm.weight
         if num_classes > 0:
@@ -297,12 +321,16 @@ class ToSTVision(GradCheckpointMixin, PretrainedMixin, nn.Module):
         if hasattr(self, "init_kwargs"):
             self.init_kwargs = {**self.init_kwargs, "num_classes": num_classes}
 
-    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+    def _embed_grid(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        """Images -> (patch tokens + Fourier positions (B, N, D), grid (Hp, Wp))."""
         check_tensor(x, "x", 4)
         tokens, (hp, wp) = self.patch_embed(x)
         if self.use_pos:
             tokens = tokens + self.pos_embed(tokens.shape[0], hp, wp).to(tokens.dtype)
-        return self.pos_drop(tokens)
+        return self.pos_drop(tokens), (hp, wp)
+
+    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+        return self._embed_grid(x)[0]
 
     def _head_tokens(self, x: torch.Tensor) -> torch.Tensor:
         cls = self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype)
@@ -310,6 +338,8 @@ class ToSTVision(GradCheckpointMixin, PretrainedMixin, nn.Module):
         for blk in self.cls_attn_blocks:
             x = self.run_block(blk, x)
         return self.norm(x)
+
+    _finish = _head_tokens
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C_in, H, W) -> normalised tokens (B, 1 + N, D), CLS token first."""
@@ -320,47 +350,40 @@ class ToSTVision(GradCheckpointMixin, PretrainedMixin, nn.Module):
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens (B, 1 + N, D) from :meth:`forward_features` -> logits (B, num_classes), or the
-        CLS features (B, D) when ``pre_logits``."""
+        pooled features (B, D) when ``pre_logits`` (CLS token, or the patch-token mean for "avg")."""
         check_tokens_input(x, "x", self.embed_dim)
-        x = x[:, 0]
+        x = x[:, 1:].mean(dim=1) if self.global_pool == "avg" else x[:, 0]
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
-    def forward_intermediates(
-        self, x: torch.Tensor, indices: Optional[Sequence[int]] = None, return_pi: bool = False
-    ) -> Union[List[torch.Tensor], Tuple[List[torch.Tensor], List[Dict[str, torch.Tensor]]]]:
-        """Per-block token features for analysis: the outputs (B, N, D) of the blocks ``indices``
-        (default all, negative indices allowed), in order. With ``return_pi`` also the attention's
-        statistics (e.g. ``{"pi": (B, H, N)}`` memberships) of those blocks, for layers that
-        support ``return_pi`` (TSSA, DMSA, ECA)."""
-        depth = len(self.blocks)
-        if indices is None:
-            wanted = list(range(depth))
-        else:
-            wanted = []
-            for i in indices:
-                if not is_int(i) or not -depth <= i < depth:
-                    raise ValueError(f"indices must be block indices in [-{depth}, {depth}), got {i!r}")
-                wanted.append(i % depth)
-        if return_pi and "return_pi" not in inspect.signature(self.blocks[0].attn.forward).parameters:
+    def forward_intermediates(self, x: torch.Tensor, indices=None, return_prefix_tokens: bool = False,
+                              norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
+                              intermediates_only: bool = False, return_pi: bool = False):
+        """timm's ``forward_intermediates`` (:func:`whiteformer.layers.features.forward_intermediates`:
+        ``(forward_features output, [block outputs])``, or the list alone with ``intermediates_only``),
+        plus ``return_pi``: the attention statistics of the selected blocks (e.g. ``{"pi": (B, H, N)}``
+        memberships; TSSA, DMSA, ECA) appended as one more element, ``(list, stats)`` or
+        ``(final, list, stats)``."""
+        if not return_pi:
+            return super().forward_intermediates(x, indices, return_prefix_tokens, norm, stop_early, output_fmt,
+                                                 intermediates_only)
+        if "return_pi" not in inspect.signature(self.blocks[0].attn.forward).parameters:
             raise ValueError(f"attention {self.attn_name!r} does not support return_pi")
-        take = set(wanted)
-        feats: Dict[int, torch.Tensor] = {}
+        take = set(feature_take_indices(len(self.blocks), indices)[0])
         stats: Dict[int, Dict[str, torch.Tensor]] = {}
-        x = self._embed(x)
-        for i, blk in enumerate(self.blocks):
-            if return_pi and i in take:
-                x, stats[i] = blk(x, return_pi=True)
-            else:
-                x = blk(x)
-            if i in take:
-                feats[i] = x
-            if i >= max(take, default=-1):
-                break
-        out = [feats[i] for i in wanted]
-        return (out, [stats[i] for i in wanted]) if return_pi else out
+
+        def run(i: int, blk: nn.Module, z: torch.Tensor) -> torch.Tensor:
+            if i not in take:
+                return self.run_block(blk, z)
+            z, stats[i] = blk(z, return_pi=True)
+            return z
+
+        out = forward_intermediates(self, x, indices, norm, stop_early, output_fmt, intermediates_only,
+                                    return_prefix_tokens, self.norm, block_fn=run)
+        st = [stats[i] for i in sorted(take)]
+        return (out, st) if intermediates_only else (*out, st)
 
     # ------------------------------------------------------------------ checkpoints
     def convert_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:

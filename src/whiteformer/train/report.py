@@ -86,7 +86,7 @@ def membership_maps(model: nn.Module, x: torch.Tensor) -> Optional[Dict[int, tor
         return None
     wanted = sorted({0, depth - 1})
     try:
-        _, stats = fi(x, indices=wanted, return_pi=True)
+        _, stats = fi(x, indices=wanted, return_pi=True, intermediates_only=True)
     except ValueError:
         return None
     out = {}
