@@ -41,7 +41,8 @@ def test_flattened_batch_equals_each_document_alone(model_type, flash_kwargs):
     alone = [model(torch.tensor([d]), use_cache=False).logits[0] for d in DOCS]
     torch.testing.assert_close(out.logits[0], torch.cat(alone))
     # the loss: every document's shifted next-token loss inside itself
-    total = sum(F.cross_entropy(a[:-1], torch.tensor(d[1:], dtype=torch.long), reduction="sum") for a, d in zip(alone, DOCS))
+    total = sum(F.cross_entropy(a[:-1], torch.tensor(d[1:], dtype=torch.long), reduction="sum")
+                for a, d in zip(alone, DOCS))
     torch.testing.assert_close(out.loss, total / sum(len(d) - 1 for d in DOCS))
     # labels = input_ids (no separators): the wrapper still keeps the loss inside the documents
     plain = model(batch["input_ids"], labels=batch["input_ids"], position_ids=batch["position_ids"])

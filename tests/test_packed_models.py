@@ -23,9 +23,10 @@ def _split(x, lengths, dim=1):
                                    CausalSelfAttention(16, num_heads=2)], ids=lambda m: type(m).__name__)
 def test_layer_packed_equals_alone(layer):
     torch.manual_seed(0)
+    layer = layer.double()
     if getattr(layer, "pos_bias", None) is not None:
         torch.nn.init.normal_(layer.pos_bias, std=0.3)
-    x = torch.randn(1, sum(LENGTHS), 16, requires_grad=True)
+    x = torch.randn(1, sum(LENGTHS), 16, dtype=torch.float64, requires_grad=True)
     y = layer(x, cu_seqlens=_cu(LENGTHS))
     alone = torch.cat([layer(part) for part in _split(x, LENGTHS)], dim=1)
     torch.testing.assert_close(y, alone)

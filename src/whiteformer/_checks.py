@@ -48,6 +48,12 @@ def check_divisible(dim: int, num_heads: int, dim_name: str = "dim") -> int:
     return dim // num_heads
 
 
+def can_read_values() -> bool:
+    """False while ``torch.compile`` traces: a check that reads a tensor's values (``int(x.min())``,
+    ``bool(mask.any())``) would break the graph there, so such checks run in eager mode only."""
+    return not torch.compiler.is_compiling()
+
+
 def as_keep_mask(attn_mask, name: str = "attn_mask") -> torch.Tensor | None:
     """A keep-mask as bool (True = real token): bool as it is, integer 0/1 (``transformers``' long
     masks) converted; a float (additive) mask is refused with a ``TypeError``. Values other than
@@ -57,7 +63,7 @@ def as_keep_mask(attn_mask, name: str = "attn_mask") -> torch.Tensor | None:
     if attn_mask.is_floating_point() or attn_mask.is_complex():
         raise TypeError(f"{name} must be a bool or 0/1 integer keep-mask (True/1 = real token), got {attn_mask.dtype}: "
                         f"float (additive) masks are not supported; pass (mask == 0) for an additive 0/-inf mask")
-    if not torch.compiler.is_compiling() and attn_mask.device.type != "meta" \
+    if can_read_values() and attn_mask.device.type != "meta" \
             and bool(((attn_mask != 0) & (attn_mask != 1)).any()):
         raise ValueError(f"{name} must hold 0/1 (or bool) values, 1/True = real token")
     return attn_mask != 0

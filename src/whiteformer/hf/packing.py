@@ -34,7 +34,8 @@ def _from_position_ids(position_ids: torch.Tensor, attention_mask: Optional[torc
         raise ValueError(
             "position_ids that cannot be honoured: whiteformer language models take positions from attention_mask "
             "(padding) or from packed documents (one row, no padding, position_ids counting 0, 1, ... and "
-            f"restarting at 0 at each document, as DataCollatorWithFlattening makes); got shape {tuple(position_ids.shape)}")
+            "restarting at 0 at each document, as DataCollatorWithFlattening makes); got shape "
+            f"{tuple(position_ids.shape)}")
     starts = torch.nonzero(pos == 0).flatten()
     return torch.cat([starts, starts.new_tensor([t])]).to(torch.int32)
 

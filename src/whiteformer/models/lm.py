@@ -36,8 +36,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .._checks import (check_cu_seqlens, check_divisible, check_finite_real, check_mask, check_positive_real,
-                       check_probability, is_int, is_real, stats_dtype)
+from .._checks import (can_read_values, check_cu_seqlens, check_divisible, check_finite_real, check_mask,
+                       check_positive_real, check_probability, is_int, is_real, stats_dtype)
 from ..attention.causal import CausalAttention, CausalSelfAttention, KVCache
 from ..attention.context_parallel import ContextParallel
 from ..attention.tssa import CausalTSSA
@@ -222,6 +222,8 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
             raise ValueError(f"{name} must have shape (B, T), got {tuple(idx.shape)}")
         if idx.shape[0] == 0 or idx.shape[1] == 0:
             raise ValueError(f"{name} must be non-empty, got shape {tuple(idx.shape)}")
+        if not can_read_values():
+            return
         lo, hi = int(idx.min()), int(idx.max())
         if lo < 0 or hi >= self.vocab_size:
             raise ValueError(f"{name} has token ids in [{lo}, {hi}], expected [0, {self.vocab_size - 1}]")
@@ -244,12 +246,14 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         if attn_mask is None:
             return None
         attn_mask = check_mask(attn_mask, idx.shape[0], idx.shape[1])
-        if whole and not bool(attn_mask.any(dim=1).all()):
+        if whole and can_read_values() and not bool(attn_mask.any(dim=1).all()):
             raise ValueError("attn_mask has a sequence without any real token (an all-False row)")
         return attn_mask
 
     def _check_len(self, t: Union[int, torch.Tensor]) -> None:
         if isinstance(t, torch.Tensor):
+            if not can_read_values():
+                return
             t = int(t.max())
         limit = self.context_limit
         if limit is not None and t > limit:
@@ -384,7 +388,7 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
             return None, self._mean_loss(total, counted)
         if loss_chunk is not None:
             flat = targets.reshape(-1).long()
-            if not bool((flat != -1).any()):
+            if can_read_values() and not bool((flat != -1).any()):
                 warnings.warn("every target is -1 (ignored): the loss is 0", RuntimeWarning, stacklevel=2)
                 return None, (h * 0.0).sum()
             loss = linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.lm_head.weight, flat,
@@ -404,7 +408,7 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         group = self.context_parallel_group
         if group is not None:
             total, counted = all_reduce_sum(total, group), all_reduce_sum(counted, group)
-        if not bool(counted):  # every target ignored: 0 (not 0/0 = NaN), still part of the graph
+        if can_read_values() and not bool(counted):  # every target ignored: 0 (not 0/0 = NaN), still part of the graph
             warnings.warn("every target is -1 (ignored): the loss is 0", RuntimeWarning, stacklevel=3)
         return total / counted.clamp_min(1)
 

@@ -40,7 +40,7 @@ import torch
 import torch.nn as nn
 
 from .. import attention as _attention
-from .._checks import as_keep_mask, check_divisible, check_mask, check_probability, is_int
+from .._checks import as_keep_mask, can_read_values, check_divisible, check_mask, check_probability, is_int
 from ..layers import GradCheckpointMixin
 from .blocks import Mlp
 from .checkpoint import PretrainedMixin
@@ -210,7 +210,7 @@ class LRAClassifier(GradCheckpointMixin, PretrainedMixin, nn.Module):
             raise ValueError(f"tokens must be non-empty, got shape {tuple(tokens.shape)}")
         if tokens.shape[-1] > self.max_len:
             raise ValueError(f"sequence length {tokens.shape[-1]} exceeds the model's max_len {self.max_len}")
-        lo, hi = int(tokens.min()), int(tokens.max())
+        lo, hi = (int(tokens.min()), int(tokens.max())) if can_read_values() else (0, 0)
         if lo < 0 or hi >= self.vocab_size:
             raise ValueError(f"tokens has ids in [{lo}, {hi}], expected [0, {self.vocab_size - 1}]")
         if attn_mask is not None:
@@ -221,7 +221,7 @@ class LRAClassifier(GradCheckpointMixin, PretrainedMixin, nn.Module):
             attn_mask = as_keep_mask(attn_mask)
         elif self.pad_id is not None:
             attn_mask = tokens != self.pad_id
-        if attn_mask is not None and not bool(attn_mask.any(-1).all()):
+        if attn_mask is not None and can_read_values() and not bool(attn_mask.any(-1).all()):
             raise ValueError("every sequence needs at least one real token (attn_mask / non-padding ids)")
         return attn_mask
 
@@ -234,7 +234,7 @@ class LRAClassifier(GradCheckpointMixin, PretrainedMixin, nn.Module):
             if attn_mask is not None:
                 attn_mask = torch.cat([attn_mask.new_ones(b, 1), attn_mask], dim=1)
         x = self.pos_drop(x + self.pos_embed[:, : x.shape[1]])
-        if attn_mask is not None and bool(attn_mask.all()):
+        if attn_mask is not None and can_read_values() and bool(attn_mask.all()):
             attn_mask = None  # nothing to hide: the layers' unmasked (fast) path
         check_mask(attn_mask, b, x.shape[1])
         for blk in self.blocks:
