@@ -93,6 +93,7 @@ def header(att, gen, comp) -> List[str]:
         "python -m benchmarks.attention_scaling --methods tssa,mhsa_sdpa --sweeps tokens --time-budget 300",
         "python -m benchmarks.attention_scaling --methods causal_tssa --sweeps tokens,profile --merge   # re-measure one",
         "python -m benchmarks.generation --configs gpt2_base --prefill real   # real 16k prefill (slow on CPU)",
+        "python -m benchmarks.context_parallel       # bytes per layer and a split forward over 2 processes",
         "python -m benchmarks.report                 # regenerate this page from benchmarks/results/*.json",
         "```",
         "",
@@ -651,6 +652,13 @@ def grad_checkpointing_section(gc: Optional[Dict[str, Any]]) -> List[str]:
     return out
 
 
+def context_parallel_section(results: Path, suffix: str = "") -> List[str]:
+    """Context parallelism (issue 26): its own benchmark, :mod:`benchmarks.context_parallel`."""
+    from .context_parallel import section
+
+    return section(_load(results, f"context_parallel{suffix}.json"))
+
+
 def render(results: Path, suffix: str = "") -> str:
     """The page for the result files in ``results`` (``suffix`` "_quick" for a --quick run)."""
     att = _load(results, f"attention_scaling{suffix}.json")
@@ -668,6 +676,7 @@ def render(results: Path, suffix: str = "") -> str:
     lines += grad_checkpointing_section(_load(results, f"grad_checkpointing{suffix}.json"))
     lines += fused_section(results, suffix)
     lines += gpu_section(results, suffix)
+    lines += context_parallel_section(results, suffix)
     lines += [
         "## Caveats",
         "",

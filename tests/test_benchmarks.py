@@ -251,3 +251,17 @@ def test_grad_checkpointing_tiny(tmp_path):
     assert "peak mem. with checkpointing" in md
     page = "\n".join(report.grad_checkpointing_section(res))
     assert "## Activation checkpointing" in page and "pytest" in page
+
+
+def test_context_parallel_bytes_are_flat_in_the_length():
+    """Measured over 2 gloo processes: the bytes a TSSA layer sends do not grow with N; ring
+    attention's formula does."""
+    from benchmarks import context_parallel as cp
+
+    rows = cp.measure_bytes([8, 32], threads=1)
+    for layer in ("tssa", "causal_tssa"):
+        sent = [(r["forward_wire"], r["backward_wire"]) for r in rows if r["layer"] == layer]
+        assert len(sent) == 2 and sent[0] == sent[1] and min(sent[0]) > 0, (layer, sent)
+    ring = [r["ring_attention"]["forward"] for r in rows if r["layer"] == "tssa"]
+    assert ring[1] == 4 * ring[0]
+    assert "has not written" in "\n".join(cp.section(None))

@@ -1,7 +1,8 @@
 """Context parallelism (issue 26): TSSA and causal TSSA on a sequence split over 2 and 3 CPU
 processes (gloo) give exactly the rows of the unsplit op, forward and every gradient (weights
 included), with masks, packed documents (cu_seqlens) spanning ranks, uneven chunks and a chunk of
-one token; a ToST LM split the same way; the collectives' adjoints; the checks. Each test spawns its processes once and runs all its cases in them (slow start-up)."""
+one token; a ToST LM and a ToST vision model split the same way; the collectives' adjoints; the
+checks. Each test spawns its processes once and runs all its cases in them (slow start-up)."""
 import os
 
 import pytest
@@ -150,11 +151,43 @@ def _check_lm(group, sizes) -> None:
         GPTLM(vocab_size=11, dim=8, depth=1, num_heads=2).set_context_parallel(group)
 
 
+def _check_vision(group) -> None:
+    """A ToST vision model (BatchNorm stem in training mode, two class-attention blocks): the logits
+    on every rank and the gradients averaged over the group equal the unsplit model's; XCA refuses."""
+    import torch.nn.functional as F
+
+    from whiteformer.models import create_model
+
+    tiny = dict(img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=16, depth=2, num_heads=2)
+    torch.manual_seed(4)
+    model = create_model("tost_t12_p16", **tiny).double().train()
+    x = torch.randn(3, 1, 16, 16, dtype=torch.float64)
+    y = torch.tensor([0, 3, 4])
+    logits = model(x)
+    F.cross_entropy(logits, y).backward()
+    full = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad()
+    model.set_context_parallel(group)
+    try:
+        logits_r = model(x)
+        F.cross_entropy(logits_r, y).backward()
+    finally:
+        model.set_context_parallel(None)
+    torch.testing.assert_close(logits_r, logits, **TOL)
+    for k, p in model.named_parameters():
+        mean = p.grad.clone()
+        dist.all_reduce(mean, group=group)
+        torch.testing.assert_close(mean / dist.get_world_size(group), full[k], **TOL, msg=k)
+    with pytest.raises(ValueError, match="context parallelism is for TSSA"):
+        create_model("xcit_s12_p16", **tiny).set_context_parallel(group)
+
+
 def _worker(rank: int, world: int, store: str) -> None:
     _init(rank, world, store)
     group = dist.group.WORLD
     _collectives(group)
     _check_lm(group, {2: [5, 4], 3: [4, 1, 4]}[world])
+    _check_vision(group)
     # chunk sizes in rank order: uneven, one rank with a single token
     sizes = {2: [6, 1], 3: [3, 1, 5]}[world]
     # packed documents (an empty one; one spanning every rank boundary)

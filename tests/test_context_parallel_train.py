@@ -54,7 +54,7 @@ def test_two_processes_split_sequences_match_one_process(tmp_path):
 
 
 def test_context_parallel_refusals(tmp_path):
-    from whiteformer.train.distributed import token_chunk
+    from whiteformer.ops.context_parallel import token_chunk
 
     assert [token_chunk(7, i, 3) for i in range(3)] == [slice(0, 3), slice(3, 5), slice(5, 7)]
     with pytest.raises(ConfigError, match="block_size 1 must be >= context_parallel 2"):

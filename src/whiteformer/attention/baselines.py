@@ -22,6 +22,7 @@ from einops import rearrange
 from .._checks import check_divisible, check_mask, check_tokens_input
 from .._utils import zero_padded
 from ..ops.baselines import class_attention, mhsa, mhsa_explicit, mssa, xca
+from .context_parallel import ContextParallel
 from .registry import register_attention
 
 __all__ = ["MHSA", "XCA", "MSSA", "ClassAttention"]
@@ -161,13 +162,15 @@ class MSSA(nn.Module):
 
 
 @register_attention("class_attention")
-class ClassAttention(nn.Module):
+class ClassAttention(ContextParallel, nn.Module):
     """Class attention of CaiT/XCiT (used by ToST's head): only the class token (token 0) queries.
 
     ``cls' = proj(softmax(q_0 k^T / sqrt(p)) v)`` over all N tokens; the output is
     ``cat([cls', x[:, 1:]])``: tokens 1: are passed through unchanged. Not a token mixer.
     Parameter names as XCiT/ToST: ``qkv`` (3C, C) (bias ``qkv_bias``), ``proj`` (C, C) with bias.
-    Shapes: x (B, N, C) -> (B, N, C).
+    Shapes: x (B, N, C) -> (B, N, C). Context-parallel (``set_context_parallel(group)``): x is the
+    class token followed by this rank's chunk of the tokens; the class token's output is the
+    unsplit one on every rank.
     """
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False,
@@ -195,7 +198,7 @@ class ClassAttention(nn.Module):
         q = rearrange(q, "b n (h p) -> b h n p", h=self.num_heads)
         k, v = rearrange(kv, "b n (two h p) -> two b h n p", two=2, h=self.num_heads).unbind(0)
         drop = self.attn_drop.p if self.training else 0.0
-        cls = class_attention(q, k, v, keep, scale=self.scale, dropout_p=drop)
+        cls = class_attention(q, k, v, keep, scale=self.scale, dropout_p=drop, group=self.context_parallel_group)
         cls = self.proj_drop(self.proj(rearrange(cls, "b h n p -> b n (h p)")))
         if keep is not None:
             cls = zero_padded(cls, keep[:, :1])

@@ -8,8 +8,6 @@ of the module (``copy.deepcopy``, e.g. an EMA) share the group; pickling drops i
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch.nn as nn
 
 from ..ops.context_parallel import check_group
@@ -68,7 +66,3 @@ class ContextParallel:
             m._cp_ref = ref
         return self
 
-
-def context_parallel_group(module: nn.Module) -> Optional[object]:
-    """The group of a :class:`ContextParallel` module, None for any other module."""
-    return module.context_parallel_group if isinstance(module, ContextParallel) else None

@@ -26,9 +26,11 @@ import torch
 import torch.nn as nn
 
 from .. import attention as _attention
+from ..attention.context_parallel import ContextParallel
 from .._checks import (check_divisible, check_finite_real, check_int, check_positive_real, check_probability,
                        check_tensor, check_tokens_input, is_int)
 from ..layers import GradCheckpointMixin, TimmFeatureMixin, feature_take_indices, forward_intermediates, to_2tuple
+from ..ops.context_parallel import group_chunk
 from .blocks import ISTA, ClassAttentionBlock, ConvPatchEmbed, DropPath, FourierPositionalEncoding, Mlp
 from .checkpoint import PretrainedMixin
 from .size import mlp_width, transformer_params
@@ -141,7 +143,7 @@ class Block(nn.Module):
         return (x, stats) if return_pi else x
 
 
-class ToSTVision(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, nn.Module):
+class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, nn.Module):
     """ToST's XCiT-derived image classifier with a pluggable token mixer (see module docstring).
 
     Args:
@@ -174,6 +176,16 @@ class ToSTVision(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, nn.Modu
     timm's feature API (:class:`~whiteformer.layers.TimmFeatureMixin`): ``forward_intermediates``
     (block outputs before the class token joins: patch tokens only), ``prune_intermediate_layers``
     (the head includes the class-attention blocks), ``group_matcher``, ``pretrained_cfg``.
+
+    Context parallelism (TSSA blocks): after ``model.set_context_parallel(group)`` every rank of
+    the group passes the whole images; the conv patch embedding (BatchNorm over the whole image
+    batch, as unsplit) and the position encoding run on every rank, then each rank keeps its
+    contiguous share of the patch tokens (rank order; sizes differ by at most one) for the
+    blocks and the class attention, which combines the class token's softmax over the ranks.
+    Logits are the unsplit ones on every rank; the mean of the parameter gradients over the
+    group (DDP) is the unsplit gradient. Memory: the blocks' activations are split, the stem's
+    are not. ``forward_features`` returns this rank's tokens; ``forward_intermediates`` runs on
+    one process; the "avg" pooling is refused (it would need the whole token set).
     """
 
     hf_model_type = "whiteformer-vision"
@@ -321,6 +333,16 @@ class ToSTVision(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, nn.Modu
         if hasattr(self, "init_kwargs"):
             self.init_kwargs = {**self.init_kwargs, "num_classes": num_classes}
 
+    def check_context_parallel(self) -> None:
+        for i, blk in enumerate(self.blocks):
+            if not isinstance(blk.attn, ContextParallel):
+                raise ValueError(f"{type(self).__name__} cannot run context-parallel: block {i}'s attention "
+                                 f"({type(blk.attn).__name__}) is not split exactly by combining per-rank sums; "
+                                 "context parallelism is for TSSA (ToST) models")
+        if self.global_pool == "avg":
+            raise ValueError("global_pool='avg' averages the patch tokens of every rank; context parallelism "
+                             "supports the class-token readout (global_pool='token')")
+
     def _embed_grid(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
         """Images -> (patch tokens + Fourier positions (B, N, D), grid (Hp, Wp))."""
         check_tensor(x, "x", 4)
@@ -330,7 +352,11 @@ class ToSTVision(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, nn.Modu
         return self.pos_drop(tokens), (hp, wp)
 
     def _embed(self, x: torch.Tensor) -> torch.Tensor:
-        return self._embed_grid(x)[0]
+        tokens = self._embed_grid(x)[0]
+        group = self.context_parallel_group
+        if group is not None:  # this rank's share of the tokens, global positions (class docstring)
+            tokens = tokens[:, group_chunk(tokens.shape[1], group)]
+        return tokens
 
     def _head_tokens(self, x: torch.Tensor) -> torch.Tensor:
         cls = self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype)
@@ -366,6 +392,9 @@ class ToSTVision(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, nn.Modu
         plus ``return_pi``: the attention statistics of the selected blocks (e.g. ``{"pi": (B, H, N)}``
         memberships; TSSA, DMSA, ECA) appended as one more element, ``(list, stats)`` or
         ``(final, list, stats)``."""
+        if self.context_parallel_group is not None:
+            raise ValueError("forward_intermediates runs on one process; the model is context-parallel (call "
+                             "set_context_parallel(None) first)")
         if not return_pi:
             return super().forward_intermediates(x, indices, return_prefix_tokens, norm, stop_early, output_fmt,
                                                  intermediates_only)

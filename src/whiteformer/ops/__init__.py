@@ -13,6 +13,10 @@ implementations (kernels) has its own folder, the others are one module each.
   one PyTorch implementation each.
 * ``reference/``: plain, literal versions of every operator, the oracle the main versions are
   tested against (forward and gradients, float64 gradcheck).
+* ``context_parallel.py``: context parallelism (``group=`` of :func:`tssa`, :func:`causal_tssa`,
+  :func:`class_attention`): autograd-aware collectives that combine the per-rank token sums of a
+  sequence split over processes, the chunk layout, a byte log. The split ops run the PyTorch
+  paths (no fused kernel takes combined statistics).
 * ``constants.py``: the epsilons, shared by every implementation (also compiled into the C++
   kernel).
 * ``_kernels/``: the kernel backends of the TSSA operators. ``__init__.py`` is the plug that

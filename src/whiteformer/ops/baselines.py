@@ -13,11 +13,13 @@ from __future__ import annotations
 
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from .._checks import (autocast_off, check_finite_real, check_mask, check_nonempty, check_probability,
                        check_same_device, check_tensor, is_real, stats_dtype)
 from .._utils import zero_padded
+from .context_parallel import all_reduce_max, all_reduce_sum, check_group, chunk_layout
 
 __all__ = ["mhsa", "mhsa_explicit", "xca", "mssa", "class_attention"]
 
@@ -203,7 +205,7 @@ def xca(q, k, v, temperature, attn_mask=None, *, dropout_p: float = 0.0):
 # ----------------------------------------------------------------------------- class attention
 
 
-def class_attention(q_cls, k, v, attn_mask=None, *, scale=None, dropout_p: float = 0.0):
+def class_attention(q_cls, k, v, attn_mask=None, *, scale=None, dropout_p: float = 0.0, group=None):
     """Class attention of CaiT (Touvron et al. 2021, Sec. 3) as used by XCiT/ToST: only the class
     token queries, ``softmax(q_cls k^T * scale) v`` over all N tokens (the class token included).
 
@@ -213,6 +215,12 @@ def class_attention(q_cls, k, v, attn_mask=None, *, scale=None, dropout_p: float
         attn_mask: optional (B, N) keep-mask; padded keys are excluded; if the class token itself
             is padded its output is 0.
         scale: default ``p ** -0.5``.
+        group: a ``torch.distributed`` process group over which the tokens are split (context
+            parallelism): on every rank k, v hold the class token (the same on every rank, counted
+            once) followed by this rank's contiguous chunk; the softmax is combined over the ranks
+            (max shift, then an all-reduce of ``[sum_j e_j v_j, sum_j e_j]``, (B, H, p + 1)), so
+            every rank gets the unsplit output. No ``attn_mask`` with a group; dropout masks are
+            per rank.
     Returns:
         (B, H, 1, p): the attention output of the class token.
     """
@@ -231,6 +239,10 @@ def class_attention(q_cls, k, v, attn_mask=None, *, scale=None, dropout_p: float
     check_same_device(k, "k", q_cls=q_cls, v=v, attn_mask=keep)
     dropout_p = check_probability(dropout_p, "dropout_p")
     s = _scale(scale, q_cls.shape[-1])
+    if group is not None:
+        if keep is not None:
+            raise ValueError("class_attention with a group takes no attn_mask")
+        return _class_attention_split(q_cls, k, v, s, dropout_p, group)
     if keep is None:
         return F.scaled_dot_product_attention(q_cls, k, v, dropout_p=dropout_p, scale=s)
     q_cls = zero_padded(q_cls, keep[:, :1], 2)
@@ -238,3 +250,19 @@ def class_attention(q_cls, k, v, attn_mask=None, *, scale=None, dropout_p: float
     allowed = _allowed(keep, keep[:, :1])
     out = F.scaled_dot_product_attention(q_cls, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=s)
     return _zero_padded(out, keep[:, :1])
+
+
+def _class_attention_split(q_cls, k, v, scale: float, dropout_p: float, group):
+    """Class attention over tokens split across ``group`` (see :func:`class_attention`)."""
+    check_group(group)
+    chunk_layout(k, group, name="k")
+    sd = stats_dtype(q_cls)
+    with autocast_off(q_cls):
+        logits = torch.matmul(q_cls.to(sd), k.to(sd).transpose(-2, -1)) * scale  # (B, H, 1, N_r)
+        if dist.get_rank(group) > 0:  # the class token's key counts on the first rank only
+            logits = torch.cat([torch.full_like(logits[..., :1], float("-inf")), logits[..., 1:]], dim=-1)
+        e = torch.exp(logits - all_reduce_max(logits.amax(dim=-1, keepdim=True), group))
+        weights = F.dropout(e, p=dropout_p, training=True) if dropout_p > 0 else e
+        sums = all_reduce_sum(torch.cat([torch.matmul(weights, v.to(sd)), e.sum(-1, keepdim=True)], dim=-1), group)
+        out = sums[..., :-1] / sums[..., -1:]
+    return out.to(q_cls.dtype)

@@ -28,8 +28,8 @@ from typing import Iterator, List, NamedTuple, Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
-__all__ = ["ChunkLayout", "CommRecord", "CommLog", "all_reduce_sum", "broadcast_from_first", "check_group", "chunk_layout", "count_communication",
-           "exclusive_prefix_sum"]
+__all__ = ["ChunkLayout", "CommRecord", "CommLog", "all_reduce_max", "all_reduce_sum", "broadcast_from_first",
+           "check_group", "chunk_layout", "count_communication", "exclusive_prefix_sum", "group_chunk", "token_chunk"]
 
 
 # ------------------------------------------------------------------------------ byte counting
@@ -155,8 +155,18 @@ def broadcast_from_first(t: torch.Tensor, group) -> torch.Tensor:
     return t
 
 
+def all_reduce_max(t: torch.Tensor, group) -> torch.Tensor:
+    """Elementwise maximum over the ranks of ``group`` (not differentiable: e.g. the shift of a
+    split softmax, which the result does not depend on)."""
+    t = t.detach().contiguous().clone()
+    _record("all_reduce", t, dist.get_world_size(group))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t
+
+
 def all_reduce_sum(x: torch.Tensor, group) -> torch.Tensor:
-    """Sum of ``x`` over the ranks of ``group`` (same shape on every rank), differentiable."""
+    """Sum of ``x`` over the ranks of ``group`` (same shape on every rank; None: the default
+    group), differentiable."""
     return _AllReduceSum.apply(x, group)
 
 
@@ -166,6 +176,19 @@ def exclusive_prefix_sum(x: torch.Tensor, group) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------ chunk layout
+def token_chunk(n: int, index: int, parts: int) -> slice:
+    """The ``index``-th of ``parts`` contiguous chunks of ``n`` tokens (the first ``n % parts``
+    chunks one token longer): a rank's share of a sequence split evenly."""
+    base, extra = divmod(n, parts)
+    lo = index * base + min(index, extra)
+    return slice(lo, lo + base + (index < extra))
+
+
+def group_chunk(n: int, group) -> slice:
+    """This rank's even share (:func:`token_chunk`) of ``n`` tokens split over ``group``."""
+    return token_chunk(n, dist.get_rank(group), dist.get_world_size(group))
+
+
 class ChunkLayout(NamedTuple):
     """Where a rank's chunk lies in the split sequence (see :func:`chunk_layout`)."""
 

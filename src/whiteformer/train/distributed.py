@@ -20,7 +20,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-__all__ = ["DistInfo", "setup", "token_chunk", "cleanup", "resolve_device", "convert_sync_batchnorm", "CPUSyncBatchNorm",
+from ..ops.context_parallel import all_reduce_sum as context_all_reduce_sum
+
+__all__ = ["DistInfo", "setup", "cleanup", "resolve_device", "convert_sync_batchnorm", "CPUSyncBatchNorm",
            "all_reduce_sum", "all_gather_object", "barrier"]
 
 
@@ -97,14 +99,6 @@ def setup(device: str = "auto", context_parallel: int = 1) -> DistInfo:
                     cp_group=cp_group)
 
 
-def token_chunk(n: int, index: int, parts: int) -> slice:
-    """The ``index``-th of ``parts`` contiguous chunks of ``n`` tokens (the first ``n % parts``
-    chunks one token longer): a context-parallel rank's share of a sequence."""
-    base, extra = divmod(n, parts)
-    lo = index * base + min(index, extra)
-    return slice(lo, lo + base + (index < extra))
-
-
 def cleanup() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
@@ -130,25 +124,10 @@ def all_gather_object(obj: Any) -> List[Any]:
     return [obj]
 
 
-class _AllReduceSum(torch.autograd.Function):
-    """Differentiable all-reduce (sum): the gradient of every process's input is the sum over
-    processes of the output gradients (each process's loss depends on every input)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        y = x.clone()
-        dist.all_reduce(y, op=dist.ReduceOp.SUM)
-        return y
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor) -> torch.Tensor:
-        g = g.clone()
-        dist.all_reduce(g, op=dist.ReduceOp.SUM)
-        return g
-
-
 def differentiable_all_reduce(x: torch.Tensor) -> torch.Tensor:
-    return _AllReduceSum.apply(x)
+    """Sum over all processes; the gradient of every process's input is the sum over processes of
+    the output gradients (each process's loss depends on every input)."""
+    return context_all_reduce_sum(x, None)
 
 
 class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):

@@ -64,9 +64,10 @@ def causal_tssa(
             (group rank order = sequence order; N_r may differ, every rank the same B, H, p;
             ``attn_mask`` is this chunk's) and gets exactly its rows of the unsplit op, forward
             and backward. Positions (``pos_bias``, the ``T_max`` limit on the whole length; with a
-            mask, on each sequence's real tokens) are global. The sums of the earlier ranks' tokens come from an exclusive prefix over
-            ranks of the per-rank totals (all-gathers of (B, H, p) and (B, H, 1 + p) sums,
-            independent of N; :mod:`whiteformer.ops.context_parallel`). ``return_state`` gives
+            mask, on each sequence's real tokens) are global. The sums of the earlier ranks'
+            tokens come from an exclusive prefix over ranks of the per-rank totals (all-gathers
+            of (B, H, p) and (B, H, 1 + p) sums, independent of N;
+            :mod:`whiteformer.ops.context_parallel`). ``return_state`` gives
             the state after this rank's last token. Always the PyTorch path: the fused kernels
             (C++ CPU, Triton) start their prefix sums at zero and take no combined statistics.
             ``None``: the op on this process's tokens alone.

@@ -56,10 +56,9 @@ class Task:
                  bf16: bool = False):
         dist = dist or DistInfo()
         if batch_size % dist.dp_size:
+            groups = f"; with context parallelism {dist.cp_size}, the data-parallel groups" if dist.cp_size > 1 else ""
             raise ValueError(f"batch_size {batch_size} must be divisible by the number of processes "
-                             f"{dist.dp_size} (it is the global batch)"
-                             + (f"; with context parallelism {dist.cp_size}, the data-parallel groups" if dist.cp_size > 1
-                                else ""))
+                             f"{dist.dp_size} (it is the global batch){groups}")
         self.train_ds, self.eval_ds = train_ds, eval_ds
         self.batch_size, self.seed, self.dist = batch_size, seed, dist
         self.local_batch = batch_size // dist.dp_size

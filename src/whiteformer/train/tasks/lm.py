@@ -9,7 +9,8 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.nn as nn
 
-from ..distributed import DistInfo, all_reduce_sum, token_chunk
+from ...ops.context_parallel import token_chunk
+from ..distributed import DistInfo, all_reduce_sum
 from .base import ReportContext, Task, check_token_model, seeded_generator
 
 __all__ = ["LMTask"]
