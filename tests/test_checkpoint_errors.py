@@ -91,3 +91,10 @@ def test_integer_weights_are_refused_naming_the_key(saved, capsys):
     with pytest.raises(ValueError, match=r"'head.weight' holds integer values \(torch.int64\)"):
         from_pretrained(saved)
     assert "'head.weight'" in _eval_error(capsys, saved)
+
+
+@pytest.mark.parametrize("text,needle", [("{oops", "line 1, column 2"), ("[1, 2]", "must hold a JSON object")])
+def test_unparsable_train_config_json_names_the_file(saved, capsys, text, needle):
+    (saved / "train_config.json").write_text(text)
+    err = _eval_error(capsys, saved)
+    assert str(saved / "train_config.json") in err and needle in err

@@ -241,6 +241,18 @@ def test_half_checkpoint_reads_float_pixels(tmp_path):
     assert out.logits.dtype == torch.float16 and torch.isfinite(out.logits).all()
 
 
+def test_integer_weights_are_refused_not_cast(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    _vision().save_pretrained(tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    sd = load_file(weights)
+    sd["head.weight"] = (sd["head.weight"] * 100).long()
+    save_file(sd, weights, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"'head.weight' holds integer values \(I64\)"):
+        AutoModelForImageClassification.from_pretrained(tmp_path / "m")
+
+
 def test_config_json_that_is_not_an_object(tmp_path):
     from whiteformer.hf import WhiteformerForImageClassification
 

@@ -40,6 +40,7 @@ from transformers.modeling_outputs import (BaseModelOutputWithPast, BaseModelOut
 
 from .._import_hooks import when_imported
 from ..models import create_model
+from ..models.checkpoint import check_file_dtypes
 from ..models.hf_remote import write_remote_code
 from .cache import WhiteformerCache
 from .packing import mask_document_starts, packed_cu_seqlens
@@ -108,6 +109,9 @@ class WhiteformerPreTrainedModel(PreTrainedModel):
         (``transformers`` sets tensors directly; e.g. ECAttention reads its sketch seed there)."""
         out = super().from_pretrained(*args, **kwargs)
         model = out[0] if isinstance(out, tuple) else out
+        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        if source is not None:  # integer weights where the model has floats: refused, not cast
+            check_file_dtypes(model.whiteformer, source)
         with torch.no_grad():
             model.whiteformer.load_state_dict(model.whiteformer.state_dict())
         return out

@@ -46,10 +46,12 @@ from .hf_remote import auto_map, write_remote_code
 
 __all__ = [
     "CheckpointFileError",
+    "check_file_dtypes",
     "PretrainedMixin",
     "load_checkpoint",
     "read_aliases",
     "read_config",
+    "read_json",
     "read_state_dict",
     "save_pretrained",
     "WEIGHTS_NAME",
@@ -215,20 +217,31 @@ def save_pretrained(model: nn.Module, save_dir: PathLike) -> Path:
 
 
 # ----------------------------------------------------------------------------- reading
+def read_json(path: PathLike, want: Optional[type] = None) -> Any:
+    """The JSON value of a file written with a model (``config.json``, ``train_config.json``,
+    ``vocab.json``); unparsable text (or, with ``want``, another kind of value) is a
+    :class:`CheckpointFileError` naming the file (and the line and column)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except json.JSONDecodeError as err:
+        raise CheckpointFileError(path, f"is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}") \
+            from None
+    except UnicodeDecodeError as err:
+        raise CheckpointFileError(path, f"is not a UTF-8 text file (JSON expected): {err.reason}") from None
+    if want is not None and not isinstance(value, want):
+        raise CheckpointFileError(path, f"must hold a JSON {'object' if want is dict else want.__name__}, got "
+                                        f"{type(value).__name__}")
+    return value
+
+
 def read_config(path: PathLike) -> Optional[Dict[str, Any]]:
     """The ``config.json`` of an own-format directory (``None`` for a file or a dir without one)."""
     path = Path(path)
     cfg = path / CONFIG_NAME if path.is_dir() else None
     if cfg is None or not cfg.is_file():
         return None
-    try:
-        with open(cfg, encoding="utf-8") as f:
-            config = json.load(f)
-    except json.JSONDecodeError as err:
-        raise CheckpointFileError(cfg, f"is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}") \
-            from None
-    except UnicodeDecodeError as err:
-        raise CheckpointFileError(cfg, f"is not a UTF-8 text file (JSON expected): {err.reason}") from None
+    config = read_json(cfg)
     if not isinstance(config, dict) or not isinstance(config.get("init_kwargs", {}), dict):
         raise ValueError(f"{str(cfg)!r} is not a whiteformer config (expected an object with 'init_kwargs')")
     return config
@@ -412,21 +425,37 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -
     return {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
 
 
-def _dtype_kind(dtype: torch.dtype) -> str:
+def _dtype_kind(dtype) -> str:
+    """floating-point / integer / bool / complex, of a torch dtype or a safetensors dtype name."""
+    if isinstance(dtype, str):  # safetensors' header: F32, BF16, F8_E4M3, I64, U8, BOOL, C64, ...
+        return ("bool" if dtype == "BOOL" else "complex" if dtype.startswith("C")
+                else "floating-point" if dtype.startswith(("F", "BF")) else "integer")
     return ("bool" if dtype == torch.bool else "complex" if dtype.is_complex
             else "floating-point" if dtype.is_floating_point else "integer")
 
 
-def _check_dtype_kinds(model: nn.Module, state_dict: Mapping[str, torch.Tensor], path) -> None:
-    """A tensor of the checkpoint must be of the same kind as the model's (floating point, integer,
-    bool, complex): ``load_state_dict`` would cast int64 weights to float (or floats to integer
-    buffers) silently."""
+def _check_dtype_kinds(model: nn.Module, dtypes: Mapping[str, Any], path) -> None:
+    """A tensor of the checkpoint (``dtypes``: key -> its tensor or its dtype) must be of the same
+    kind as the model's (floating point, integer, bool, complex): ``load_state_dict`` (and
+    ``transformers``' loader) would cast int64 weights to float, or floats to integer buffers, silently."""
     own = model.state_dict()
-    for key, value in state_dict.items():
-        if key in own and _dtype_kind(value.dtype) != _dtype_kind(own[key].dtype):
-            raise ValueError(f"checkpoint {str(path)!r}: {key!r} holds {_dtype_kind(value.dtype)} values "
-                             f"({value.dtype}) where the model has {own[key].dtype}; refusing to cast them "
+    for key, value in dtypes.items():
+        dtype = value.dtype if isinstance(value, torch.Tensor) else value
+        if key in own and _dtype_kind(dtype) != _dtype_kind(own[key].dtype):
+            raise ValueError(f"checkpoint {str(path)!r}: {key!r} holds {_dtype_kind(dtype)} values "
+                             f"({dtype}) where the model has {own[key].dtype}; refusing to cast them "
                              "(a corrupted file, or the checkpoint of another model)")
+
+
+def check_file_dtypes(model: nn.Module, directory: PathLike) -> None:
+    """:func:`_check_dtype_kinds` for the ``*.safetensors`` files of a local model directory,
+    read from their headers (for loaders that cast on their own, e.g. ``transformers``)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return
+    for file in sorted(directory.glob("*.safetensors")):
+        with _open_safetensors(file) as f:
+            _check_dtype_kinds(model, {k: f.get_slice(k).get_dtype() for k in f.keys()}, file)
 
 
 def load_checkpoint(model: nn.Module, path: PathLike, strict: bool = True,

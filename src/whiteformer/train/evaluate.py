@@ -7,13 +7,13 @@ valid checkpoint), a model directory written by ``save_pretrained`` (``final/``,
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
+from ..models.checkpoint import read_json
 from .build import check_names
 from .checkpoint import latest_checkpoint, verify_checkpoint
 
@@ -45,7 +45,7 @@ def resolve_checkpoint(path, prefer_ema: bool = True) -> Tuple[Path, Optional[Di
         verify_checkpoint(p)  # a training checkpoint: refuse a corrupt one clearly
     run_cfg = None
     if p.is_dir() and (p / "train_config.json").is_file():
-        run_cfg = json.loads((p / "train_config.json").read_text(encoding="utf-8"))
+        run_cfg = read_json(p / "train_config.json", dict)
     return p, run_cfg
 
 
@@ -100,7 +100,7 @@ def generate(cfg: GenerateConfig) -> list:
     if vocab_file is None or not vocab_file.is_file():
         raise ConfigError(f"{str(path)!r} has no vocab.json: generate needs a language model trained by "
                           f"`whiteformer train --dataset text`")
-    vocab = CharVocab.from_json(json.loads(vocab_file.read_text(encoding="utf-8")))
+    vocab = CharVocab.from_json(read_json(vocab_file))
     device = resolve_device(cfg.device)
     model = load_model(path).to(device).eval()
     if not hasattr(model, "generate"):
