@@ -1,5 +1,6 @@
-"""``whiteformer train --context-parallel 2`` under torchrun (2 CPU processes, gloo): every training
-sequence split over the two processes gives the same model and losses as one process (issue 26)."""
+"""``whiteformer train --context-parallel 2`` under torchrun (CPU processes, gloo): every training
+sequence split over two processes (alone, or two such groups data-parallel over 4 processes) gives
+the same model and losses as one process (issue 26)."""
 import json
 import os
 import subprocess
@@ -25,26 +26,35 @@ COMMON = dict(model="tost_lm_base", dataset="text", steps=4, batch_size=4, block
               tensorboard=False)
 
 
-def test_two_processes_split_sequences_match_one_process(tmp_path):
-    cp_out = tmp_path / "cp"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "whiteformer",
-           "train", *cli_args(COMMON, model_args=MODEL_ARGS), "--context-parallel", "2", "--out", str(cp_out)]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "context-parallel 2 x data-parallel 1" in res.stdout
-
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    out = tmp_path_factory.mktemp("one")
     n = torch.get_num_threads()
     try:
-        train(TrainConfig(model_args=dict(MODEL_ARGS), out=str(tmp_path / "one"), **COMMON))
+        train(TrainConfig(model_args=dict(MODEL_ARGS), out=str(out), **COMMON))
     finally:
         torch.set_num_threads(n)
+    return out
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_split_sequences_match_one_process(nproc, one_process, tmp_path):
+    """2 processes: one context-parallel group; 4: two groups of 2, data-parallel."""
+    cp_out = tmp_path / "cp"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m",
+           "whiteformer", "train", *cli_args(COMMON, model_args=MODEL_ARGS), "--context-parallel", "2",
+           "--out", str(cp_out)]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert f"context-parallel 2 x data-parallel {nproc // 2}" in res.stdout
+
     a = load_file(str(cp_out / "final" / "model.safetensors"))
-    b = load_file(str(tmp_path / "one" / "final" / "model.safetensors"))
+    b = load_file(str(one_process / "final" / "model.safetensors"))
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
-    logs = [[json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (cp_out, tmp_path / "one")]
+    logs = [[json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (cp_out, one_process)]
     pairs = list(zip(*[[r for r in log if "train_loss" in r or "eval_loss" in r] for log in logs]))
     assert len(pairs) >= 3
     for r, s in pairs:
