@@ -29,6 +29,7 @@ LAYERS = {
     "train": 6,
     "hf": 7,
     "compress": 7,
+    "timm": 7,
     "configs": 8,
     "demo": 8,
     "cli": 8,

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
 
+from ..layers import FeatureGetterNet
 from .checkpoint import CONFIG_NAME, PathLike, load_checkpoint, read_config
 from .hf_vit import init_kwargs_from_config, is_hf_vit_config
 from .registry import get_model_entry, list_models
@@ -78,7 +79,9 @@ def _classifier_prefix(model: nn.Module) -> Optional[str]:
 
 
 def create_model(name: str, num_classes: Optional[int] = None, img_size: Optional[int] = None,
-                 checkpoint_path: Optional[PathLike] = None, **overrides: Any) -> nn.Module:
+                 checkpoint_path: Optional[PathLike] = None, features_only: bool = False,
+                 out_indices: Optional[Union[int, Sequence[int]]] = None, feature_cfg: Optional[dict] = None,
+                 **overrides: Any) -> nn.Module:
     """Build a registered model (timm-style), optionally loading a checkpoint.
 
     ``num_classes`` (default 1000) and ``img_size`` (default 224) go to vision models; models that
@@ -89,7 +92,16 @@ def create_model(name: str, num_classes: Optional[int] = None, img_size: Optiona
     constructor arguments are the defaults under ``overrides`` and its model name must equal
     ``name``. With ``num_classes`` different from the checkpoint's head, the head is left freshly
     initialised and everything else is loaded (as timm).
+
+    ``features_only=True`` (vision models, as timm): returns a
+    :class:`~whiteformer.layers.FeatureGetterNet` whose forward gives the feature maps (B, D, Hp, Wp)
+    of the blocks ``out_indices`` (int n: the last n, default 3; list: those), the model pruned
+    after the last of them; ``feature_cfg`` may set ``output_fmt`` ("NCHW" / "NLC") and ``norm``.
     """
+    if not isinstance(features_only, bool):
+        raise TypeError(f"features_only must be a bool, got {type(features_only).__name__}")
+    if not features_only and (out_indices is not None or feature_cfg is not None):
+        raise ValueError("out_indices and feature_cfg go with features_only=True")
     entry = get_model_entry(name)
     kwargs = dict(overrides)
     if num_classes is not None:
@@ -119,6 +131,13 @@ def create_model(name: str, num_classes: Optional[int] = None, img_size: Optiona
     if path is not None:
         head = _classifier_prefix(model) if num_classes is not None else None
         load_checkpoint(model, path, reset_prefix=head)
+    if features_only:
+        if not callable(getattr(model, "prune_intermediate_layers", None)):
+            raise ValueError(f"features_only=True needs a vision model with timm's feature API; {name!r} is a "
+                             f"{type(model).__name__}")
+        if feature_cfg is not None and not isinstance(feature_cfg, dict):
+            raise TypeError(f"feature_cfg must be a dict (output_fmt, norm), got {type(feature_cfg).__name__}")
+        return FeatureGetterNet(model, out_indices, **(feature_cfg or {}))
     return model
 
 

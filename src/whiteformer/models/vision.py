@@ -324,7 +324,7 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
             if hasattr(self, "init_kwargs"):
                 self.init_kwargs = {**self.init_kwargs, "global_pool": global_pool}
         self.num_classes = num_classes
-        ref = self.norm.weight
+        ref = self.cls_token  # (the norm may be pruned: prune_intermediate_layers)
         if num_classes > 0:
             self.head = nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)
             self._init_weights(self.head)
