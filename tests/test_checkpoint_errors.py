@@ -61,7 +61,7 @@ def test_random_bytes_pt_is_not_called_a_dangerous_pickle(tmp_path, capsys):
     assert "not a valid torch checkpoint" in err and "could run code" not in err and str(path) in err
 
 
-def test_malicious_pickle_is_still_refused_as_such(tmp_path):
+def test_malicious_pickle_is_still_refused_as_such(tmp_path, capsys):
     class Evil:
         def __reduce__(self):
             return (os.getcwd, ())
@@ -69,8 +69,10 @@ def test_malicious_pickle_is_still_refused_as_such(tmp_path):
     torch.save({"w": Evil()}, tmp_path / "evil.pt")
     import pickle
 
-    with pytest.raises(pickle.UnpicklingError, match="GLOBAL"):
+    with pytest.raises(pickle.UnpicklingError, match=r"refused to load .*evil.pt.* could run code .*GLOBAL"):
         load_checkpoint(_model(), tmp_path / "evil.pt")
+    err = _eval_error(capsys, tmp_path / "evil.pt")
+    assert "refused to load" in err and "evil.pt" in err and "Weights only load failed" not in err
 
 
 def test_state_dict_mismatch_is_one_line(saved, capsys):

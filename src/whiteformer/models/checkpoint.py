@@ -340,7 +340,8 @@ def _torch_load(path: Path):
                 return torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         if any(w in str(err) for w in _REFUSED_OBJECT):
-            raise
+            raise pickle.UnpicklingError(f"refused to load {str(path)!r}: it holds objects other than tensors, "
+                                         f"which could run code ({_torch_problem(err)})") from err
         raise CheckpointFileError(path, f"is not a valid torch checkpoint (not a pickle of tensors: "
                                         f"{_torch_problem(err)})") from None
     except OSError:

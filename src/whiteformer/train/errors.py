@@ -20,6 +20,8 @@ def user_error(err: BaseException) -> Optional[str]:
     if isinstance(err, (ConfigError, CheckpointError, CheckpointFileError, ImportError, FloatingPointError)):
         return str(err)
     if isinstance(err, pickle.UnpicklingError):
+        if str(err).startswith("refused to load"):  # models.checkpoint's own message, naming the file
+            return str(err).splitlines()[0]
         return (f"refused to load a pickled file: it holds objects other than tensors, which could run code "
                 f"({str(err).splitlines()[0]})")
     if isinstance(err, OSError) and err.errno is None and err.args:
