@@ -290,7 +290,7 @@ def analysis_report(cfg) -> int:
     from .train.evaluate import load_model, resolve_checkpoint
     from .train.outputs import check_output_dir, staged_output
     from .train.report import write_report
-    from .train.tasks import build_task
+    from .train.build import build_task
 
     if not cfg.checkpoint:
         raise ConfigError("analyze report needs --checkpoint RUN_DIR")

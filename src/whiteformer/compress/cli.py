@@ -11,7 +11,7 @@ empty unless ``--overwrite`` (which replaces only these files), and is never the
 directory, inside it, or a directory containing it: the source is never written to.
 
 Data, evaluation and fine-tuning go through :mod:`whiteformer.train`: the dataset's task
-(:func:`whiteformer.train.tasks.build_task`, images resized to the model's size) evaluates the
+(:func:`whiteformer.train.build.build_task`, images resized to the model's size) evaluates the
 models, and :func:`finetune` runs the shared training step (:mod:`whiteformer.train.loop`) with,
 under ``--fusion-constraints``, the head-fusion projection as its post-step hook (Sec. 3.3,
 :func:`~whiteformer.compress.model.apply_fusion_constraints`).
@@ -36,12 +36,12 @@ __all__ = ["main", "build_parser", "finetune", "build_image_task"]
 # ----------------------------------------------------------------------------- data + fine-tuning
 def build_image_task(model: nn.Module, data: str, data_dir: Optional[str] = None, batch_size: int = 64,
                      seed: int = 0, device=None):
-    """The training task of the registered dataset ``data`` (:func:`whiteformer.train.tasks.build_task`),
+    """The training task of the registered dataset ``data`` (:func:`whiteformer.train.build.build_task`),
     images resized to the model's ``img_size``; a clear error when the model cannot read the data
     (other kind of data, channels or classes)."""
     from ..data import dataset_builder
     from ..train.distributed import DistInfo
-    from ..train.tasks import build_task
+    from ..train.build import build_task
     from .latency import image_input_shape
 
     _, h, w = image_input_shape(model)

@@ -10,8 +10,10 @@ import torch.nn as nn
 
 from ..data import build_dataset, dataset_builder
 from .configuration import ConfigError
+from .distributed import DistInfo
+from .tasks import Task, task_class
 
-__all__ = ["check_names", "build_datasets", "build_model", "dataset_kwargs", "unwrap"]
+__all__ = ["check_names", "build_datasets", "build_model", "build_task", "make_task", "dataset_kwargs", "unwrap"]
 
 _DATA_DIR_DATASETS = ("mnist", "image-folder")
 
@@ -75,8 +77,6 @@ def build_model(name: str, ds, model_args: Dict[str, Any], finetune: Optional[st
     the task's optional defaults (language models: no length limit) when it takes them.
     """
     from ..models import create_model
-    from .tasks import task_class
-
     task = task_class(ds)
     defaults, fixed = task.model_kwargs(ds, finetune=finetune, block_size=block_size)
     kw = {**defaults, **model_args}
@@ -95,6 +95,29 @@ def build_model(name: str, ds, model_args: Dict[str, Any], finetune: Optional[st
         raise ConfigError(f"cannot build model {name!r} for {ds.name} ({task.describe_data(ds)}) with {kw}: {err}"
                           f"{task.model_hint(str(err))}") from err
     return task.adapt_model(model, ds, finetune)
+
+
+def make_task(train_ds, eval_ds, dist: Optional[DistInfo] = None, **options: Any) -> Task:
+    """The task of ``train_ds``'s kind with the options its constructor takes (``batch_size``,
+    ``seed``, ``bf16``, ``label_smoothing``, ``translate``, ``flip``, ``block_size``,
+    ``eval_batches``, ``eval_batch_size``, ...; the others are ignored)."""
+    options.setdefault("eval_batch_size", max(int(options.get("batch_size", 64)), 256))
+    try:
+        return task_class(train_ds).from_options(train_ds, eval_ds, dist or DistInfo(), **options)
+    except ValueError as err:
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(str(err)) from err
+
+
+def build_task(dataset: str, *, data_dir: Optional[str] = None, data_args: Optional[Dict[str, Any]] = None,
+               eval_split: str = "test", eval_only: bool = False, dist: Optional[DistInfo] = None,
+               **options: Any) -> Task:
+    """Build the datasets of ``dataset`` (the train split and ``eval_split``; only ``eval_split``,
+    used for both, with ``eval_only``) and their task (:func:`make_task`)."""
+    check_names(None, dataset, data_dir)
+    train_ds, eval_ds = build_datasets(dataset, data_dir, data_args or {}, eval_split, eval_only=eval_only)
+    return make_task(train_ds, eval_ds, dist, **options)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

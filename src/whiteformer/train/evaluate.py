@@ -14,12 +14,11 @@ import torch
 import torch.nn as nn
 
 from ..models.checkpoint import read_json
-from .build import check_names
+from .build import build_task, check_names
 from .checkpoint import latest_checkpoint, verify_checkpoint
 
 from .configuration import ConfigError, EvalConfig, GenerateConfig
 from .distributed import DistInfo, resolve_device
-from .tasks import build_task
 
 __all__ = ["resolve_checkpoint", "load_model", "evaluate", "generate"]
 

@@ -238,7 +238,7 @@ def write_report(run_dir, model: nn.Module, task, results: Dict[str, Any], info:
     elif x is not None:
         notes.append("the model has no forward_intermediates: no layer-wise coding rate.")
 
-    from .tasks import ReportContext
+    from .tasks.base import ReportContext
 
     task_lines = task.report_sections(model, ReportContext(run_dir, plt, x, labels, results, figures, notes,
                                                            num_images))

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 
 from . import distributed as D
-from .build import build_datasets, build_model, check_names, describe
+from .build import build_datasets, build_model, check_names, describe, make_task
 from .checkpoint import (latest_checkpoint, list_checkpoints, list_quarantined, remove_stale_temporaries, rng_state,
                          save_checkpoint, set_rng_state)
 
@@ -41,7 +41,7 @@ from .rundir import (LOCK_NAME, check_run_dir, drop_stashes, no_intact_checkpoin
                      remove_unfinished_finals, restore_stash, stash_run_files)
 from .schedule import extend_schedule
 from .signals import RunInterrupted, StopRequest
-from .tasks import make_task, seeded_generator, task_class, task_options
+from .tasks import seeded_generator, task_class, task_options
 
 __all__ = ["train", "Trainer"]
 

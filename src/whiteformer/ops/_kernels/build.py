@@ -38,7 +38,7 @@ from typing import Iterator, Optional, Sequence
 import torch
 
 from .. import constants
-from . import kernels_disabled
+from .registry import kernels_disabled
 
 __all__ = ["build_environment", "build_error", "build_key", "cache_root", "extension_dir", "fast_path_available",
            "load_cpp_extension", "load_extension", "needs_build"]

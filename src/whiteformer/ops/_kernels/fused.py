@@ -61,7 +61,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import fused_supported
+from .registry import fused_supported
 from .build import load_extension
 
 __all__ = ["tssa_fused", "causal_tssa_fused", "fused_supported"]

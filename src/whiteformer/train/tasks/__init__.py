@@ -4,8 +4,10 @@ A dataset says what it holds through ``ds.kind`` ("image", "vector", "sequence",
 task registered for that kind owns the rest: the model arguments the data fixes
 (:meth:`~.base.Task.model_kwargs`), the batches of each step, the loss, the evaluation, the
 one-line summary and the report's sections. ``train``, ``eval``, ``analyze report`` and
-``compress`` all get their task from :func:`build_task` (datasets by name) or :func:`make_task`
-(datasets already built), so none of them branches on the kind of data.
+``compress`` all get their task from the one factory in :mod:`whiteformer.train.build`
+(:func:`~whiteformer.train.build.build_task`: datasets by name; :func:`~whiteformer.train.build.make_task`:
+datasets already built), so none of them branches on the kind of data. This package only holds the
+tasks and their registry (:func:`register_task`, :func:`task_class`); it imports nothing that builds.
 
 Adding a task (e.g. a new kind of data):
 
@@ -22,10 +24,9 @@ Every command then accepts ``--dataset name``.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Type
+from typing import Any, Callable, Dict, Type
 
 from ..configuration import ConfigError
-from ..distributed import DistInfo
 from .base import ReportContext, Task, seeded_generator
 from .classification import ClassificationTask, ImageClassificationTask, VectorClassificationTask
 from .lm import LMTask
@@ -34,8 +35,7 @@ from .tokens import TokenClassificationTask
 
 __all__ = ["Task", "ReportContext", "ClassificationTask", "ImageClassificationTask", "VectorClassificationTask",
            "SequenceTask", "TokenClassificationTask", "LMTask",
-           "seeded_generator", "register_task", "task_class", "make_task", "build_task",
-           "task_options"]
+           "seeded_generator", "register_task", "task_class", "task_options"]
 
 _TASKS: Dict[str, Type[Task]] = {}
 
@@ -75,28 +75,3 @@ def task_options(cfg: Any) -> Dict[str, Any]:
 
     opts = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
     return {k: v for k, v in opts.items() if v is not None}
-
-
-def make_task(train_ds, eval_ds, dist: Optional[DistInfo] = None, **options: Any) -> Task:
-    """The task of ``train_ds``'s kind with the options its constructor takes (``batch_size``,
-    ``seed``, ``bf16``, ``label_smoothing``, ``translate``, ``flip``, ``block_size``,
-    ``eval_batches``, ``eval_batch_size``, ...; the others are ignored)."""
-    options.setdefault("eval_batch_size", max(int(options.get("batch_size", 64)), 256))
-    try:
-        return task_class(train_ds).from_options(train_ds, eval_ds, dist or DistInfo(), **options)
-    except ValueError as err:
-        if isinstance(err, ConfigError):
-            raise
-        raise ConfigError(str(err)) from err
-
-
-def build_task(dataset: str, *, data_dir: Optional[str] = None, data_args: Optional[Dict[str, Any]] = None,
-               eval_split: str = "test", eval_only: bool = False, dist: Optional[DistInfo] = None,
-               **options: Any) -> Task:
-    """Build the datasets of ``dataset`` (the train split and ``eval_split``; only ``eval_split``,
-    used for both, with ``eval_only``) and their task (:func:`make_task`)."""
-    from ..build import build_datasets, check_names
-
-    check_names(None, dataset, data_dir)
-    train_ds, eval_ds = build_datasets(dataset, data_dir, data_args or {}, eval_split, eval_only=eval_only)
-    return make_task(train_ds, eval_ds, dist, **options)

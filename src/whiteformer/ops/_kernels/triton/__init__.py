@@ -47,7 +47,7 @@ def _import_error() -> str:
 
 
 def _forced() -> bool:
-    from .. import ENV_BACKEND
+    from ..registry import ENV_BACKEND
 
     return os.environ.get(ENV_BACKEND, "").strip().lower() == NAME
 
@@ -112,7 +112,7 @@ def _causal_tssa_step(w_t, sum_sq, sum_pi, sum_sq_pi, temp, logit_bias):
 def register() -> None:
     """Declare the kernels as the ``"triton"`` backend of CUDA tensors (called by
     :mod:`whiteformer.ops._kernels` at import)."""
-    from .. import register_backend
+    from ..registry import register_backend
 
     register_backend("cuda", DTYPES, triton_available, name=NAME,
                      kernels={"tssa": _tssa, "causal_tssa": _causal_tssa, "causal_tssa_step": _causal_tssa_step})

@@ -1,0 +1,125 @@
+"""The kernel-backend registry: :class:`Backend`, :data:`BACKENDS`, :func:`register_backend`, the
+environment switches (``WHITEFORMER_DISABLE_KERNELS``, ``WHITEFORMER_BACKEND``) and the choice of a
+kernel at each call (:func:`kernel_for`, :func:`fused_supported`). It imports no backend: the
+plug (:mod:`whiteformer.ops._kernels`, whose docstring describes the order of choice and the
+kernel signatures), the C++ build and the Triton package all import it, never each other.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional
+
+import torch
+
+__all__ = ["BACKENDS", "ENV_BACKEND", "ENV_DISABLE", "OPS", "Backend", "fused_supported", "kernel_for",
+           "kernels_disabled", "register_backend"]
+
+ENV_DISABLE = "WHITEFORMER_DISABLE_KERNELS"
+ENV_BACKEND = "WHITEFORMER_BACKEND"
+OPS = ("tssa", "causal_tssa", "causal_tssa_step")
+
+
+@dataclass
+class Backend:
+    """Kernels for one device type: ``dtypes`` they accept, ``available()`` (cheap after the
+    first call: e.g. a one-time build or import), an optional ``name`` for
+    ``WHITEFORMER_BACKEND`` and the ``kernels`` by op name (see :mod:`whiteformer.ops._kernels`)."""
+
+    device_type: str
+    dtypes: tuple
+    available: Callable[[], bool]
+    name: Optional[str] = None
+    kernels: Dict[str, Callable] = field(default_factory=dict)
+
+
+#: the registered backends by device type (filled by :mod:`whiteformer.ops._kernels` at import)
+BACKENDS: Dict[str, Backend] = {}
+
+
+def register_backend(device_type: str, dtypes: tuple, available: Callable[[], bool], *,
+                     name: Optional[str] = None, kernels: Optional[Dict[str, Callable]] = None) -> Backend:
+    """Declare kernels for ``device_type`` and ``dtypes`` (replaces an earlier entry for that
+    device type). ``kernels`` maps op names (:data:`OPS`) to implementations; without it, the
+    custom ops of :mod:`.fused` must have kernels registered for ``device_type``."""
+    unknown = set(kernels or ()) - set(OPS)
+    if unknown:
+        raise ValueError(f"kernels has unknown op names {sorted(unknown)}; expected some of {OPS}")
+    backend = Backend(device_type, tuple(dtypes), available, name, dict(kernels or {}))
+    BACKENDS[device_type] = backend
+    return backend
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def kernels_disabled() -> bool:
+    """True when ``WHITEFORMER_DISABLE_KERNELS`` is set to anything but ``""``/``0``/``false``/``no``/``off``,
+    or ``WHITEFORMER_BACKEND=torch``."""
+    return _env_flag(ENV_DISABLE) or os.environ.get(ENV_BACKEND, "").strip().lower() == "torch"
+
+
+_warned = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+@torch.compiler.assume_constant_result
+def _forced_name() -> str:
+    return os.environ.get(ENV_BACKEND, "").strip().lower()
+
+
+@torch.compiler.assume_constant_result
+def _backend_ready(device_type: str) -> bool:
+    # evaluated eagerly (also while tracing a compiled graph): env var + one-time build
+    entry = BACKENDS.get(device_type)
+    return entry is not None and not kernels_disabled() and bool(entry.available())
+
+
+def _forced_backend() -> Optional[Backend]:
+    name = _forced_name()
+    if name in ("", "auto", "torch"):
+        return None
+    for backend in BACKENDS.values():
+        if backend.name == name:
+            return backend
+    known = sorted(b.name for b in BACKENDS.values() if b.name)
+    raise ValueError(f"{ENV_BACKEND}={name!r} names no registered kernel backend; known: "
+                     f"{', '.join(['auto', 'torch', *known])}")
+
+
+def kernel_for(op: str, w: torch.Tensor) -> Optional[Callable]:
+    """The registered kernel (a backend's ``kernels[op]``) that runs ``op`` on ``w``, or None
+    (then: the custom ops of :mod:`.fused` if :func:`fused_supported`, else the PyTorch path)."""
+    if kernels_disabled():
+        return None
+    forced = _forced_backend()
+    if forced is not None and op in forced.kernels:
+        if w.dtype not in forced.dtypes:
+            _warn_once(f"whiteformer: {ENV_BACKEND}={forced.name} has no {op} kernel for {w.dtype}; "
+                       "using the default kernel choice")
+        elif not forced.available():
+            _warn_once(f"whiteformer: {ENV_BACKEND}={forced.name} is not available on this machine; "
+                       "using the default kernel choice")
+        else:
+            return forced.kernels[op]
+    entry = BACKENDS.get(w.device.type)
+    if entry is None or op not in entry.kernels or w.dtype not in entry.dtypes:
+        return None
+    return entry.kernels[op] if _backend_ready(w.device.type) else None
+
+
+def fused_supported(w: torch.Tensor) -> bool:
+    """Whether the custom ops of :mod:`.fused` can run on ``w``: a backend without ``kernels``
+    is registered for its device type and dtype, is available, and kernels are not disabled."""
+    entry = BACKENDS.get(w.device.type)
+    if entry is None or entry.kernels or w.dtype not in entry.dtypes:
+        return False
+    return _backend_ready(w.device.type)
+
