@@ -15,7 +15,9 @@ what it buys in memory.
    training forward (autograd recording, what a step holds before its backward) on N tokens: in
    one process (with the fused kernel, the default, and with the PyTorch path that the split
    runs) and split over 2. Each run is a fresh process; its peak resident memory above the
-   baseline is measured (``benchmarks.common.peak_rss``). The budget (``--budget-gib``, default 2.0
+   baseline is measured (``benchmarks.common.peak_rss``), with glibc's mmap threshold fixed at
+   64 KiB (``MALLOC_MMAP_THRESHOLD_``) so that freed blocks go back to the OS and the peak is
+   that of live memory. The budget (``--budget-gib``, default 2.0
    GiB per process) is set between the two: the one-process forward exceeds it, each of the
    two split processes stays under it. Reported: wall time of the split forward (the slower rank)
    and of the one-process forward, both measured here.
@@ -160,8 +162,26 @@ MEMORY_RUNS = (("one_fused", 1, True, "1 (fused kernel: the default path)"),
                ("split", WORLD, True, f"{WORLD} (split, PyTorch path)"))
 
 
+#: glibc's mmap threshold in the measuring processes: fixed (not adapted upwards after frees), so
+#: every block of 64 KiB or more is mapped and returned to the OS when freed, and the peak RSS is
+#: the peak of live memory rather than of a heap that keeps freed blocks
+MMAP_THRESHOLD = "65536"
+
+
 def measure_memory(n: int, repeats: int, threads: int) -> Dict[str, Any]:
     res = {}
+    saved = os.environ.get("MALLOC_MMAP_THRESHOLD_")
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = MMAP_THRESHOLD  # read by the spawned processes at start
+    try:
+        return _measure_memory(n, repeats, threads, res)
+    finally:
+        if saved is None:
+            os.environ.pop("MALLOC_MMAP_THRESHOLD_", None)
+        else:
+            os.environ["MALLOC_MMAP_THRESHOLD_"] = saved
+
+
+def _measure_memory(n: int, repeats: int, threads: int, res: Dict[str, Any]) -> Dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for key, world, kernels, label in MEMORY_RUNS:
             out = Path(tmp) / key
@@ -193,7 +213,7 @@ def run(quick: bool = False, out_dir: Optional[Path] = None, budget_gib: Optiona
         "benchmark": "context_parallel", "quick": quick, "command": command, "env": common.row_env(command,
                                                                                                   threads=threads),
         "layer": LAYER, "model": MODEL, "world": WORLD, "bytes": rows,
-        "memory": {"tokens": n, "budget_bytes": budget, "runs": mem},
+        "memory": {"tokens": n, "budget_bytes": budget, "malloc_mmap_threshold": int(MMAP_THRESHOLD), "runs": mem},
     }
     out_dir = Path(out_dir) if out_dir is not None else common.default_out_dir(quick)
     path = common.write_json(out_dir / f"context_parallel{'_quick' if quick else ''}.json", result)
@@ -236,7 +256,9 @@ def section(res: Optional[Dict[str, Any]]) -> List[str]:
     m = res["model"]
     out += [f"**A length one process cannot hold**: training forward (autograd recording) of a ToST LM (depth "
             f"{m['depth']}, D {m['dim']}, {m['num_heads']} heads, vocabulary {m['vocab_size']}) on "
-            f"{fmt_tokens(mem['tokens'])} tokens, memory budget {fmt_bytes(mem['budget_bytes'])} per process:", ""]
+            f"{fmt_tokens(mem['tokens'])} tokens, memory budget {fmt_bytes(mem['budget_bytes'])} per process (peak "
+            "RSS above the baseline, glibc mmap threshold fixed at "
+            f"{mem.get('malloc_mmap_threshold', 'its default')} bytes):", ""]
     out += [common.markdown_table(
         ["processes", "tokens per process", "peak memory per process", "within budget", "wall time (best)"],
         [[r["label"], fmt_tokens(r["tokens_per_process"]), fmt_bytes(r["peak_bytes_per_process"]),
