@@ -6,7 +6,7 @@ import torch
 
 import whiteformer
 from whiteformer.analysis.maps import cls_attention_maps, grid_figure, membership_maps
-from whiteformer.train import report as R
+from whiteformer.analysis.report import RATE_READING, coding_rate_figure
 
 pytest.importorskip("matplotlib")
 
@@ -22,6 +22,19 @@ def _texts(fig):
     return [t for t in out if t]
 
 
+def _spy_on_grid_figure(monkeypatch):
+    """A list that receives the texts of every figure the maps draw."""
+    seen = []
+
+    def spy(*a, **k):
+        fig = grid_figure(*a, **k)
+        seen.append(_texts(fig))
+        return fig
+
+    monkeypatch.setattr("whiteformer.analysis.maps.grid_figure", spy)
+    return seen
+
+
 def test_grid_figure_has_block_title_one_based_heads_and_colorbar():
     maps = torch.rand(2, 3, 4, 4)
     fig = grid_figure(torch.rand(2, 1, 8, 8), maps, "memberships pi, block 2 of 2", "membership pi", False, 1, 40,
@@ -35,15 +48,7 @@ def test_grid_figure_has_block_title_one_based_heads_and_colorbar():
 
 def test_maps_name_the_block(tmp_path, monkeypatch):
     model = whiteformer.create_model("tost_t12_p16", **TINY).eval()
-    seen = []
-    real = grid_figure
-
-    def spy(*a, **k):
-        fig = real(*a, **k)
-        seen.append(_texts(fig))
-        return fig
-
-    monkeypatch.setattr("whiteformer.analysis.maps.grid_figure", spy)
+    seen = _spy_on_grid_figure(monkeypatch)
     x = torch.randn(2, 1, 8, 8)
     membership_maps(model, x, tmp_path / "m.png", layer=0)
     cls_attention_maps(model, x, tmp_path / "c.png")
@@ -52,18 +57,22 @@ def test_maps_name_the_block(tmp_path, monkeypatch):
     assert (tmp_path / "m.png").is_file() and (tmp_path / "c.png").is_file()
 
 
-def test_report_figures_say_what_they_show():
-    import matplotlib.pyplot as plt
-
-    fig = R._rates_figure(plt, [3.0, 2.5, 2.0])
+def test_report_figures_say_what_they_show(tmp_path, monkeypatch):
+    fig = coding_rate_figure([3.0, 2.5, 2.0])
     assert any("rising" in t and "falling" in t for t in _texts(fig))
-    plt.close(fig)
-    pis = {0: torch.rand(2, 2, 16), 1: torch.rand(2, 2, 16)}
-    fig = R._membership_figure(plt, torch.rand(2, 1, 8, 8), pis, (4, 4))
-    texts = _texts(fig)
-    assert {"block 1 head 1", "block 1 head 2", "block 2 head 1", "block 2 head 2"} <= set(texts)
-    assert "membership pi" in texts  # colour bar
-    plt.close(fig)
+    assert "layer-wise coding rate of the tokens (eps 0.5)" in _texts(fig)
+    model = whiteformer.create_model("tost_t12_p16", **TINY).eval()
+    seen = _spy_on_grid_figure(monkeypatch)
+    maps = membership_maps(model, torch.randn(2, 1, 8, 8), tmp_path / "m.png", blocks=[0, -1],
+                           labels=torch.tensor([3, 4]), preds=torch.tensor([3, 5]))
+    assert maps.shape == (2, 2, 2, 4, 4)  # (images, blocks, heads, Hp, Wp)
+    texts = set(seen[0])
+    assert {"block 1 head 1", "block 1 head 2", "block 2 head 1", "block 2 head 2"} <= texts
+    assert {"y=3 pred=3", "y=4 pred=5"} <= texts and "membership pi" in texts  # colour bar
+    # the same block twice is drawn once; a block index out of range names the argument
+    assert membership_maps(model, torch.randn(1, 1, 8, 8), tmp_path / "o.png", blocks=[1, -1]).shape[1] == 1
+    with pytest.raises(ValueError, match="each of blocks"):
+        membership_maps(model, torch.randn(1, 1, 8, 8), tmp_path / "o.png", blocks=[2])
 
 
 def test_run_report_includes_cls_attention_maps_and_rate_reading(tmp_path):
@@ -86,4 +95,4 @@ def test_run_report_includes_cls_attention_maps_and_rate_reading(tmp_path):
     deit = whiteformer.create_model("deit_t_p16", **TINY).eval()
     lines = task.report_sections(deit, ReportContext(tmp_path, plt, x, labels, {}, {}, [], 2))
     assert "## [CLS] attention maps" not in "\n".join(lines)
-    assert "Reading: rising" not in "\n".join(lines) and "rising" in R.RATE_READING
+    assert "Reading: rising" not in "\n".join(lines) and "rising" in RATE_READING

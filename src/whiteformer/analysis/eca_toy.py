@@ -49,6 +49,7 @@ from ..ops.eca import (
     orthonormal_basis,
     reset_cholesky_fallback_count,
 )
+from ._viz import new_figure, require_matplotlib
 from .rates import coding_rate, subspace_compression_rate
 
 __all__ = ["ToyConfig", "SMALL", "run", "make_data", "main", "check_overrides"]
@@ -253,18 +254,20 @@ def _eps_sweep(Z0, U, cfg: ToyConfig, seed: int) -> List[Dict[str, float]]:
 # ----------------------------------------------------------------------------- plots
 def _plot(out: Path, res: dict, cfg: ToyConfig) -> List[str]:
     try:
-        import matplotlib
+        require_matplotlib("the ECA toy figures")
     except ImportError:
         print("matplotlib is not installed: wrote the JSON only. For the PNG figures install the "
               "viz extra: pip install whiteformer[viz]")
         return []
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+    def subplots(cols, size):  # a pyplot-free figure: the user's backend is never touched
+        fig = new_figure(size, 120)
+        return fig, fig.subplots(1, cols)
 
     files = []
     lay = lambda key, m: [row[m] for row in res[key]["layers"]]  # noqa: E731
     x = list(range(cfg.layers + 1))
-    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    fig, ax = subplots(2, (10, 4))
     ax[0].plot(x, lay("expansion", "R"), "o-", label="R(Z), expansion-only")
     ax[0].plot(x, lay("compression", "R"), "s--", label="R(Z), compression-only")
     ax[0].set_title("expansion term R(Z)")
@@ -276,10 +279,9 @@ def _plot(out: Path, res: dict, cfg: ToyConfig) -> List[str]:
         a.legend()
     fig.tight_layout()
     fig.savefig(out / "fig3_rates.png", dpi=120)
-    plt.close(fig)
     files.append("fig3_rates.png")
 
-    fig, ax = plt.subplots(1, 3, figsize=(14, 4))
+    fig, ax = subplots(3, (14, 4))
     idx = list(range(1, cfg.d + 1))
     for a, key, title in zip(ax, ("expansion", "compression", "expansion_noisy"),
                              ("expansion", "compression", f"expansion, noise {cfg.noise_std:g}")):
@@ -292,10 +294,9 @@ def _plot(out: Path, res: dict, cfg: ToyConfig) -> List[str]:
         a.legend()
     fig.tight_layout()
     fig.savefig(out / "fig3_cde.png", dpi=120)
-    plt.close(fig)
     files.append("fig3_cde.png")
 
-    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    fig, ax = subplots(2, (10, 4))
     for v, st in (("null_space_subtraction", "o-"), ("column_space_projection", "s--")):
         ax[0].plot(x, [r["R_c"] for r in res["compression_variants"][v]["layers"]], st, label=v)
         h = res["compression_training"][v]
@@ -308,7 +309,6 @@ def _plot(out: Path, res: dict, cfg: ToyConfig) -> List[str]:
         a.legend()
     fig.tight_layout()
     fig.savefig(out / "fig4_compression_variants.png", dpi=120)
-    plt.close(fig)
     files.append("fig4_compression_variants.png")
     return files
 

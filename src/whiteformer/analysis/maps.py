@@ -1,7 +1,9 @@
 """Pictures of what the heads do on images: membership maps and class-token attention maps.
 
 * :func:`membership_maps`: each head's memberships Pi (one column pi_k of the N x K matrix)
-  reshaped to the patch grid, next to the input image (ToST Fig. 4b / 9, DMSA Fig. 6, ECA Fig. 6).
+  reshaped to the patch grid, next to the input image (ToST Fig. 4b / 9, DMSA Fig. 6, ECA Fig. 6),
+  for one block or, with ``blocks=``, several side by side (the run report draws the first and
+  the last).
 * :func:`cls_attention_maps`: the class token's softmax attention over the patch tokens in a
   class-attention block, per head (ToST Fig. 5 / 10). The fused layer does not expose the
   weights, so they are recomputed from the layer's ``qkv`` on its captured input
@@ -16,16 +18,30 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Optional, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 
 from ._viz import new_figure, require_matplotlib
-from .capture import capture, eval_mode
+from .capture import _default_attn_types, capture, eval_mode, supports_pi
 from .._checks import is_int, is_real
 
-__all__ = ["membership_maps", "cls_attention_maps", "class_attention_weights", "patch_grid", "grid_figure"]
+__all__ = ["membership_maps", "cls_attention_maps", "class_attention_weights", "patch_grid", "grid_figure",
+           "has_class_attention", "has_memberships"]
+
+
+def has_class_attention(model: nn.Module) -> bool:
+    """Whether ``model`` holds a class-attention layer (what :func:`cls_attention_maps` draws)."""
+    from ..attention import ClassAttention
+
+    return any(isinstance(m, ClassAttention) for m in model.modules())
+
+
+def has_memberships(model: nn.Module) -> bool:
+    """Whether an attention layer of ``model`` computes memberships Pi (what :func:`membership_maps` draws)."""
+    tracked, _ = _default_attn_types()
+    return any(isinstance(m, tracked) and supports_pi(m) for m in model.modules())
 
 
 def patch_grid(model: nn.Module, image_hw: Tuple[int, int], num_tokens: int) -> Tuple[int, int, int]:
@@ -101,9 +117,11 @@ def _image_for_display(img: torch.Tensor):
 
 
 def grid_figure(images: torch.Tensor, maps: torch.Tensor, title: str, colorbar_label: str, scale_per_map: bool,
-                cell_size: float, dpi: int, cmap: str):
+                cell_size: float, dpi: int, cmap: str, *, column_titles: Optional[Sequence[str]] = None,
+                row_titles: Optional[Sequence[str]] = None):
     """The figure of :func:`membership_maps` / :func:`cls_attention_maps` (not saved): row i = image i,
-    then ``maps[i, h]`` under the column title ``head h+1``; ``title`` above; one colour bar (labelled
+    then ``maps[i, h]`` under the column title ``head h+1`` (or ``column_titles[h]``); the image
+    titled "image" (or ``row_titles[i]``); ``title`` above; one colour bar (labelled
     ``colorbar_label``) for the fixed [0, 1] scale, or "per-map min..max" when ``scale_per_map``."""
     rows, heads = maps.shape[0], maps.shape[1]
     fig = new_figure(((1 + heads) * cell_size, rows * cell_size), dpi, title)
@@ -117,10 +135,14 @@ def grid_figure(images: torch.Tensor, maps: torch.Tensor, title: str, colorbar_l
             lo, hi = (float(m.min()), float(m.max())) if scale_per_map else (0.0, 1.0)
             im = axes[i][1 + h].imshow(m, cmap=cmap, vmin=lo, vmax=hi if hi > lo else lo + 1.0,
                                        interpolation="nearest")
-        if i == 0:
+        if row_titles is not None:
+            axes[i][0].set_title(row_titles[i], fontsize=7)
+        elif i == 0:
             axes[i][0].set_title("image", fontsize=7)
+        if i == 0:
             for h in range(heads):
-                axes[i][1 + h].set_title(f"head {h + 1}", fontsize=7)
+                axes[i][1 + h].set_title(column_titles[h] if column_titles is not None else f"head {h + 1}",
+                                         fontsize=7)
     for ax in fig.axes:
         ax.set_axis_off()
     top = 1 - 0.3 / rows
@@ -168,6 +190,9 @@ def membership_maps(
     out_path: Union[str, Path],
     layer: int = -1,
     *,
+    blocks: Optional[Sequence[int]] = None,
+    labels: Optional[torch.Tensor] = None,
+    preds: Optional[torch.Tensor] = None,
     max_images: Optional[int] = 8,
     cell_size: float = 1.5,
     dpi: int = 100,
@@ -180,10 +205,14 @@ def membership_maps(
         images: (B, C, H, W) input batch (model-ready, e.g. normalised).
         out_path: PNG file to write (parent directories are created).
         layer: index of the block (among the recorded blocks, negative from the end).
+        blocks: several block indices instead of ``layer`` (duplicates drawn once, in the order
+            of the blocks): every head of each, side by side, columns titled "block b head h" (from 1).
+        labels, preds: (B,) class labels and predictions, written above each image ("y=.. pred=..").
         max_images: draw at most this many images (None: all).
         cell_size, dpi: each cell is ``cell_size`` inches at ``dpi``; colour scale [0, 1].
     Returns:
-        the drawn maps (B', H, Hp, Wp) (float32, CPU): ``maps[i, k]`` = pi_k of image i.
+        the drawn maps (float32, CPU): (B', H, Hp, Wp), ``maps[i, k]`` = pi_k of image i; with
+        ``blocks``, (B', len(blocks), H, Hp, Wp), ``maps[i, j, k]`` = pi_k of image i in block j.
     """
     require_matplotlib("membership_maps")
     _check_images(images)
@@ -194,20 +223,43 @@ def membership_maps(
         model(images)
     if not rec.blocks:
         raise ValueError(f"model ({type(model).__name__}) has no attention blocks")
-    r = _select(rec.blocks, layer, "layer")
-    if r.pi is None:
-        raise ValueError(
-            f"block {r.name!r} ({type(r.attn).__name__}) has no memberships Pi; membership maps need "
-            "TSSA, DMSA or ECA attention"
-        )
-    pi = r.pi.float().cpu()  # (B, H, N)
-    pre, hp, wp = patch_grid(model, tuple(images.shape[-2:]), pi.shape[-1])
-    n = _count(max_images, pi.shape[0])
-    maps = pi[:n, :, pre:].reshape(n, pi.shape[1], hp, wp)
-    idx = layer % len(rec.blocks)
-    title = f"memberships pi, block {idx + 1} of {len(rec.blocks)}"
-    _save(grid_figure(images[:n], maps, title, "membership pi", False, cell_size, dpi, cmap), out_path)
-    return maps
+    if blocks is None:
+        wanted = [_select(rec.blocks, layer, "layer").index]
+    else:
+        if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__iter__") or not list(blocks):
+            raise ValueError(f"blocks must be a non-empty sequence of block indices, got {blocks!r}")
+        wanted = []
+        for b in blocks:
+            i = _select(rec.blocks, b, "each of blocks").index
+            if i not in wanted:
+                wanted.append(i)
+    pis = []
+    for i in wanted:
+        r = rec.blocks[i]
+        if r.pi is None:
+            raise ValueError(
+                f"block {r.name!r} ({type(r.attn).__name__}) has no memberships Pi; membership maps need "
+                "TSSA, DMSA or ECA attention"
+            )
+        pis.append(r.pi.float().cpu())  # (B, H, N)
+    pre, hp, wp = patch_grid(model, tuple(images.shape[-2:]), pis[0].shape[-1])
+    n = _count(max_images, pis[0].shape[0])
+    maps = torch.stack([pi[:n, :, pre:].reshape(n, pi.shape[1], hp, wp) for pi in pis], 1)  # (B', J, H, Hp, Wp)
+    heads = maps.shape[2]
+    rows = None
+    if labels is not None and preds is not None:
+        rows = [f"y={int(labels[i])} pred={int(preds[i])}" for i in range(n)]
+    if blocks is None:
+        title = f"memberships pi, block {wanted[0] + 1} of {len(rec.blocks)}"
+        cols = None
+    else:
+        title = (f"memberships pi of each token to each head (subspace), blocks "
+                 f"{', '.join(str(i + 1) for i in wanted)} of {len(rec.blocks)}")
+        cols = [f"block {i + 1} head {h + 1}" for i in wanted for h in range(heads)]
+    fig = grid_figure(images[:n], maps.flatten(1, 2), title, "membership pi", False, cell_size, dpi, cmap,
+                      column_titles=cols, row_titles=rows)
+    _save(fig, out_path)
+    return maps[:, 0] if blocks is None else maps
 
 
 def cls_attention_maps(

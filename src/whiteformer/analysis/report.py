@@ -50,13 +50,17 @@ from ._viz import new_figure, require_matplotlib
 from .capture import BlockRecord, attention_basis, capture, eval_mode
 from .._checks import is_real
 
-__all__ = ["LayerwiseReport", "layerwise_report", "layer_bases", "simplex_memberships", "COLUMNS"]
+__all__ = ["LayerwiseReport", "layerwise_report", "layer_bases", "simplex_memberships", "coding_rate_figure", "COLUMNS",
+           "RATE_READING"]
 
 COLUMNS = ("layer", "name", "attn", "tokens", "dim", "heads", "R", "R_c", "delta_R", "R_c_var", "delta_R_var",
            "R_c_U")
 _RATES = ("R", "R_c", "delta_R", "R_c_var", "delta_R_var", "R_c_U")
 _FEATURES = ("output", "input")
 JSON_NAME, PNG_NAME = "layerwise_report.json", "layerwise_report.png"
+#: how to read a curve of R(Z) over the blocks (the run report prints it under its plot)
+RATE_READING = ("rising: the block spreads the tokens over more directions (expansion); falling: it "
+                "compresses them onto fewer (the white-box aim: lower R_c per subspace)")
 
 
 # ----------------------------------------------------------------------------- per-layer pieces
@@ -273,3 +277,18 @@ def layerwise_report(
     if out_dir is not None:
         report.save(out_dir, plot=plot)
     return report
+
+
+def coding_rate_figure(rates: List[float], eps: float = 0.5, dpi: int = 110):
+    """The figure (not saved) of one R(Z) per block (blocks numbered from 1), titled with ``eps``
+    and with :data:`RATE_READING` under it; e.g. ``layerwise_report(...).column("R")``."""
+    fig = new_figure((5.6, 3.8), dpi, "the coding-rate plot")
+    ax = fig.subplots()
+    ax.plot(range(1, len(rates) + 1), rates, "o-")
+    ax.set_xlabel("block")
+    ax.set_ylabel("coding rate R(Z)")
+    ax.set_title(f"layer-wise coding rate of the tokens (eps {eps:g})", fontsize=10)
+    ax.set_xticks(range(1, len(rates) + 1))
+    fig.text(0.5, 0.01, RATE_READING.replace("; ", ";\n", 1), ha="center", va="bottom", fontsize=7)
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
+    return fig

@@ -26,8 +26,10 @@ def seeded_generator(*keys: int) -> torch.Generator:
 
 
 class ReportContext:
-    """What a task's report section may use: the run directory, pyplot (or None), the analysis
-    inputs ``x`` / ``labels`` (or None), and the ``results`` / ``figures`` / ``notes`` it may add to."""
+    """What a task's report section may use: the run directory, ``plt`` (matplotlib when figures can
+    be drawn, else None; figures go through :mod:`whiteformer.analysis`, which never touches pyplot's
+    backend), the analysis inputs ``x`` / ``labels`` (or None), and the ``results`` / ``figures`` /
+    ``notes`` it may add to."""
 
     def __init__(self, run_dir, plt, x, labels, results: Dict[str, Any], figures: Dict[str, str], notes: List[str],
                  num_images: int = 4):

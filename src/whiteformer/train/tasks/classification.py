@@ -182,17 +182,16 @@ class ImageClassificationTask(ClassificationTask):
         super().check_model(model, ds)
 
     def report_sections(self, model: nn.Module, ctx: ReportContext) -> List[str]:
-        from ..report import has_class_attention, membership_maps, plot_membership, token_grid
+        from ...analysis.maps import cls_attention_maps, has_class_attention, has_memberships, membership_maps
 
         x = ctx.x
         if x is None or x.dim() != 4:
             return []
+        k = min(ctx.num_images, x.shape[0])
         cls_lines: List[str] = []
         if ctx.plt is not None and has_class_attention(model):
             try:
-                from ...analysis.maps import cls_attention_maps
-
-                cls_attention_maps(model, x[:min(ctx.num_images, x.shape[0])], ctx.run_dir / "cls_attention.png")
+                cls_attention_maps(model, x[:k], ctx.run_dir / "cls_attention.png")
                 ctx.figures["cls_attention"] = "cls_attention.png"
                 cls_lines = ["## [CLS] attention maps", "",
                              "Attention of the class token over the patches in the last class-attention block, per "
@@ -201,19 +200,16 @@ class ImageClassificationTask(ClassificationTask):
                              "![cls attention](cls_attention.png)", ""]
             except Exception as err:  # noqa: BLE001 - an analysis must not fail the run
                 ctx.notes.append(f"[CLS] attention maps skipped: {type(err).__name__}: {err}")
+        if not has_memberships(model):
+            ctx.notes.append("the attention does not return memberships (return_pi): no membership maps.")
+            return cls_lines
+        if ctx.plt is None:
+            return cls_lines
         try:
-            k = min(ctx.num_images, x.shape[0])
-            pis = membership_maps(model, x[:k])
-            if pis is None:
-                ctx.notes.append("the attention does not return memberships (return_pi): no membership maps.")
-                return cls_lines
-            if ctx.plt is None:
-                return cls_lines
             with torch.no_grad():
                 preds = model(x[:k]).argmax(-1).cpu()
-            n_tok = next(iter(pis.values())).shape[-1]
-            plot_membership(ctx.plt, x[:k].float().cpu(), pis, token_grid(model, n_tok),
-                            ctx.run_dir / "membership.png", ctx.labels[:k], preds)
+            membership_maps(model, x[:k], ctx.run_dir / "membership.png", blocks=[0, -1],
+                            labels=ctx.labels[:k], preds=preds, max_images=None)
             ctx.figures["membership"] = "membership.png"
         except Exception as err:  # noqa: BLE001 - an analysis must not fail the run
             ctx.notes.append(f"membership maps skipped: {type(err).__name__}: {err}")
