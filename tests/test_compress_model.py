@@ -159,7 +159,7 @@ def test_calibration_is_activation_aware():
     calib = images(6) * 2 + 0.5
     toks = collect_block_inputs(model, calib, mlp=True)
     with torch.no_grad():  # the hooks see the normed tokens entering attn / mlp
-        h0 = model._embed(calib)
+        h0 = model._embed_grid(calib)[0]
         assert torch.allclose(toks[0]["attn"], model.blocks[0].norm1(h0))
         h1 = model.blocks[0](h0)
         assert torch.allclose(toks[1]["attn"], model.blocks[1].norm1(h1))

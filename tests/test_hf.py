@@ -320,13 +320,12 @@ def test_transformers_vit_directory_compresses(tmp_path, capsys):
     assert rc == 0
     rep = json.loads((tmp_path / "out" / "compression_report.json").read_text())
     assert len(rep["blocks"]) == 2 and rep["flops_ratio"] < 1
-    assert whiteformer.create_model("deit_b_p16", checkpoint_path=str(tmp_path / "out"))(
-        torch.randn(1, 3, 32, 32)).shape == (1, 5)
+    assert whiteformer.from_pretrained(tmp_path / "out")(torch.randn(1, 3, 32, 32)).shape == (1, 5)
 
 
 def test_transformers_deit_distillation_is_refused(tmp_path):
     _hf_vit("deit").save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="distillation token"):
         whiteformer.create_model("deit_t_p16", checkpoint_path=str(tmp_path))
-    with pytest.raises(ValueError, match="loads into the deit_\\* models"):
+    with pytest.raises(ValueError, match="loads into the vit / deit_\\* models"):
         whiteformer.create_model("tost_t12_p16", checkpoint_path=str(tmp_path))

@@ -209,6 +209,13 @@ def check_out(out, checkpoint, model_path: Path, overwrite: bool) -> Path:
     return check_output_dir(out, overwrite=overwrite)
 
 
+def _sizes(model) -> str:
+    """The model's real sizes, e.g. "D 64, 2 blocks, 4 heads, patch 8, 32 px"."""
+    from ..models.hf_vit import describe_sizes
+
+    return describe_sizes(getattr(model, "init_kwargs", {}))
+
+
 def _run(args: argparse.Namespace) -> int:
     from ..models import create_model
     from ..models.checkpoint import read_config
@@ -224,10 +231,11 @@ def _run(args: argparse.Namespace) -> int:
         args.data, args.data_dir = run.get("dataset"), args.data_dir or run.get("data_dir")
     name = args.model
     if name is None:
-        from ..models.hf_vit import DEFAULT_MODEL_NAME, is_hf_vit_config
+        from ..models.hf_vit import init_kwargs_from_config, is_hf_vit_config, model_name_for
 
         cfg = read_config(ckpt)
-        name = (cfg or {}).get("model_name") or (DEFAULT_MODEL_NAME if is_hf_vit_config(cfg) else None)
+        name = (cfg or {}).get("model_name") or (model_name_for(init_kwargs_from_config(cfg))
+                                                 if is_hf_vit_config(cfg) else None)
         if not name:
             raise ValueError(f"--checkpoint {args.checkpoint!r} does not name its model; pass --model NAME")
     if (args.calib or args.finetune_epochs) and not args.data:
@@ -252,7 +260,7 @@ def _run(args: argparse.Namespace) -> int:
             idx = torch.randperm(len(task.train_ds), generator=torch.Generator().manual_seed(args.seed))[:n]
             calib = task.train_ds.get_batch(idx)[0].to(device)
 
-    say(f"compressing {name} ({args.checkpoint}): qk={args.qk} "
+    say(f"compressing {name} ({_sizes(model)}; {args.checkpoint}): qk={args.qk} "
         + (f"qk_rank={args.qk_rank}" if args.qk_rank is not None
            else f"qk_flops_ratio={args.qk_flops_ratio} (protocol {args.protocol})")
         + f", vo_rank={args.vo_rank}, mlp_rank={args.mlp_rank}" + (f", calib={len(calib)} images" if calib is not None

@@ -31,6 +31,8 @@ import torch.nn as nn
 from .._checks import check_finite, check_tensor, is_int
 from .._utils import count_params, eval_mode, to_jsonable
 from ..attention.compressed import CompressedAttention, CPSlimAtt, IrrAtt
+from ..models import from_transformers_vit
+from ..models.hf_vit import HF_VIT_MODEL_TYPES
 from ..models.surgery import layer_spec, mlp_spec, record_compression_spec
 from .compress_block import BlockReport, compress_attention
 from .constraints import project_fusion
@@ -48,6 +50,18 @@ _METHOD_NAMES = {"truncatt": "TruncAtt", "cp": "CP SlimAtt", "irratt": "IrrAtt",
 
 
 # ----------------------------------------------------------------------------- model structure
+def _as_timm_vit(model):
+    """A ``transformers`` ViT / DeiT (converted: :func:`whiteformer.models.from_transformers_vit`) or a
+    :mod:`whiteformer.hf` wrapper (its whiteformer model) as the timm-layout model compress() works on;
+    anything else unchanged."""
+    inner = getattr(model, "whiteformer", None)
+    if isinstance(inner, nn.Module):
+        return inner
+    if getattr(getattr(model, "config", None), "model_type", None) in HF_VIT_MODEL_TYPES:
+        return from_transformers_vit(model)
+    return model
+
+
 def _blocks(model) -> nn.Module:
     blocks = getattr(model, "blocks", None)
     if not isinstance(model, nn.Module) or not isinstance(blocks, (nn.Sequential, nn.ModuleList)) \
@@ -351,7 +365,9 @@ def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int,
 
     Args:
         model: a model with ``blocks[i].attn`` timm-layout MHSA (``qkv``, ``proj``, ``num_heads``) and a
-            ``patch_embed`` (e.g. ``create_model("deit_t_p16", ...)``).
+            ``patch_embed`` (e.g. ``create_model("deit_t_p16", ...)``), or a ``transformers``
+            ``ViTForImageClassification`` / ``ViTModel`` / DeiT without distillation token (converted
+            first, same logits), or a :mod:`whiteformer.hf` wrapper of one.
         qk: "irratt" (BTD-(L, L, 1), Sec. 3), "cp" (CP SlimAtt), "truncatt" (per-head SVD) or None
             (QK exact).
         qk_rank: truncatt: per-head rank (int or H ints); cp: R; irratt: total rank (int) or H per-head
@@ -384,6 +400,7 @@ def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int,
         per-head rank list that does not match the number of heads (the message names the block);
         TypeError / ValueError for a bad ``calib``.
     """
+    model = _as_timm_vit(model)
     bl = _blocks(model)
     if any(p.device.type == "meta" for p in model.parameters()):
         raise ValueError("compress() needs the model's weights, but they are on the meta device (no values); "

@@ -222,6 +222,13 @@ def _deit(defaults: dict, kwargs: dict) -> VisionTransformer:
 
 
 @register_model
+def vit(**kwargs) -> VisionTransformer:
+    """ViT of any size in timm's layout (defaults: ViT-B/16, D 768, 12 blocks, 12 heads); transformers
+    ViT / DeiT checkpoints whose sizes match no ``deit_*`` preset load under this name."""
+    return build_with_defaults(VisionTransformer, {}, kwargs)
+
+
+@register_model
 def deit_t_p16(**kwargs) -> VisionTransformer:
     """DeiT-Tiny/16 (timm ``deit_tiny_patch16_224``): D 192, 12 blocks, 3 heads, 5.7M params."""
     return _deit(dict(embed_dim=192, depth=12, num_heads=3), kwargs)

@@ -22,10 +22,11 @@ import torch.nn as nn
 
 from ..layers import FeatureGetterNet
 from .checkpoint import CONFIG_NAME, PathLike, load_checkpoint, read_config
-from .hf_vit import init_kwargs_from_config, is_hf_vit_config
+from .hf_vit import (HF_VIT_MODEL_TYPES, convert_hf_vit_state_dict, init_kwargs_from_config, is_hf_vit_config,
+                     model_name_for)
 from .registry import get_model_entry, list_models
 
-__all__ = ["create_model", "from_pretrained", "load_pretrained", "resolve_model_dir"]
+__all__ = ["create_model", "from_pretrained", "from_transformers_vit", "load_pretrained", "resolve_model_dir"]
 
 RUN_MODEL_DIR = "final"
 
@@ -121,9 +122,9 @@ def create_model(name: str, num_classes: Optional[int] = None, img_size: Optiona
             # The saved constructor arguments are the defaults; the caller's overrides win.
             kwargs = {**config.get("init_kwargs", {}), **kwargs}
             if is_hf_vit_config(config):  # a transformers ViT / DeiT directory: sizes from its config.json
-                if not name.startswith("deit_"):
+                if not (name.startswith("deit_") or name == "vit"):
                     raise ValueError(f"checkpoint {str(checkpoint_path)!r} is a transformers {config['model_type']} "
-                                     f"model; it loads into the deit_* models (timm layout), not {name!r}")
+                                     f"model; it loads into the vit / deit_* models (timm layout), not {name!r}")
                 kwargs = {**init_kwargs_from_config(config), **kwargs}
             _check_fits(entry, kwargs, f"checkpoint {str(checkpoint_path)!r}")
     model = entry(**kwargs)
@@ -155,3 +156,22 @@ def from_pretrained(path: PathLike, **overrides: Any) -> nn.Module:
 
 
 load_pretrained = from_pretrained  # the earlier name, kept for callers
+
+
+def from_transformers_vit(model: nn.Module) -> nn.Module:
+    """A ``transformers`` ``ViTForImageClassification`` / ``ViTModel`` (or DeiT without distillation
+    token) object -> the timm-layout whiteformer ViT with the same weights and logits
+    (:mod:`whiteformer.models.hf_vit`), named by its sizes (:func:`~whiteformer.models.hf_vit.model_name_for`),
+    on the same device and dtype."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in HF_VIT_MODEL_TYPES:
+        raise ValueError(f"expected a transformers ViT / DeiT model (config.model_type in {HF_VIT_MODEL_TYPES}), got "
+                         f"{type(model).__name__}")
+    state = convert_hf_vit_state_dict(model.state_dict())
+    kwargs = init_kwargs_from_config(config.to_dict())
+    kwargs["num_classes"] = int(state["head.weight"].shape[0]) if "head.weight" in state else 0
+    name = model_name_for(kwargs)
+    ref = next(iter(model.parameters()))
+    net = create_model(name, **kwargs).to(device=ref.device, dtype=ref.dtype)
+    net.load_state_dict(state, strict=True)
+    return net.train(model.training)

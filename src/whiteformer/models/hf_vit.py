@@ -31,11 +31,34 @@ from typing import Any, Dict, Mapping, Optional
 import torch
 
 __all__ = ["HF_VIT_MODEL_TYPES", "is_hf_vit_config", "is_hf_vit_state_dict", "init_kwargs_from_config",
-           "convert_hf_vit_state_dict", "DEFAULT_MODEL_NAME"]
+           "convert_hf_vit_state_dict", "model_name_for", "describe_sizes"]
 
 HF_VIT_MODEL_TYPES = ("vit", "deit")
-#: registry name used for such a checkpoint when none is given (every size comes from its config)
-DEFAULT_MODEL_NAME = "deit_b_p16"
+#: the deit_* presets (embed_dim, depth, num_heads; patch 16, MLP ratio 4); other sizes are "vit"
+_PRESETS = {"deit_t_p16": (192, 12, 3), "deit_s_p16": (384, 12, 6), "deit_b_p16": (768, 12, 12)}
+
+
+def model_name_for(init_kwargs: Mapping[str, Any]) -> str:
+    """The registry name of a timm-layout ViT with these constructor arguments: the ``deit_*`` preset
+    of its sizes, else ``"vit"`` (any size; every size is in ``init_kwargs``)."""
+    sizes = (init_kwargs.get("embed_dim"), init_kwargs.get("depth"), init_kwargs.get("num_heads"))
+    patch = init_kwargs.get("patch_size", 16)
+    if patch in (16, (16, 16), [16, 16]) and init_kwargs.get("mlp_ratio", 4.0) == 4.0:
+        for name, preset in _PRESETS.items():
+            if sizes == preset:
+                return name
+    return "vit"
+
+
+def describe_sizes(init_kwargs: Mapping[str, Any]) -> str:
+    """``"D 64, 2 blocks, 4 heads, patch 8, 32 px"`` (what a ViT's name alone may not say)."""
+    img = init_kwargs.get("img_size")
+    img = f"{img[0]}x{img[1]}" if isinstance(img, (tuple, list)) and img[0] != img[1] else \
+        (img[0] if isinstance(img, (tuple, list)) else img)
+    patch = init_kwargs.get("patch_size")
+    patch = patch[0] if isinstance(patch, (tuple, list)) and patch[0] == patch[1] else patch
+    return (f"D {init_kwargs.get('embed_dim')}, {init_kwargs.get('depth')} blocks, {init_kwargs.get('num_heads')} "
+            f"heads, patch {patch}, {img} px")
 
 _BLOCK = {  # transformers block sub-key (both layouts) -> timm sub-key
     "attention.output.dense": "attn.proj", "attention.o_proj": "attn.proj",
