@@ -15,25 +15,12 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("transformers", reason="needs the hf extra: pip install whiteformer[hf]")
 
 import whiteformer  # noqa: E402
+from test_hf import _hf_vit  # noqa: E402  (a small transformers ViT with non-trivial norms and biases)
 from whiteformer.compress import compress  # noqa: E402
 from whiteformer.models import from_transformers_vit  # noqa: E402
 from whiteformer.models.hf_vit import describe_sizes, model_name_for  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-
-
-def _hf_vit(labels=5):
-    from transformers import ViTConfig, ViTForImageClassification
-
-    torch.manual_seed(0)
-    config = ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=80,
-                       image_size=32, patch_size=8, num_labels=labels)
-    model = ViTForImageClassification(config).eval()
-    with torch.no_grad():  # non-trivial norms and biases (transformers inits them to 1 / 0)
-        for name, p in model.named_parameters():
-            if "layernorm" in name or name.endswith("bias"):
-                p.add_(0.1 * torch.randn_like(p))
-    return model
 
 
 def test_names_follow_the_sizes():
