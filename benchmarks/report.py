@@ -648,6 +648,11 @@ def grad_checkpointing_section(gc: Optional[Dict[str, Any]]) -> List[str]:
         "```",
         "",
         G.tables(gc),
+        "The memory columns are the measurement. Each time is a single step on a shared machine (load "
+        f"{gc['machine']['loadavg'][0]:.1f} on {gc['machine']['logical_cpus']} CPUs at the start): the recomputation "
+        "adds one more forward of every block to a step, so a time ratio below 1 can only come from the load "
+        "changing between the separate processes.",
+        "",
     ]
     return out
 

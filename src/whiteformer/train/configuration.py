@@ -116,7 +116,11 @@ class TrainConfig:
     clip_grad: float = _h("gradient-norm clipping (0: off)", default=1.0)
     ema: bool = _h("keep an exponential moving average of the weights (used for evaluation)", default=False)
     ema_decay: float = _h("EMA decay per step", default=0.999)
-    bf16: bool = _h("bfloat16 autocast for forward/backward", default=False)
+    bf16: bool = _h("bfloat16 autocast for forward/backward (the same as --precision bf16)", default=False)
+    precision: str = _h("fp32, bf16 (bfloat16 autocast) or fp16 (float16 autocast with gradient scaling); "
+                        "statistics and the loss stay in float32", default="fp32")
+    fsdp: bool = _h("shard parameters, gradients and optimizer state over the torchrun processes (FSDP2 "
+                    "fully_shard per block and the root) instead of DistributedDataParallel", default=False)
     compile: bool = _h("torch.compile the model", default=False)
     # run
     seed: int = _h("random seed (model init, data order, augmentation)", default=0)
@@ -145,6 +149,12 @@ class TrainConfig:
         _check_finite(self)
         _check(bool(self.model), "model must be a registered model name (whiteformer list-models)")
         _check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        _check(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        _check(not (self.bf16 and self.precision == "fp16"), "bf16 and precision=fp16 exclude each other: pick one")
+        _check(not (self.fsdp and self.ema), "fsdp and ema exclude each other (the EMA copy would not be sharded)")
+        _check(not (self.fsdp and self.context_parallel > 1), "fsdp and context_parallel exclude each other")
+        _check(not (self.fsdp and self.precision == "fp16"), "fsdp with precision fp16 is not supported (gradient "
+               "scaling of sharded gradients); use precision bf16, which needs no scaling")
         _check(self.epochs >= 1 or self.steps >= 1, "give epochs >= 1 or steps >= 1")
         _check(self.steps >= 0, f"steps must be >= 0, got {self.steps}")
         _check(self.lr > 0, f"lr must be > 0, got {self.lr}")
@@ -180,9 +190,19 @@ class TrainConfig:
 #: ``--resume`` refuses a change to any of them. ``epochs`` / ``steps`` may grow (extending a run),
 #: and the others (device, threads, logging, checkpointing, evaluation and report options,
 #: ``data_dir`` when the data moved, ``context_parallel``) leave the trained weights unchanged.
+#: ``--precision``: the autocast dtype of forward/backward (fp16 adds gradient scaling)
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def amp_precision(cfg: "TrainConfig") -> str:
+    """The precision a run trains in (``bf16=true`` is ``precision=bf16``)."""
+    return "bf16" if cfg.bf16 else cfg.precision
+
+
 RUN_DEFINING = ("model", "model_args", "finetune", "dataset", "data_args", "translate", "flip", "block_size",
                 "unlimited_length", "batch_size", "lr", "min_lr", "schedule", "weight_decay", "beta1", "beta2",
-                "warmup_steps", "warmup_epochs", "label_smoothing", "clip_grad", "ema", "ema_decay", "bf16", "seed")
+                "warmup_steps", "warmup_epochs", "label_smoothing", "clip_grad", "ema", "ema_decay", "bf16", "precision",
+                "seed")
 
 
 def changed_run_options(saved: Optional[Dict[str, Any]], cfg: "TrainConfig") -> List[Tuple[str, Any, Any]]:

@@ -5,6 +5,9 @@
   parallelism ``R`` (``--context-parallel R``) the ranks form ``WORLD_SIZE / R`` groups of ``R``
   consecutive ranks; each group shares a slice of the batch and splits its sequences (group rank
   order = sequence order), the groups are data-parallel.
+- :func:`shard_model`: FSDP2 (``torch.distributed.fsdp.fully_shard``) on every block and on the
+  root, with a mixed-precision policy (``whiteformer train --fsdp``): parameters, gradients and
+  optimizer state are split over the processes instead of replicated (DDP).
 - :func:`convert_sync_batchnorm`: BatchNorm layers (the conv patch embedding of the ToST shell) must
   see the statistics of the *global* batch for data-parallel training to equal one process with the
   same global batch. On CUDA this is ``torch.nn.SyncBatchNorm``; torch's SyncBatchNorm does not run
@@ -22,8 +25,8 @@ import torch.nn as nn
 
 from ..ops.context_parallel import all_reduce_sum as context_all_reduce_sum
 
-__all__ = ["DistInfo", "setup", "cleanup", "resolve_device", "convert_sync_batchnorm", "CPUSyncBatchNorm",
-           "all_reduce_sum", "all_gather_object", "barrier"]
+__all__ = ["DistInfo", "setup", "shard_model", "cleanup", "resolve_device", "convert_sync_batchnorm",
+           "CPUSyncBatchNorm", "all_reduce_sum", "all_gather_object", "barrier"]
 
 
 @dataclass
@@ -97,6 +100,24 @@ def setup(device: str = "auto", context_parallel: int = 1) -> DistInfo:
                 cp_group = group
     return DistInfo(rank=rank, world_size=world, local_rank=local, device=dev, cp_size=context_parallel,
                     cp_group=cp_group)
+
+
+def shard_model(model: nn.Module, precision: str = "fp32") -> nn.Module:
+    """FSDP2 in place: ``fully_shard`` each block (``transformer.h`` of the language models,
+    ``blocks`` / ``cls_attn_blocks`` of the others), then the root (embeddings, norms, head). Under
+    ``precision`` bf16 / fp16 the blocks compute in that dtype (``MixedPrecisionPolicy.param_dtype``)
+    and gradients are reduced in float32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+    transformer = getattr(model, "transformer", None)
+    groups = [getattr(transformer, "h", None), getattr(model, "blocks", None), getattr(model, "cls_attn_blocks", None)]
+    for blocks in groups:
+        for blk in (blocks if isinstance(blocks, (nn.ModuleList, nn.Sequential)) else ()):
+            fully_shard(blk, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
 
 
 def cleanup() -> None:

@@ -22,18 +22,27 @@ PostStep = Callable[[nn.Module], object]
 
 
 def train_step(model: nn.Module, task, optimizer: torch.optim.Optimizer, step: int, *, clip_grad: float = 0.0,
-               scheduler=None, post_step: Sequence[PostStep] = (), hook_model: Optional[nn.Module] = None):
+               scheduler=None, post_step: Sequence[PostStep] = (), hook_model: Optional[nn.Module] = None,
+               scaler: Optional[torch.amp.GradScaler] = None):
     """Run optimizer step ``step`` on the task's batch of that step; returns ``(loss, stats, lr)``
     (the loss tensor, the task's summed statistics, the learning rate the step used).
-    ``post_step`` hooks get ``hook_model`` (default ``model``; the plain module under DDP)."""
+    ``post_step`` hooks get ``hook_model`` (default ``model``; the plain module under DDP).
+    ``scaler`` (float16 training): the loss is scaled for backward, the gradients unscaled before
+    clipping, and a step with inf/NaN gradients is skipped (the scale then shrinks)."""
     x, y = task.train_batch(step)
     loss, stats = task.loss(model, x, y)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    (loss if scaler is None else scaler.scale(loss)).backward()
+    if scaler is not None:
+        scaler.unscale_(optimizer)
     if clip_grad > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
     lr = optimizer.param_groups[0]["lr"]
-    optimizer.step()
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+        scaler.update()
     if scheduler is not None:
         scheduler.step()
     for hook in post_step:

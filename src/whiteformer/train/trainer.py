@@ -1,8 +1,10 @@
-"""The training loop of ``whiteformer train`` (single process or DistributedDataParallel).
+"""The training loop of ``whiteformer train`` (single process, DistributedDataParallel, or FSDP2
+with ``--fsdp``: parameters sharded per block, a whole copy refreshed from the shards to save,
+evaluate and report; checkpoints resume across the three).
 
 One optimizer step: fetch the global batch of the step (this process's slice), forward (optional
-bf16 autocast), cross-entropy (label smoothing) or the LM loss, backward, gradient clipping,
-AdamW, warm-up + cosine LR, optional EMA. Every ``log_every`` steps the metrics go to the log; the
+``--precision`` bf16 / fp16 autocast, fp16 with gradient scaling), cross-entropy (label smoothing)
+or the LM loss, backward, gradient clipping, AdamW, warm-up + cosine LR, optional EMA. Every ``log_every`` steps the metrics go to the log; the
 model is evaluated every epoch (or ``eval_every`` steps) and checkpointed every ``ckpt_every``
 steps (or every epoch) and at the end. ``resume`` restores model, optimizer, scheduler, EMA, RNG
 states and the step from the newest valid checkpoint: since the data of a step depends only on
@@ -30,7 +32,8 @@ from .build import build_datasets, build_model, check_names, describe, make_task
 from .checkpoint import (latest_checkpoint, list_checkpoints, list_quarantined, remove_stale_temporaries, rng_state,
                          save_checkpoint, set_rng_state)
 
-from .configuration import RUN_DEFINING, ConfigError, TrainConfig, changed_run_options, config_to_dict, save_config
+from .configuration import (RUN_DEFINING, ConfigError, TrainConfig, amp_precision, changed_run_options, config_to_dict,
+                            save_config)
 from .ema import ModelEMA
 from .metrics import MetricsLogger, truncate_metrics
 from .optim import build_optimizer
@@ -108,6 +111,12 @@ class Trainer:
         model = build_model(cfg.model, self.train_ds, cfg.model_args, cfg.finetune, block_size=cfg.block_size,
                             unlimited_length=cfg.unlimited_length)
         self.task = make_task(self.train_ds, self.eval_ds, dist, **task_options(cfg))
+        precision = amp_precision(cfg)
+        self.task.set_precision(precision)
+        self.scaler = torch.amp.GradScaler(dist.device.type) if precision == "fp16" else None
+        self.fsdp = cfg.fsdp and dist.enabled  # (one process: nothing to shard, the plain model)
+        if self.fsdp and self.post_step:
+            raise ConfigError("--fsdp runs no post-step hooks (they need the whole parameters); train without --fsdp")
         self.steps_per_epoch = self.task.steps_per_epoch
         self.total_steps = cfg.steps if cfg.steps > 0 else cfg.epochs * self.steps_per_epoch
         self.warmup = cfg.warmup_steps or int(round(cfg.warmup_epochs * self.steps_per_epoch))
@@ -118,11 +127,17 @@ class Trainer:
         if dist.enabled:
             model = D.convert_sync_batchnorm(model, dist.device)
         self.module = model  # the plain model (what is saved)
+        if self.fsdp:  # train the shards; self.module is a whole copy, refreshed from them to save and evaluate
+            import copy
+
+            self.module = copy.deepcopy(model)
+            model = D.shard_model(model, precision)
+        self.sharded = model if self.fsdp else None
         self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
         self.scheduler = build_scheduler(self.optimizer, self.total_steps, self.warmup, cfg.lr, cfg.min_lr,
                                          cfg.schedule)
         self.ema = ModelEMA(model, cfg.ema_decay) if cfg.ema else None
-        if dist.enabled:
+        if dist.enabled and not self.fsdp:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [dist.device.index] if dist.device.type == "cuda" else None
@@ -195,7 +210,7 @@ class Trainer:
                               f"{self.total_steps} steps; resume with at least as many epochs/steps")
         try:
             self.module.load_state_dict(ck["model"])
-            self.optimizer.load_state_dict(st["optimizer"])
+            self._load_optimizer(st["optimizer"])
         except (RuntimeError, ValueError, KeyError) as err:
             raise ConfigError(f"checkpoint {str(path)!r} was written by a different model or optimizer "
                               f"configuration than this one ({str(err).splitlines()[0]}); resume with the run's own "
@@ -215,6 +230,8 @@ class Trainer:
             if ck["ema"] is None:
                 raise ConfigError(f"checkpoint {str(path)!r} has no EMA weights but ema=true")
             self.ema.load_state_dict(ck["ema"])
+        if self.scaler is not None and st.get("scaler"):
+            self.scaler.load_state_dict(st["scaler"])
         rngs = st["rng"]
         if len(rngs) != self.dist.world_size:
             self.say(f"warning: checkpoint written by {len(rngs)} process(es), now {self.dist.world_size}: "
@@ -226,13 +243,57 @@ class Trainer:
             truncate_metrics(self.run_dir / "metrics.jsonl", self.start_step)
         self.say(f"resumed from {path} (step {self.start_step}/{self.total_steps})")
 
+    def _load_optimizer(self, saved: Dict[str, Any]) -> None:
+        """The optimizer state of a checkpoint, written by one process (ids of the parameters) or
+        under --fsdp (their names, ``torch.distributed.checkpoint``'s full state dict): either
+        resumes either way. Under --fsdp the model's shards are set from the loaded whole model."""
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                             set_model_state_dict, set_optimizer_state_dict)
+
+        full = StateDictOptions(full_state_dict=True)
+        by_name = any(isinstance(p, str) for g in saved.get("param_groups", []) for p in g.get("params", []))
+        if not self.fsdp:
+            if by_name:
+                set_optimizer_state_dict(self.module, self.optimizer, saved, options=full)
+            else:
+                self.optimizer.load_state_dict(saved)
+            return
+        set_model_state_dict(self.sharded, self.module.state_dict(), options=full)
+        if not by_name:  # ids of the whole model's parameters -> names, through an optimizer of the whole model
+            cfg = self.cfg
+            whole = build_optimizer(self.module, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
+            whole.load_state_dict(saved)
+            saved = get_optimizer_state_dict(self.module, whole, options=full)
+        set_optimizer_state_dict(self.sharded, self.optimizer, saved, options=full)
+
+    def _whole(self) -> nn.Module:
+        """The plain model with the trained weights (under --fsdp gathered from the shards: every
+        process must call it)."""
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            self.module.load_state_dict(get_model_state_dict(self.sharded,
+                                                             options=StateDictOptions(full_state_dict=True)))
+        return self.module
+
+    def _optimizer_state(self) -> Dict[str, Any]:
+        if not self.fsdp:
+            return self.optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.sharded, self.optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
     def _save(self, step: int, train_time: float) -> None:
         rngs = D.all_gather_object(rng_state())
+        self._whole()
+        optimizer = self._optimizer_state()  # (collective under --fsdp)
         if self.main:
-            state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            state = {"optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
                      "rng": rngs, "total_steps": self.total_steps, "steps_per_epoch": self.steps_per_epoch,
                      "world_size": self.dist.world_size, "train_time_s": train_time,
-                     "config": config_to_dict(self.cfg)}
+                     "config": config_to_dict(self.cfg),
+                     "scaler": self.scaler.state_dict() if self.scaler is not None else None}
             save_checkpoint(self.ckpt_dir, step, self.module, state,
                             self.ema.state_dict() if self.ema is not None else None, self.cfg.keep_last,
                             extra_files=self._extra_files())
@@ -322,7 +383,8 @@ class Trainer:
         train_line: Dict[str, Any] = {}
         for step in range(self.start_step, self.total_steps):
             loss, st, lr = train_step(model, task, self.optimizer, step, clip_grad=cfg.clip_grad,
-                                      scheduler=self.scheduler, post_step=self.post_step, hook_model=self.module)
+                                      scheduler=self.scheduler, post_step=self.post_step, hook_model=self.module,
+                                      scaler=self.scaler)
             if self.ema is not None:
                 self.ema.update(self.module)
             done = step + 1
@@ -391,10 +453,11 @@ class Trainer:
         return " | ".join(p for p in parts if p)
 
     def _eval_model(self) -> nn.Module:
-        return self.ema.module if self.ema is not None else self.module
+        return self.ema.module if self.ema is not None else self._whole()
 
     def _finish(self, logger: MetricsLogger, train_time: float) -> Dict[str, Any]:
         cfg = self.cfg
+        self._whole()
         final = getattr(self, "_last_eval", None) or self.task.evaluate(self._eval_model())
         results: Dict[str, Any] = {"final_eval": final, "summary": self.task.summary(final),
                                    "train_time_s": train_time}
@@ -422,7 +485,7 @@ class Trainer:
                     "threads": torch.get_num_threads(), "world_size": self.dist.world_size,
                     "run_dir": str(self.run_dir)}
             if cfg.report:
-                report_model = self._eval_model()
+                report_model = self.ema.module if self.ema is not None else self.module  # (whole: synced above)
                 if self.dist.cp_size > 1:  # the report's analyses and samples run on this process alone
                     report_model.set_context_parallel(None)
                 results["report"] = str(write_report_safe(self.run_dir, report_model, self.task, results, info,

@@ -68,6 +68,12 @@ class Task:
         self.hi = self.lo + self.local_batch
         self.device = dist.device
         self.bf16 = bf16
+        self.amp_dtype = torch.bfloat16 if bf16 else None  # autocast dtype (None: float32)
+
+    def set_precision(self, precision: str) -> None:
+        """``fp32``, ``bf16`` or ``fp16``: the autocast dtype of :meth:`autocast`."""
+        self.amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        self.bf16 = precision == "bf16"
 
     @classmethod
     def from_options(cls, train_ds, eval_ds, dist: Optional[DistInfo] = None, **options: Any) -> "Task":
@@ -129,7 +135,8 @@ class Task:
         raise NotImplementedError
 
     def autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+        return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
+                              enabled=self.amp_dtype is not None)
 
     def _to(self, *ts):
         return tuple(t.to(self.device, non_blocking=True) for t in ts)
