@@ -50,6 +50,10 @@ def backend(request, monkeypatch):
         monkeypatch.setattr(fused, "CHUNK", 4)  # documents cross the kernel's chunk boundaries
     if request.param == "triton":
         pytest.importorskip("triton")
+        from whiteformer.ops._kernels.triton import _tiles
+
+        monkeypatch.setattr(_tiles, "BLOCK_N", 4)  # documents cross the kernels' token blocks and chunks
+        monkeypatch.setattr(_tiles, "CHUNK", 4)
     for k, v in BACKENDS[request.param].items():
         monkeypatch.setenv(k, v)
     return request.param

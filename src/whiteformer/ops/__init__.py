@@ -11,6 +11,8 @@ implementations (kernels) has its own folder, the others are one module each.
   the parallel form on one token from a state), ``state.py``.
 * ``dmsa.py`` (+ ``rotary.py``), ``eca.py``, ``baselines.py`` (mhsa, xca, mssa, class_attention):
   one PyTorch implementation each.
+* ``packing.py``: packed documents (``cu_seqlens``, FlashAttention's convention) for ``tssa`` /
+  ``causal_tssa``: validation and the padded layout every kernel backend runs them in.
 * ``reference/``: plain, literal versions of every operator, the oracle the main versions are
   tested against (forward and gradients, float64 gradcheck).
 * ``context_parallel.py``: context parallelism (``group=`` of :func:`tssa`, :func:`causal_tssa`,
