@@ -152,3 +152,23 @@ def test_integer_attention_masks_everywhere(dtype):
                                model(ids[:1, 2:]).logits[0])
     with pytest.raises(TypeError, match="additive"):
         model(ids, attention_mask=mask.float())
+
+
+def test_vision_wrapper_gradient_checkpointing():
+    from transformers import AutoModelForImageClassification
+
+    config = AutoConfig.for_model("whiteformer-vision", model_name="tost_t12_p16",
+                                  init_kwargs=dict(img_size=16, patch_size=4, depth=2, embed_dim=32, num_classes=3))
+    model = AutoModelForImageClassification.from_config(config).train()
+    x, y = torch.randn(2, 3, 16, 16), torch.tensor([0, 2])
+    loss = model(pixel_values=x, labels=y).loss
+    grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+    model.gradient_checkpointing_enable()
+    assert model.whiteformer.grad_checkpointing
+    loss2 = model(pixel_values=x, labels=y).loss
+    grads2 = torch.autograd.grad(loss2, list(model.parameters()), allow_unused=True)
+    torch.testing.assert_close(loss2, loss)
+    for a, b in zip(grads2, grads):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b)
