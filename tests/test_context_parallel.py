@@ -109,8 +109,8 @@ def _collectives(group) -> None:
 
 
 def _check_lm(group, sizes) -> None:
-    """A ToST LM (global position embedding and position bias, a padding mask, ignored targets):
-    rows of the logits, the loss (same on every rank) and the gradients averaged over the group
+    """A ToST LM (global position embedding and position bias, a padding mask, ignored targets;
+    packed documents spanning ranks): rows of the logits, the loss (same on every rank) and the gradients averaged over the group
     equal the unsplit model's; GPT refuses."""
     from whiteformer.models.lm import GPTLM, ToSTLM
 
@@ -128,15 +128,19 @@ def _check_lm(group, sizes) -> None:
     targets[0, :3] = -1
     mask = torch.ones(2, n, dtype=torch.bool)
     mask[1, :2] = False
-    for loss_chunk in (None, 4):
+    bounds = torch.tensor({2: [0, 3, 7, 9], 3: [0, 2, 6, 9]}[len(sizes)], dtype=torch.int32)
+    masked = (dict(attn_mask=mask), dict(attn_mask=mask[:, lo:hi]))
+    packed = (dict(cu_seqlens=bounds), dict(cu_seqlens=bounds))  # one row of documents spanning ranks
+    for loss_chunk, rows, (kw_full, kw_split) in ((None, slice(None), masked), (4, slice(None), masked),
+                                                  (None, slice(0, 1), packed)):
         model.zero_grad()
-        logits, loss = model(idx, targets, attn_mask=mask, loss_chunk=loss_chunk)
+        logits, loss = model(idx[rows], targets[rows], loss_chunk=loss_chunk, **kw_full)
         loss.backward()
         full = {k: p.grad.clone() for k, p in model.named_parameters()}
         model.zero_grad()
         model.set_context_parallel(group)
         try:
-            logits_r, loss_r = model(idx[:, lo:hi], targets[:, lo:hi], attn_mask=mask[:, lo:hi], loss_chunk=loss_chunk)
+            logits_r, loss_r = model(idx[rows, lo:hi], targets[rows, lo:hi], loss_chunk=loss_chunk, **kw_split)
             loss_r.backward()
         finally:
             model.set_context_parallel(None)

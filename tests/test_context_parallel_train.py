@@ -69,5 +69,7 @@ def test_context_parallel_refusals(tmp_path):
     assert [token_chunk(7, i, 3) for i in range(3)] == [slice(0, 3), slice(3, 5), slice(5, 7)]
     with pytest.raises(ConfigError, match="block_size 1 must be >= context_parallel 2"):
         TrainConfig(context_parallel=2, block_size=1).validate()
+    with pytest.raises(ConfigError, match="context_parallel and compile cannot be combined"):
+        TrainConfig(context_parallel=2, compile=True).validate()
     with pytest.raises(ConfigError, match="divisible by it, got WORLD_SIZE=1"):
         train(TrainConfig(model_args=dict(MODEL_ARGS), out=str(tmp_path / "x"), context_parallel=2, **COMMON))

@@ -263,14 +263,25 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
 
     def _check_packed(self, idx: torch.Tensor, attn_mask, cu_seqlens) -> torch.Tensor:
         """Packed documents: idx (1, T), no attn_mask, valid ``cu_seqlens``, each document within the
-        context limit; returns the (1, T) positions within the documents."""
+        context limit; returns the (1, T) positions within the documents (context-parallel: idx is
+        this rank's chunk of the row that ``cu_seqlens`` describes)."""
         if idx.shape[0] != 1 or attn_mask is not None:
             raise ValueError(f"with cu_seqlens, idx must hold the packed documents in one row (1, T) and attn_mask "
                              f"must be None; got idx of shape {tuple(idx.shape)}")
         if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != idx.device:
             raise ValueError(f"cu_seqlens must be on idx's device ({idx.device}), got {cu_seqlens.device}")
-        self._check_len(max(check_cu_seqlens(cu_seqlens, idx.shape[1])))
-        return segment_positions(cu_seqlens, idx.shape[1], idx.device)[None]
+        start, total = self._row_span(idx)
+        self._check_len(max(check_cu_seqlens(cu_seqlens, total)))
+        return segment_positions(cu_seqlens, total, idx.device)[None, start:start + idx.shape[1]]
+
+    def _row_span(self, idx: torch.Tensor) -> Tuple[int, int]:
+        """(first token's index in the whole row, the row's length): this rank's chunk when
+        context-parallel, else (0, T)."""
+        group = self.context_parallel_group
+        if group is None:
+            return 0, idx.shape[1]
+        start, total, _ = chunk_layout(idx, group, name="idx", token_dim=1)
+        return start, total
 
     # ---- forward ------------------------------------------------------------------------------
     def _embed(self, idx: torch.Tensor, start: Union[int, torch.Tensor] = 0,
@@ -305,7 +316,8 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
 
         ``cu_seqlens`` (S + 1,) int32 (FlashAttention's convention): idx (1, T) holds S packed
         documents (``cu_seqlens[s]:cu_seqlens[s + 1]``), each its own sequence with positions
-        from 0, exactly as if run alone; no ``attn_mask`` and no context parallelism then."""
+        from 0, exactly as if run alone; no ``attn_mask`` then. Context-parallel: ``cu_seqlens``
+        describe the whole row (the same on every rank), a document may span ranks."""
         return self._run_blocks(idx, attn_mask, cu_seqlens)
 
     def _run_blocks(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
@@ -316,9 +328,6 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         group = self.context_parallel_group
         attn_mask = self._check_attn_mask(attn_mask, idx, whole=group is None)
         if cu_seqlens is not None:
-            if group is not None:
-                raise ValueError("cu_seqlens and context parallelism cannot be combined (packed documents are not "
-                                 "split over ranks)")
             x = self._embed(idx, positions=self._check_packed(idx, attn_mask, cu_seqlens))
         else:
             start, real = 0, self._real_len(idx, attn_mask)
@@ -375,8 +384,10 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
             if targets.dtype.is_floating_point or targets.dtype == torch.bool:
                 raise TypeError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
             if cu_seqlens is not None:
+                start, total = self._row_span(idx)
                 ends = cu_seqlens[1:-1].to(targets.device, torch.long)
-                ends = ends[(ends > 0) & (ends < idx.shape[1])] - 1  # last token of each document but the row's last
+                ends = ends[(ends > 0) & (ends < total)] - 1 - start  # last token of each document but the row's last
+                ends = ends[(ends >= 0) & (ends < idx.shape[1])]  # ... on this rank's chunk
                 targets = targets.long().index_fill(1, ends, -1)
         if loss_chunk is not None and self.context_parallel_group is not None:
             flat = targets.reshape(-1).long()

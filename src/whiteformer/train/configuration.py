@@ -170,6 +170,9 @@ class TrainConfig:
         _check(0 <= self.flip <= 1, f"flip must be a probability in [0, 1], got {self.flip}")
         _check(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")
         _check(self.context_parallel >= 1, f"context_parallel must be >= 1, got {self.context_parallel}")
+        _check(not (self.context_parallel > 1 and self.compile),
+               "context_parallel and compile cannot be combined (the split ops' collectives are not compiled); "
+               "drop --compile")
         _check(self.block_size >= self.context_parallel,
                f"block_size {self.block_size} must be >= context_parallel {self.context_parallel} (a token per process)")
         _check(self.ckpt_every >= 0 and self.eval_every >= 0 and self.log_every >= 1,
