@@ -305,3 +305,37 @@ def test_augment_is_reproducible_and_sliceable():
     assert torch.equal(hflip(x[:2], m)[0], x[0].flip(-1)) and torch.equal(hflip(x[:2], m)[1], x[1])
     with pytest.raises(ValueError, match="translate"):
         Augment(translate=-1)
+
+
+def test_docstring_table_lists_every_registered_dataset_with_its_help():
+    """The table of whiteformer.data's docstring and `whiteformer list-datasets` say what the registry holds."""
+    import re
+
+    import whiteformer.data as data
+
+    rows = dict(re.findall(r"^``([\w-]+)``\s+(.+)$", data.__doc__, flags=re.M))
+    assert sorted(rows) == data.list_datasets()
+    for name, text in rows.items():
+        assert data.dataset_info(name)["help"] == text.strip(), name
+
+
+def test_build_dataset_alone_checks_what_a_dataset_reads(tmp_path):
+    from whiteformer.data import check_dataset_args, dataset_info
+
+    assert [n for n in list_datasets() if dataset_info(n)["reads"] == "directory"] == \
+        ["image-folder", "mnist", "mnist-pixels"]
+    with pytest.raises(TypeError, match="'digits' does not read files"):
+        build_dataset("digits", data_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="'mnist-pixels' needs a data directory"):
+        build_dataset("mnist-pixels")
+    with pytest.raises(FileNotFoundError, match="corpus file .* does not exist"):
+        check_dataset_args("shakespeare-plays", data_dir=str(tmp_path / "missing.txt"))
+    assert "img_size" in dataset_info("digits")["arguments"] and "split" not in dataset_info("digits")["arguments"]
+
+
+def test_data_kinds_named_in_base_are_the_task_kinds():
+    import whiteformer.data.base as base
+    from whiteformer.train.tasks import TASKS
+
+    for kind in TASKS.list():
+        assert f'"{kind}"' in base.__doc__.split("Batches are fetched")[0], kind

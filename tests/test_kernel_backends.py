@@ -23,7 +23,7 @@ def fake_backend(monkeypatch):
             return fn(*args)
         return kernel
 
-    monkeypatch.setattr("whiteformer.ops._kernels.registry.BACKENDS", dict(BACKENDS))
+    monkeypatch.setattr("whiteformer.ops._kernels.registry.BACKENDS", BACKENDS.copy())
     register_backend("fakedev", (torch.float32,), lambda: True, name="fake", kernels={
         "tssa": counted("tssa", tssa_parallel),
         "causal_tssa": counted("causal_tssa", causal_tssa_parallel),
@@ -69,6 +69,6 @@ def test_backend_names(fake_backend, monkeypatch):
 
 
 def test_register_backend_rejects_unknown_ops(monkeypatch):
-    monkeypatch.setattr("whiteformer.ops._kernels.registry.BACKENDS", dict(BACKENDS))
+    monkeypatch.setattr("whiteformer.ops._kernels.registry.BACKENDS", BACKENDS.copy())
     with pytest.raises(ValueError, match="unknown op names"):
         register_backend("fakedev", (torch.float32,), lambda: True, kernels={"tsa": tssa_parallel})

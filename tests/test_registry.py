@@ -30,3 +30,50 @@ def test_register_conflict_raises():
     finally:
         _ATTENTION.pop("_test_dummy", None)
     assert "_test_dummy" not in list_attention()
+
+
+def test_one_registry_class_behind_every_extension_point():
+    """attention, models, datasets, tasks, CLI commands and kernel backends share whiteformer._registry.Registry."""
+    from whiteformer._registry import Registry
+    from whiteformer.attention.registry import ATTENTION
+    from whiteformer.cli import ANALYSES, COMMANDS
+    from whiteformer.data import DATASETS
+    from whiteformer.models.registry import MODELS
+    from whiteformer.ops._kernels import BACKENDS
+    from whiteformer.train.tasks import TASKS
+
+    for reg in (ATTENTION, MODELS, DATASETS, TASKS, COMMANDS, ANALYSES, BACKENDS):
+        assert isinstance(reg, Registry) and len(reg) > 0
+    for reg, typo, fix in ((ATTENTION, "tsa", "tssa"), (MODELS, "tost_t12_p1", "tost_t12_p16"),
+                           (DATASETS, "digit", "digits"), (TASKS, "imag", "image"), (COMMANDS, "trian", "train")):
+        with pytest.raises(ValueError, match=f"unknown {reg.kind} '{typo}' \\(did you mean '{fix}'"):
+            reg.get(typo)
+
+
+def test_registry_register_get_list_metadata():
+    from whiteformer._registry import Registry
+
+    reg = Registry("widget", choices="{count} known: {names}")
+
+    @reg.register("beta", colour="blue")
+    def beta():
+        return 2
+
+    reg.register("alpha", len)
+    assert reg.get("beta") is beta and reg["alpha"] is len and "alpha" in reg
+    assert reg.list() == ["alpha", "beta"] and reg.list("b*") == ["beta"]
+    assert reg.metadata("beta") == {"colour": "blue"} and reg.metadata("alpha") == {}
+    assert reg.get("gamma", None) is None
+    with pytest.raises(ValueError, match=r"unknown widget 'bet' \(did you mean 'beta'\?\); 2 known: alpha, beta"):
+        reg.get("bet")
+    with pytest.raises(ValueError, match="unknown widget 3"):
+        reg.get(3)
+    reg.register("beta", beta)  # the same object again is fine
+    with pytest.raises(ValueError, match="widget name 'beta' is already registered to beta"):
+        reg.register("beta", len)
+    with pytest.raises(TypeError, match="non-empty str"):
+        reg.register("", len)
+    swap = Registry("slot", replace=True)
+    swap.register("a", 1)
+    swap.register("a", 2)
+    assert swap["a"] == 2 and reg.copy().list() == reg.list() and reg.pop("alpha") is len and "alpha" not in reg

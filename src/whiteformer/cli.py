@@ -23,6 +23,8 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from ._registry import Registry
+
 __all__ = ["main", "register_command", "register_lazy_command", "register_analysis", "COMMANDS", "ANALYSES"]
 
 
@@ -33,17 +35,15 @@ class Command:
     run: Callable[[List[str]], int]
 
 
-COMMANDS: Dict[str, Command] = {}
-ANALYSES: Dict[str, Tuple[str, Callable]] = {}
+COMMANDS = Registry("command")
+ANALYSES = Registry("analysis", choices="available: {names}")
 
 
 def register_command(name: str, help: str) -> Callable:
     """Decorator registering ``fn(argv: list[str]) -> int`` as ``whiteformer <name>``."""
 
     def deco(fn: Callable[[List[str]], int]) -> Callable[[List[str]], int]:
-        if name in COMMANDS:
-            raise ValueError(f"command {name!r} is already registered")
-        COMMANDS[name] = Command(name, help, fn)
+        COMMANDS.register(name, Command(name, help, fn), help=help)
         return fn
 
     return deco
@@ -71,7 +71,7 @@ def register_analysis(name: str, help: str) -> Callable:
     """Decorator registering ``fn(cfg: AnalyzeConfig) -> int`` as ``whiteformer analyze <name>``."""
 
     def deco(fn: Callable) -> Callable:
-        ANALYSES[name] = (help, fn)
+        ANALYSES.register(name, (help, fn), help=help)
         return fn
 
     return deco
@@ -205,7 +205,7 @@ def cmd_analyze(argv: List[str]) -> int:
         raise UsageError("analyze needs an analysis name: " + ", ".join(sorted(ANALYSES)))
     name, rest = argv[0], argv[1:]
     if name not in ANALYSES:
-        raise UsageError(f"unknown analysis {name!r}; available: {', '.join(sorted(ANALYSES))}")
+        raise UsageError(ANALYSES.unknown(name))
     cfg = _config(AnalyzeConfig, rest, f"analyze {name}")
     if cfg is None:
         return 0
@@ -245,7 +245,7 @@ def cmd_list_models(argv: List[str]) -> int:
 
 @register_command("list-datasets", "dataset names for --dataset")
 def cmd_list_datasets(argv: List[str]) -> int:
-    from .data import dataset_builder, list_datasets
+    from .data import dataset_info, list_datasets
 
     if argv:
         if argv[0] in ("-h", "--help"):
@@ -253,8 +253,7 @@ def cmd_list_datasets(argv: List[str]) -> int:
             return 0
         raise UsageError(f"list-datasets takes no arguments, got {' '.join(argv)!r}")
     for n in list_datasets():
-        doc = (dataset_builder(n).__doc__ or "").strip().splitlines()
-        print(f"{n:14s} {doc[0] if doc else ''}")
+        print(f"{n:17s} {dataset_info(n)['help']}")
     return 0
 
 
@@ -340,11 +339,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     name = argv[0]
     if name not in COMMANDS:
-        import difflib
-
-        close = difflib.get_close_matches(name, COMMANDS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        print(f"whiteformer: error: unknown command {name!r}{hint}; commands: {', '.join(COMMANDS)} "
+        print(f"whiteformer: error: unknown command {name!r}{COMMANDS.hint(name)}; commands: {', '.join(COMMANDS)} "
               f"(whiteformer --help)", file=sys.stderr)
         return 2
     try:

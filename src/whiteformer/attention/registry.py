@@ -2,35 +2,29 @@
 ``_registry.py``: each layer module registers its class with ``@register_attention("name")``."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Type
+from typing import Callable, List, Type
 
 import torch.nn as nn
 
-_ATTENTION: Dict[str, Type[nn.Module]] = {}
+from .._registry import Registry
+
+ATTENTION = Registry("attention")
+_ATTENTION = ATTENTION  # the earlier name
 
 
 def register_attention(name: str) -> Callable[[Type[nn.Module]], Type[nn.Module]]:
     """Class decorator: register an attention layer under ``name``."""
-
-    def deco(cls: Type[nn.Module]) -> Type[nn.Module]:
-        if name in _ATTENTION and _ATTENTION[name] is not cls:
-            raise ValueError(f"attention name {name!r} is already registered to {_ATTENTION[name].__name__}")
-        _ATTENTION[name] = cls
-        return cls
-
-    return deco
+    return ATTENTION.register(name)
 
 
 def list_attention() -> List[str]:
     """Sorted names accepted by :func:`build`."""
-    return sorted(_ATTENTION)
+    return ATTENTION.list()
 
 
 def get_attention_class(name: str) -> Type[nn.Module]:
-    """The layer class registered under ``name``."""
-    if not isinstance(name, str) or name not in _ATTENTION:
-        raise ValueError(f"unknown attention {name!r}; expected one of {list_attention()}")
-    return _ATTENTION[name]
+    """The layer class registered under ``name`` (``ValueError`` with the closest name otherwise)."""
+    return ATTENTION.get(name)
 
 
 def build(name: str, dim: int, num_heads: int = 8, **kwargs) -> nn.Module:

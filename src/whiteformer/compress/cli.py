@@ -19,7 +19,6 @@ under ``--fusion-constraints``, the head-fusion projection as its post-step hook
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
 import sys
@@ -39,14 +38,13 @@ def build_image_task(model: nn.Module, data: str, data_dir: Optional[str] = None
     """The training task of the registered dataset ``data`` (:func:`whiteformer.train.build.build_task`),
     images resized to the model's ``img_size``; a clear error when the model cannot read the data
     (other kind of data, channels or classes)."""
-    from ..data import dataset_builder
+    from ..data import dataset_info
     from ..train.distributed import DistInfo
     from ..train.build import build_task
     from .latency import image_input_shape
 
     _, h, w = image_input_shape(model)
-    data_args = {"img_size": h if h == w else (h, w)} if "img_size" in inspect.signature(
-        dataset_builder(data)).parameters else {}
+    data_args = {"img_size": h if h == w else (h, w)} if "img_size" in dataset_info(data)["arguments"] else {}
     dist = DistInfo(device=torch.device(device) if device is not None else next(model.parameters()).device)
     task = build_task(data, data_dir=data_dir, data_args=data_args, batch_size=batch_size, seed=seed, dist=dist)
     type(task).check_model(model, task.train_ds)

@@ -2,7 +2,8 @@
 (:class:`ArrayDataset`), lazily read image files (:class:`FileImageDataset`), token sequences
 with one label each (:class:`SequenceDataset`) and character-level text (``text.CharCorpus``).
 
-Every dataset has ``kind`` ("image", "vector", "sequence" or "lm") and the metadata a model needs
+Every dataset has ``kind`` ("image", "vector", "sequence", "tokens" or "lm": the kinds a task is
+registered for, :func:`whiteformer.train.tasks.task_class`) and the metadata a model needs
 (``num_classes``, ``in_chans``, ``img_size``, ``vocab_size``, ...). Batches are fetched with
 ``get_batch(indices, transform=None)``: the trainer chooses the indices (the data order is a
 function of the seed and the epoch) and the optional ``transform`` (augmentation) acts on the

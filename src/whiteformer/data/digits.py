@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from . import check_split, register_dataset
+from .registry import check_split, register_dataset
 from .base import ArrayDataset, stratified_split
 
 __all__ = ["load_digits_arrays", "digits"]
@@ -34,7 +34,7 @@ def load_digits_arrays():
     return _CACHE["data"]
 
 
-@register_dataset("digits")
+@register_dataset("digits", help="scikit-learn's bundled 8x8 handwritten digits (1797), fixed stratified split")
 def digits(split: str = "train", img_size: Optional[int] = None, test_fraction: float = 0.2,
            split_seed: int = 0) -> ArrayDataset:
     """Digits ``split`` ("train" / "test"; "val" = "test")."""

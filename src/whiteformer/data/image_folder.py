@@ -14,10 +14,10 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from . import register_dataset
+from .registry import register_dataset
 from .base import FileImageDataset, stratified_split
 from .images import read_image
-from .mnist import check_data_dir
+from .registry import check_data_dir
 
 __all__ = ["image_folder", "read_image", "IMAGE_EXTENSIONS"]
 
@@ -42,7 +42,8 @@ def _scan(root: Path, classes: Optional[List[str]] = None) -> Tuple[List[str], L
     return classes, files, labels
 
 
-@register_dataset("image-folder")
+@register_dataset("image-folder", reads="directory",
+                  help="class-per-subfolder images read with Pillow (data_dir[/split]/class/*.png)")
 def image_folder(split: str = "train", data_dir: Optional[str] = None, img_size: Optional[int] = 32,
                  in_chans: int = 3, mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None,
                  test_fraction: float = 0.2, split_seed: int = 0, preload: bool = False) -> FileImageDataset:

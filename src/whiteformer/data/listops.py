@@ -24,7 +24,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from . import check_split, register_dataset
+from .registry import check_split, register_dataset
 from .base import SequenceDataset
 
 __all__ = ["VOCAB", "OPS", "generate_expression", "evaluate", "tokenize", "listops"]
@@ -113,7 +113,7 @@ def tokenize(expression: str) -> List[str]:
     return [t for t in expression.replace("(", " ").replace(")", " ").split() if t]
 
 
-@register_dataset("listops")
+@register_dataset("listops", help="Long-Range-Arena ListOps expressions from the task's grammar (generated)")
 def listops(split: str = "train", num_train: int = 2000, num_test: int = 500, min_length: int = 32,
             max_length: int = 256, max_depth: int = 10, max_args: int = 10, op_prob: float = 0.25,
             seed: int = 0) -> SequenceDataset:

@@ -17,7 +17,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import check_split, register_dataset
+from .registry import check_data_dir, check_split, register_dataset
 from .base import ArrayDataset
 
 __all__ = ["read_idx", "find_idx_file", "mnist"]
@@ -60,16 +60,7 @@ def find_idx_file(data_dir: Path, prefix: str, what: str) -> Path:
                             f"hold the four standard IDX files (train-/t10k- images and labels)")
 
 
-def check_data_dir(data_dir, dataset: str) -> Path:
-    if data_dir is None:
-        raise ValueError(f"dataset {dataset!r} needs a data directory: pass --data-dir DIR (data_dir=DIR)")
-    path = Path(os.path.expanduser(str(data_dir)))
-    if not path.is_dir():
-        raise FileNotFoundError(f"dataset {dataset!r}: data directory {str(path)!r} does not exist")
-    return path
-
-
-@register_dataset("mnist")
+@register_dataset("mnist", reads="directory", help="MNIST from the standard IDX files (raw or .gz) in data_dir")
 def mnist(split: str = "train", data_dir: Optional[str] = None, img_size: Optional[int] = None,
           limit: Optional[int] = None) -> ArrayDataset:
     """MNIST ``split`` ("train": 60k, "test": 10k; "val" = "test"); ``limit`` keeps the first n."""
@@ -89,7 +80,8 @@ def mnist(split: str = "train", data_dir: Optional[str] = None, img_size: Option
                         name=f"mnist/{split}")
 
 
-@register_dataset("mnist-pixels")
+@register_dataset("mnist-pixels", reads="directory",
+                  help="sequential MNIST: 784 pixel tokens per image (LRA Image stand-in), IDX files in data_dir")
 def mnist_pixels(split: str = "train", data_dir: Optional[str] = None, limit: Optional[int] = None,
                  img_size: Optional[int] = None):
     """Sequential MNIST: each image as its 784 pixel values (0..255) in row-major order, one token

@@ -22,7 +22,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 
-from . import check_split, register_dataset
+from .registry import check_split, register_dataset
 from .base import SequenceDataset
 from .._checks import is_int
 
@@ -127,7 +127,7 @@ def generate_pathfinder(rng: np.random.Generator, label: int, size: int = 32, le
     return img, paths
 
 
-@register_dataset("pathfinder")
+@register_dataset("pathfinder", help="generated two-dot / dashed-path images read as pixel tokens (LRA Pathfinder)")
 def pathfinder(split: str = "train", num_train: int = 4000, num_test: int = 1000, img_size: int = 32,
                length: int = 20, distractor_length: int = 10, num_distractors: int = 2, dash: int = 2,
                gap: int = 1, curvature: float = 0.15, seed: int = 0) -> SequenceDataset:

@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from . import check_split, register_dataset
+from .registry import check_split, register_dataset
 from .base import SequenceDataset
 from .text import default_corpus_path, read_text
 from .._checks import is_int
@@ -123,7 +123,8 @@ def _prepare(name, split, n_train, n_test, path, min_length, max_length, test_fr
     return split, n, by_play, _Documents(by_play, split, test_fraction, min_length, max_length, rng), rng
 
 
-@register_dataset("shakespeare-plays")
+@register_dataset("shakespeare-plays", reads="file",
+                  help="which play a byte-level document comes from (LRA Text / IMDB stand-in)")
 def plays(split: str = "train", path: Optional[str] = None, data_dir: Optional[str] = None, num_train: int = 2000,
           num_test: int = 500, min_length: int = 256, max_length: int = 1024, test_fraction: float = 0.2,
           max_plays: Optional[int] = None, min_speeches: int = 50, seed: int = 0) -> SequenceDataset:
@@ -136,7 +137,8 @@ def plays(split: str = "train", path: Optional[str] = None, data_dir: Optional[s
                            pad_id=0, name=f"shakespeare-plays/{split}", kind="tokens", classes=list(by_play))
 
 
-@register_dataset("shakespeare-pairs")
+@register_dataset("shakespeare-pairs", reads="file",
+                  help="whether two byte-level documents come from the same play (LRA Retrieval stand-in)")
 def play_pairs(split: str = "train", path: Optional[str] = None, data_dir: Optional[str] = None,
                num_train: int = 2000, num_test: int = 500, min_length: int = 256, max_length: int = 1024,
                test_fraction: float = 0.2, max_plays: Optional[int] = None, min_speeches: int = 50,

@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import check_split, register_dataset
+from .registry import check_split, register_dataset
 from .base import ArrayDataset
 
 __all__ = ["subspace_bases", "sample_subspaces", "subspaces"]
@@ -50,7 +50,7 @@ def sample_subspaces(bases: torch.Tensor, n: int, active: int, noise_std: float 
     return z, labels
 
 
-@register_dataset("subspaces")
+@register_dataset("subspaces", help="synthetic union of K orthogonal subspaces (ECA toy data), class = subspace")
 def subspaces(split: str = "train", dim: int = 64, num_subspaces: int = 4, subspace_dim: int = 16,
               active: Optional[int] = None, num_train: int = 2000, num_test: int = 500, noise_std: float = 0.0,
               seed: int = 0, layout: str = "image") -> ArrayDataset:

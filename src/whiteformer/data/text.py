@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from . import check_split, register_dataset
+from .registry import check_split, register_dataset
 
 __all__ = ["CharCorpus", "CharVocab", "read_text", "default_corpus_path", "text"]
 
@@ -112,7 +112,8 @@ def _encode_fast(data: str, vocab: CharVocab) -> torch.Tensor:
     return torch.from_numpy(lut[codes])
 
 
-@register_dataset("text")
+@register_dataset("text", reads="file",
+                  help="character-level language modelling on a text file (default: shipped corpus)")
 def text(split: str = "train", path: Optional[str] = None, data_dir: Optional[str] = None,
          val_fraction: float = 0.1) -> CharCorpus:
     """Character corpus ``split`` ("train" / "val"; "test" = "val") of ``path`` (default: shipped)."""

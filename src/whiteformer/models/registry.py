@@ -19,30 +19,25 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch.nn as nn
 
+from .._registry import Registry
 from .size import check_model_size
 
-_MODELS: Dict[str, Callable[..., nn.Module]] = {}
+MODELS = Registry("model", choices="see whiteformer.list_models() for the {count} names")
+_MODELS = MODELS  # the earlier name
 
 
 def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
     """Register an entry point under its function name."""
-    name = fn.__name__
-    if name in _MODELS and _MODELS[name] is not fn:
-        raise ValueError(f"model name {name!r} is already registered")
-    _MODELS[name] = fn
-    return fn
+    return MODELS.register(fn.__name__, fn)
 
 
 def list_models(pattern: Optional[str] = None) -> List[str]:
     """Sorted registered model names, optionally filtered by an fnmatch ``pattern``."""
-    import fnmatch
-
-    names = sorted(_MODELS)
-    return [n for n in names if fnmatch.fnmatch(n, pattern)] if pattern else names
+    return MODELS.list(pattern)
 
 
 def is_model(name: str) -> bool:
-    return name in _MODELS
+    return name in MODELS
 
 
 def _estimate(cls: type, args: Dict[str, Any]) -> Optional[float]:
@@ -77,7 +72,6 @@ def build_with_defaults(cls: type, defaults: Dict[str, Any], overrides: Dict[str
 
 
 def get_model_entry(name: str) -> Callable[..., nn.Module]:
-    """The entry point registered under ``name`` (``ValueError`` naming how to list them otherwise)."""
-    if not isinstance(name, str) or name not in _MODELS:
-        raise ValueError(f"unknown model {name!r}; see whiteformer.list_models() for the {len(_MODELS)} names")
-    return _MODELS[name]
+    """The entry point registered under ``name`` (``ValueError`` with the closest name and how to
+    list them otherwise)."""
+    return MODELS.get(name)

@@ -2,56 +2,35 @@
 must fail before any work starts (unknown names, missing data, incompatible sizes)."""
 from __future__ import annotations
 
-import inspect
-from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 import torch.nn as nn
 
-from ..data import build_dataset, dataset_builder
+from ..data import build_dataset, check_dataset_args
 from .configuration import ConfigError
 from .distributed import DistInfo
 from .tasks import Task, task_class
 
 __all__ = ["check_names", "build_datasets", "build_model", "build_task", "make_task", "dataset_kwargs", "unwrap"]
 
-_DATA_DIR_DATASETS = ("mnist", "image-folder")
-
-
 def check_names(model: Optional[str], dataset: Optional[str], data_dir: Optional[str] = None) -> None:
-    """Unknown model / dataset names and missing data directories -> :class:`ConfigError`."""
-    import difflib
+    """Unknown model / dataset names and missing data (:func:`whiteformer.data.check_dataset_args`)
+    -> :class:`ConfigError`, before any work starts."""
+    from ..models.registry import MODELS
 
-    from ..models import list_models
-
-    if model is not None:
-        names = list_models()
-        if model not in names:
-            close = difflib.get_close_matches(model, names, n=3)
-            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-            raise ConfigError(f"unknown model {model!r}{hint}; `whiteformer list-models` lists the {len(names)} names")
+    if model is not None and model not in MODELS:
+        raise ConfigError(f"unknown model {model!r}{MODELS.hint(model, n=3)}; `whiteformer list-models` lists "
+                          f"the {len(MODELS)} names")
     if dataset is not None:
         try:
-            dataset_builder(dataset)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-        if dataset in _DATA_DIR_DATASETS:
-            if data_dir is None:
-                raise ConfigError(f"dataset {dataset!r} reads files: pass --data-dir DIR")
-            if not Path(data_dir).expanduser().is_dir():
-                raise ConfigError(f"dataset {dataset!r}: data directory {data_dir!r} does not exist")
-        if dataset == "text" and data_dir is not None and not Path(data_dir).expanduser().is_file():
-            raise ConfigError(f"dataset 'text': corpus file {data_dir!r} does not exist (give a .txt/.xz/.gz file)")
+            check_dataset_args(dataset, **({} if data_dir is None else {"data_dir": data_dir}))
+        except (TypeError, ValueError, FileNotFoundError) as err:
+            raise ConfigError(str(err).replace("data_dir (--data-dir)", "--data-dir")) from None
 
 
 def dataset_kwargs(dataset: str, data_dir: Optional[str], data_args: Dict[str, Any]) -> Dict[str, Any]:
-    kw = dict(data_args)
-    if data_dir is not None:
-        params = inspect.signature(dataset_builder(dataset)).parameters
-        if "data_dir" not in params:
-            raise ConfigError(f"dataset {dataset!r} does not read files; remove --data-dir")
-        kw["data_dir"] = data_dir
-    return kw
+    """The keyword arguments of ``build_dataset``: ``data_args`` and ``data_dir`` when given."""
+    return {**data_args, **({} if data_dir is None else {"data_dir": data_dir})}
 
 
 def build_datasets(dataset: str, data_dir: Optional[str], data_args: Dict[str, Any], eval_split: str,

@@ -12,7 +12,6 @@ Values are converted to the field's type; unknown names and unconvertible values
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 from .._checks import is_int, is_real
+from .._registry import did_you_mean
 from .schedule import SCHEDULES
 
 __all__ = ["TrainConfig", "EvalConfig", "GenerateConfig", "AnalyzeConfig", "ConfigError", "check_seed", "check_device",
@@ -413,9 +413,8 @@ def _fields(cls) -> Dict[str, dataclasses.Field]:
 
 def _unknown(cls, key: str) -> ConfigError:
     names = list(_fields(cls))
-    close = difflib.get_close_matches(key, names, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return ConfigError(f"unknown option {key!r} for {cls.__name__}{hint}; valid options: {', '.join(names)}")
+    return ConfigError(f"unknown option {key!r} for {cls.__name__}{did_you_mean(key, names)}; "
+                       f"valid options: {', '.join(names)}")
 
 
 def yaml_error_line(err) -> str:

@@ -13,6 +13,8 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from ..._registry import Registry
+
 __all__ = ["BACKENDS", "ENV_BACKEND", "ENV_DISABLE", "OPS", "Backend", "fused_supported", "kernel_for",
            "kernels_disabled", "register_backend"]
 
@@ -35,7 +37,7 @@ class Backend:
 
 
 #: the registered backends by device type (filled by :mod:`whiteformer.ops._kernels` at import)
-BACKENDS: Dict[str, Backend] = {}
+BACKENDS = Registry("kernel backend", replace=True)  # device type -> Backend (a new one replaces)
 
 
 def register_backend(device_type: str, dtypes: tuple, available: Callable[[], bool], *,
@@ -47,7 +49,7 @@ def register_backend(device_type: str, dtypes: tuple, available: Callable[[], bo
     if unknown:
         raise ValueError(f"kernels has unknown op names {sorted(unknown)}; expected some of {OPS}")
     backend = Backend(device_type, tuple(dtypes), available, name, dict(kernels or {}))
-    BACKENDS[device_type] = backend
+    BACKENDS.register(device_type, backend, name=name)
     return backend
 
 
@@ -78,7 +80,7 @@ def _forced_name() -> str:
 @torch.compiler.assume_constant_result
 def _backend_ready(device_type: str) -> bool:
     # evaluated eagerly (also while tracing a compiled graph): env var + one-time build
-    entry = BACKENDS.get(device_type)
+    entry = BACKENDS.get(device_type, None)
     return entry is not None and not kernels_disabled() and bool(entry.available())
 
 
@@ -109,7 +111,7 @@ def kernel_for(op: str, w: torch.Tensor) -> Optional[Callable]:
                        "using the default kernel choice")
         else:
             return forced.kernels[op]
-    entry = BACKENDS.get(w.device.type)
+    entry = BACKENDS.get(w.device.type, None)
     if entry is None or op not in entry.kernels or w.dtype not in entry.dtypes:
         return None
     return entry.kernels[op] if _backend_ready(w.device.type) else None
@@ -118,7 +120,7 @@ def kernel_for(op: str, w: torch.Tensor) -> Optional[Callable]:
 def fused_supported(w: torch.Tensor) -> bool:
     """Whether the custom ops of :mod:`.fused` can run on ``w``: a backend without ``kernels``
     is registered for its device type and dtype, is available, and kernels are not disabled."""
-    entry = BACKENDS.get(w.device.type)
+    entry = BACKENDS.get(w.device.type, None)
     if entry is None or entry.kernels or w.dtype not in entry.dtypes:
         return False
     return _backend_ready(w.device.type)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Type
 
+from ..._registry import Registry
 from ..configuration import ConfigError
 from .base import ReportContext, Task, seeded_generator
 from .classification import ClassificationTask, ImageClassificationTask, VectorClassificationTask
@@ -35,9 +36,10 @@ from .tokens import TokenClassificationTask
 
 __all__ = ["Task", "ReportContext", "ClassificationTask", "ImageClassificationTask", "VectorClassificationTask",
            "SequenceTask", "TokenClassificationTask", "LMTask",
-           "seeded_generator", "register_task", "task_class", "task_options"]
+           "seeded_generator", "register_task", "task_class", "task_options", "TASKS"]
 
-_TASKS: Dict[str, Type[Task]] = {}
+TASKS = Registry("task")  # data kind -> task class
+_TASKS = TASKS  # the earlier name
 
 
 def register_task(*kinds: str) -> Callable[[Type[Task]], Type[Task]]:
@@ -45,9 +47,7 @@ def register_task(*kinds: str) -> Callable[[Type[Task]], Type[Task]]:
 
     def deco(cls: Type[Task]) -> Type[Task]:
         for kind in kinds:
-            if kind in _TASKS and _TASKS[kind] is not cls:
-                raise ValueError(f"a task is already registered for data of kind {kind!r}: {_TASKS[kind].__name__}")
-            _TASKS[kind] = cls
+            TASKS.register(kind, cls)
         return cls
 
     return deco
@@ -63,10 +63,10 @@ register_task("tokens")(TokenClassificationTask)
 def task_class(ds) -> Type[Task]:
     """The task registered for ``ds.kind`` (``ds`` may also be the kind itself)."""
     kind = ds if isinstance(ds, str) else getattr(ds, "kind", None)
-    if kind not in _TASKS:
-        raise ConfigError(f"no task handles data of kind {kind!r} (known kinds: {', '.join(sorted(_TASKS))}); "
-                          f"register one with whiteformer.train.tasks.register_task")
-    return _TASKS[kind]
+    if kind not in TASKS:
+        raise ConfigError(f"no task handles data of kind {kind!r}{TASKS.hint(kind)} (known kinds: "
+                          f"{', '.join(TASKS.list())}); register one with whiteformer.train.tasks.register_task")
+    return TASKS[kind]
 
 
 def task_options(cfg: Any) -> Dict[str, Any]:
