@@ -28,6 +28,13 @@ Usage::
 Writes ``benchmarks/results/gpu.json`` (``--out``) and prints markdown tables; the GPU section of
 docs/benchmarks.md is generated from that file (:mod:`benchmarks.report`). Without a CUDA GPU
 the command refuses with one error line (exit code 2).
+
+``python -m benchmarks.gpu --model`` needs no GPU: the memory-traffic model of the kernels
+(:mod:`whiteformer.ops._kernels.triton._traffic`; launches recorded, nothing runs) per op and head
+dim at B=``--batch`` H=``--heads`` n=``--n`` in ``--dtype``: bytes moved per call / the op's minimum
+and the time that traffic takes at H100's 3.35 TB/s, written to ``benchmarks/results/gpu_model.json``
+(``--model-out``). Goals: forward <= 2x and backward <= 3x the minimum (tssa, causal_tssa at head
+dims 64 and 128).
 """
 from __future__ import annotations
 
@@ -246,6 +253,59 @@ def _sizes(text: str) -> List[int]:
     return sizes
 
 
+MODEL_OPS = ("tssa", "causal_tssa", "causal_tssa_step")
+MODEL_HEAD_DIMS = (16, 32, 64, 128, 256)
+MODEL_GOALS = {"fwd": 2.0, "bwd": 3.0}
+MODEL_GOAL_OPS, MODEL_GOAL_DIMS = ("tssa", "causal_tssa"), (64, 128)
+
+
+def traffic_model(args) -> Dict[str, Any]:
+    """The traffic model's rows (no GPU; needs ``triton`` for the launch recorder)."""
+    if importlib.util.find_spec("triton") is None:
+        raise NoGPU("benchmarks.gpu --model needs the 'triton' package (pip install 'whiteformer[triton]')")
+    from whiteformer.ops._kernels.triton import _tiles
+    from whiteformer.ops._kernels.triton._traffic import H100_BYTES_PER_S, op_traffic
+
+    dtype = DTYPES[args.dtype]
+    rows = []
+    for op in MODEL_OPS:
+        for p in MODEL_HEAD_DIMS:
+            t = _tiles.tiles(args.heads, p, dtype)
+            row: Dict[str, Any] = {"op": op, "head_dim": p, "block_n": t.block_n, "chunk": t.chunk,
+                                   "num_warps": t.num_warps}
+            for res in op_traffic(op, batch=args.batch, heads=args.heads, tokens=args.n, head_dim=p, dtype=dtype):
+                row[res.direction] = {
+                    "bytes": res.total, "min_bytes": res.minimum, "ratio": res.ratio,
+                    "time_s": res.seconds(H100_BYTES_PER_S), "min_time_s": res.minimum / H100_BYTES_PER_S,
+                    "launches": [{"kernel": k, "bytes": b} for k, b in res.launches],
+                    "host_bytes": sum(b for _, b in res.host)}
+                goal = MODEL_GOALS[res.direction]
+                if op in MODEL_GOAL_OPS and p in MODEL_GOAL_DIMS:
+                    row[res.direction]["goal"] = goal
+                    row[res.direction]["goal_met"] = res.ratio <= goal
+            rows.append(row)
+    return {"config": {"batch": args.batch, "heads": args.heads, "n": args.n, "dtype": args.dtype},
+            "bandwidth_bytes_per_s": H100_BYTES_PER_S, "tile_budget": {
+                "tile_elems": _tiles.TILE_ELEMS, "thread_elems": _tiles.THREAD_ELEMS, "chunk": _tiles.CHUNK},
+            "goals": MODEL_GOALS, "rows": rows}
+
+
+def model_table(rows: List[Dict[str, Any]]) -> str:
+    header = ["op", "p", "BLOCK_N / warps", "fwd traffic / min", "fwd at 3.35 TB/s (min)", "bwd traffic / min",
+              "bwd at 3.35 TB/s (min)"]
+    lines = []
+    for r in rows:
+        cells = []
+        for d in ("fwd", "bwd"):
+            x = r[d]
+            mark = "" if "goal" not in x else (f" (goal <= {x['goal']:g}x: {'met' if x['goal_met'] else 'NOT met'})")
+            times = f"{common.fmt_time(x['time_s'])} ({common.fmt_time(x['min_time_s'])})"
+            cells += [f"{x['ratio']:.2f}x{mark}", times]
+        tiles = "- (one token)" if r["op"] == "causal_tssa_step" else f"{r['block_n']} / {r['num_warps']}"
+        lines.append([r["op"], str(r["head_dim"]), tiles, *cells])
+    return common.markdown_table(header, lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=16384, help="tokens for the operator timings")
@@ -261,6 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--skip-stack", action="store_true", help="operators only")
     ap.add_argument("--out", type=Path, default=common.RESULTS_DIR / "gpu.json")
+    ap.add_argument("--model", action="store_true",
+                    help="the memory-traffic model only (no GPU needed): per op and head dim, traffic / minimum")
+    ap.add_argument("--model-out", type=Path, default=common.RESULTS_DIR / "gpu_model.json")
     return ap
 
 
@@ -300,6 +363,19 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     command = common.command_string("benchmarks.gpu", argv)
+    if args.model:
+        try:
+            model = traffic_model(args)
+        except NoGPU as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        model["command"] = command
+        path = common.write_json(args.model_out, model)
+        print(f"traffic model: B={args.batch} H={args.heads} n={args.n} {args.dtype}; bytes per call / the op's "
+              "minimum, and the time at H100's 3.35 TB/s\n")
+        print(model_table(model["rows"]))
+        print(f"\nwrote {path}")
+        return model
     try:
         out = run(args, command)
     except NoGPU as e:

@@ -68,3 +68,40 @@ def test_report_gpu_section(tmp_path):
     (tmp_path / "gpu.json").write_text(json.dumps(data))
     text = "\n".join(report.gpu_section(tmp_path))
     assert "Measured on Some GPU" in text and "2.50x (1.0 MiB)" in text and "correctness only" not in text
+
+
+def test_model_runs_without_a_gpu(tmp_path):
+    """--model: the traffic table per op and head dim, written to --model-out (no GPU needed)."""
+    pytest.importorskip("triton")
+    import json
+
+    out = tmp_path / "model.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    env.pop("TRITON_INTERPRET", None)
+    res = subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--model", "--n", "2048", "--model-out", str(out)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    rows = {(r["op"], r["head_dim"]): r for r in data["rows"]}
+    assert set(rows) == {(op, p) for op in ("tssa", "causal_tssa", "causal_tssa_step") for p in (16, 32, 64, 128, 256)}
+    for key in (("tssa", 64), ("causal_tssa", 128)):
+        assert rows[key]["bwd"]["goal_met"] and rows[key]["bwd"]["ratio"] <= 3.0
+        assert rows[key]["fwd"]["time_s"] == pytest.approx(rows[key]["fwd"]["bytes"] / 3.35e12)
+    assert "| tssa | 64 |" in res.stdout and "goal <= 3x: met" in res.stdout
+
+
+def test_report_renders_the_model(tmp_path):
+    import json
+
+    from benchmarks import gpu, report
+
+    text = "\n".join(report.gpu_model_section(tmp_path))
+    assert "No GPU was available" in text and "python -m benchmarks.gpu --model" in text
+    x = {"bytes": 4e8, "min_bytes": 2e8, "ratio": 2.0, "time_s": 1e-4, "min_time_s": 5e-5, "goal": 2.0,
+         "goal_met": True}
+    data = {"config": {"batch": 4, "heads": 8, "n": 16384, "dtype": "bfloat16"}, "command": "python -m benchmarks.gpu "
+            "--model", "rows": [{"op": "tssa", "head_dim": 64, "block_n": 4, "num_warps": 8, "fwd": x, "bwd": x}]}
+    (tmp_path / "gpu_model.json").write_text(json.dumps(data))
+    text = "\n".join(report.gpu_model_section(tmp_path))
+    assert "| tssa | 64 | 4 / 8 | 2.00x (goal <= 2x: met) | 100 µs (50 µs) |" in text
+    assert gpu.model_table(data["rows"]) in text

@@ -38,7 +38,7 @@ def calls(monkeypatch):
     """Counts the calls of the three Triton entry points; env: no kernel switches set."""
     monkeypatch.delenv(ENV_DISABLE, raising=False)
     monkeypatch.delenv(ENV_BACKEND, raising=False)
-    monkeypatch.setattr(_tiles, "BLOCK_N", 4)
+    monkeypatch.setattr(_tiles, "BLOCK_N_MAX", 2)
     monkeypatch.setattr(_tiles, "CHUNK", 4)
     counts = {"tssa": 0, "causal_tssa": 0, "causal_tssa_step": 0}
     for mod, name, op in ((tri_tssa, "tssa_triton", "tssa"), (tri_causal, "causal_tssa_triton", "causal_tssa"),
@@ -69,8 +69,9 @@ def test_registered_for_cuda():
     assert {torch.float16, torch.bfloat16, torch.float32} <= set(entry.dtypes)
 
 
-def test_forced_backend_public_ops_match_reference(calls, monkeypatch):
-    w, temp, bias, mask = _inputs()
+@pytest.mark.parametrize("p", [4, 16, 32, 64, 128, 256])
+def test_forced_backend_public_ops_match_reference(calls, monkeypatch, p):
+    w, temp, bias, mask = _inputs(p=p)
     monkeypatch.setenv(ENV_BACKEND, "triton")
     out, pi = tssa(w, temp, mask, return_pi=True)
     ref_out, ref_pi = tssa_reference(w, temp, mask, return_pi=True)
@@ -88,7 +89,7 @@ def test_forced_backend_public_ops_match_reference(calls, monkeypatch):
         _close(a, r)
     assert torch.equal(state.t, mask.sum(-1))
     # continuing token by token from the state = running the longer sequence (per-sequence positions)
-    x = torch.randn(2, 3, 4)
+    x = torch.randn(2, 3, p)
     step, pi_t, new_state = causal_tssa_step(x, state, temp, bias, return_pi=True)
     with torch.no_grad():
         full = causal_tssa_reference(torch.cat([w, x[:, :, None]], 2), temp, bias,
@@ -170,8 +171,8 @@ def test_custom_ops_pass_opcheck():
     temp = torch.rand(2, 1, dtype=torch.float64) + 0.5
     mask = torch.tensor([[True, False, True]])
     tests = ("test_schema", "test_faketensor", "test_autograd_registration")
-    torch.library.opcheck(tri_tssa._fwd, (w, temp, mask, 4), test_utils=tests)
-    torch.library.opcheck(tri_causal._fwd, (w, temp, torch.randn(1, 2, 3, dtype=torch.float64), mask, 2),
+    torch.library.opcheck(tri_tssa._fwd, (w, temp, mask), test_utils=tests)
+    torch.library.opcheck(tri_causal._fwd, (w, temp, torch.randn(1, 2, 3, dtype=torch.float64), mask),
                           test_utils=tests)
     x, e = torch.randn(2, 2, 2, dtype=torch.float64), torch.rand(2, 2, 2, dtype=torch.float64)
     m = torch.rand(2, 2, dtype=torch.float64)

@@ -32,7 +32,7 @@ TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 @pytest.fixture(autouse=True)
 def _small_blocks(monkeypatch):
-    monkeypatch.setattr(_tiles, "BLOCK_N", 4)
+    monkeypatch.setattr(_tiles, "BLOCK_N_MAX", 2)
     monkeypatch.setattr(_tiles, "CHUNK", 4)
 
 
@@ -133,6 +133,63 @@ def test_causal_without_bias_and_final_state_grads():
     ref = torch.autograd.grad(sum((t * g).sum() for t, g in zip(st, gs)), (w, temp))
     for a, r in zip(got, ref):
         torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-12)
+
+
+HEAD_DIMS = [16, 32, 64, 128, 256]  # the head dims of real models; small N: every sub-block / chunk boundary
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("p", HEAD_DIMS)
+def test_head_dims_forward_and_grads(p, dtype):
+    """Each head dim's tiles (BLOCK_P, and BLOCK_N from the budget, capped at 2 here with chunks of
+    4 tokens), N = 7 across three chunks, a mask with a left-padded sequence, the position bias."""
+    b, h, n = 2, 3, 7
+    w, temp = _inputs((b, h, n, p), dtype)
+    temp = (temp.detach() * 8 / p).requires_grad_(True)  # logits O(1): sum_j ratio_j grows with p
+    mask = _mask(b, n)
+    mask[0, :2] = False  # left padding: the first kept token is not the first token
+    _check(tssa_triton(w, temp, mask), lambda w_, t_: tssa_reference(w_, t_, mask, return_pi=True), (w, temp),
+           dtype)
+    bias = (torch.randn(h, n + 3, 1) * 0.3).to(dtype).requires_grad_(True)
+
+    def kernel():  # p * bias enters the logits: the scaled temp keeps them O(1)
+        out, pi, *_ = causal_tssa_triton(w, temp, _logit_bias(bias, mask, n, p), mask)
+        return out, pi
+
+    _check(kernel(), lambda w_, t_, b_: causal_tssa_reference(w_, t_, b_, mask, return_pi=True), (w, temp, bias),
+           dtype)
+
+
+@pytest.mark.parametrize("p", HEAD_DIMS)
+def test_head_dims_float64_gradcheck(p):
+    w, temp = _inputs((1, 2, 5, p), torch.float64)
+    mask = torch.tensor([[False, True, True, False, True]])
+    bias = (torch.randn(2, 5, 1, dtype=torch.float64) * 0.3).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda w_, t_: tssa_triton(w_, t_, mask), (w, temp), fast_mode=True)
+    assert torch.autograd.gradcheck(
+        lambda w_, t_, b_: causal_tssa_triton(w_, t_, _logit_bias(b_, mask, 5, p), mask), (w, temp, bias),
+        fast_mode=True)
+    x = torch.randn(2, 3, p, dtype=torch.float64, requires_grad=True)
+    state = [torch.rand(2, 3, p, dtype=torch.float64, requires_grad=True),
+             torch.rand(2, 3, dtype=torch.float64, requires_grad=True),
+             torch.rand(2, 3, p, dtype=torch.float64, requires_grad=True)]
+    t3 = (torch.rand(3, 1, dtype=torch.float64) + 0.5).requires_grad_(True)
+    assert torch.autograd.gradcheck(causal_tssa_step_triton, (x, *state, t3, None), fast_mode=True)
+
+
+def test_tiles_follow_the_head_dim(monkeypatch):
+    """The rule of _tiles: a power-of-two BLOCK_N within the value budget (and its cap), more warps
+    for larger tiles, one token at most per sub-block once heads x features reach the budget."""
+    monkeypatch.undo()  # the default tiles, not the tests' tiny ones
+    for p in HEAD_DIMS:
+        for heads in (1, 3, 8, 12, 32):
+            t = _tiles.tiles(heads, p, torch.float32)
+            assert t.block_p == p and t.block_h >= heads and t.block_n & (t.block_n - 1) == 0
+            assert t.block_n == 1 or t.block_h * t.block_n * t.block_p <= _tiles.TILE_ELEMS
+            assert t.block_n <= min(_tiles.BLOCK_N_MAX, t.chunk) and t.chunk % t.block_n == 0
+            elems = t.block_h * t.block_n * t.block_p
+            assert t.num_warps == _tiles.warps_for(elems) and _tiles.MIN_WARPS <= t.num_warps <= _tiles.MAX_WARPS
+    assert _tiles.tiles(8, 64, torch.float64).block_n * 2 == _tiles.tiles(8, 64, torch.float32).block_n
 
 
 def test_float64_gradcheck():

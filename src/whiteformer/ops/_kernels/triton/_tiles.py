@@ -1,9 +1,38 @@
-"""Tile helpers shared by the Triton TSSA kernels, and the host-side launch settings.
+"""Tile choice and the tile helpers shared by the Triton TSSA kernels.
 
-Tensors are contiguous: ``w`` (B, H, N, p) row-major, per-token statistics (B, H, N), per-feature
-statistics (B, H, p), the keep-mask (B, N) as uint8. ``bh = b * H + h`` indexes a sequence-head.
+Layout: tensors are contiguous: ``w`` (B, H, N, p) row-major, per-token values (B, H, N),
+per-feature values (B, H, p), per-chunk values (B, H, NC, p) or (B, H, NC), the keep-mask (B, N)
+as uint8. ``bh = b * H + h`` indexes a sequence-head.
+
+**Programs and tiles (one rule, :func:`tiles`).** Every sequence kernel runs a grid (B, NC): one
+program per sequence ``b`` and chunk of ``CHUNK`` tokens, holding **all heads** (the softmax over
+heads needs them together, so each pass reads ``w`` once). A program walks its chunk in
+sub-blocks of ``BLOCK_N`` tokens; each step holds (BLOCK_H, BLOCK_N, BLOCK_P) tiles
+(BLOCK_H, BLOCK_P: the head count and head dim rounded up to powers of two). The budget:
+
+- ``TILE_ELEMS`` 32-bit values per tile (float64 values count twice):
+  ``BLOCK_N = TILE_ELEMS / (BLOCK_H * BLOCK_P)`` rounded down to a power of two, within
+  [1, ``BLOCK_N_MAX``] and at most ``CHUNK``;
+- ``THREAD_ELEMS`` values of a tile per thread: ``num_warps = tile / (32 * THREAD_ELEMS)`` within
+  [``MIN_WARPS``, ``MAX_WARPS``] (a tile larger than the budget, H * p > TILE_ELEMS at
+  BLOCK_N = 1, gets more warps, not more registers per thread);
+- ``num_stages = 1``: the kernels stream each tile once, so software pipelining would only
+  add live registers (Triton pipelines loads of loops with num_stages > 1);
+- ``maxnreg``: up to 255 registers per thread (65536 / threads where that is lower): without it
+  ptxas capped some kernels at 128 registers and spilled (the causal backward at head dim 32).
+
+The kernels hold about six such tiles at once (w, dL/dout, w^2, prefix sums, ...), so
+``THREAD_ELEMS = 16`` keeps them within ~128 registers per thread, no spills; the compile test
+(tests/test_triton_compile.py) checks every launched specialisation for sm_80 and sm_90. The head
+dim is never split: at head dim 256 a token row of 8 heads is 2048 values, one sub-block of one
+token. Tests set tiny ``CHUNK`` and ``BLOCK_N_MAX`` to cross sub-block and chunk boundaries.
+
+Reductions over tokens are per chunk (in registers, in token order) and then over chunks on the
+host (``torch`` sums and cumulative sums in a fixed order): results are deterministic.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -11,11 +40,52 @@ import triton.language as tl
 
 from ...constants import NORM_EPS
 
-# tokens per program (non-causal) and per chunk (causal); tests set tiny values to cross boundaries
-BLOCK_N = 64
-CHUNK = 64
+TILE_ELEMS = 2048  # 32-bit values in one (BLOCK_H, BLOCK_N, BLOCK_P) tile
+THREAD_ELEMS = 8  # values of one tile per thread
+MIN_WARPS, MAX_WARPS = 2, 16
+BLOCK_N_MAX = 64
+CHUNK = 256  # tokens per program: per-chunk statistics are 1/CHUNK of w's size
 
 NORM_EPS_SQ = NORM_EPS * NORM_EPS  # clamp on the per-feature token energy (F.normalize semantics)
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Launch shape of the sequence kernels for one (heads, head dim, dtype)."""
+
+    block_h: int
+    block_n: int
+    block_p: int
+    chunk: int
+    num_warps: int
+    num_stages: int = 1
+
+    def meta(self) -> dict:
+        """Constexprs and launch options common to the kernels."""
+        return dict(BLOCK_H=self.block_h, BLOCK_N=self.block_n, BLOCK_P=self.block_p, **options(self.num_warps))
+
+
+def options(num_warps: int) -> dict:
+    """Launch options for ``num_warps`` (see the module docstring)."""
+    return dict(num_warps=num_warps, num_stages=1, maxnreg=min(255, 65536 // (32 * num_warps)))
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(1, x).bit_length() - 1)
+
+
+def warps_for(elements: int) -> int:
+    """Warps for a tile of ``elements`` 32-bit values (THREAD_ELEMS per thread)."""
+    return max(MIN_WARPS, min(MAX_WARPS, _pow2_floor(elements // (32 * THREAD_ELEMS))))
+
+
+def tiles(heads: int, head_dim: int, dtype: torch.dtype) -> Tiles:
+    """The tile rule of the module docstring."""
+    block_h, block_p = triton.next_power_of_2(heads), triton.next_power_of_2(head_dim)
+    words = 2 if dtype == torch.float64 else 1
+    block_n = min(_pow2_floor(TILE_ELEMS // (block_h * block_p * words)), BLOCK_N_MAX, CHUNK)
+    chunk = max(CHUNK, block_n)
+    return Tiles(block_h, block_n, block_p, chunk, warps_for(block_h * block_n * block_p * words))
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -25,10 +95,6 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def tl_acc(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
-
-
-def block_p(p: int) -> int:
-    return triton.next_power_of_2(p)
 
 
 def mask_u8(mask, w: torch.Tensor) -> torch.Tensor:
@@ -41,76 +107,104 @@ def mask_u8(mask, w: torch.Tensor) -> torch.Tensor:
 def kernels_interpreted() -> bool:
     """Whether the kernels, and Triton's own library (``tl.sum``, ``tl.cumsum``: decorated when
     ``triton`` was imported), run in Triton's interpreter (``TRITON_INTERPRET=1`` at both imports)."""
-    return not any(isinstance(f, triton.runtime.JITFunction) for f in (tile_offsets, tl.standard.sum))
+    return not any(isinstance(f, triton.runtime.JITFunction) for f in (heads_of, tl.standard.sum))
 
 
 @triton.jit
-def tile_offsets(bh, start, N, P, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr):
-    """Token indices (BLOCK,), element offsets (BLOCK, BLOCK_P) into a (B*H, N, P) tensor, and
-    the in-range mask of the tile."""
-    offs_n = start + tl.arange(0, BLOCK)
+def heads_of(b, H, P, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Sequence-head indices ``bh`` (BLOCK_H,) int64 of sequence b, the real heads (BLOCK_H,)
+    and the real (head, feature) pairs (BLOCK_H, BLOCK_P)."""
+    offs_h = tl.arange(0, BLOCK_H)
+    in_h = offs_h < H
+    return b.to(tl.int64) * H + offs_h, in_h, in_h[:, None] & (tl.arange(0, BLOCK_P)[None, :] < P)
+
+
+@triton.jit
+def rows(ptr, bh, idx, NI, P, in_hp, BLOCK_P: tl.constexpr):
+    """Row ``idx`` of every head of a (B*H, NI, P) tensor: (BLOCK_H, BLOCK_P), 0 outside."""
+    offs = (bh * NI + idx)[:, None] * P + tl.arange(0, BLOCK_P)[None, :]
+    return tl.load(ptr + offs, mask=in_hp, other=0.0)
+
+
+@triton.jit
+def put_rows(ptr, bh, idx, NI, P, in_hp, value, BLOCK_P: tl.constexpr):
+    """Store (BLOCK_H, BLOCK_P) as row ``idx`` of every head of a (B*H, NI, P) tensor."""
+    offs = (bh * NI + idx)[:, None] * P + tl.arange(0, BLOCK_P)[None, :]
+    tl.store(ptr + offs, value, mask=in_hp)
+
+
+@triton.jit
+def per_head(ptr, bh, idx, NI, in_h):
+    """Entry ``idx`` of every head of a (B*H, NI) tensor: (BLOCK_H,), 0 outside."""
+    return tl.load(ptr + bh * NI + idx, mask=in_h, other=0.0)
+
+
+@triton.jit
+def put_per_head(ptr, bh, idx, NI, in_h, value):
+    tl.store(ptr + bh * NI + idx, value, mask=in_h)
+
+
+@triton.jit
+def sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N: tl.constexpr,
+              BLOCK_P: tl.constexpr):
+    """Sub-block of BLOCK_N tokens from ``start`` for every head: per-token offsets into
+    (B*H, N) tensors (BLOCK_H, BLOCK_N), their in-range mask, element offsets into (B*H, N, P)
+    tensors and their in-range mask (BLOCK_H, BLOCK_N, BLOCK_P), and the kept tokens (BLOCK_N,)."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    in_n = offs_n < N
+    tok = bh[:, None] * N + offs_n[None, :]
+    in_tok = in_h[:, None] & in_n[None, :]
     offs_p = tl.arange(0, BLOCK_P)
-    inside = (offs_n[:, None] < N) & (offs_p[None, :] < P)
-    offs = (bh.to(tl.int64) * N + offs_n[:, None]) * P + offs_p[None, :]
-    return offs_n, offs, inside
+    offs = tok[:, :, None] * P + offs_p[None, None, :]
+    inside = in_tok[:, :, None] & (offs_p < P)[None, None, :]
+    keep = in_n
+    if has_mask:
+        keep = keep & (tl.load(mask_ptr + b.to(tl.int64) * N + offs_n, mask=in_n, other=0) != 0)
+    return tok, in_tok, offs, inside, keep
 
 
 @triton.jit
-def token_keep(mask_ptr, b, offs_n, N, HAS_MASK: tl.constexpr):
-    """(BLOCK,) bool: token in range and kept by the (B, N) mask."""
-    keep = offs_n < N
-    if HAS_MASK:
-        keep = keep & (tl.load(mask_ptr + b.to(tl.int64) * N + offs_n, mask=offs_n < N, other=0) != 0)
-    return keep
-
-
-@triton.jit
-def load_tile(ptr, offs, inside, keep, ACC: tl.constexpr):
-    """(BLOCK, BLOCK_P) tile in the statistics dtype, 0 outside the tensor and at padded tokens."""
+def load_w(ptr, offs, inside, keep, ACC: tl.constexpr):
+    """(BLOCK_H, BLOCK_N, BLOCK_P) tile in the statistics dtype, 0 outside and at padded tokens."""
     x = tl.load(ptr + offs, mask=inside, other=0.0).to(ACC)
-    return tl.where(keep[:, None], x, 0.0)
+    return tl.where(keep[None, :, None], x, 0.0)
 
 
 @triton.jit
-def w_block(x_ptr, mask_ptr, bh, H, blk, N, P, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr,
-            BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    """Block ``blk`` of BLOCK tokens of sequence-head ``bh``: token indices, element offsets, the
-    in-range mask, the kept tokens and the w tile (0 at padded tokens) in the statistics dtype."""
-    offs_n, offs, inside = tile_offsets(bh, blk * BLOCK, N, P, BLOCK, BLOCK_P)
-    keep = token_keep(mask_ptr, bh // H, offs_n, N, HAS_MASK)
-    return offs_n, offs, inside, keep, load_tile(x_ptr, offs, inside, keep, ACC)
+def div(x, y):
+    """x / y; in float32 the hardware's approximate division (``div.approx.f32``, 2 ulp for
+    denominators in [2^-126, 2^126]: here >= 1e-24): the IEEE division's slow path is a call with a
+    stack frame (STACK > 0 in the compile check); float64 exactly."""
+    if y.dtype == tl.float32:
+        return tl.fdiv(x, y, approx=True)
+    else:
+        return x / y
 
 
 @triton.jit
-def tok(ptr, bh, offs_n, N):
-    """Per-token values (BLOCK,) of a (B*H, N) tensor, 0 past the end."""
-    return tl.load(ptr + bh.to(tl.int64) * N + offs_n, mask=offs_n < N, other=0.0)
+def softmax_heads(logit, in_h):
+    """Softmax over the heads (axis 0) of (BLOCK_H, BLOCK_N) logits, padded heads excluded."""
+    logit = tl.where(in_h[:, None], logit, float("-inf"))
+    e = tl.exp(logit - tl.max(logit, axis=0)[None, :])
+    return div(e, tl.sum(e, axis=0)[None, :])
 
 
 @triton.jit
-def row(ptr, bh, blk, NB, P, BLOCK_P: tl.constexpr):
-    """Row (BLOCK_P,) ``blk`` of a (B*H, NB, P) tensor of per-block values, 0 past P."""
-    offs_p = tl.arange(0, BLOCK_P)
-    return tl.load(ptr + (bh.to(tl.int64) * NB + blk) * P + offs_p, mask=offs_p < P, other=0.0)
+def chunk_energy(x_ptr, mask_ptr, part_ptr, H, N, P, NC,
+                 has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_P: tl.constexpr, ACC: tl.constexpr):
+    """Grid (B, NC): per-chunk totals sum_n w_n^2 over kept tokens into part (B, H, NC, P)."""
+    b, c = tl.program_id(0), tl.program_id(1)
+    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
+    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
+        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
+        x = load_w(x_ptr, offs, inside, keep, ACC)
+        acc += tl.sum(x * x, axis=1)
+    put_rows(part_ptr, bh, c, NC, P, in_hp, acc, BLOCK_P)
 
 
-@triton.jit
-def put_tok(ptr, bh, offs_n, N, value):
-    """Store per-token values (BLOCK,) into a (B*H, N) tensor."""
-    tl.store(ptr + bh.to(tl.int64) * N + offs_n, value, mask=offs_n < N)
-
-
-@triton.jit
-def put_row(ptr, bh, blk, NB, P, value, BLOCK_P: tl.constexpr):
-    """Store a row (BLOCK_P,) as row ``blk`` of a (B*H, NB, P) tensor of per-block values."""
-    offs_p = tl.arange(0, BLOCK_P)
-    tl.store(ptr + (bh.to(tl.int64) * NB + blk) * P + offs_p, value, mask=offs_p < P)
-
-
-@triton.jit
-def energy_partials(x_ptr, mask_ptr, part_ptr, H, N, P, NB,
-                    HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    """Grid (B*H, NB): per-block totals sum_n w_n^2 over kept tokens into part (B*H, NB, P)."""
-    bh, nb = tl.program_id(0), tl.program_id(1)
-    offs_n, offs, inside, keep, x = w_block(x_ptr, mask_ptr, bh, H, nb, N, P, HAS_MASK, BLOCK, BLOCK_P, ACC)
-    put_row(part_ptr, bh, nb, NB, P, tl.sum(x * x, axis=0), BLOCK_P)
+TRAFFIC = {  # access patterns for the traffic model (:mod:`._traffic`)
+    "chunk_energy": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"),
+                     "part_ptr": ("w", "all", 1, None)},
+}

@@ -8,27 +8,31 @@ backward derivation: :mod:`whiteformer.ops.tssa_fused`)::
     Pi_t = softmax_heads,  Q_t = sum Pi_s w_s^2,  M_t = sum Pi_s,  c_t = 1 / (M_t + 1e-8)
     g_t = 1 / (1 + c_t Q_t),  out_t = -w_t Pi_t g_t                    (lb = p * pos_bias[pos])
 
-Chunked form: tokens are cut into chunks of ``CHUNK``; a prefix sum is the chunk's starting
-value (the "chunk state", an exclusive prefix over chunks, computed on the host from per-chunk
-totals) plus a prefix sum inside the chunk (``tl.cumsum``). Forward kernels:
+Chunked form (grid (B, chunks) of :mod:`._tiles`: a program holds one sequence, all heads, one
+chunk walked in sub-blocks): a prefix sum at token t is the chunk's starting value (the "chunk
+state", an exclusive prefix over the chunks' totals, computed on the host) plus the running sum of
+the chunk's earlier sub-blocks (carried in registers) plus a prefix sum inside the sub-block
+(``tl.cumsum``). Forward, three passes over ``w`` (E is needed before any Pi, Q and M before any
+output):
 
-1. ``energy_partials`` (:mod:`._tiles`) grid (B*H, chunks): per-chunk totals of w^2           -> E at chunk starts.
-2. ``_pi``      grid (B, chunks): logits for every head (online softmax over heads), then Pi and
-   per-chunk totals of Pi w^2 and Pi                                    -> Q, M at chunk starts.
-3. ``_out``     grid (B*H, chunks): out.
+1. ``chunk_energy`` (:mod:`._tiles`): per-chunk totals of w^2                 -> E at chunk starts.
+2. ``_pi``: logits of every head, the softmax over heads, Pi, per-chunk totals of Pi w^2 and Pi
+                                                                              -> Q, M at chunk starts.
+3. ``_out``: out.
 
 Backward (G = dL/dout; gE, gQ, gM the gradients of the returned final sums)::
 
     D_t = g_t^2 w_t Pi_t G_t,  dQ_t = c_t D_t,  dM_t = -c_t sum_j D_tj c_t Q_tj
-    U_s = gQ + sum_{t>=s} dQ_t,  V_s = gM + sum_{t>=s} dM_t        (suffix sums, chunked likewise)
+    U_s = gQ + sum_{t>=s} dQ_t,  V_s = gM + sum_{t>=s} dM_t        (suffix sums)
     dPi_s = gPi_s - sum_j w g G + sum_j U_sj w_sj^2 + V_s,  Lambda = Pi (dPi - sum_heads Pi dPi)
     lambda = temp Lambda (= dL/dlb),  dtemp = sum Lambda (sum_j rho + lb)
     dE_t = -lambda_t w_t^2 / E_t^2 (0 where E_t <= 1e-12),  W_s = gE + sum_{t>=s} dE_t
     dw = -Pi g G + 2 w (U Pi + lambda / max(E, 1e-12) + W)
 
-in three kernels: per-chunk totals of dQ, dM (grid (B*H, chunks)); dPi, Lambda, lambda and
-per-chunk totals of dE (grid (B, chunks)); dw (grid (B*H, chunks)). Kept for backward: w, Pi
-and lb (B, H, N), and the chunk states E, Q (B, H, N / CHUNK, p), M (B, H, N / CHUNK).
+in three passes over (w, G): per-chunk totals of dQ, dM; dPi, Lambda, lambda and per-chunk
+totals of dE; dw. A suffix sum inside a chunk is the chunk's inclusive suffix state (host) minus
+the chunk's running sum before the token (the prefix walk of the forward). Kept for backward:
+w, Pi and lb (B, H, N), and the chunk states E, Q (B, H, chunks, p), M (B, H, chunks).
 """
 from __future__ import annotations
 
@@ -41,153 +45,241 @@ from torch import Tensor
 
 from ...constants import PI_EPS, RATIO_EPS
 from . import _tiles
-from ._tiles import acc_dtype, block_p, energy_partials, mask_u8, put_row, put_tok, row, tl_acc, tok, w_block
+from ._tiles import (acc_dtype, chunk_energy, div, heads_of, load_w, mask_u8, per_head, put_rows, rows,
+                     softmax_heads, sub_block, tl_acc)
 
 __all__ = ["causal_tssa_triton"]
 
 
 @triton.jit
-def _gain(x2, pi, q0_ptr, m0_ptr, bh, c, NC, P, PI_EPS, BLOCK_P: tl.constexpr):
-    """c_t (BLOCK,), the ratio d_t = c_t Q_t and the gain g_t = 1 / (1 + d_t) (BLOCK, BLOCK_P)."""
-    q = row(q0_ptr, bh, c, NC, P, BLOCK_P)[None, :] + tl.cumsum(pi[:, None] * x2, axis=0)
-    m = tl.load(m0_ptr + bh.to(tl.int64) * NC + c) + tl.cumsum(pi, axis=0)
-    inv_m = 1.0 / (m + PI_EPS)
-    d = q * inv_m[:, None]
-    return inv_m, d, 1.0 / (1.0 + d)
+def _gain(x2, pi, q_run, m_run, PI_EPS):
+    """For a sub-block after running sums q_run (BLOCK_H, BLOCK_P), m_run (BLOCK_H,): c_t
+    (BLOCK_H, BLOCK_N), d_t = c_t Q_t and the gain g_t = 1 / (1 + d_t) (BLOCK_H, BLOCK_N, BLOCK_P)."""
+    q = q_run[:, None, :] + tl.cumsum(pi[:, :, None] * x2, axis=1)
+    inv_m = div(1.0, m_run[:, None] + tl.cumsum(pi, axis=1) + PI_EPS)
+    d = q * inv_m[:, :, None]
+    return inv_m, d, div(1.0, 1.0 + d)
+
+
+@triton.jit
+def _energy(x2, e_run):
+    """E_t (BLOCK_H, BLOCK_N, BLOCK_P) for a sub-block after the running sum e_run."""
+    return e_run[:, None, :] + tl.cumsum(x2, axis=1)
 
 
 @triton.jit
 def _energy_grad(lam, x2, energy, RATIO_EPS):
     """dL/dE_t = -lambda_t w_t^2 / E_t^2, 0 where the clamp max(E_t, 1e-12) is active."""
     safe = tl.maximum(energy, RATIO_EPS)
-    return tl.where(energy > RATIO_EPS, -lam[:, None] * x2 / (safe * safe), 0.0)
+    return tl.where(energy > RATIO_EPS, div(-lam[:, :, None] * x2, safe * safe), 0.0)
+
+
+@triton.jit
+def _suffix(after, part):
+    """Suffix sums from each token of a sub-block (inclusive): ``after`` = the sum over the tokens
+    after the sub-block, plus a reverse prefix sum inside it (no subtraction: exact)."""
+    return tl.expand_dims(after, 1) + tl.cumsum(part, axis=1, reverse=True)
 
 
 @triton.jit
 def _pi(x_ptr, mask_ptr, e0_ptr, lb_ptr, temp_ptr, pi_ptr, q_part_ptr, m_part_ptr, H, N, P, NC, RATIO_EPS,
-        HAS_MASK: tl.constexpr, HAS_LB: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
-        ACC: tl.constexpr):
-    b = tl.program_id(0)
-    c = tl.program_id(1)
-    run_max = tl.full([BLOCK], float("-inf"), ACC)
-    run_sum = tl.zeros([BLOCK], ACC)
-    for h in range(H):  # logits (parked in pi_ptr), online softmax over heads
-        bh = b * H + h
-        offs_n, offs, inside, _, x = w_block(x_ptr, mask_ptr, bh, H, c, N, P, HAS_MASK, BLOCK, BLOCK_P, ACC)
+        has_mask, has_lb, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
+    b, c = tl.program_id(0), tl.program_id(1)
+    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    temp = tl.load(temp_ptr + tl.arange(0, BLOCK_H), mask=in_h, other=0.0)
+    e_run = rows(e0_ptr, bh, c, NC, P, in_hp, BLOCK_P)
+    q_acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
+    m_acc = tl.zeros([BLOCK_H], ACC)
+    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
+        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
+        x = load_w(x_ptr, offs, inside, keep, ACC)
         x2 = x * x
-        energy = row(e0_ptr, bh, c, NC, P, BLOCK_P)[None, :] + tl.cumsum(x2, axis=0)
-        logit = tl.sum(x2 / tl.maximum(energy, RATIO_EPS), axis=1)
-        if HAS_LB:
-            logit += tok(lb_ptr, bh, offs_n, N)
-        logit = tl.load(temp_ptr + h) * logit
-        put_tok(pi_ptr, bh, offs_n, N, logit)
-        new_max = tl.maximum(run_max, logit)
-        run_sum = run_sum * tl.exp(run_max - new_max) + tl.exp(logit - new_max)
-        run_max = new_max
-    for h in range(H):  # Pi and the chunk totals of Pi w^2 and Pi
-        bh = b * H + h
-        offs_n, offs, inside, keep, x = w_block(x_ptr, mask_ptr, bh, H, c, N, P, HAS_MASK, BLOCK, BLOCK_P, ACC)
-        pi = tl.where(keep, tl.exp(tok(pi_ptr, bh, offs_n, N) - run_max) / run_sum, 0.0)
-        put_tok(pi_ptr, bh, offs_n, N, pi)
-        part = bh.to(tl.int64) * NC + c
-        put_row(q_part_ptr, bh, c, NC, P, tl.sum(pi[:, None] * x * x, axis=0), BLOCK_P)
-        tl.store(m_part_ptr + part, tl.sum(pi, axis=0))
+        logit = tl.sum(div(x2, tl.maximum(_energy(x2, e_run), RATIO_EPS)), axis=2)
+        if has_lb:
+            logit += tl.load(lb_ptr + tok, mask=in_tok, other=0.0)
+        pi = tl.where(keep[None, :], softmax_heads(temp[:, None] * logit, in_h), 0.0)
+        tl.store(pi_ptr + tok, pi, mask=in_tok)
+        e_run += tl.sum(x2, axis=1)
+        q_acc += tl.sum(pi[:, :, None] * x2, axis=1)
+        m_acc += tl.sum(pi, axis=1)
+    put_rows(q_part_ptr, bh, c, NC, P, in_hp, q_acc, BLOCK_P)
+    tl.store(m_part_ptr + bh * NC + c, m_acc, mask=in_h)
 
 
 @triton.jit
 def _out(x_ptr, mask_ptr, pi_ptr, q0_ptr, m0_ptr, out_ptr, H, N, P, NC, PI_EPS,
-         HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    bh, c = tl.program_id(0), tl.program_id(1)
-    offs_n, offs, inside, _, x = w_block(x_ptr, mask_ptr, bh, H, c, N, P, HAS_MASK, BLOCK, BLOCK_P, ACC)
-    pi = tok(pi_ptr, bh, offs_n, N)
-    _, _, gain = _gain(x * x, pi, q0_ptr, m0_ptr, bh, c, NC, P, PI_EPS, BLOCK_P)
-    tl.store(out_ptr + offs, (-x * pi[:, None] * gain).to(out_ptr.dtype.element_ty), mask=inside)
+         has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+         BLOCK_P: tl.constexpr, ACC: tl.constexpr):
+    b, c = tl.program_id(0), tl.program_id(1)
+    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    q_run = rows(q0_ptr, bh, c, NC, P, in_hp, BLOCK_P)
+    m_run = per_head(m0_ptr, bh, c, NC, in_h)
+    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
+        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
+        x = load_w(x_ptr, offs, inside, keep, ACC)
+        pi = tl.load(pi_ptr + tok, mask=in_tok, other=0.0)
+        x2 = x * x
+        _, _, gain = _gain(x2, pi, q_run, m_run, PI_EPS)
+        tl.store(out_ptr + offs, (-x * pi[:, :, None] * gain).to(out_ptr.dtype.element_ty), mask=inside)
+        q_run += tl.sum(pi[:, :, None] * x2, axis=1)
+        m_run += tl.sum(pi, axis=1)
 
 
 @triton.jit
 def _bwd_chunk(x_ptr, mask_ptr, pi_ptr, go_ptr, q0_ptr, m0_ptr, dq_part_ptr, dm_part_ptr, H, N, P, NC, PI_EPS,
-               HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    bh, c = tl.program_id(0), tl.program_id(1)
-    offs_n, offs, inside, _, x = w_block(x_ptr, mask_ptr, bh, H, c, N, P, HAS_MASK, BLOCK, BLOCK_P, ACC)
-    go = tl.load(go_ptr + offs, mask=inside, other=0.0).to(ACC)
-    pi = tok(pi_ptr, bh, offs_n, N)
-    inv_m, d, gain = _gain(x * x, pi, q0_ptr, m0_ptr, bh, c, NC, P, PI_EPS, BLOCK_P)
-    dq = inv_m[:, None] * gain * gain * x * pi[:, None] * go  # c D
-    part = bh.to(tl.int64) * NC + c
-    put_row(dq_part_ptr, bh, c, NC, P, tl.sum(dq, axis=0), BLOCK_P)
-    tl.store(dm_part_ptr + part, -tl.sum(tl.sum(dq * d, axis=1), axis=0))
-
-
-@triton.jit
-def _suffix(x, pi, go, u0_ptr, v0_ptr, q0_ptr, m0_ptr, bh, c, NC, P, PI_EPS, BLOCK_P: tl.constexpr):
-    """Gain g, U (BLOCK, BLOCK_P) and V (BLOCK,): suffix sums of dQ, dM from token t onwards."""
-    inv_m, d, gain = _gain(x * x, pi, q0_ptr, m0_ptr, bh, c, NC, P, PI_EPS, BLOCK_P)
-    dq = inv_m[:, None] * gain * gain * x * pi[:, None] * go
-    u = row(u0_ptr, bh, c, NC, P, BLOCK_P)[None, :] + tl.cumsum(dq, axis=0, reverse=True)
-    v = tl.load(v0_ptr + bh.to(tl.int64) * NC + c) - tl.cumsum(tl.sum(dq * d, axis=1), axis=0, reverse=True)
-    return gain, u, v
-
-
-@triton.jit
-def _bwd_lambda(x_ptr, mask_ptr, pi_ptr, go_ptr, gpi_ptr, lb_ptr, temp_ptr, e0_ptr, q0_ptr, m0_ptr, u0_ptr, v0_ptr,
-                lam_ptr, logit_ptr, dtemp_part_ptr, de_part_ptr, H, N, P, NC, RATIO_EPS, PI_EPS,
-                HAS_MASK: tl.constexpr, HAS_LB: tl.constexpr, HAS_GPI: tl.constexpr, BLOCK: tl.constexpr,
-                BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    b = tl.program_id(0)
-    c = tl.program_id(1)
-    pi_dpi = tl.zeros([BLOCK], ACC)
-    for h in range(H):  # dL/dPi (parked in lam_ptr) and logit / temp (in logit_ptr)
-        bh = b * H + h
-        offs_n, offs, inside, _, x = w_block(x_ptr, mask_ptr, bh, H, c, N, P, HAS_MASK, BLOCK, BLOCK_P, ACC)
+               has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_P: tl.constexpr, ACC: tl.constexpr):
+    b, c = tl.program_id(0), tl.program_id(1)
+    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    q_run = rows(q0_ptr, bh, c, NC, P, in_hp, BLOCK_P)
+    m_run = per_head(m0_ptr, bh, c, NC, in_h)
+    dq_acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
+    dm_acc = tl.zeros([BLOCK_H], ACC)
+    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
+        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
+        x = load_w(x_ptr, offs, inside, keep, ACC)
         go = tl.load(go_ptr + offs, mask=inside, other=0.0).to(ACC)
-        pi = tok(pi_ptr, bh, offs_n, N)
-        gain, u, v = _suffix(x, pi, go, u0_ptr, v0_ptr, q0_ptr, m0_ptr, bh, c, NC, P, PI_EPS, BLOCK_P)
+        pi = tl.load(pi_ptr + tok, mask=in_tok, other=0.0)
         x2 = x * x
-        dpi = tl.sum(u * x2 - x * gain * go, axis=1) + v
-        if HAS_GPI:
-            dpi += tok(gpi_ptr, bh, offs_n, N).to(ACC)
-        pi_dpi += pi * dpi
-        put_tok(lam_ptr, bh, offs_n, N, dpi)
-        energy = row(e0_ptr, bh, c, NC, P, BLOCK_P)[None, :] + tl.cumsum(x2, axis=0)
-        logit = tl.sum(x2 / tl.maximum(energy, RATIO_EPS), axis=1)
-        if HAS_LB:
-            logit += tok(lb_ptr, bh, offs_n, N)
-        put_tok(logit_ptr, bh, offs_n, N, logit)
-    for h in range(H):  # Lambda, lambda = temp Lambda, chunk totals of dL/dE
-        bh = b * H + h
-        offs_n, offs, inside, _, x = w_block(x_ptr, mask_ptr, bh, H, c, N, P, HAS_MASK, BLOCK, BLOCK_P, ACC)
-        pi = tok(pi_ptr, bh, offs_n, N)
-        big_lam = pi * (tok(lam_ptr, bh, offs_n, N) - pi_dpi)
-        tl.store(dtemp_part_ptr + (b.to(tl.int64) * NC + c) * H + h,
-                 tl.sum(big_lam * tok(logit_ptr, bh, offs_n, N), axis=0))
-        lam = tl.load(temp_ptr + h) * big_lam
-        put_tok(lam_ptr, bh, offs_n, N, lam)
-        x2 = x * x
-        energy = row(e0_ptr, bh, c, NC, P, BLOCK_P)[None, :] + tl.cumsum(x2, axis=0)
-        de = _energy_grad(lam, x2, energy, RATIO_EPS)
-        put_row(de_part_ptr, bh, c, NC, P, tl.sum(de, axis=0), BLOCK_P)
+        inv_m, d, gain = _gain(x2, pi, q_run, m_run, PI_EPS)
+        dq = inv_m[:, :, None] * gain * gain * x * pi[:, :, None] * go  # c D
+        dq_acc += tl.sum(dq, axis=1)
+        dm_acc -= tl.sum(tl.sum(dq * d, axis=2), axis=1)
+        q_run += tl.sum(pi[:, :, None] * x2, axis=1)
+        m_run += tl.sum(pi, axis=1)
+    put_rows(dq_part_ptr, bh, c, NC, P, in_hp, dq_acc, BLOCK_P)
+    tl.store(dm_part_ptr + bh * NC + c, dm_acc, mask=in_h)
 
 
 @triton.jit
-def _bwd_dw(x_ptr, mask_ptr, pi_ptr, go_ptr, lam_ptr, e0_ptr, q0_ptr, m0_ptr, u0_ptr, v0_ptr, w0_ptr, dw_ptr,
+def _bwd_lambda(x_ptr, mask_ptr, pi_ptr, go_ptr, gpi_ptr, lb_ptr, temp_ptr, e0_ptr, q0_ptr, m0_ptr, u_ptr, v_ptr,
+                lam_ptr, dtemp_part_ptr, de_part_ptr, H, N, P, NC, RATIO_EPS, PI_EPS,
+                has_mask, has_lb, has_gpi, CHUNK: tl.constexpr,
+                BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
+    b, c = tl.program_id(0), tl.program_id(1)
+    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    temp = tl.load(temp_ptr + tl.arange(0, BLOCK_H), mask=in_h, other=0.0)
+    e_run = rows(e0_ptr, bh, c, NC, P, in_hp, BLOCK_P)
+    q_run = rows(q0_ptr, bh, c, NC, P, in_hp, BLOCK_P)
+    m_run = per_head(m0_ptr, bh, c, NC, in_h)
+    u_after = rows(u_ptr, bh, c, NC, P, in_hp, BLOCK_P)  # U, V from the chunk's start; then after each sub-block
+    v_after = per_head(v_ptr, bh, c, NC, in_h)
+    de_acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
+    dtemp_acc = tl.zeros([BLOCK_H], ACC)
+    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
+        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
+        x = load_w(x_ptr, offs, inside, keep, ACC)
+        go = tl.load(go_ptr + offs, mask=inside, other=0.0).to(ACC)
+        pi = tl.load(pi_ptr + tok, mask=in_tok, other=0.0)
+        x2 = x * x
+        inv_m, d, gain = _gain(x2, pi, q_run, m_run, PI_EPS)
+        dq = inv_m[:, :, None] * gain * gain * x * pi[:, :, None] * go
+        dm = -tl.sum(dq * d, axis=2)
+        u_after -= tl.sum(dq, axis=1)
+        v_after -= tl.sum(dm, axis=1)
+        u = _suffix(u_after, dq)
+        v = _suffix(v_after, dm)
+        dpi = tl.sum(u * x2 - x * gain * go, axis=2) + v
+        if has_gpi:
+            dpi += tl.load(gpi_ptr + tok, mask=in_tok, other=0.0).to(ACC)
+        big_lam = pi * (dpi - tl.sum(pi * dpi, axis=0)[None, :])  # softmax backward over heads
+        energy = _energy(x2, e_run)
+        logit = tl.sum(div(x2, tl.maximum(energy, RATIO_EPS)), axis=2)
+        if has_lb:
+            logit += tl.load(lb_ptr + tok, mask=in_tok, other=0.0)
+        dtemp_acc += tl.sum(big_lam * logit, axis=1)
+        lam = temp[:, None] * big_lam
+        tl.store(lam_ptr + tok, lam, mask=in_tok)
+        de_acc += tl.sum(_energy_grad(lam, x2, energy, RATIO_EPS), axis=1)
+        e_run += tl.sum(x2, axis=1)
+        q_run += tl.sum(pi[:, :, None] * x2, axis=1)
+        m_run += tl.sum(pi, axis=1)
+    tl.store(dtemp_part_ptr + (b.to(tl.int64) * NC + c) * H + tl.arange(0, BLOCK_H), dtemp_acc, mask=in_h)
+    put_rows(de_part_ptr, bh, c, NC, P, in_hp, de_acc, BLOCK_P)
+
+
+@triton.jit
+def _bwd_dw(x_ptr, mask_ptr, pi_ptr, go_ptr, lam_ptr, e0_ptr, q0_ptr, m0_ptr, u_ptr, w_ptr, dw_ptr,
             H, N, P, NC, RATIO_EPS, PI_EPS,
-            HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    bh, c = tl.program_id(0), tl.program_id(1)
-    offs_n, offs, inside, _, x = w_block(x_ptr, mask_ptr, bh, H, c, N, P, HAS_MASK, BLOCK, BLOCK_P, ACC)
-    go = tl.load(go_ptr + offs, mask=inside, other=0.0).to(ACC)
-    pi = tok(pi_ptr, bh, offs_n, N)
-    lam = tok(lam_ptr, bh, offs_n, N)
-    gain, u, _ = _suffix(x, pi, go, u0_ptr, v0_ptr, q0_ptr, m0_ptr, bh, c, NC, P, PI_EPS, BLOCK_P)
-    x2 = x * x
-    energy = row(e0_ptr, bh, c, NC, P, BLOCK_P)[None, :] + tl.cumsum(x2, axis=0)
-    de = _energy_grad(lam, x2, energy, RATIO_EPS)
-    wsum = row(w0_ptr, bh, c, NC, P, BLOCK_P)[None, :] + tl.cumsum(de, axis=0, reverse=True)
-    dw = -pi[:, None] * gain * go + 2.0 * x * (u * pi[:, None] + lam[:, None] / tl.maximum(energy, RATIO_EPS) + wsum)
-    tl.store(dw_ptr + offs, dw.to(dw_ptr.dtype.element_ty), mask=inside)
+            has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_P: tl.constexpr, ACC: tl.constexpr):
+    b, c = tl.program_id(0), tl.program_id(1)
+    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    e0 = rows(e0_ptr, bh, c, NC, P, in_hp, BLOCK_P)
+    # this chunk's total of dL/dE in float64 (dE_t = -lambda w^2 / E^2 is large where E_t is small,
+    # e.g. at a sequence's first token): the suffix after a sub-block is then (total - running sum)
+    # with no rounding of the large terms left over, and it reads only w and lambda
+    e_run = e0
+    de_total = tl.zeros([BLOCK_H, BLOCK_P], tl.float64)
+    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
+        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
+        x2 = load_w(x_ptr, offs, inside, keep, ACC)
+        x2 = x2 * x2
+        lam = tl.load(lam_ptr + tok, mask=in_tok, other=0.0)
+        de_total += tl.sum(_energy_grad(lam, x2, _energy(x2, e_run), RATIO_EPS), axis=1).to(tl.float64)
+        e_run += tl.sum(x2, axis=1)
+    w_after = rows(w_ptr, bh, c, NC, P, in_hp, BLOCK_P).to(tl.float64) + de_total  # W at the chunk start
+    e_run = e0
+    q_run = rows(q0_ptr, bh, c, NC, P, in_hp, BLOCK_P)
+    m_run = per_head(m0_ptr, bh, c, NC, in_h)
+    u_after = rows(u_ptr, bh, c, NC, P, in_hp, BLOCK_P)
+    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
+        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
+        x = load_w(x_ptr, offs, inside, keep, ACC)
+        go = tl.load(go_ptr + offs, mask=inside, other=0.0).to(ACC)
+        pi = tl.load(pi_ptr + tok, mask=in_tok, other=0.0)
+        lam = tl.load(lam_ptr + tok, mask=in_tok, other=0.0)
+        x2 = x * x
+        inv_m, d, gain = _gain(x2, pi, q_run, m_run, PI_EPS)
+        dq = inv_m[:, :, None] * gain * gain * x * pi[:, :, None] * go
+        energy = _energy(x2, e_run)
+        de = _energy_grad(lam, x2, energy, RATIO_EPS)
+        u_after -= tl.sum(dq, axis=1)
+        w_after -= tl.sum(de, axis=1).to(tl.float64)
+        u = _suffix(u_after, dq)
+        wsum = _suffix(w_after.to(ACC), de)
+        dw = -pi[:, :, None] * gain * go
+        dw += 2.0 * x * (u * pi[:, :, None] + div(lam[:, :, None], tl.maximum(energy, RATIO_EPS)) + wsum)
+        tl.store(dw_ptr + offs, dw.to(dw_ptr.dtype.element_ty), mask=inside)
+        e_run += tl.sum(x2, axis=1)
+        q_run += tl.sum(pi[:, :, None] * x2, axis=1)
+        m_run += tl.sum(pi, axis=1)
 
 
-def _meta(w: Tensor, mask: Optional[Tensor], chunk: int) -> dict:
-    return dict(HAS_MASK=mask is not None, BLOCK=chunk, BLOCK_P=block_p(w.shape[-1]), ACC=tl_acc(w.dtype))
+TRAFFIC = {  # access patterns for the traffic model (:mod:`._traffic`)
+    "_pi": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"),
+            "e0_ptr": ("r", "all", 1, None), "lb_ptr": ("r", "token", 1, "has_lb"), "temp_ptr": ("r", "all", 1, None),
+            "pi_ptr": ("w", "token", 1, None), "q_part_ptr": ("w", "all", 1, None),
+            "m_part_ptr": ("w", "all", 1, None)},
+    "_out": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"),
+             "pi_ptr": ("r", "token", 1, None), "q0_ptr": ("r", "all", 1, None), "m0_ptr": ("r", "all", 1, None),
+             "out_ptr": ("w", "tile", 1, None)},
+    "_bwd_chunk": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"),
+                   "pi_ptr": ("r", "token", 1, None), "go_ptr": ("r", "tile", 1, None),
+                   "q0_ptr": ("r", "all", 1, None), "m0_ptr": ("r", "all", 1, None),
+                   "dq_part_ptr": ("w", "all", 1, None), "dm_part_ptr": ("w", "all", 1, None)},
+    "_bwd_lambda": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"),
+                    "pi_ptr": ("r", "token", 1, None), "go_ptr": ("r", "tile", 1, None),
+                    "gpi_ptr": ("r", "token", 1, "has_gpi"), "lb_ptr": ("r", "token", 1, "has_lb"),
+                    "temp_ptr": ("r", "all", 1, None), "e0_ptr": ("r", "all", 1, None), "q0_ptr": ("r", "all", 1, None),
+                    "m0_ptr": ("r", "all", 1, None), "u_ptr": ("r", "all", 1, None), "v_ptr": ("r", "all", 1, None),
+                    "lam_ptr": ("w", "token", 1, None), "dtemp_part_ptr": ("w", "all", 1, None),
+                    "de_part_ptr": ("w", "all", 1, None)},
+    # two walks over the chunk: w and lambda are read twice (the dE total first, see _bwd_dw)
+    "_bwd_dw": {"x_ptr": ("r", "tile", 2, None), "mask_ptr": ("r", "mask", 2, "has_mask"),
+                "pi_ptr": ("r", "token", 1, None), "go_ptr": ("r", "tile", 1, None), "lam_ptr": ("r", "token", 2, None),
+                "e0_ptr": ("r", "all", 2, None), "q0_ptr": ("r", "all", 1, None), "m0_ptr": ("r", "all", 1, None),
+                "u_ptr": ("r", "all", 1, None), "w_ptr": ("r", "all", 1, None), "dw_ptr": ("w", "tile", 1, None)},
+}
+
+
+def _launch(w: Tensor, mask: Optional[Tensor]):
+    """(grid, constexprs and options, the uint8 mask) of the sequence kernels for w (B, H, N, p)."""
+    b, h, n, p = w.shape
+    t = _tiles.tiles(h, p, w.dtype)
+    meta = dict(t.meta(), has_mask=mask is not None, CHUNK=t.chunk, ACC=tl_acc(w.dtype))
+    return (b, triton.cdiv(n, t.chunk)), meta, mask_u8(mask, w)
 
 
 def _prefix(part: Tensor) -> Tensor:
@@ -195,6 +287,12 @@ def _prefix(part: Tensor) -> Tensor:
     out = torch.zeros_like(part)
     out[:, :, 1:] = part[:, :, :-1].cumsum(2)  # exactly the earlier chunks (no "inclusive - own")
     return out
+
+
+def _suffix_incl(part: Tensor, final_grad: Optional[Tensor]) -> Tensor:
+    """Sum over this and the later chunks (dim 2) of per-chunk totals, plus the final state's gradient."""
+    incl = part.flip(2).cumsum(2).flip(2)
+    return incl if final_grad is None else incl + final_grad.unsqueeze(2)
 
 
 def _suffix_after(part: Tensor, final_grad: Optional[Tensor]) -> Tensor:
@@ -208,28 +306,29 @@ def _suffix_after(part: Tensor, final_grad: Optional[Tensor]) -> Tensor:
 
 
 @torch.library.custom_op("whiteformer::causal_tssa_triton_fwd", mutates_args=())
-def _fwd(w: Tensor, temp: Tensor, lb: Optional[Tensor], mask: Optional[Tensor], chunk: int
+def _fwd(w: Tensor, temp: Tensor, lb: Optional[Tensor], mask: Optional[Tensor]
          ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     b, h, n, p = w.shape
-    acc, nc = acc_dtype(w.dtype), triton.cdiv(n, chunk)
-    meta, m8 = _meta(w, mask, chunk), mask_u8(mask, w)
+    acc = acc_dtype(w.dtype)
+    grid, meta, m8 = _launch(w, mask)
+    nc = grid[1]
     part = w.new_empty(b, h, nc, p, dtype=acc)
-    energy_partials[(b * h, nc)](w, m8, part, h, n, p, nc, **meta)
+    chunk_energy[grid](w, m8, part, h, n, p, nc, **meta)
     e0, e_fin = _prefix(part), part.sum(2)
     pi = w.new_empty(b, h, n, dtype=acc)
     q_part, m_part = w.new_empty(b, h, nc, p, dtype=acc), w.new_empty(b, h, nc, dtype=acc)
-    _pi[(b, nc)](w, m8, e0, pi if lb is None else lb, temp, pi, q_part, m_part, h, n, p, nc, RATIO_EPS,
-                 HAS_LB=lb is not None, **meta)
+    _pi[grid](w, m8, e0, pi if lb is None else lb, temp, pi, q_part, m_part, h, n, p, nc, RATIO_EPS,
+              has_lb=lb is not None, **meta)
     q0, m0 = _prefix(q_part), _prefix(m_part)
     out = torch.empty_like(w)
-    _out[(b * h, nc)](w, m8, pi, q0, m0, out, h, n, p, nc, PI_EPS, **meta)
+    _out[grid](w, m8, pi, q0, m0, out, h, n, p, nc, PI_EPS, **meta)
     return out, pi, e_fin, m_part.sum(2), q_part.sum(2), e0, q0, m0
 
 
 @_fwd.register_fake
-def _(w, temp, lb, mask, chunk):
+def _(w, temp, lb, mask):
     b, h, n, p = w.shape
-    acc, nc = acc_dtype(w.dtype), -(-n // chunk)
+    acc, nc = acc_dtype(w.dtype), _launch(w, mask)[0][1]
     new = lambda *shape: w.new_empty(*shape, dtype=acc)  # noqa: E731
     return (torch.empty_like(w), new(b, h, n), new(b, h, p), new(b, h), new(b, h, p), new(b, h, nc, p),
             new(b, h, nc, p), new(b, h, nc))
@@ -238,39 +337,38 @@ def _(w, temp, lb, mask, chunk):
 @torch.library.custom_op("whiteformer::causal_tssa_triton_bwd", mutates_args=())
 def _bwd(grad_out: Tensor, grad_pi: Optional[Tensor], grad_e: Optional[Tensor], grad_m: Optional[Tensor],
          grad_q: Optional[Tensor], w: Tensor, temp: Tensor, lb: Optional[Tensor], mask: Optional[Tensor],
-         pi: Tensor, e0: Tensor, q0: Tensor, m0: Tensor, chunk: int) -> Tuple[Tensor, Tensor, Tensor]:
+         pi: Tensor, e0: Tensor, q0: Tensor, m0: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     b, h, n, p = w.shape
-    acc, nc = acc_dtype(w.dtype), triton.cdiv(n, chunk)
-    meta, m8 = _meta(w, mask, chunk), mask_u8(mask, w)
+    acc = acc_dtype(w.dtype)
+    grid, meta, m8 = _launch(w, mask)
+    nc = grid[1]
     eps = (RATIO_EPS, PI_EPS)
     dq_part, dm_part = w.new_empty(b, h, nc, p, dtype=acc), w.new_empty(b, h, nc, dtype=acc)
-    _bwd_chunk[(b * h, nc)](w, m8, pi, grad_out, q0, m0, dq_part, dm_part, h, n, p, nc, PI_EPS, **meta)
-    u0, v0 = _suffix_after(dq_part, grad_q), _suffix_after(dm_part, grad_m)
-    lam, logit = w.new_empty(b, h, n, dtype=acc), w.new_empty(b, h, n, dtype=acc)
+    _bwd_chunk[grid](w, m8, pi, grad_out, q0, m0, dq_part, dm_part, h, n, p, nc, PI_EPS, **meta)
+    u, v = _suffix_incl(dq_part, grad_q), _suffix_incl(dm_part, grad_m)
+    lam = w.new_empty(b, h, n, dtype=acc)
     dtemp_part = w.new_empty(b, nc, h, dtype=acc)
-    de_part = dq_part  # reused: its totals are folded into u0 already
-    _bwd_lambda[(b, nc)](w, m8, pi, grad_out, lam if grad_pi is None else grad_pi, lam if lb is None else lb, temp,
-                         e0, q0, m0, u0, v0, lam, logit, dtemp_part, de_part, h, n, p, nc, *eps,
-                         HAS_LB=lb is not None, HAS_GPI=grad_pi is not None, **meta)
-    w0 = _suffix_after(de_part, grad_e)
+    de_part = dq_part  # reused: its totals are folded into u already
+    _bwd_lambda[grid](w, m8, pi, grad_out, lam if grad_pi is None else grad_pi, lam if lb is None else lb, temp,
+                      e0, q0, m0, u, v, lam, dtemp_part, de_part, h, n, p, nc, *eps,
+                      has_lb=lb is not None, has_gpi=grad_pi is not None, **meta)
+    w_after = _suffix_after(de_part, grad_e)
     dw = torch.empty_like(w)
-    _bwd_dw[(b * h, nc)](w, m8, pi, grad_out, lam, e0, q0, m0, u0, v0, w0, dw, h, n, p, nc, *eps, **meta)
+    _bwd_dw[grid](w, m8, pi, grad_out, lam, e0, q0, m0, u, w_after, dw, h, n, p, nc, *eps, **meta)
     return dw, lam, dtemp_part.sum((0, 1))
 
 
 @_bwd.register_fake
-def _(grad_out, grad_pi, grad_e, grad_m, grad_q, w, temp, lb, mask, pi, e0, q0, m0, chunk):
+def _(grad_out, grad_pi, grad_e, grad_m, grad_q, w, temp, lb, mask, pi, e0, q0, m0):
     b, h, n, _ = w.shape
     acc = acc_dtype(w.dtype)
     return torch.empty_like(w), w.new_empty(b, h, n, dtype=acc), w.new_empty(h, dtype=acc)
 
 
 def _setup(ctx, inputs, output):
-    w, temp, lb, mask, chunk = inputs
     _, pi, _, _, _, e0, q0, m0 = output
-    ctx.chunk = chunk
     ctx.mark_non_differentiable(e0, q0, m0)
-    ctx.save_for_backward(w, temp, lb, mask, pi, e0, q0, m0)
+    ctx.save_for_backward(*inputs, pi, e0, q0, m0)
 
 
 def _backward(ctx, g_out, g_pi, g_e, g_m, g_q, *_):
@@ -281,11 +379,11 @@ def _backward(ctx, g_out, g_pi, g_e, g_m, g_q, *_):
 
         inputs = (w, temp) if lb is None else (w, temp, lb)
         grads = _double_backward(causal_tssa_parallel(w, temp, lb, mask), inputs, (g_out, g_pi, g_e, g_m, g_q))
-        return grads[0], grads[1], grads[2] if lb is not None else None, None, None
+        return grads[0], grads[1], grads[2] if lb is not None else None, None
     g_out = torch.zeros_like(w) if g_out is None else g_out.contiguous()
     g_pi, g_e, g_m, g_q = (None if g is None else g.contiguous() for g in (g_pi, g_e, g_m, g_q))
-    dw, dlb, dtemp = _bwd(g_out, g_pi, g_e, g_m, g_q, w, temp, lb, mask, pi, e0, q0, m0, ctx.chunk)
-    return dw, dtemp.view_as(temp), dlb if lb is not None else None, None, None
+    dw, dlb, dtemp = _bwd(g_out, g_pi, g_e, g_m, g_q, w, temp, lb, mask, pi, e0, q0, m0)
+    return dw, dtemp.view_as(temp), dlb if lb is not None else None, None
 
 
 _fwd.register_autograd(_backward, setup_context=_setup)
@@ -310,5 +408,5 @@ def causal_tssa_triton(
     acc = acc_dtype(w.dtype)
     lb = None if logit_bias is None else logit_bias.to(acc).expand(b, h, n).contiguous()
     mask = None if attn_mask is None else attn_mask.contiguous()
-    out, pi, e, m, q, _, _, _ = _fwd(w, temp.to(acc).contiguous(), lb, mask, _tiles.CHUNK)
+    out, pi, e, m, q, _, _, _ = _fwd(w, temp.to(acc).contiguous(), lb, mask)
     return out, pi.to(w.dtype), e, m, q

@@ -25,14 +25,15 @@ import triton.language as tl
 from torch import Tensor
 
 from ...constants import PI_EPS, RATIO_EPS
-from ._tiles import acc_dtype, block_p, tl_acc
+from . import _tiles
+from ._tiles import acc_dtype, div, tl_acc
 
 __all__ = ["causal_tssa_step_triton"]
 
 
 @triton.jit
 def _forward(x_ptr, e0_ptr, m0_ptr, q0_ptr, temp_ptr, lb_ptr, b, H, P, RATIO_EPS, PI_EPS,
-             HAS_LB: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
+             has_lb, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     """The step for sequence b: offsets, masks and every intermediate the backward needs."""
     offs_h = tl.arange(0, BLOCK_H)
     offs_p = tl.arange(0, BLOCK_P)
@@ -43,26 +44,26 @@ def _forward(x_ptr, e0_ptr, m0_ptr, q0_ptr, temp_ptr, lb_ptr, b, H, P, RATIO_EPS
     x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(ACC)
     x2 = x * x
     energy = tl.load(e0_ptr + offs, mask=inside, other=0.0) + x2
-    ratio = tl.sum(x2 / tl.maximum(energy, RATIO_EPS), axis=1)
-    if HAS_LB:
+    ratio = tl.sum(div(x2, tl.maximum(energy, RATIO_EPS)), axis=1)
+    if has_lb:
         ratio += tl.load(lb_ptr + heads, mask=in_h, other=0.0)
     logit = tl.where(in_h, tl.load(temp_ptr + offs_h, mask=in_h, other=0.0) * ratio, float("-inf"))
     pi = tl.exp(logit - tl.max(logit, axis=0))
-    pi = pi / tl.sum(pi, axis=0)
+    pi = div(pi, tl.sum(pi, axis=0))
     mass = tl.load(m0_ptr + heads, mask=in_h, other=0.0) + pi
     sq_pi = tl.load(q0_ptr + offs, mask=inside, other=0.0) + x2 * pi[:, None]
-    inv_m = 1.0 / (mass + PI_EPS)
-    gain = 1.0 / (1.0 + sq_pi * inv_m[:, None])
+    inv_m = div(1.0, mass + PI_EPS)
+    gain = div(1.0, 1.0 + sq_pi * inv_m[:, None])
     return offs, inside, heads, in_h, x, x2, energy, ratio, pi, mass, sq_pi, inv_m, gain
 
 
 @triton.jit
 def _step_fwd(x_ptr, e0_ptr, m0_ptr, q0_ptr, temp_ptr, lb_ptr, out_ptr, pi_ptr, e_ptr, m_ptr, q_ptr,
               H, P, RATIO_EPS, PI_EPS,
-              HAS_LB: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
+              has_lb, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     b = tl.program_id(0)
     offs, inside, heads, in_h, x, x2, energy, ratio, pi, mass, sq_pi, inv_m, gain = _forward(
-        x_ptr, e0_ptr, m0_ptr, q0_ptr, temp_ptr, lb_ptr, b, H, P, RATIO_EPS, PI_EPS, HAS_LB, BLOCK_H, BLOCK_P, ACC)
+        x_ptr, e0_ptr, m0_ptr, q0_ptr, temp_ptr, lb_ptr, b, H, P, RATIO_EPS, PI_EPS, has_lb, BLOCK_H, BLOCK_P, ACC)
     tl.store(out_ptr + offs, (-x * pi[:, None] * gain).to(out_ptr.dtype.element_ty), mask=inside)
     tl.store(pi_ptr + heads, pi, mask=in_h)
     tl.store(e_ptr + offs, energy, mask=inside)
@@ -73,10 +74,10 @@ def _step_fwd(x_ptr, e0_ptr, m0_ptr, q0_ptr, temp_ptr, lb_ptr, out_ptr, pi_ptr, 
 @triton.jit
 def _step_bwd(go_ptr, gpi_ptr, ge_ptr, gm_ptr, gq_ptr, x_ptr, e0_ptr, m0_ptr, q0_ptr, temp_ptr, lb_ptr,
               dx_ptr, de_ptr, dm_ptr, dq_ptr, dtemp_ptr, dlb_ptr, H, P, RATIO_EPS, PI_EPS,
-              HAS_LB: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
+              has_lb, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     b = tl.program_id(0)
     offs, inside, heads, in_h, x, x2, energy, ratio, pi, mass, sq_pi, inv_m, gain = _forward(
-        x_ptr, e0_ptr, m0_ptr, q0_ptr, temp_ptr, lb_ptr, b, H, P, RATIO_EPS, PI_EPS, HAS_LB, BLOCK_H, BLOCK_P, ACC)
+        x_ptr, e0_ptr, m0_ptr, q0_ptr, temp_ptr, lb_ptr, b, H, P, RATIO_EPS, PI_EPS, has_lb, BLOCK_H, BLOCK_P, ACC)
     go = tl.load(go_ptr + offs, mask=inside, other=0.0).to(ACC)
     dq_c = inv_m[:, None] * gain * gain * x * pi[:, None] * go
     dq = tl.load(gq_ptr + offs, mask=inside, other=0.0) + dq_c
@@ -86,8 +87,8 @@ def _step_bwd(go_ptr, gpi_ptr, ge_ptr, gm_ptr, gq_ptr, x_ptr, e0_ptr, m0_ptr, q0
     lam = tl.load(temp_ptr + tl.arange(0, BLOCK_H), mask=in_h, other=0.0) * big_lam
     safe = tl.maximum(energy, RATIO_EPS)
     de = tl.load(ge_ptr + offs, mask=inside, other=0.0)
-    de += tl.where(energy > RATIO_EPS, -lam[:, None] * x2 / (safe * safe), 0.0)
-    dx = -pi[:, None] * gain * go + 2.0 * x * (dq * pi[:, None] + lam[:, None] / safe + de)
+    de += tl.where(energy > RATIO_EPS, div(-lam[:, None] * x2, safe * safe), 0.0)
+    dx = -pi[:, None] * gain * go + 2.0 * x * (dq * pi[:, None] + div(lam[:, None], safe) + de)
     tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=inside)
     tl.store(de_ptr + offs, de, mask=inside)
     tl.store(dm_ptr + heads, dm, mask=in_h)
@@ -96,9 +97,25 @@ def _step_bwd(go_ptr, gpi_ptr, ge_ptr, gm_ptr, gq_ptr, x_ptr, e0_ptr, m0_ptr, q0
     tl.store(dlb_ptr + heads, lam, mask=in_h)
 
 
+TRAFFIC = {  # access patterns for the traffic model (:mod:`._traffic`): every tensor once
+    "_step_fwd": {**{k: ("r", "all", 1, None) for k in ("x_ptr", "e0_ptr", "m0_ptr", "q0_ptr", "temp_ptr")},
+                  "lb_ptr": ("r", "all", 1, "has_lb"),
+                  **{k: ("w", "all", 1, None) for k in ("out_ptr", "pi_ptr", "e_ptr", "m_ptr", "q_ptr")}},
+    "_step_bwd": {**{k: ("r", "all", 1, None) for k in ("go_ptr", "gpi_ptr", "ge_ptr", "gm_ptr", "gq_ptr", "x_ptr",
+                                                        "e0_ptr", "m0_ptr", "q0_ptr", "temp_ptr")},
+                  "lb_ptr": ("r", "all", 1, "has_lb"),
+                  **{k: ("w", "all", 1, None)
+                     for k in ("dx_ptr", "de_ptr", "dm_ptr", "dq_ptr", "dtemp_ptr", "dlb_ptr")}},
+}
+
+
 def _meta(x: Tensor, lb: Optional[Tensor]) -> dict:
-    return dict(HAS_LB=lb is not None, BLOCK_H=triton.next_power_of_2(x.shape[1]), BLOCK_P=block_p(x.shape[2]),
-                ACC=tl_acc(x.dtype))
+    """Constexprs and launch options: one (BLOCK_H, BLOCK_P) tile per sequence, warps by the tile
+    rule of :mod:`._tiles`."""
+    t = _tiles.tiles(x.shape[1], x.shape[2], x.dtype)
+    words = 2 if x.dtype == torch.float64 else 1
+    return dict(has_lb=lb is not None, BLOCK_H=t.block_h, BLOCK_P=t.block_p, ACC=tl_acc(x.dtype),
+                **_tiles.options(_tiles.warps_for(t.block_h * t.block_p * words)))
 
 
 @torch.library.custom_op("whiteformer::causal_tssa_step_triton_fwd", mutates_args=())

@@ -6,15 +6,16 @@ Per (b, h), kept tokens only (formulas and their derivation: :mod:`whiteformer.o
     Pi_n = softmax_heads(temp R)_n,  M = sum_n Pi_n,  c = 1 / (M + 1e-8),  T_j = sum_n Pi_n w_nj^2
     g_j = 1 / (1 + c T_j),  out_nj = -w_nj Pi_n g_j
 
-Forward, three kernels over token blocks of ``BLOCK_N`` tokens (sums over blocks are reduced on
-the host, in a fixed order, so results are deterministic):
+Every kernel runs the grid (B, chunks) of :mod:`._tiles` (a program: one sequence, all heads, one
+chunk of tokens walked in sub-blocks). Sums over tokens are per chunk, then over chunks on the
+host in a fixed order (deterministic). Forward, three passes over ``w`` (the least possible: s
+is needed before any Pi, and T before any output):
 
-1. ``energy_partials`` (:mod:`._tiles`) grid (B*H, blocks): partial s.
-2. ``_pi``      grid (B, blocks): for each head the logits temp R (online softmax over heads),
-   then Pi and the partial T, M (the second pass over the heads re-reads the same tiles).
-3. ``_out``     grid (B*H, blocks): out.
+1. ``chunk_energy`` (:mod:`._tiles`): partial s.
+2. ``_pi``: logits temp R of every head, the softmax over heads, Pi, partial T and M.
+3. ``_out``: out.
 
-Backward (G = dL/dout, gPi = dL/dPi), three kernels of the same shapes::
+Backward (G = dL/dout, gPi = dL/dPi), three passes over (w, G)::
 
     q_j = sum_n w Pi G  (1.);  D = g^2 q,  K = c sum_j D_j c T_j                   (host)
     dPi_n = gPi_n - sum_j w g G + c sum_j D_j w^2 - K,  Lambda = Pi (dPi - sum_heads Pi dPi)
@@ -35,141 +36,171 @@ from torch import Tensor
 
 from ...constants import PI_EPS
 from . import _tiles
-from ._tiles import acc_dtype, block_p, energy_partials, mask_u8, put_row, put_tok, row, tl_acc, tok, w_block
+from ._tiles import (acc_dtype, chunk_energy, div, heads_of, load_w, mask_u8, per_head, put_rows, rows,
+                     softmax_heads, sub_block, tl_acc)
 
 __all__ = ["tssa_triton"]
 
 
 @triton.jit
-def _pi(x_ptr, mask_ptr, r_ptr, temp_ptr, pi_ptr, t_part_ptr, m_part_ptr, H, N, P, NB,
-        HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    b = tl.program_id(0)
-    nb = tl.program_id(1)
-    run_max = tl.full([BLOCK], float("-inf"), ACC)
-    run_sum = tl.zeros([BLOCK], ACC)
-    for h in range(H):  # logits, online softmax over heads; logits parked in pi_ptr
-        bh = b * H + h
-        offs_n, offs, inside, keep, x = w_block(x_ptr, mask_ptr, bh, H, nb, N, P, HAS_MASK, BLOCK, BLOCK_P, ACC)
-        r = row(r_ptr, bh, 0, 1, P, BLOCK_P)
-        logit = tl.load(temp_ptr + h) * tl.sum(x * x * r[None, :], axis=1)
-        put_tok(pi_ptr, bh, offs_n, N, logit)
-        new_max = tl.maximum(run_max, logit)
-        run_sum = run_sum * tl.exp(run_max - new_max) + tl.exp(logit - new_max)
-        run_max = new_max
-    for h in range(H):  # Pi and the partial moments T, M
-        bh = b * H + h
-        offs_n, offs, inside, keep, x = w_block(x_ptr, mask_ptr, bh, H, nb, N, P, HAS_MASK, BLOCK, BLOCK_P, ACC)
-        logit = tok(pi_ptr, bh, offs_n, N)
-        pi = tl.where(keep, tl.exp(logit - run_max) / run_sum, 0.0)
-        put_tok(pi_ptr, bh, offs_n, N, pi)
-        part = bh.to(tl.int64) * NB + nb
-        put_row(t_part_ptr, bh, nb, NB, P, tl.sum(pi[:, None] * x * x, axis=0), BLOCK_P)
-        tl.store(m_part_ptr + part, tl.sum(pi, axis=0))
+def _pi(x_ptr, mask_ptr, r_ptr, temp_ptr, pi_ptr, t_part_ptr, m_part_ptr, H, N, P, NC,
+        has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_P: tl.constexpr, ACC: tl.constexpr):
+    b, c = tl.program_id(0), tl.program_id(1)
+    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    r = rows(r_ptr, bh, 0, 1, P, in_hp, BLOCK_P)
+    temp = tl.load(temp_ptr + tl.arange(0, BLOCK_H), mask=in_h, other=0.0)
+    t_acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
+    m_acc = tl.zeros([BLOCK_H], ACC)
+    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
+        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
+        x = load_w(x_ptr, offs, inside, keep, ACC)
+        x2 = x * x
+        pi = softmax_heads(temp[:, None] * tl.sum(x2 * r[:, None, :], axis=2), in_h)
+        pi = tl.where(keep[None, :], pi, 0.0)
+        tl.store(pi_ptr + tok, pi, mask=in_tok)
+        t_acc += tl.sum(pi[:, :, None] * x2, axis=1)
+        m_acc += tl.sum(pi, axis=1)
+    put_rows(t_part_ptr, bh, c, NC, P, in_hp, t_acc, BLOCK_P)
+    tl.store(m_part_ptr + bh * NC + c, m_acc, mask=in_h)
 
 
 @triton.jit
 def _out(x_ptr, mask_ptr, pi_ptr, t_ptr, m_ptr, out_ptr, H, N, P, PI_EPS,
-         HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    bh, nb = tl.program_id(0), tl.program_id(1)
-    offs_n, offs, inside, keep, x = w_block(x_ptr, mask_ptr, bh, H, nb, N, P, HAS_MASK, BLOCK, BLOCK_P, ACC)
-    pi = tok(pi_ptr, bh, offs_n, N)
-    t = row(t_ptr, bh, 0, 1, P, BLOCK_P)
-    c = 1.0 / (tl.load(m_ptr + bh) + PI_EPS)
-    gain = 1.0 / (1.0 + c * t)
-    out = -x * pi[:, None] * gain[None, :]
-    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=inside)
+         has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+         BLOCK_P: tl.constexpr, ACC: tl.constexpr):
+    b, c = tl.program_id(0), tl.program_id(1)
+    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    inv_m = div(1.0, per_head(m_ptr, bh, 0, 1, in_h) + PI_EPS)
+    gain = div(1.0, 1.0 + inv_m[:, None] * rows(t_ptr, bh, 0, 1, P, in_hp, BLOCK_P))
+    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
+        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
+        x = load_w(x_ptr, offs, inside, keep, ACC)
+        pi = tl.load(pi_ptr + tok, mask=in_tok, other=0.0)
+        out = -x * pi[:, :, None] * gain[:, None, :]
+        tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
-def _bwd_q(x_ptr, mask_ptr, pi_ptr, go_ptr, q_part_ptr, H, N, P, NB,
-           HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    bh, nb = tl.program_id(0), tl.program_id(1)
-    offs_n, offs, inside, keep, x = w_block(x_ptr, mask_ptr, bh, H, nb, N, P, HAS_MASK, BLOCK, BLOCK_P, ACC)
-    go = tl.load(go_ptr + offs, mask=inside, other=0.0).to(ACC)
-    pi = tok(pi_ptr, bh, offs_n, N)
-    put_row(q_part_ptr, bh, nb, NB, P, tl.sum(x * pi[:, None] * go, axis=0), BLOCK_P)
+def _bwd_q(x_ptr, mask_ptr, pi_ptr, go_ptr, q_part_ptr, H, N, P, NC,
+           has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+           BLOCK_P: tl.constexpr, ACC: tl.constexpr):
+    b, c = tl.program_id(0), tl.program_id(1)
+    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
+    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
+        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
+        x = load_w(x_ptr, offs, inside, keep, ACC)
+        go = tl.load(go_ptr + offs, mask=inside, other=0.0).to(ACC)
+        pi = tl.load(pi_ptr + tok, mask=in_tok, other=0.0)
+        acc += tl.sum(x * pi[:, :, None] * go, axis=1)
+    put_rows(q_part_ptr, bh, c, NC, P, in_hp, acc, BLOCK_P)
 
 
 @triton.jit
 def _bwd_lambda(x_ptr, mask_ptr, pi_ptr, go_ptr, gpi_ptr, gain_ptr, cd_ptr, k_ptr, r_ptr, temp_ptr,
-                lam_ptr, logit_ptr, dtemp_part_ptr, ds_part_ptr, H, N, P, NB,
-                HAS_MASK: tl.constexpr, HAS_GPI: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
-                ACC: tl.constexpr):
-    b = tl.program_id(0)
-    nb = tl.program_id(1)
-    pi_dpi = tl.zeros([BLOCK], ACC)
-    for h in range(H):  # dL/dPi (parked in lam_ptr) and R/temp-free logits R (in logit_ptr)
-        bh = b * H + h
-        offs_n, offs, inside, keep, x = w_block(x_ptr, mask_ptr, bh, H, nb, N, P, HAS_MASK, BLOCK, BLOCK_P, ACC)
+                lam_ptr, dtemp_part_ptr, ds_part_ptr, H, N, P, NC,
+                has_mask, has_gpi, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
+    b, c = tl.program_id(0), tl.program_id(1)
+    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    k = per_head(k_ptr, bh, 0, 1, in_h)
+    temp = tl.load(temp_ptr + tl.arange(0, BLOCK_H), mask=in_h, other=0.0)
+    ds_acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
+    dtemp_acc = tl.zeros([BLOCK_H], ACC)
+    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
+        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
+        x = load_w(x_ptr, offs, inside, keep, ACC)
         go = tl.load(go_ptr + offs, mask=inside, other=0.0).to(ACC)
-        gain = row(gain_ptr, bh, 0, 1, P, BLOCK_P)
-        cd = row(cd_ptr, bh, 0, 1, P, BLOCK_P)
-        r = row(r_ptr, bh, 0, 1, P, BLOCK_P)
         x2 = x * x
-        dpi = tl.sum(x2 * cd[None, :] - x * go * gain[None, :], axis=1) - tl.load(k_ptr + bh)
-        if HAS_GPI:
-            dpi += tok(gpi_ptr, bh, offs_n, N).to(ACC)
-        pi = tok(pi_ptr, bh, offs_n, N)
-        pi_dpi += pi * dpi
-        put_tok(lam_ptr, bh, offs_n, N, dpi)
-        put_tok(logit_ptr, bh, offs_n, N, tl.sum(x2 * r[None, :], axis=1))
-    for h in range(H):  # softmax backward over heads: Lambda, lambda = temp Lambda
-        bh = b * H + h
-        offs_n, offs, inside, keep, x = w_block(x_ptr, mask_ptr, bh, H, nb, N, P, HAS_MASK, BLOCK, BLOCK_P, ACC)
-        pi = tok(pi_ptr, bh, offs_n, N)
-        dpi = tok(lam_ptr, bh, offs_n, N)
-        big_lam = pi * (dpi - pi_dpi)
-        big_r = tok(logit_ptr, bh, offs_n, N)
-        tl.store(dtemp_part_ptr + (b.to(tl.int64) * NB + nb) * H + h, tl.sum(big_lam * big_r, axis=0))
-        lam = tl.load(temp_ptr + h) * big_lam
-        put_tok(lam_ptr, bh, offs_n, N, lam)
-        put_row(ds_part_ptr, bh, nb, NB, P, tl.sum(lam[:, None] * x * x, axis=0), BLOCK_P)
+        dpi = tl.sum(x2 * rows(cd_ptr, bh, 0, 1, P, in_hp, BLOCK_P)[:, None, :]
+                     - x * go * rows(gain_ptr, bh, 0, 1, P, in_hp, BLOCK_P)[:, None, :], axis=2) - k[:, None]
+        if has_gpi:
+            dpi += tl.load(gpi_ptr + tok, mask=in_tok, other=0.0).to(ACC)
+        pi = tl.load(pi_ptr + tok, mask=in_tok, other=0.0)
+        big_lam = pi * (dpi - tl.sum(pi * dpi, axis=0)[None, :])  # softmax backward over heads
+        big_r = tl.sum(x2 * rows(r_ptr, bh, 0, 1, P, in_hp, BLOCK_P)[:, None, :], axis=2)
+        dtemp_acc += tl.sum(big_lam * big_r, axis=1)
+        lam = temp[:, None] * big_lam
+        tl.store(lam_ptr + tok, lam, mask=in_tok)
+        ds_acc += tl.sum(lam[:, :, None] * x2, axis=1)
+    tl.store(dtemp_part_ptr + (b.to(tl.int64) * NC + c) * H + tl.arange(0, BLOCK_H), dtemp_acc, mask=in_h)
+    put_rows(ds_part_ptr, bh, c, NC, P, in_hp, ds_acc, BLOCK_P)
 
 
 @triton.jit
 def _bwd_dw(x_ptr, mask_ptr, pi_ptr, go_ptr, gain_ptr, cd_ptr, r_ptr, ds_ptr, lam_ptr, dw_ptr, H, N, P,
-            HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    bh, nb = tl.program_id(0), tl.program_id(1)
-    offs_n, offs, inside, keep, x = w_block(x_ptr, mask_ptr, bh, H, nb, N, P, HAS_MASK, BLOCK, BLOCK_P, ACC)
-    go = tl.load(go_ptr + offs, mask=inside, other=0.0).to(ACC)
-    gain = row(gain_ptr, bh, 0, 1, P, BLOCK_P)
-    cd = row(cd_ptr, bh, 0, 1, P, BLOCK_P)
-    r = row(r_ptr, bh, 0, 1, P, BLOCK_P)
-    ds = row(ds_ptr, bh, 0, 1, P, BLOCK_P)
-    pi = tok(pi_ptr, bh, offs_n, N)
-    lam = tok(lam_ptr, bh, offs_n, N)
-    dw = -pi[:, None] * gain[None, :] * go
-    dw += 2.0 * x * (cd[None, :] * pi[:, None] + lam[:, None] * r[None, :] + ds[None, :])
-    tl.store(dw_ptr + offs, dw.to(dw_ptr.dtype.element_ty), mask=inside)
+            has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_P: tl.constexpr, ACC: tl.constexpr):
+    b, c = tl.program_id(0), tl.program_id(1)
+    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
+        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
+        x = load_w(x_ptr, offs, inside, keep, ACC)
+        go = tl.load(go_ptr + offs, mask=inside, other=0.0).to(ACC)
+        pi = tl.load(pi_ptr + tok, mask=in_tok, other=0.0)[:, :, None]
+        lam = tl.load(lam_ptr + tok, mask=in_tok, other=0.0)[:, :, None]
+        dw = -pi * rows(gain_ptr, bh, 0, 1, P, in_hp, BLOCK_P)[:, None, :] * go
+        dw += 2.0 * x * (rows(cd_ptr, bh, 0, 1, P, in_hp, BLOCK_P)[:, None, :] * pi
+                         + lam * rows(r_ptr, bh, 0, 1, P, in_hp, BLOCK_P)[:, None, :]
+                         + rows(ds_ptr, bh, 0, 1, P, in_hp, BLOCK_P)[:, None, :])
+        tl.store(dw_ptr + offs, dw.to(dw_ptr.dtype.element_ty), mask=inside)
 
 
-def _meta(w: Tensor, mask: Optional[Tensor], block: int) -> dict:
-    return dict(HAS_MASK=mask is not None, BLOCK=block, BLOCK_P=block_p(w.shape[-1]), ACC=tl_acc(w.dtype))
+TRAFFIC = {  # access patterns for the traffic model (:mod:`._traffic`)
+    "_pi": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"), "r_ptr": ("r", "all", 1, None),
+            "temp_ptr": ("r", "all", 1, None), "pi_ptr": ("w", "token", 1, None),
+            "t_part_ptr": ("w", "all", 1, None), "m_part_ptr": ("w", "all", 1, None)},
+    "_out": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"),
+             "pi_ptr": ("r", "token", 1, None), "t_ptr": ("r", "all", 1, None), "m_ptr": ("r", "all", 1, None),
+             "out_ptr": ("w", "tile", 1, None)},
+    "_bwd_q": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"),
+               "pi_ptr": ("r", "token", 1, None), "go_ptr": ("r", "tile", 1, None),
+               "q_part_ptr": ("w", "all", 1, None)},
+    "_bwd_lambda": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"),
+                    "pi_ptr": ("r", "token", 1, None), "go_ptr": ("r", "tile", 1, None),
+                    "gpi_ptr": ("r", "token", 1, "has_gpi"), "gain_ptr": ("r", "all", 1, None),
+                    "cd_ptr": ("r", "all", 1, None), "k_ptr": ("r", "all", 1, None), "r_ptr": ("r", "all", 1, None),
+                    "temp_ptr": ("r", "all", 1, None), "lam_ptr": ("w", "token", 1, None),
+                    "dtemp_part_ptr": ("w", "all", 1, None), "ds_part_ptr": ("w", "all", 1, None)},
+    "_bwd_dw": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"),
+                "pi_ptr": ("r", "token", 1, None), "go_ptr": ("r", "tile", 1, None), "gain_ptr": ("r", "all", 1, None),
+                "cd_ptr": ("r", "all", 1, None), "r_ptr": ("r", "all", 1, None), "ds_ptr": ("r", "all", 1, None),
+                "lam_ptr": ("r", "token", 1, None), "dw_ptr": ("w", "tile", 1, None)},
+}
+
+
+def _launch(w: Tensor, mask: Optional[Tensor]):
+    """(grid, constexprs and options, the uint8 mask) of the sequence kernels for w (B, H, N, p)."""
+    b, h, n, p = w.shape
+    t = _tiles.tiles(h, p, w.dtype)
+    meta = dict(t.meta(), has_mask=mask is not None, CHUNK=t.chunk, ACC=tl_acc(w.dtype))
+    return (b, triton.cdiv(n, t.chunk)), meta, mask_u8(mask, w)
 
 
 # ------------------------------------------------------------------------------ custom ops
 
 
 @torch.library.custom_op("whiteformer::tssa_triton_fwd", mutates_args=())
-def _fwd(w: Tensor, temp: Tensor, mask: Optional[Tensor], block: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _fwd(w: Tensor, temp: Tensor, mask: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     b, h, n, p = w.shape
-    acc, nb = acc_dtype(w.dtype), triton.cdiv(n, block)
-    meta, m8 = _meta(w, mask, block), mask_u8(mask, w)
-    part = w.new_empty(b, h, nb, p, dtype=acc)
-    energy_partials[(b * h, nb)](w, m8, part, h, n, p, nb, **meta)
+    acc = acc_dtype(w.dtype)
+    grid, meta, m8 = _launch(w, mask)
+    part = w.new_empty(b, h, grid[1], p, dtype=acc)
+    chunk_energy[grid](w, m8, part, h, n, p, grid[1], **meta)
     s = part.sum(2)
     r = s.clamp_min(_tiles.NORM_EPS_SQ).reciprocal()
     pi = w.new_empty(b, h, n, dtype=acc)
-    m_part = w.new_empty(b, h, nb, dtype=acc)
-    _pi[(b, nb)](w, m8, r, temp, pi, part, m_part, h, n, p, nb, **meta)
+    m_part = w.new_empty(b, h, grid[1], dtype=acc)
+    _pi[grid](w, m8, r, temp, pi, part, m_part, h, n, p, grid[1], **meta)
     t, m = part.sum(2), m_part.sum(2)
     out = torch.empty_like(w)
-    _out[(b * h, nb)](w, m8, pi, t, m, out, h, n, p, PI_EPS, **meta)
+    _out[grid](w, m8, pi, t, m, out, h, n, p, PI_EPS, **meta)
     return out, pi, s, t, m
 
 
 @_fwd.register_fake
-def _(w, temp, mask, block):
+def _(w, temp, mask):
     b, h, n, p = w.shape
     acc = acc_dtype(w.dtype)
     return (torch.empty_like(w), w.new_empty(b, h, n, dtype=acc), w.new_empty(b, h, p, dtype=acc),
@@ -178,39 +209,38 @@ def _(w, temp, mask, block):
 
 @torch.library.custom_op("whiteformer::tssa_triton_bwd", mutates_args=())
 def _bwd(grad_out: Tensor, grad_pi: Optional[Tensor], w: Tensor, temp: Tensor, mask: Optional[Tensor],
-         pi: Tensor, s: Tensor, t: Tensor, m: Tensor, block: int) -> Tuple[Tensor, Tensor]:
+         pi: Tensor, s: Tensor, t: Tensor, m: Tensor) -> Tuple[Tensor, Tensor]:
     b, h, n, p = w.shape
-    acc, nb = acc_dtype(w.dtype), triton.cdiv(n, block)
-    meta, m8 = _meta(w, mask, block), mask_u8(mask, w)
+    acc = acc_dtype(w.dtype)
+    grid, meta, m8 = _launch(w, mask)
+    nc = grid[1]
     c = (m + PI_EPS).reciprocal()  # (B, H)
     d = c[..., None] * t
     gain = (1.0 + d).reciprocal()  # (B, H, p)
-    part = w.new_empty(b, h, nb, p, dtype=acc)
-    _bwd_q[(b * h, nb)](w, m8, pi, grad_out, part, h, n, p, nb, **meta)
+    part = w.new_empty(b, h, nc, p, dtype=acc)
+    _bwd_q[grid](w, m8, pi, grad_out, part, h, n, p, nc, **meta)
     cd = c[..., None] * gain * gain * part.sum(2)  # c D
     k = (cd * d).sum(-1).contiguous()  # K = c sum_j D_j d_j
     r = s.clamp_min(_tiles.NORM_EPS_SQ).reciprocal()
     lam = w.new_empty(b, h, n, dtype=acc)
-    big_r = w.new_empty(b, h, n, dtype=acc)
-    dtemp_part = w.new_empty(b, nb, h, dtype=acc)
+    dtemp_part = w.new_empty(b, nc, h, dtype=acc)
     gpi = grad_pi if grad_pi is not None else lam
-    _bwd_lambda[(b, nb)](w, m8, pi, grad_out, gpi, gain, cd, k, r, temp, lam, big_r, dtemp_part, part,
-                         h, n, p, nb, HAS_GPI=grad_pi is not None, **meta)
+    _bwd_lambda[grid](w, m8, pi, grad_out, gpi, gain, cd, k, r, temp, lam, dtemp_part, part,
+                      h, n, p, nc, has_gpi=grad_pi is not None, **meta)
     ds = torch.where(s > _tiles.NORM_EPS_SQ, -r * r * part.sum(2), 0.0)
     dw = torch.empty_like(w)
-    _bwd_dw[(b * h, nb)](w, m8, pi, grad_out, gain, cd, r, ds, lam, dw, h, n, p, **meta)
+    _bwd_dw[grid](w, m8, pi, grad_out, gain, cd, r, ds, lam, dw, h, n, p, **meta)
     return dw, dtemp_part.sum((0, 1))
 
 
 @_bwd.register_fake
-def _(grad_out, grad_pi, w, temp, mask, pi, s, t, m, block):
+def _(grad_out, grad_pi, w, temp, mask, pi, s, t, m):
     return torch.empty_like(w), w.new_empty(w.shape[1], dtype=acc_dtype(w.dtype))
 
 
 def _setup(ctx, inputs, output):
-    w, temp, mask, block = inputs
+    w, temp, mask = inputs
     _, pi, s, t, m = output
-    ctx.block = block
     ctx.save_for_backward(w, temp, mask, pi, s, t, m)
 
 
@@ -221,11 +251,11 @@ def _backward(ctx, g_out, g_pi, *_):
         from ..fused import _double_backward
 
         dw, dtemp = _double_backward(tssa_parallel(w, temp, mask), (w, temp), (g_out, g_pi))
-        return dw, dtemp, None, None
+        return dw, dtemp, None
     g_out = torch.zeros_like(w) if g_out is None else g_out.contiguous()
     g_pi = None if g_pi is None else g_pi.contiguous()
-    dw, dtemp = _bwd(g_out, g_pi, w, temp, mask, pi, s, t, m, ctx.block)
-    return dw, dtemp.view_as(temp), None, None
+    dw, dtemp = _bwd(g_out, g_pi, w, temp, mask, pi, s, t, m)
+    return dw, dtemp.view_as(temp), None
 
 
 _fwd.register_autograd(_backward, setup_context=_setup)
@@ -237,5 +267,5 @@ def tssa_triton(w: Tensor, temp: Tensor, attn_mask: Optional[Tensor] = None) -> 
     pi (B, H, N) in w's dtype). Inputs are assumed validated (see :func:`whiteformer.ops.tssa`)."""
     w = w.contiguous()
     temp_acc = temp.to(acc_dtype(w.dtype)).contiguous()
-    out, pi, _, _, _ = _fwd(w, temp_acc, None if attn_mask is None else attn_mask.contiguous(), _tiles.BLOCK_N)
+    out, pi, _, _, _ = _fwd(w, temp_acc, None if attn_mask is None else attn_mask.contiguous())
     return out, pi.to(w.dtype)
