@@ -56,7 +56,7 @@ def _close(a, b, tol=1e-5):
 
 def _inputs(b=2, h=3, n=6, p=4):
     w = torch.randn(b, h, n, p, requires_grad=True)
-    temp = (torch.rand(h, 1) + 0.5).requires_grad_(True)
+    temp = ((torch.rand(h, 1) + 0.5) * min(1.0, 8 / p)).requires_grad_(True)  # logits O(1) at any head dim
     bias = (torch.randn(h, 10, 1) * 0.3).requires_grad_(True)
     mask = torch.ones(b, n, dtype=torch.bool)
     mask[-1, :2] = False  # left padding

@@ -28,6 +28,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 import torch
 
+from ...._checks import is_int
 from ._launches import Launch
 
 __all__ = ["CCS", "Result", "Spec", "compile_specialisations", "specialisations"]
@@ -80,7 +81,7 @@ def _constexpr_text(value) -> object:
 def _divisible(name: str, value) -> bool:
     if isinstance(value, torch.Tensor):
         return True  # torch allocations are 16-byte aligned
-    return isinstance(value, int) and not isinstance(value, bool) and value % 16 == 0
+    return is_int(value) and value % 16 == 0
 
 
 def specialisations(launches: Iterable[Launch]) -> List[Spec]:
