@@ -3,7 +3,7 @@
     whiteformer train    [-c FILE.yaml] [--key value | key=value ...]   train / fine-tune a model
     whiteformer eval     --checkpoint RUN_OR_DIR [--dataset NAME --split test ...]
     whiteformer generate --checkpoint LM_RUN [--prompt TEXT --max-new-tokens N ...]
-    whiteformer analyze  ANALYSIS [--out DIR ...]                         (eca-toy, report)
+    whiteformer analyze  ANALYSIS [--out DIR ...]                         (eca-toy, layerwise, report)
     whiteformer compress ...                                              (whiteformer.compress.cli)
     whiteformer list-models [PATTERN]        whiteformer list-datasets
 
@@ -194,7 +194,7 @@ def cmd_generate(argv: List[str]) -> int:
     return 0
 
 
-@register_command("analyze", "white-box analyses: " + "eca-toy, report")
+@register_command("analyze", "white-box analyses: " + "eca-toy, layerwise, report")
 def cmd_analyze(argv: List[str]) -> int:
     from .train import AnalyzeConfig
 
@@ -311,6 +311,42 @@ def analysis_report(cfg) -> int:
         name = write_report(stage, model, task, results, info).name
         (stage / "metrics.jsonl").unlink(missing_ok=True)
     print(f"report: {Path(cfg.out) / name}")
+    return 0
+
+
+@register_analysis("layerwise", "layer-wise coding rates R, R_c, delta R of a saved model, whiteformer or any "
+                                "transformers one (--checkpoint DIR --out DIR; options.inputs=FILE.pt, options.eps, "
+                                "options.subspaces=K, options.samples, options.seq_len)")
+def analysis_layerwise(cfg) -> int:
+    import torch
+
+    from .analysis import layerwise_report
+    from .analysis.hidden_states import example_inputs, load_for_analysis
+    from .models import resolve_model_dir
+    from .train.configuration import ConfigError
+    from .train.outputs import check_output_dir, staged_output
+
+    known = {"inputs", "eps", "subspaces", "samples", "seq_len", "features"}
+    unknown = sorted(set(cfg.options) - known)
+    if unknown:
+        raise UsageError(f"unknown option(s) {unknown} for analyze layerwise; known: {sorted(known)}")
+    if not cfg.checkpoint:
+        raise ConfigError("analyze layerwise needs --checkpoint MODEL_DIR (a saved whiteformer or transformers model)")
+    check_output_dir(cfg.out, overwrite=cfg.overwrite)  # before any work
+    opts = cfg.options
+    model = load_for_analysis(resolve_model_dir(cfg.checkpoint)).eval()
+    if opts.get("inputs"):
+        x = torch.load(str(opts["inputs"]), map_location="cpu", weights_only=True)
+        if not isinstance(x, torch.Tensor):
+            raise ConfigError(f"options.inputs {opts['inputs']!r} must hold one tensor (images or token ids)")
+    else:
+        x = example_inputs(model, int(opts.get("samples", 8)), int(opts.get("seq_len", 32)), cfg.seed)
+        print("note: no options.inputs given: the rates are measured on random inputs")
+    with staged_output(cfg.out, overwrite=cfg.overwrite) as stage:
+        report = layerwise_report(model, x, eps=float(opts.get("eps", 0.5)), out_dir=stage, plot=cfg.plots,
+                                  features=str(opts.get("features", "output")), subspaces=opts.get("subspaces"))
+    print(report.to_markdown())
+    print(f"report: {cfg.out}/layerwise_report.json" + (f", {cfg.out}/layerwise_report.png" if cfg.plots else ""))
     return 0
 
 

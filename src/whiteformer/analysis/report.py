@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 import torch.nn as nn
 
-from . import rates
+from . import hidden_states, rates
 from ._viz import new_figure, require_matplotlib
 from .capture import BlockRecord, attention_basis, capture, eval_mode
 from .._checks import is_real
@@ -54,8 +54,8 @@ __all__ = ["LayerwiseReport", "layerwise_report", "layer_bases", "simplex_member
            "RATE_READING"]
 
 COLUMNS = ("layer", "name", "attn", "tokens", "dim", "heads", "R", "R_c", "delta_R", "R_c_var", "delta_R_var",
-           "R_c_U")
-_RATES = ("R", "R_c", "delta_R", "R_c_var", "delta_R_var", "R_c_U")
+           "R_c_U", "delta_R_U")
+_RATES = ("R", "R_c", "delta_R", "R_c_var", "delta_R_var", "R_c_U", "delta_R_U")
 _FEATURES = ("output", "input")
 JSON_NAME, PNG_NAME = "layerwise_report.json", "layerwise_report.png"
 #: how to read a curve of R(Z) over the blocks (the run report prints it under its plot)
@@ -120,8 +120,9 @@ def _layer_row(r: BlockRecord, features: str, eps: float, dtype: torch.dtype) ->
             row["R_c_var"] = mean(Rv)
             row["delta_R_var"] = mean(R - Rv)
     if U is not None:
-        row["R_c_U"] = mean(rates.subspace_compression_rate(Z, U, eps, num_heads=K if U.dim() == 2 else None,
-                                                            dtype=dtype))
+        Rc_U = rates.subspace_compression_rate(Z, U, eps, num_heads=K if U.dim() == 2 else None, dtype=dtype)
+        row["R_c_U"] = mean(Rc_U)
+        row["delta_R_U"] = mean(R - Rc_U)
     return row
 
 
@@ -203,7 +204,7 @@ class LayerwiseReport:
         x = [row["layer"] for row in self.rows]
         panels = [
             ("variational compression R_c^var(Z, Pi | U)", [("R_c_var", "o-")]),
-            ("rates", [("R", "o-"), ("R_c", "s--"), ("delta_R", "^:")]),
+            ("rates", [("R", "o-"), ("R_c", "s--"), ("delta_R", "^:"), ("delta_R_U", "v-.")]),
             ("subspace compression R_c(Z | U)", [("R_c_U", "o-")]),
         ]
         for ax, (title, curves) in zip(axes, panels):
@@ -226,7 +227,7 @@ class LayerwiseReport:
 
 
 def layerwise_report(
-    model: nn.Module,
+    model: Union[nn.Module, str, Path],
     images_or_tokens: torch.Tensor,
     eps: float = 0.5,
     out_dir: Optional[Union[str, Path]] = None,
@@ -234,19 +235,28 @@ def layerwise_report(
     features: str = "output",
     plot: bool = True,
     dtype: torch.dtype = torch.float64,
+    subspaces: Any = None,
+    attention_mask: Optional[torch.Tensor] = None,
 ) -> LayerwiseReport:
     """Per-layer R, R_c, delta_R, R_c^var, R_c(Z|U) of ``model`` on a batch (see module docstring).
 
     Args:
         model: an ``nn.Module`` with attention blocks (vision shell, LM, CRATE, DeiT, ...); it is
             called as ``model(images_or_tokens)`` in eval mode under ``torch.no_grad`` (each
-            submodule's training flag is restored afterwards).
+            submodule's training flag is restored afterwards). Or any ``transformers`` model (ViT,
+            GPT-2, BERT, ...; whiteformer's wrappers are measured as whiteformer models), measured
+            from its ``hidden_states`` (:mod:`whiteformer.analysis.hidden_states`), or a saved
+            model folder (either kind).
         images_or_tokens: the model input, e.g. images (B, C, H, W) or token ids (B, T); each
             sample's tokens are one Z, the rates are averaged over the B samples.
         eps: quantisation error of the coding rates (> 0).
         out_dir: if given, write ``layerwise_report.json`` and (``plot``) ``layerwise_report.png``.
         features: "output" (block outputs, default) or "input" (attention inputs).
         dtype: accumulation dtype of the rates (float64 or float32).
+        subspaces: transformers models only: the split U_[K] of R_c_U (None: the attention heads'
+            split of the width; an int K; or bases (K, d, p)).
+        attention_mask: transformers models only: (B, T) keep-mask, passed to the model; padded
+            tokens are left out of Z.
     Returns:
         a :class:`LayerwiseReport` (``.rows``, ``.to_markdown()``, ``.files``).
     Raises:
@@ -265,6 +275,22 @@ def layerwise_report(
             require_matplotlib("layerwise_report's plot (plot=False writes the JSON only)")
     if not isinstance(images_or_tokens, torch.Tensor):
         raise TypeError(f"images_or_tokens must be a torch.Tensor, got {type(images_or_tokens).__name__}")
+    if isinstance(model, (str, Path)):
+        model = hidden_states.load_for_analysis(model)
+    if isinstance(getattr(model, "whiteformer", None), nn.Module):  # a whiteformer.hf wrapper
+        model = model.whiteformer
+    if hidden_states.is_transformers_model(model):
+        with torch.no_grad(), eval_mode(model):
+            rows = hidden_states.hidden_state_rows(model, images_or_tokens, float(eps), features, dtype, subspaces,
+                                                   attention_mask)
+        report = LayerwiseReport(rows, float(eps), features, int(images_or_tokens.shape[0]),
+                                 str(getattr(model.config, "name_or_path", "") or type(model).__name__))
+        if out_dir is not None:
+            report.save(out_dir, plot=plot)
+        return report
+    if subspaces is not None or attention_mask is not None:
+        raise ValueError("subspaces and attention_mask apply to transformers models; a whiteformer model is measured "
+                         "with each layer's own bases and memberships")
 
     with torch.no_grad(), eval_mode(model), capture(model) as rec:
         model(images_or_tokens)

@@ -271,13 +271,14 @@ class GenerateConfig:
 
 @dataclass
 class AnalyzeConfig:
-    """``whiteformer analyze <analysis>``: white-box analyses (``eca-toy``, ``report``)."""
+    """``whiteformer analyze <analysis>``: white-box analyses (``eca-toy``, ``layerwise``, ``report``)."""
 
     out: str = _h("output directory (missing or empty unless --overwrite)", default="runs/analysis")
     seed: int = _h("random seed", default=0)
     small: bool = _h("reduced problem size (quick check)", default=False)
     plots: bool = _h("write PNG figures (needs matplotlib)", default=True)
-    checkpoint: Optional[str] = _h("run directory (analysis 'report')", default=None)
+    checkpoint: Optional[str] = _h("run directory (analysis 'report') or saved model folder (analysis 'layerwise')",
+                                   default=None)
     options: Dict[str, Any] = _h("analysis-specific options, e.g. options.layers=6", default_factory=dict)
     overwrite: bool = _h("write into a non-empty --out, replacing the files of the same names (others are kept)",
                          default=False)

@@ -1,0 +1,143 @@
+"""The white-box lens on any ``transformers`` model: layer-wise coding rates from its hidden states.
+
+For a model that is not whiteformer's (a ``transformers`` ``PreTrainedModel``: ViT, GPT-2, BERT,
+...), :func:`~whiteformer.analysis.report.layerwise_report` runs it once with
+``output_hidden_states=True`` and measures, on each layer's tokens Z^l (one sample = one Z, tokens as
+rows, (N, d); padded tokens left out when an ``attention_mask`` is given):
+
+- ``R``: the coding rate R(Z^l) (ToST Eq. 1);
+- ``R_c_U``: the compression term against a subspace split U_[K], R_c(Z^l | U_[K]) =
+  sum_k R(Z^l U_k) (CRATE / ECA Eq. 2) -- by default the model's attention heads' split of the
+  width (K = ``num_attention_heads`` blocks of d / K coordinates), or the ``subspaces`` given (an
+  int K, or bases (K, d, p));
+- ``delta_R_U``: R - R_c_U, the rate reduction against that split (CRATE's objective).
+
+Z^l is ``hidden_states[l]`` as ``transformers`` reports it (l = 1..L: the output of layer l; GPT-2
+and Llama report the last one after the final norm) with ``features="output"``, and
+``hidden_states[l - 1]`` (the layer's input) with ``features="input"``. The model has no
+memberships Pi, so R_c, delta_R and the variational columns are None.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import torch
+import torch.nn as nn
+
+from . import rates
+from .._checks import is_int
+
+__all__ = ["is_transformers_model", "load_for_analysis", "split_bases", "hidden_state_rows", "example_inputs"]
+
+
+def is_transformers_model(model: Any) -> bool:
+    """A ``transformers`` model (has a ``config`` with a ``model_type`` and a ``main_input_name``)."""
+    config = getattr(model, "config", None)
+    return isinstance(model, nn.Module) and isinstance(getattr(config, "model_type", None), str) \
+        and isinstance(getattr(model, "main_input_name", None), str)
+
+
+def load_for_analysis(path: Union[str, os.PathLike]) -> nn.Module:
+    """A saved model folder as a module to analyse: whiteformer's own format (its ``config.json``
+    names a ``model_name``) through :func:`whiteformer.from_pretrained`, any other ``transformers``
+    folder through ``AutoModel.from_pretrained`` (headless: hidden states)."""
+    from ..models import from_pretrained
+    from ..models.checkpoint import read_config
+
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"model folder {str(path)!r} does not exist (expected a save_pretrained directory)")
+    config = read_config(p) or {}
+    if config.get("model_name"):
+        return from_pretrained(p)
+    try:
+        from transformers import AutoModel
+    except ImportError as err:
+        raise ImportError(f"{str(path)!r} is a transformers model folder: pip install whiteformer[hf]") from err
+    return AutoModel.from_pretrained(str(p))
+
+
+def split_bases(subspaces: Any, dim: int, default_heads: Optional[int]) -> Tuple[torch.Tensor, int]:
+    """The subspace split U_[K] as ``(U (d, K*p), K)``: ``None`` -> ``default_heads`` coordinate
+    blocks, an int K -> K coordinate blocks of d / K (d divisible by K), a tensor (K, d, p) -> those
+    bases."""
+    if isinstance(subspaces, torch.Tensor):
+        if subspaces.dim() != 3 or subspaces.shape[1] != dim:
+            raise ValueError(f"subspaces must be bases of shape (K, {dim}, p), got {tuple(subspaces.shape)}")
+        k, _, p = subspaces.shape
+        return subspaces.permute(1, 0, 2).reshape(dim, k * p), int(k)
+    k = default_heads if subspaces is None else subspaces
+    if k is None:
+        raise ValueError("the model's config has no num_attention_heads: pass subspaces=K (or bases (K, d, p))")
+    if not is_int(k) or k < 1 or dim % k:
+        raise ValueError(f"subspaces must be an int K >= 1 dividing the width {dim}, or bases (K, {dim}, p); "
+                         f"got {k!r}")
+    return torch.eye(dim), k
+
+
+def _heads(config) -> Optional[int]:
+    for key in ("num_attention_heads", "n_head", "num_heads"):
+        v = getattr(config, key, None)
+        if is_int(v) and v > 0:
+            return v
+    return None
+
+
+def hidden_state_rows(model: nn.Module, inputs: torch.Tensor, eps: float, features: str, dtype: torch.dtype,
+                      subspaces: Any = None, attention_mask: Optional[torch.Tensor] = None) -> List[Dict[str, Any]]:
+    """One row per layer (keys of :data:`whiteformer.analysis.report.COLUMNS`) from the model's hidden
+    states (see the module docstring)."""
+    kwargs = {model.main_input_name: inputs, "output_hidden_states": True}
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask
+    out = model(**kwargs)
+    states = getattr(out, "hidden_states", None)
+    if not states or len(states) < 2:
+        raise ValueError(f"{type(model).__name__} returned no hidden_states for output_hidden_states=True")
+    dim = states[0].shape[-1]
+    U, k = split_bases(subspaces, dim, _heads(model.config))
+    keep = None
+    if attention_mask is not None:
+        if attention_mask.shape != states[0].shape[:2]:
+            raise ValueError(f"attention_mask must have shape {tuple(states[0].shape[:2])} (B, T), got "
+                             f"{tuple(attention_mask.shape)}")
+        keep = attention_mask.bool()
+    rows = []
+    for layer in range(1, len(states)):
+        Z = states[layer] if features == "output" else states[layer - 1]
+        samples = [Z[b][keep[b]] for b in range(Z.shape[0])] if keep is not None else [Z]
+        R, Rc = [], []
+        for z in samples:
+            z = z.to(dtype)
+            R.append(rates.coding_rate(z, eps, dtype=dtype).reshape(-1))
+            Rc.append(rates.subspace_compression_rate(z, U.to(z.device, dtype), eps, num_heads=k,
+                                                      dtype=dtype).reshape(-1))
+        R, Rc = torch.cat(R), torch.cat(Rc)
+        rows.append({"layer": layer, "name": f"hidden_states[{layer}]", "attn": model.config.model_type,
+                     "tokens": Z.shape[-2], "dim": dim, "heads": k, "R": float(R.mean()), "R_c": None,
+                     "delta_R": None, "R_c_var": None, "delta_R_var": None, "R_c_U": float(Rc.mean()),
+                     "delta_R_U": float((R - Rc).mean())})
+    return rows
+
+
+def example_inputs(model: nn.Module, samples: int = 8, seq_len: int = 32, seed: int = 0) -> torch.Tensor:
+    """Random inputs of the right kind for ``model`` (when no data is given): standard-normal images
+    (samples, C, H, W) of its configured size for a vision model, uniform token ids (samples, seq_len)
+    below its vocabulary size for a text model. Rates measured on them describe the model's maps of
+    noise, not of data."""
+    g = torch.Generator().manual_seed(seed)
+    config = getattr(model, "config", None)
+    patch = getattr(model, "patch_embed", None)
+    if patch is not None:  # a whiteformer vision model
+        return torch.randn(samples, patch.in_chans, *patch.img_size, generator=g)
+    if config is not None and getattr(model, "main_input_name", None) == "pixel_values":
+        size = getattr(config, "image_size", 224)
+        h, w = (size, size) if isinstance(size, int) else tuple(size)
+        return torch.randn(samples, getattr(config, "num_channels", 3), h, w, generator=g)
+    vocab = getattr(config, "vocab_size", None) or getattr(model, "vocab_size", None)
+    if not is_int(vocab) or vocab < 1:
+        raise ValueError(f"cannot make example inputs for {type(model).__name__}: give them (options.inputs=FILE.pt)")
+    limit = getattr(config, "max_position_embeddings", None) or getattr(model, "max_len", None) or seq_len
+    return torch.randint(0, vocab, (samples, min(seq_len, int(limit))), generator=g)
