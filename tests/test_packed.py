@@ -52,7 +52,7 @@ def backend(request, monkeypatch):
         pytest.importorskip("triton")
         from whiteformer.ops._kernels.triton import _tiles
 
-        monkeypatch.setattr(_tiles, "BLOCK_N", 4)  # documents cross the kernels' token blocks and chunks
+        monkeypatch.setattr(_tiles, "BLOCK_N_MAX", 2)  # documents cross the kernels' token blocks and chunks
         monkeypatch.setattr(_tiles, "CHUNK", 4)
     for k, v in BACKENDS[request.param].items():
         monkeypatch.setenv(k, v)
