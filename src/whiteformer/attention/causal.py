@@ -21,7 +21,8 @@ from einops import rearrange
 from .._checks import (check_divisible, check_input_device, check_mask, check_probability, check_tensor,
                        check_tokens_input)
 from .._utils import zero_padded
-from ..ops.packing import segment_ids
+from ..ops.baselines import mhsa, mhsa_explicit
+from ..ops.packing import from_padded, packing, to_padded
 from .registry import register_attention
 
 __all__ = ["CausalAttention", "CausalSelfAttention", "KVCache"]
@@ -61,9 +62,10 @@ class CausalSelfAttention(nn.Module):
     ``qkv``: Linear(dim, 3 dim) with output layout (3, H, p) (as timm / nanoGPT ``c_attn``),
     ``proj``: Linear(dim, dim) (nanoGPT ``c_proj``). ``softmax(q k^T / sqrt(p) + causal) v``.
 
-    ``fused_attn`` (timm's attribute, default True): ``F.scaled_dot_product_attention``; False
-    forms the (B, H, N, N) scores and their softmax explicitly (nanoGPT's slow path, the baseline
-    of benchmarks that compare against "explicit softmax").
+    ``fused_attn`` (timm's attribute, default True): :func:`whiteformer.ops.mhsa` (SDPA); False:
+    :func:`whiteformer.ops.mhsa_explicit`, the (B, H, N, N) scores and their softmax formed
+    explicitly with float32 statistics (nanoGPT's slow path, the baseline of benchmarks that compare
+    against "explicit softmax", the same as :class:`~whiteformer.attention.MHSA`'s).
     """
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, proj_bias: bool = False,
@@ -99,15 +101,9 @@ class CausalSelfAttention(nn.Module):
         if x.shape[0] != 1 or attn_mask is not None:
             raise ValueError(f"with cu_seqlens, x must hold the packed documents in one row (1, N, C) and "
                              f"attn_mask must be None; got x of shape {tuple(x.shape)}")
-        seg = segment_ids(cu_seqlens, x.shape[1], x.device)
-        allowed = (seg[:, None] == seg[None, :]).tril()  # (N, N): causal within each document
-        q, k, v = self._qkv(x)
-        drop = self.attn_drop if self.training else 0.0
-        if self.fused_attn:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
-        else:
-            y = self._explicit(q, k, v, allowed, drop)
-        return self._out(y)
+        pk = packing(cu_seqlens, x.shape[1], x.device)  # documents side by side in an (S, L) layout
+        q, k, v = (to_padded(t, pk) for t in self._qkv(x))
+        return self._out(from_padded(self._attend(q, k, v, pk.mask), pk))
 
     def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None
                 ) -> Tuple[torch.Tensor, KVCache]:
@@ -115,29 +111,15 @@ class CausalSelfAttention(nn.Module):
         check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
         attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
         q, k, v = self._qkv(zero_padded(x, attn_mask))  # a padded token takes no part, NaN/inf included
-        drop = self.attn_drop if self.training else 0.0
-        n = x.shape[1]
-        if attn_mask is None:
-            if self.fused_attn:
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
-            else:
-                y = self._explicit(q, k, v, torch.ones(n, n, dtype=torch.bool, device=x.device).tril(), drop)
-            return self._out(y), KVCache(k, v)
-        eye = torch.eye(n, dtype=torch.bool, device=x.device)
-        # causal and real keys; a padded query keeps its own key so that no row is empty
-        allowed = (torch.ones_like(eye).tril() & attn_mask[:, None, None, :]) | eye
-        if self.fused_attn:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
-        else:
-            y = self._explicit(q, k, v, allowed, drop)
-        y = zero_padded(self._out(y), attn_mask)
-        return y, KVCache(k, v, attn_mask)
+        y = self._out(self._attend(q, k, v, attn_mask))
+        return zero_padded(y, attn_mask), KVCache(k, v, attn_mask)
 
-    def _explicit(self, q, k, v, allowed: torch.Tensor, drop: float) -> torch.Tensor:
-        """``softmax(q k^T / sqrt(p), keys where allowed) v`` with the (B, H, N, N) scores formed."""
-        scores = (q @ k.transpose(-2, -1)) * self.head_dim ** -0.5
-        attn = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
-        return F.dropout(attn, drop, self.training) @ v
+    def _attend(self, q, k, v, attn_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """Causal softmax attention of (B, H, N, p) heads through the ops: :func:`whiteformer.ops.mhsa`
+        (SDPA) or, with ``fused_attn = False``, :func:`whiteformer.ops.mhsa_explicit` (the (B, H, N, N)
+        scores formed, float32 statistics under half precision)."""
+        op = mhsa if self.fused_attn else mhsa_explicit
+        return op(q, k, v, attn_mask, causal=True, dropout_p=self.attn_drop if self.training else 0.0)
 
     def step(self, x_t: torch.Tensor, state: Optional[KVCache] = None) -> Tuple[torch.Tensor, KVCache]:
         """One token x_t (B, C) attending to the cached tokens and itself -> (y_t (B, C), cache)."""
