@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from .._checks import (autocast_off, check_divisible, check_eps, check_input_device, check_mask, check_sketch_rank,
                        check_tokens_input, is_int, is_real, stats_dtype)
 from .._utils import zero_padded
-from ..ops.eca import _compress, _expand, eca_omega
+from ..ops.eca import eca_compress, eca_expand, eca_omega
 from .registry import register_attention
 
 __all__ = ["ECAttention"]
@@ -255,11 +255,11 @@ class ECAttention(nn.Module):
             y = None
             if self.use_expand:
                 omega = self.omega_for(N, "expand", device=x.device, dtype=x.dtype).to(cd)
-                y = self.alpha.to(cd) * _expand(xc, omega, self.eps, attn_mask)
+                y = self.alpha.to(cd) * eca_expand(xc, omega, self.eps, attn_mask)
             if self.use_compress:
                 omega = self.omega_for(N, "compress", device=x.device, dtype=x.dtype).to(cd)
-                c, pi = _compress(xc, self.U.to(cd), omega, self.temperature.to(cd), self.num_heads, self.eps,
-                                  attn_mask)
+                c, pi = eca_compress(xc, self.U.to(cd), omega, self.temperature.to(cd), self.num_heads, self.eps,
+                                     attn_mask, return_pi=True)
                 c = self.beta.to(cd) * c
                 y = -c if y is None else y - c
         y = y.to(x.dtype)
