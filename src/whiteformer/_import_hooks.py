@@ -13,7 +13,6 @@ library's own import goes on).
 from __future__ import annotations
 
 import importlib.abc
-import importlib.machinery
 import sys
 import threading
 import warnings
@@ -43,8 +42,13 @@ class _Finder(importlib.abc.MetaPathFinder):
         if fullname not in _HOOKS or getattr(_SEARCHING, "name", None) == fullname:
             return None
         _SEARCHING.name = fullname
-        try:
-            spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        spec = None
+        try:  # the spec the other finders (path, editable installs, ...) give
+            for finder in [f for f in sys.meta_path if f is not self]:
+                find = getattr(finder, "find_spec", None)
+                spec = find(fullname, path, target) if find is not None else None
+                if spec is not None:
+                    break
         finally:
             _SEARCHING.name = None
         loader = getattr(spec, "loader", None)
