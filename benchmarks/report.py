@@ -554,7 +554,9 @@ def gpu_model_section(results: Path) -> List[str]:
         "dims. It passes: no spills at head dim 256 either, so the head dim is not split (a token row of 8 heads "
         "x 256 features is one 2048-value tile; more heads x features than the budget get more warps, up to 16). "
         "The same machinery (`whiteformer.ops._kernels.triton._launches`, `._compile_check`) covers new launches "
-        "once a workload makes them.",
+        "once a workload makes them. 195 distinct specialisations, 390 compiles (2 in parallel): `pytest "
+        "tests/test_triton_compile.py` took 3 min 14 s with an empty `TRITON_CACHE_DIR` on this 2-core machine "
+        "(1-minute load about 4, other jobs running) and 25 s with the cache filled.",
         "",
     ]
     model = _load(results, "gpu_model.json")
