@@ -94,6 +94,8 @@ def test_saved_folders_load_in_a_fresh_process_without_importing_whiteformer(tmp
         assert (Path(c["dir"]) / "whiteformer_auto.py").is_file()
     assert WhiteformerVisionConfig().auto_map["AutoModelForImageClassification"] == \
         "whiteformer_auto.WhiteformerForImageClassification"
+    WhiteformerVisionConfig().save_pretrained(tmp_path / "config_only")  # a configuration alone carries its module
+    assert (tmp_path / "config_only" / "whiteformer_auto.py").is_file()
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     out = _run(REMOTE_SCRIPT.replace("sys.argv[1]", repr(str(tmp_path / "cases.json"))), tmp_path)
     assert "missing:" in out and "pip install 'whiteformer[hf]'" in out, out

@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional
 from transformers import PretrainedConfig
 
 from ..models import list_models
-from ..models.hf_remote import auto_map
+from ..models.hf_remote import auto_map, write_remote_code
 
 __all__ = ["WhiteformerConfig", "ToSTLMConfig", "WhiteformerGPTConfig", "WhiteformerVisionConfig"]
 
@@ -64,6 +64,13 @@ class WhiteformerConfig(PretrainedConfig):
         """Nothing to do: every whiteformer configuration carries its ``auto_map`` (the folder's
         ``whiteformer_auto.py`` module, written by ``save_pretrained``); ``transformers`` calls this
         after loading remote code and would otherwise copy this package's source into saved folders."""
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """``PretrainedConfig.save_pretrained`` plus ``whiteformer_auto.py``, the module its ``auto_map``
+        names (so the folder loads with ``trust_remote_code=True`` without ``import whiteformer``)."""
+        out = super().save_pretrained(save_directory, *args, **kwargs)
+        write_remote_code(save_directory)
+        return out
 
     #: (whiteformer constructor argument, transformers attribute) pairs copied by :meth:`_mirror`
     mirrored = ()
