@@ -67,6 +67,8 @@ def test_timm_model_api(name):
         assert net.feature_info.module_name() == ["blocks.0"]
         assert net.model.num_classes == 0 and isinstance(net.model.head, nn.Identity)
 
+    assert model.feature_info.module_name() == ["blocks.0", "blocks.1"] and model.feature_info.channels() == [d, d]
+
     # prune_intermediate_layers (timm's): keep up to the last wanted block, drop the head
     pruned = _small(name)
     assert pruned.prune_intermediate_layers([0, 1], prune_head=True) == [0, 1]

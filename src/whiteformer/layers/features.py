@@ -193,7 +193,7 @@ def pretrained_cfg(model: nn.Module, first_conv: str, classifier: str = "head", 
 class TimmFeatureMixin:
     """timm's model API for a vision model on the token-model protocol (module docstring):
     ``forward_intermediates``, ``prune_intermediate_layers``, ``forward_hidden_states``,
-    ``group_matcher``, ``pretrained_cfg`` / ``default_cfg``.
+    ``group_matcher``, ``pretrained_cfg`` / ``default_cfg``, ``feature_info``.
 
     Class attributes a family sets: ``first_conv`` (its first conv / linear), ``head_modules``
     (modules removed with the head by ``prune_intermediate_layers``), ``fixed_input_size``,
@@ -238,6 +238,13 @@ class TimmFeatureMixin:
         for name in self.extra_groups:
             groups[name] = [(rf"^{name}\.(\d+)", None), tail]
         return groups
+
+    @property
+    def feature_info(self) -> FeatureInfo:
+        """timm's ``feature_info``: one entry per block (``blocks.i``, D channels, patch-size reduction)."""
+        r = int(self.patch_embed.patch_size[0])
+        return FeatureInfo(dict(num_chs=self.embed_dim, reduction=r, module=f"blocks.{i}")
+                           for i in range(len(self.blocks)))
 
     @property
     def pretrained_cfg(self) -> Dict:
