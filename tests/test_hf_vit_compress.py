@@ -32,7 +32,7 @@ def test_names_follow_the_sizes():
         "D 64, 2 blocks, 4 heads, patch 8, 32 px"
 
 
-def test_compress_takes_a_transformers_vit_object():
+def test_compress_takes_a_transformers_vit_object(tmp_path):
     hf = _hf_vit()
     x = torch.randn(3, 3, 32, 32)
     net = from_transformers_vit(hf).eval()
@@ -44,6 +44,10 @@ def test_compress_takes_a_transformers_vit_object():
     want, _ = compress(net, qk="truncatt", qk_rank=4, vo="truncatt", vo_rank=4)  # the same as converting first
     with torch.no_grad():
         torch.testing.assert_close(small.eval()(x), want.eval()(x), rtol=0, atol=0)
+    hf.save_pretrained(tmp_path / "hf")  # a transformers folder, by path
+    from_folder, _ = compress(str(tmp_path / "hf"), qk="truncatt", qk_rank=4, vo="truncatt", vo_rank=4)
+    with torch.no_grad():
+        torch.testing.assert_close(from_folder.eval()(x), want.eval()(x), rtol=1e-6, atol=1e-6)
     wrapper_small, _ = compress(hf_wrapper(net), qk="truncatt", qk_rank=4, vo="truncatt", vo_rank=4)
     with torch.no_grad():
         torch.testing.assert_close(wrapper_small.eval()(x), want(x), rtol=0, atol=0)

@@ -21,6 +21,7 @@ after each optimizer step to project every head-fusion matrix onto ``{S >= 0, S 
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -31,8 +32,9 @@ import torch.nn as nn
 from .._checks import check_finite, check_tensor, is_int
 from .._utils import count_params, eval_mode, to_jsonable
 from ..attention.compressed import CompressedAttention, CPSlimAtt, IrrAtt
-from ..models import from_transformers_vit
-from ..models.hf_vit import HF_VIT_MODEL_TYPES
+from ..models import create_model, from_pretrained, from_transformers_vit, resolve_model_dir
+from ..models.checkpoint import read_config
+from ..models.hf_vit import HF_VIT_MODEL_TYPES, init_kwargs_from_config, is_hf_vit_config, model_name_for
 from ..models.surgery import layer_spec, mlp_spec, record_compression_spec
 from .compress_block import BlockReport, compress_attention
 from .constraints import project_fusion
@@ -51,9 +53,16 @@ _METHOD_NAMES = {"truncatt": "TruncAtt", "cp": "CP SlimAtt", "irratt": "IrrAtt",
 
 # ----------------------------------------------------------------------------- model structure
 def _as_timm_vit(model):
-    """A ``transformers`` ViT / DeiT (converted: :func:`whiteformer.models.from_transformers_vit`) or a
-    :mod:`whiteformer.hf` wrapper (its whiteformer model) as the timm-layout model compress() works on;
+    """A ``transformers`` ViT / DeiT (converted: :func:`whiteformer.models.from_transformers_vit`), a
+    :mod:`whiteformer.hf` wrapper (its whiteformer model) or a saved model folder (whiteformer's or a
+    transformers ViT / DeiT ``save_pretrained`` folder) as the timm-layout model compress() works on;
     anything else unchanged."""
+    if isinstance(model, (str, os.PathLike)):
+        config = read_config(resolve_model_dir(model)) or {}
+        if is_hf_vit_config(config):
+            name = model_name_for(init_kwargs_from_config(config))
+            return create_model(name, checkpoint_path=model).eval()
+        return from_pretrained(model).eval()
     inner = getattr(model, "whiteformer", None)
     if isinstance(inner, nn.Module):
         return inner
@@ -352,7 +361,7 @@ def _check_calib(calib, model: nn.Module) -> torch.Tensor:
     return calib.detach().to(device=ref.device, dtype=ref.dtype)
 
 
-def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int, Sequence[int], None] = None,
+def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irratt", qk_rank: Union[int, Sequence[int], None] = None,
              qk_flops_ratio: Optional[float] = None, vo: Optional[str] = "truncatt",
              vo_rank: Union[int, Sequence[int], None] = None, mlp_rank: Union[int, Sequence[int], None] = None,
              calib: Optional[torch.Tensor] = None, *, fusion: str = "general", rank_allocation: str = "btd",
@@ -367,7 +376,8 @@ def compress(model: nn.Module, qk: Optional[str] = "irratt", qk_rank: Union[int,
         model: a model with ``blocks[i].attn`` timm-layout MHSA (``qkv``, ``proj``, ``num_heads``) and a
             ``patch_embed`` (e.g. ``create_model("deit_t_p16", ...)``), or a ``transformers``
             ``ViTForImageClassification`` / ``ViTModel`` / DeiT without distillation token (converted
-            first, same logits), or a :mod:`whiteformer.hf` wrapper of one.
+            first, same logits), or a :mod:`whiteformer.hf` wrapper of one, or a saved folder of either
+            kind (a path).
         qk: "irratt" (BTD-(L, L, 1), Sec. 3), "cp" (CP SlimAtt), "truncatt" (per-head SVD) or None
             (QK exact).
         qk_rank: truncatt: per-head rank (int or H ints); cp: R; irratt: total rank (int) or H per-head
