@@ -115,8 +115,9 @@ def hidden_state_rows(model: nn.Module, inputs: torch.Tensor, eps: float, featur
             Rc.append(rates.subspace_compression_rate(z, U.to(z.device, dtype), eps, num_heads=k,
                                                       dtype=dtype).reshape(-1))
         R, Rc = torch.cat(R), torch.cat(Rc)
+        tokens = Z.shape[-2] if keep is None else round(float(keep.sum(1).float().mean()))  # (mean real tokens)
         rows.append({"layer": layer, "name": f"hidden_states[{layer}]", "attn": model.config.model_type,
-                     "tokens": Z.shape[-2], "dim": dim, "heads": k, "R": float(R.mean()), "R_c": None,
+                     "tokens": tokens, "dim": dim, "heads": k, "R": float(R.mean()), "R_c": None,
                      "delta_R": None, "R_c_var": None, "delta_R_var": None, "R_c_U": float(Rc.mean()),
                      "delta_R_U": float((R - Rc).mean())})
     return rows
