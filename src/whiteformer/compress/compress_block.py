@@ -71,11 +71,19 @@ class BlockReport:
         """MHSA-block FLOPs CR (Table 1's "MHSA FLOPs CR")."""
         return (self.qk_macs + self.vo_macs) / (self.qk_macs_orig + self.vo_macs_orig)
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
+        """The fields and the derived ratios / total rank, as plain values (JSON-ready)."""
         d = asdict(self)
         d["qk_flops_ratio"], d["flops_ratio"] = self.qk_flops_ratio, self.flops_ratio
         d["qk_total_rank"] = self.qk_total_rank
         return d
+
+    def as_dict(self) -> dict:
+        """Deprecated name of :meth:`to_dict` (every report of the package says ``to_dict``)."""
+        import warnings
+
+        warnings.warn("BlockReport.as_dict() is deprecated; use to_dict()", DeprecationWarning, stacklevel=2)
+        return self.to_dict()
 
 
 def _set_qk(layer, A, B, scale: float, has_bias: bool) -> None:

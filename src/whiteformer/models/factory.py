@@ -28,19 +28,23 @@ from .registry import get_model_entry, list_models
 
 __all__ = ["create_model", "from_pretrained", "from_transformers_vit", "load_pretrained", "resolve_model_dir"]
 
+#: where a training run keeps its final model and, with EMA, the averaged one (the one place they are named)
 RUN_MODEL_DIR = "final"
+RUN_EMA_MODEL_DIR = "final_ema"
 
 
-def resolve_model_dir(path: PathLike) -> Path:
+def resolve_model_dir(path: PathLike, prefer_ema: bool = False) -> Path:
     """The model directory (or weights file) that ``path`` names: a saved model directory itself, a
-    run directory's ``final/``, or a file. Raises ``FileNotFoundError`` naming what was expected."""
+    run directory's ``final/`` (its ``final_ema/`` first with ``prefer_ema``), or a file. Raises
+    ``FileNotFoundError`` naming what was expected."""
     p = Path(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     if p.is_file() or (p / CONFIG_NAME).is_file():
         return p
-    if (p / RUN_MODEL_DIR / CONFIG_NAME).is_file():
-        return p / RUN_MODEL_DIR
+    for name in ((RUN_EMA_MODEL_DIR,) if prefer_ema else ()) + (RUN_MODEL_DIR,):
+        if (p / name / CONFIG_NAME).is_file():
+            return p / name
     raise FileNotFoundError(
         f"{str(path)!r} holds no model: expected a directory saved by save_pretrained (config.json + "
         f"model.safetensors), a training run directory with {RUN_MODEL_DIR}/, or a weights file")

@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from ..models.checkpoint import read_json
+from ..models.factory import RUN_MODEL_DIR, resolve_model_dir
 from .build import build_task, check_names
 from .checkpoint import latest_checkpoint, verify_checkpoint
 
@@ -29,16 +30,13 @@ def resolve_checkpoint(path, prefer_ema: bool = True) -> Tuple[Path, Optional[Di
     if not p.exists():
         raise ConfigError(f"checkpoint {str(path)!r} does not exist")
     if p.is_dir() and not (p / "config.json").is_file():
-        candidates = (["final_ema"] if prefer_ema else []) + ["final"]
-        for name in candidates:
-            if (p / name / "config.json").is_file():
-                p = p / name
-                break
-        else:
+        try:
+            p = resolve_model_dir(p, prefer_ema=prefer_ema)
+        except FileNotFoundError:
             found = latest_checkpoint(p / "checkpoints", loader=verify_checkpoint)
             if found is None:
-                raise ConfigError(f"{str(path)!r} holds no model: expected a run directory (final/ or checkpoints/) "
-                                  f"or a directory with config.json + model.safetensors")
+                raise ConfigError(f"{str(path)!r} holds no model: expected a run directory ({RUN_MODEL_DIR}/ or "
+                                  f"checkpoints/) or a directory with config.json + model.safetensors") from None
             p = found[0]
     elif p.is_dir() and (p / "manifest.json").is_file():
         verify_checkpoint(p)  # a training checkpoint: refuse a corrupt one clearly
@@ -49,13 +47,12 @@ def resolve_checkpoint(path, prefer_ema: bool = True) -> Tuple[Path, Optional[Di
 
 
 def load_model(path: Path, model: Optional[str] = None, model_args: Optional[Dict[str, Any]] = None) -> nn.Module:
-    from ..models import create_model
-    from ..models import load_pretrained
+    from ..models import create_model, from_pretrained
     from ..models.checkpoint import read_config
 
     try:
         if path.is_dir() and read_config(path) is not None and model is None:
-            return load_pretrained(path, **(model_args or {}))
+            return from_pretrained(path, **(model_args or {}))
         if model is None:
             raise ConfigError(f"{str(path)!r} is not a whiteformer model directory; pass --model NAME to load it")
         check_names(model, None)

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional
 
+from ..models.factory import RUN_EMA_MODEL_DIR, RUN_MODEL_DIR
 from .checkpoint import list_checkpoints, list_quarantined
 from .configuration import ConfigError
 from .outputs import remove_entry
@@ -31,11 +32,11 @@ __all__ = ["RunLock", "LOCK_NAME", "RUN_FILES", "FINAL_DIRS", "open_run_dir", "c
 
 LOCK_NAME = ".whiteformer-run.lock"
 #: what a run writes into its directory (everything else belongs to the user)
-RUN_FILES = ("checkpoints", "final", "final_ema", "tensorboard", "config.yaml", "metrics.jsonl", "metrics.csv",
+RUN_FILES = ("checkpoints", RUN_MODEL_DIR, RUN_EMA_MODEL_DIR, "tensorboard", "config.yaml", "metrics.jsonl", "metrics.csv",
              "report.md", "report.json", "curves.png", "coding_rate.png", "membership.png", "cls_attention.png",
              LOCK_NAME)
 #: a directory holding one of these holds a finished run: a new run there needs --overwrite
-FINAL_DIRS = ("final", "final_ema")
+FINAL_DIRS = (RUN_MODEL_DIR, RUN_EMA_MODEL_DIR)
 #: prefix of the hidden directory where --overwrite keeps the replaced run until the new one has its model
 STASH_PREFIX = ".overwritten-"
 

@@ -27,6 +27,7 @@ from typing import Any, Dict, Optional
 import torch
 import torch.nn as nn
 
+from ..models.factory import RUN_EMA_MODEL_DIR, RUN_MODEL_DIR
 from . import distributed as D
 from .build import build_datasets, build_model, check_names, describe, make_task
 from .checkpoint import (latest_checkpoint, list_checkpoints, list_quarantined, remove_stale_temporaries, rng_state,
@@ -467,7 +468,7 @@ class Trainer:
         logger.close(csv_path=self.run_dir / "metrics.csv" if self.main else None)
         if self.main:
             extra = self._extra_files()
-            for name, mod in (("final", self.module), ("final_ema", self.ema.module if self.ema else None)):
+            for name, mod in ((RUN_MODEL_DIR, self.module), (RUN_EMA_MODEL_DIR, self.ema.module if self.ema else None)):
                 if mod is None:
                     continue
                 # Written beside, then renamed into place: a link named final/ is replaced, never written through.
@@ -490,7 +491,7 @@ class Trainer:
                     report_model.set_context_parallel(None)
                 results["report"] = str(write_report_safe(self.run_dir, report_model, self.task, results, info,
                                                           cfg.report_images, self.say))
-            results["final_dir"] = str(self.run_dir / ("final_ema" if self.ema is not None else "final"))
+            results["final_dir"] = str(self.run_dir / (RUN_EMA_MODEL_DIR if self.ema is not None else RUN_MODEL_DIR))
         D.barrier()
         return results
 
