@@ -1,6 +1,6 @@
 """Imports every model family so that their ``@register_model`` entry points are registered.
 Each family adds one import line here."""
-from . import tost  # noqa: F401,E402  (vision: ToST / DMST / ECA / XCiT / ViT-CAB shell)
+from . import vision  # noqa: F401,E402  (ToST / DMST / ECA / XCiT / ViT-CAB shell: class + entry points)
 from . import crate  # noqa: F401,E402  (CRATE: MSSA + ISTA)
 from . import deit  # noqa: F401,E402  (timm-compatible ViT / DeiT)
 from . import lm  # noqa: F401,E402  (causal ToST / GPT language models)
