@@ -149,6 +149,14 @@ def test_lm_hidden_states_and_headless_model(model_type, name):
         lm(idx[:, :1], cache=cached.cache, output_hidden_states=True)
     with pytest.raises(ValueError, match="headless"):
         base(idx, use_cache=True)
+    docs = [torch.randint(1, 61, (1, n)) for n in (4, 3)]  # packed documents: position_ids restart at 0
+    packed = lm(torch.cat(docs, 1), position_ids=torch.tensor([[0, 1, 2, 3, 0, 1, 2]]), use_cache=False,
+                output_hidden_states=True)
+    for doc, (a, b) in zip(docs, ((0, 4), (4, 7))):
+        alone = lm(doc, use_cache=False, output_hidden_states=True)
+        for h_packed, h_alone in zip(packed.hidden_states, alone.hidden_states):
+            torch.testing.assert_close(h_packed[:, a:b], h_alone, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(packed.logits[:, a:b], alone.logits, rtol=1e-5, atol=1e-5)
     assert lm._tied_weights_keys == {"lm_head.weight": "transformer.wte.weight"}
     blocks = {type(m).__name__ for m in lm.modules()}
     assert "LMBlock" in blocks and set(lm._no_split_modules) & blocks == {"LMBlock"}

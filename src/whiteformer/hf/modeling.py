@@ -178,10 +178,11 @@ class WhiteformerPreTrainedModel(PreTrainedModel):
             t.copy_(fresh[name])
 
 
-def _lm_hidden_states(net: nn.Module, input_ids: torch.Tensor, mask: Optional[torch.Tensor]):
+def _lm_hidden_states(net: nn.Module, input_ids: torch.Tensor, mask: Optional[torch.Tensor],
+                      cu_seqlens: Optional[torch.Tensor] = None):
     """``(final hidden after ln_f, hidden_states)``: embeddings, then each block's output, the last
     one replaced by the final hidden (after ``ln_f``), as GPT-2 / Llama report them."""
-    final, states = net.forward_hidden_states(input_ids, attn_mask=mask)
+    final, states = net.forward_hidden_states(input_ids, attn_mask=mask, cu_seqlens=cu_seqlens)
     return final, tuple(states[:-1]) + (final,)
 
 
@@ -293,9 +294,8 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         in_prompt = cache is None or not isinstance(cache, WhiteformerCache) or cache.state is None
         cu_seqlens = packed_cu_seqlens(attention_mask, position_ids if in_prompt else None, kwargs)
         if cu_seqlens is not None:
-            if output_hidden_states:
-                raise ValueError("output_hidden_states is not available for packed documents; run them unpacked")
-            return self._forward_packed(input_ids, attention_mask, labels, cu_seqlens, use_cache, cache, kwargs)
+            return self._forward_packed(input_ids, attention_mask, labels, cu_seqlens, use_cache, cache, kwargs,
+                                        bool(output_hidden_states))
         if use_cache is None:
             use_cache = bool(getattr(self.config, "use_cache", True)) and not self.training
         net = self.whiteformer
@@ -361,19 +361,25 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
             cache.state, cache.seq_length = None, input_ids.shape[1] - limit
         return inputs
 
-    def _forward_packed(self, input_ids, attention_mask, labels, cu_seqlens, use_cache, cache, kwargs):
+    def _forward_packed(self, input_ids, attention_mask, labels, cu_seqlens, use_cache, cache, kwargs,
+                        output_hidden_states=False):
         if use_cache or (cache is not None and cache.get_seq_length() != 0):
             raise ValueError("a packed batch (position_ids restarting / cu_seq_lens_q) runs without a cache: pass "
                              "use_cache=False and no past_key_values")
         if attention_mask is not None and not bool((attention_mask != 0).all()):
             raise ValueError("a packed batch has no padding: attention_mask must be all 1 (or None)")
         net = self.whiteformer
-        logits, _ = net(input_ids, cu_seqlens=cu_seqlens.to(input_ids.device))
+        hidden = None
+        if output_hidden_states:
+            final, hidden = _lm_hidden_states(net, input_ids, None, cu_seqlens.to(input_ids.device))
+            logits = net.lm_head(final)
+        else:
+            logits, _ = net(input_ids, cu_seqlens=cu_seqlens.to(input_ids.device))
         loss = None
         if labels is not None:
             labels = mask_document_starts(labels, cu_seqlens)
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=net.vocab_size, **kwargs)
-        return _output(CausalLMOutputWithPast, loss=loss, logits=logits, cache=None)
+        return _output(CausalLMOutputWithPast, loss=loss, logits=logits, cache=None, hidden_states=hidden)
 
 
 class ToSTModel(_WhiteformerLMModel):
