@@ -24,6 +24,8 @@ from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 
+from whiteformer._utils import count_params, to_jsonable
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "experiments" / "configs"
 RESULTS_DIR = REPO / "experiments" / "results"
@@ -82,16 +84,9 @@ def write_json(path: Path, obj: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=_jsonable), encoding="utf-8")
+    # the package's converter (tensors -> lists, non-finite floats -> "nan"/"inf"); other objects (paths) as text
+    tmp.write_text(json.dumps(to_jsonable(obj, tensors=True), indent=1, default=str), encoding="utf-8")
     tmp.replace(path)
-
-
-def _jsonable(o):
-    if isinstance(o, (torch.Tensor,)):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    return str(o)
 
 
 def write_csv(path: Path, rows: List[dict]) -> None:
@@ -111,8 +106,7 @@ def _fmt(v):
     return f"{v:.6g}" if isinstance(v, float) else v
 
 
-def num_params(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+num_params = count_params  # the package's count (each parameter once)
 
 
 def mean_std(xs: Iterable[float]) -> Dict[str, float]:

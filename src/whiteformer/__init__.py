@@ -17,6 +17,8 @@ from . import ops  # noqa: F401
 from . import attention  # noqa: F401
 from .models import create_model, from_pretrained, list_models  # noqa: F401
 
+__all__ = ["__version__", "ops", "attention", "create_model", "from_pretrained", "list_models"]
+
 
 def _load_hf() -> None:
     import importlib

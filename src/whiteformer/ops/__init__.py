@@ -60,3 +60,8 @@ from .eca import cholesky_fallback_count, cholesky_stats, reset_cholesky_fallbac
 from .baselines import class_attention, mhsa, mhsa_explicit, mssa, xca  # noqa: F401
 # --- chunked LM-head cross-entropy ---
 from .linear_cross_entropy import linear_cross_entropy  # noqa: F401
+
+__all__ = ["tssa", "causal_tssa", "causal_tssa_step", "CausalTSSAState", "dmsa", "sparsemax", "rotary", "eca_compress",
+           "eca_expand", "eca_omega", "orthonormal_basis", "cholesky_fallback_count", "cholesky_stats",
+           "reset_cholesky_fallback_count", "class_attention", "mhsa", "mhsa_explicit", "mssa", "xca",
+           "linear_cross_entropy"]

@@ -13,3 +13,5 @@ the memberships of Appendix C.1 Eq. (39); Algorithm 2 and the official language 
 """
 from .dispatch import causal_tssa, causal_tssa_step  # noqa: F401
 from .state import CausalTSSAState  # noqa: F401
+
+__all__ = ["causal_tssa", "causal_tssa_step", "CausalTSSAState"]

@@ -7,3 +7,5 @@
   backends registered in :mod:`whiteformer.ops._kernels`.
 """
 from .dispatch import tssa  # noqa: F401
+
+__all__ = ["tssa"]
