@@ -343,3 +343,11 @@ def test_latency():
     assert "Latency (batch 2" in rep.to_markdown()
     with pytest.raises(ValueError, match="runs"):
         measure_latency(model, runs=0)
+
+
+def test_project_fusion_with_fewer_columns_than_heads():
+    S = torch.tensor([[0.9, -0.2], [0.1, 0.7], [0.3, 0.1]], dtype=torch.float64)
+    with pytest.raises(ValueError, match="at least as many columns as heads"):
+        project_fusion(S)
+    P = project_fusion(S, fewer_columns=True)
+    assert torch.equal(P, torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]], dtype=torch.float64))

@@ -63,7 +63,7 @@ def finetune(model: nn.Module, task, *, epochs: int = 1, lr: float = 1e-4, weigh
     "loss_before", "loss_after", "fusion_constraints", "time_s"}``.
     """
     from ..train.loop import finetune as run_finetune
-    from .model import apply_fusion_constraints
+    from .constraints import apply_fusion_constraints
 
     if fusion_constraints and apply_fusion_constraints(model) == 0:
         raise ValueError("fusion_constraints: the model has no head-fusion matrix (compress with qk='irratt' and "

@@ -31,13 +31,13 @@ import torch.nn as nn
 
 from .._checks import check_finite, check_tensor, is_int
 from .._utils import count_params, eval_mode, to_jsonable
-from ..attention.compressed import CompressedAttention, CPSlimAtt, IrrAtt
+from ..attention.compressed import CompressedAttention, IrrAtt
 from ..models import create_model, from_pretrained, from_transformers_vit, resolve_model_dir
 from ..models.checkpoint import read_config
 from ..models.hf_vit import HF_VIT_MODEL_TYPES, init_kwargs_from_config, is_hf_vit_config, model_name_for
 from ..models.surgery import layer_spec, mlp_spec, record_compression_spec
 from .compress_block import BlockReport, compress_attention
-from .constraints import project_fusion
+from .constraints import apply_fusion_constraints  # noqa: F401  (re-exported: whiteformer.compress.model)
 from .flops import count_flops, mhsa_qk_macs, mhsa_vo_macs
 from .latency import example_images, measure_latency
 from .mlp import compress_mlp
@@ -503,73 +503,3 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
                                flops_orig=flops_orig,
                                mhsa_flops=sum(attn_new), mhsa_flops_orig=sum(attn_orig), latency=latency)
     return new, report
-
-
-# ----------------------------------------------------------------------------- Sec. 3.3 constraints
-def _project_any(S: torch.Tensor) -> torch.Tensor:
-    """:func:`project_fusion`, extended to fewer columns than heads (a head left without columns
-    gets a zero row: S S^T is then diagonal with entries 0 or 1)."""
-    H, R = S.shape
-    if R >= H:
-        return project_fusion(S)
-    head = S.argmax(0)
-    cols = torch.arange(R, device=S.device)
-    P = torch.zeros_like(S)
-    P[head, cols] = S[head, cols].clamp_min(0)
-    n = P.norm(dim=1, keepdim=True)
-    return torch.where(n > 0, P / n.clamp_min(torch.finfo(S.dtype).tiny), P)
-
-
-def _component_slices(layer) -> List[slice]:
-    if isinstance(layer, IrrAtt):
-        off = layer.qk_layout.offsets
-        return [slice(off[b], off[b + 1]) for b in range(len(off) - 1)]
-    return [slice(r, r + 1) for r in range(layer.rank)]
-
-
-@torch.no_grad()
-def _scale_queries(layer, factors: torch.Tensor) -> None:
-    """Multiply the query factor of fusion column b by ``factors[b]`` (weight rows and bias)."""
-    for b, sl in enumerate(_component_slices(layer)):
-        f = factors[b].to(layer.q.weight.dtype)
-        layer.q.weight[sl] *= f
-        if layer.q.bias is not None:
-            layer.q.bias[sl] *= f
-
-
-@torch.no_grad()
-def apply_fusion_constraints(model: nn.Module, absorb_scale: bool = True) -> int:
-    """Project every head-fusion matrix of ``model`` (IrrAtt with general fusion, C of shape
-    (H, blocks); CP SlimAtt, S^H of shape (H, R)) onto ``{S >= 0, S S^T = I}`` (paper 004, Sec. 3.3,
-    Eq. 7) with :func:`~.constraints.project_fusion`: each column keeps only its head's entry, rows
-    get unit norm. Call after each optimizer step (projected gradient). Returns the number of
-    matrices projected (0 if the model has none).
-
-    ``absorb_scale`` (default): the logits ``sum_b C[h, b] q_b k_b^T`` are invariant under
-    ``C[:, b] -> C[:, b] / s``, ``q_b -> s q_b``, so before projecting each column's largest-magnitude
-    entry is made positive (flipping q_b) and afterwards the scale of every kept entry is moved into
-    its query factor: the projection then changes the model only by the dropped off-head entries.
-    With ``absorb_scale=False`` only the fusion matrices change (plain projection).
-    With fewer columns than heads (BTD blocks dropped), heads without a column get a zero row.
-    """
-    n = 0
-    for m in model.modules():
-        if not isinstance(m, (IrrAtt, CPSlimAtt)) or m.fusion is None:
-            continue
-        S = m.fusion.detach().to(torch.float64)
-        if absorb_scale:
-            cols = torch.arange(S.shape[1], device=S.device)
-            sign = torch.sign(S[S.abs().argmax(0), cols])
-            sign[sign == 0] = 1
-            S = S * sign
-            _scale_queries(m, sign)
-        P = _project_any(S)
-        if absorb_scale:
-            kept = P.argmax(0)
-            cols = torch.arange(S.shape[1], device=S.device)
-            p, s = P[kept, cols], S[kept, cols]
-            ok = (p > 0) & (s.abs() > 1e-12)
-            _scale_queries(m, torch.where(ok, s / torch.where(ok, p, torch.ones_like(p)), torch.ones_like(p)))
-        m.fusion.copy_(P.to(m.fusion.dtype))
-        n += 1
-    return n
