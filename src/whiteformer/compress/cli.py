@@ -10,11 +10,10 @@ writes ``DIR/model.safetensors`` + ``DIR/config.json`` (``save_pretrained``; loa
 empty unless ``--overwrite`` (which replaces only these files), and is never the checkpoint's own
 directory, inside it, or a directory containing it: the source is never written to.
 
-Data, evaluation and fine-tuning go through :mod:`whiteformer.train`: the dataset's task
-(:func:`whiteformer.train.build.build_task`, images resized to the model's size) evaluates the
-models, and :func:`finetune` runs the shared training step (:mod:`whiteformer.train.loop`) with,
-under ``--fusion-constraints``, the head-fusion projection as its post-step hook (Sec. 3.3,
-:func:`~whiteformer.compress.model.apply_fusion_constraints`).
+This module parses the arguments and writes the files; data, evaluation and fine-tuning are
+:mod:`whiteformer.compress.finetune` (:func:`~whiteformer.compress.finetune.build_image_task`,
+:func:`~whiteformer.compress.finetune.finetune_compressed`, with ``--fusion-constraints`` the
+head-fusion projection of Sec. 3.3 as the post-step hook).
 """
 from __future__ import annotations
 
@@ -24,60 +23,13 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
-import torch.nn as nn
 
-__all__ = ["main", "build_parser", "finetune", "build_image_task"]
+from .finetune import build_image_task, finetune_compressed
 
-
-# ----------------------------------------------------------------------------- data + fine-tuning
-def build_image_task(model: nn.Module, data: str, data_dir: Optional[str] = None, batch_size: int = 64,
-                     seed: int = 0, device=None):
-    """The training task of the registered dataset ``data`` (:func:`whiteformer.train.build.build_task`),
-    images resized to the model's ``img_size``; a clear error when the model cannot read the data
-    (other kind of data, channels or classes)."""
-    from ..data import dataset_info
-    from ..train.distributed import DistInfo
-    from ..train.build import build_task
-    from .latency import image_input_shape
-
-    _, h, w = image_input_shape(model)
-    data_args = {"img_size": h if h == w else (h, w)} if "img_size" in dataset_info(data)["arguments"] else {}
-    dist = DistInfo(device=torch.device(device) if device is not None else next(model.parameters()).device)
-    task = build_task(data, data_dir=data_dir, data_args=data_args, batch_size=batch_size, seed=seed, dist=dist)
-    type(task).check_model(model, task.train_ds)
-    return task
-
-
-def finetune(model: nn.Module, task, *, epochs: int = 1, lr: float = 1e-4, weight_decay: float = 0.05,
-             fusion_constraints: bool = False, max_steps: Optional[int] = None,
-             log: Optional[Callable[[str], None]] = None) -> dict:
-    """Fine-tune a compressed ``model`` in place on ``task`` with :func:`whiteformer.train.loop.finetune`
-    (AdamW without decay on biases, norms and fusion matrices; constant LR). With
-    ``fusion_constraints`` the fusion matrices are projected onto ``{S >= 0, S S^T = I}`` before
-    training and after every step (paper 004, Sec. 3.3, Eq. 7).
-
-    Returns ``{"dataset", "epochs", "steps", "train_loss" (last epoch), "acc_before", "acc_after",
-    "loss_before", "loss_after", "fusion_constraints", "time_s"}``.
-    """
-    from ..train.loop import finetune as run_finetune
-    from .constraints import apply_fusion_constraints
-
-    if fusion_constraints and apply_fusion_constraints(model) == 0:
-        raise ValueError("fusion_constraints: the model has no head-fusion matrix (compress with qk='irratt' and "
-                         "fusion='general', or qk='cp')")
-    before = task.evaluate(model)
-    res = run_finetune(model, task, epochs=epochs, lr=lr, weight_decay=weight_decay, max_steps=max_steps,
-                       post_step=[apply_fusion_constraints] if fusion_constraints else [],
-                       no_decay=lambda name: name.endswith("fusion"), log=log)
-    after = task.evaluate(model)
-    if log is not None:
-        log(f"fine-tune: test accuracy {100 * before['acc']:.2f} % -> {100 * after['acc']:.2f} %")
-    return {"dataset": task.train_ds.name, "epochs": epochs, "steps": res["steps"], "train_loss": res["train_loss"],
-            "acc_before": before["acc"], "acc_after": after["acc"], "loss_before": before["loss"],
-            "loss_after": after["loss"], "fusion_constraints": bool(fusion_constraints), "time_s": res["time_s"]}
+__all__ = ["main", "build_parser"]
 
 
 # ----------------------------------------------------------------------------- command line
@@ -276,7 +228,7 @@ def _run(args: argparse.Namespace) -> int:
         say(f"{args.data} test accuracy: original {100 * report.extra['accuracy']['original']:.2f} %, compressed "
             f"{100 * report.extra['accuracy']['compressed']:.2f} %")
     if args.finetune_epochs:
-        res = finetune(new, task, epochs=args.finetune_epochs, lr=args.lr, weight_decay=args.weight_decay,
+        res = finetune_compressed(new, task, epochs=args.finetune_epochs, lr=args.lr, weight_decay=args.weight_decay,
                        fusion_constraints=args.fusion_constraints, max_steps=args.max_steps, log=say)
         report.extra["finetune"] = res
         report.extra["accuracy"]["finetuned"] = res["acc_after"]

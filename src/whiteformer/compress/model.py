@@ -3,7 +3,7 @@
 :func:`compress` replaces the MHSA of every block (``model.blocks[i].attn``, timm layout: ``qkv``,
 ``proj``, ``num_heads``) by a compressed layer (QK: TruncAtt, CP SlimAtt or IrrAtt; VO: TruncAtt)
 and optionally the MLP linears by truncated SVDs, on a deep copy of the model, and returns a
-:class:`CompressionReport` with Table 1's columns: per block the QK ranks and the relative errors,
+:class:`~.report.CompressionReport` with Table 1's columns: per block the QK ranks and the relative errors,
 for the model the MHSA FLOPs CR, the FLOPs CR and the parameter CR. FLOPs are counted by
 ``torch.utils.flop_counter`` on one real image of the model's size with the explicit attention path
 (``fused_attn = False`` on MHSA and the compressed layers), so softmax, GELU and norms are not
@@ -15,15 +15,13 @@ Compressed checkpoints: the new model records a JSON spec of its compressed bloc
 and ``create_model(name, checkpoint_path=dir)`` rebuilds the compressed blocks before loading the
 weights.
 
-:func:`apply_fusion_constraints` is the rank-constrained fine-tuning of Sec. 3.3 (Eq. 7): call it
-after each optimizer step to project every head-fusion matrix onto ``{S >= 0, S S^T = I}``.
+:func:`~.constraints.apply_fusion_constraints` (re-exported here) is the rank-constrained fine-tuning of
+Sec. 3.3 (Eq. 7): call it after each optimizer step to project every head-fusion matrix onto ``{S >= 0, S S^T = I}``.
 """
 from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -42,13 +40,12 @@ from .flops import count_flops, mhsa_qk_macs, mhsa_vo_macs
 from .latency import example_images, measure_latency
 from .mlp import compress_mlp
 from .qk_vo import mhsa_spec
+from .report import CompressionReport
 
 __all__ = ["compress", "CompressionReport", "apply_fusion_constraints", "collect_block_inputs", "model_flops"]
 
 _QK = (None, "none", "truncatt", "cp", "irratt")
 _VO = (None, "none", "truncatt")
-_METHOD_NAMES = {"truncatt": "TruncAtt", "cp": "CP SlimAtt", "irratt": "IrrAtt", "none": "MHSA (QK exact)",
-                 "original": "MHSA"}
 
 
 # ----------------------------------------------------------------------------- model structure
@@ -168,139 +165,6 @@ def model_flops(model: nn.Module, x: torch.Tensor) -> Tuple[int, List[int]]:
         total = count_flops(model, x)
         attn = [count_flops(blocks[i].attn, inputs[i]["attn"]) for i in range(len(blocks))]
     return total, attn
-
-
-# ----------------------------------------------------------------------------- report
-@dataclass
-class CompressionReport:
-    """What :func:`compress` did (paper 004, Table 1's columns).
-
-    Attributes:
-        config: the arguments of the call.
-        blocks: one dict per block (see :meth:`to_dict`).
-        num_tokens: N used for the per-block MACs formulas and the rank budget.
-        params, params_orig: parameters of the whole model after / before.
-        flops, flops_orig: FLOPs of one image through the whole model (flop counter).
-        mhsa_flops, mhsa_flops_orig: FLOPs of the attention modules only (summed over blocks).
-        latency: optional ``{"batch_size", "before_ms", "after_ms", "speedup", ...}``.
-        extra: free-form results added by callers (e.g. fine-tuning accuracies).
-    """
-
-    config: dict
-    blocks: List[dict]
-    num_tokens: int
-    params: int
-    params_orig: int
-    flops: int
-    flops_orig: int
-    mhsa_flops: int
-    mhsa_flops_orig: int
-    latency: Optional[dict] = None
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def params_ratio(self) -> float:
-        return self.params / self.params_orig
-
-    @property
-    def flops_ratio(self) -> float:
-        """Whole-model FLOPs CR (Table 1 "FLOPs CR")."""
-        return self.flops / self.flops_orig
-
-    @property
-    def mhsa_flops_ratio(self) -> float:
-        """Attention-only FLOPs CR (Table 1 "MHSA FLOPs CR")."""
-        return self.mhsa_flops / self.mhsa_flops_orig
-
-    @property
-    def qk_macs_ratio(self) -> float:
-        """Sum of the blocks' QK MACs over the original (formulas of :mod:`.flops`)."""
-        return sum(b["qk_macs"] for b in self.blocks) / sum(b["qk_macs_orig"] for b in self.blocks)
-
-    def to_dict(self) -> dict:
-        """JSON-able dict: ``mhsa_flops_ratio``, ``flops_ratio``, ``params_ratio``, ``qk_macs_ratio``,
-        the counts, ``num_tokens``, ``config``, ``latency``, ``extra`` and ``blocks``: per block
-        ``index``, ``compressed``, ``method``, ``fusion``, ``qk_ranks`` (per head: truncatt r_h;
-        irratt the rank of head h's BTD block; cp R for every head, which all share the R terms;
-        F/H when QK is exact), ``qk_block_ranks`` (the layer's groups), ``qk_total_rank`` (sum over
-        heads; R for cp), ``vo_ranks``, ``qk_rel_error``, ``vo_rel_error``,
-        ``qk_macs``/``qk_macs_orig``/``qk_flops_ratio``,
-        ``vo_macs``/``vo_macs_orig``, ``attn_flops``/``attn_flops_orig`` (flop counter),
-        ``attn_params``/``attn_params_orig``, ``mlp_rank``, ``activation_aware``, ``details``."""
-        return to_jsonable({
-            "mhsa_flops_ratio": self.mhsa_flops_ratio, "flops_ratio": self.flops_ratio,
-            "params_ratio": self.params_ratio, "qk_macs_ratio": self.qk_macs_ratio,
-            "flops": self.flops, "flops_orig": self.flops_orig, "mhsa_flops": self.mhsa_flops,
-            "mhsa_flops_orig": self.mhsa_flops_orig, "params": self.params, "params_orig": self.params_orig,
-            "num_tokens": self.num_tokens, "config": self.config, "latency": self.latency, "extra": self.extra,
-            "blocks": self.blocks,
-        }, "report", tensors=True)
-
-    def _summary_ranks(self) -> Tuple[str, str, str, str]:
-        comp = [b for b in self.blocks if b["compressed"]] or self.blocks
-        methods = sorted({b["method"] for b in comp})
-        qk = []
-        for b in comp:
-            r = b["qk_ranks"]
-            if b["method"] == "irratt":
-                v = str(sum(b["qk_block_ranks"]))
-            elif b["method"] == "cp":
-                v = str(r[0])
-            else:
-                v = str(r[0]) if len(set(r)) == 1 else "irregular"
-            if v not in qk:
-                qk.append(v)
-        vo = []
-        for b in comp:
-            r = b["vo_ranks"]
-            v = str(r[0]) if len(set(r)) == 1 else "irregular"
-            if v not in vo:
-                vo.append(v)
-        mlp = []
-        for b in comp:
-            v = "-" if b["mlp_rank"] is None else "/".join(str(x) for x in sorted(set(b["mlp_rank"])))
-            if v not in mlp:
-                mlp.append(v)
-        name = ", ".join(_METHOD_NAMES.get(m, m) for m in methods)
-        return name, "/".join(qk), "/".join(vo), "/".join(mlp)
-
-    def to_markdown(self) -> str:
-        """Markdown: a Table 1-style summary row, the counts, the latency and a per-block table."""
-        name, qk, vo, mlp = self._summary_ranks()
-        lines = ["## Attention compression report", "",
-                 "| QK block | QK rank | VO rank | MLP rank | MHSA FLOPs CR, % | FLOPs CR, % | # param CR, % |",
-                 "|---|---|---|---|---|---|---|",
-                 f"| {name} | {qk} | {vo} | {mlp} | {100 * self.mhsa_flops_ratio:.1f} | "
-                 f"{100 * self.flops_ratio:.1f} | {100 * self.params_ratio:.1f} |", "",
-                 "QK rank: per head for TruncAtt; the total over heads for IrrAtt (sum of its block ranks) "
-                 "and CP SlimAtt (its shared rank R). VO rank: per head.", "",
-                 f"N = {self.num_tokens} tokens. FLOPs of one image counted with torch.utils.flop_counter on the "
-                 "explicit attention path (softmax, GELU, norms not counted): "
-                 f"{self.flops_orig / 1e9:.4g} G -> {self.flops / 1e9:.4g} G (attention "
-                 f"{self.mhsa_flops_orig / 1e9:.4g} G -> {self.mhsa_flops / 1e9:.4g} G); parameters "
-                 f"{self.params_orig / 1e6:.4g} M -> {self.params / 1e6:.4g} M; QK MACs CR "
-                 f"{100 * self.qk_macs_ratio:.1f} %."]
-        if self.latency:
-            lat = self.latency
-            lines += ["", f"Latency (batch {lat['batch_size']}, {lat['device']}, median of {lat['runs']} runs): "
-                          f"{lat['before_ms']:.2f} ms -> {lat['after_ms']:.2f} ms (x{lat['speedup']:.2f})."]
-        for k, v in self.extra.items():
-            if isinstance(v, Mapping):
-                items = ", ".join(f"{a} = {b:.4g}" if isinstance(b, float) else f"{a} = {b}" for a, b in v.items())
-                lines += ["", f"{k}: {items}"]
-        lines += ["", "| block | QK | QK ranks (per head) | VO ranks | QK MACs CR, % | QK rel. error | "
-                      "VO rel. error | MLP rank |", "|---|---|---|---|---|---|---|---|"]
-        for b in self.blocks:
-            mlp_r = "-" if b["mlp_rank"] is None else ",".join(str(x) for x in b["mlp_rank"])
-            lines.append(f"| {b['index']} | {_METHOD_NAMES.get(b['method'], b['method'])} | "
-                         f"{','.join(str(r) for r in b['qk_ranks'])} | {','.join(str(r) for r in b['vo_ranks'])} | "
-                         f"{100 * b['qk_flops_ratio']:.1f} | {_fmt_err(b['qk_rel_error'])} | "
-                         f"{_fmt_err(b['vo_rel_error'])} | {mlp_r} |")
-        return "\n".join(lines) + "\n"
-
-
-def _fmt_err(v) -> str:
-    return "n/a" if v is None else f"{v:.4f}"
 
 
 def _per_head_qk(rep: BlockReport, heads: int) -> List[int]:
