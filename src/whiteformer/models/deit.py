@@ -24,7 +24,7 @@ import torch.nn as nn
 from .._checks import check_divisible, check_finite_real, check_int, check_positive_real, check_probability
 from ..attention.baselines import MHSA
 from ..layers import GradCheckpointMixin, PatchGrid, TimmFeatureMixin, resample_abs_pos_embed
-from .blocks import DropPath, LayerScale, Mlp
+from ..layers.blocks import DropPath, LayerScale, Mlp
 from .checkpoint import PretrainedMixin
 from .size import mlp_width, num_patches, transformer_params
 from .hf_vit import convert_hf_vit_state_dict, is_hf_vit_state_dict

@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .._checks import check_finite_real, check_positive_real, check_probability, check_tensor, check_tokens_input
-from ..layers.helpers import to_2tuple
+from .helpers import to_2tuple
 
 __all__ = [
     "DropPath",
