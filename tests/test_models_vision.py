@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import whiteformer
 from whiteformer import create_model, list_models
-from whiteformer.layers.blocks import ISTA, ConvPatchEmbed, DropPath, FourierPositionalEncoding, Mlp
+from whiteformer.layers import ISTA, ConvPatchEmbed, DropPath, FourierPositionalEncoding, Mlp
 from whiteformer.models.vision import Block, ToSTVision
 
 VISION = [

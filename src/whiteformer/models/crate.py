@@ -22,7 +22,7 @@ import torch.nn as nn
 from einops import rearrange
 
 from ..attention.baselines import MSSA
-from ..layers.blocks import ISTA
+from ..layers.mlp import ISTA
 from .checkpoint import PretrainedMixin
 from ..layers import GradCheckpointMixin, PatchGrid, TimmFeatureMixin, resample_abs_pos_embed
 from .registry import build_with_defaults, register_model

@@ -24,13 +24,13 @@ import torch.nn as nn
 from .._checks import check_divisible, check_finite_real, check_int, check_positive_real, check_probability
 from ..attention.baselines import MHSA
 from ..layers import GradCheckpointMixin, PatchGrid, TimmFeatureMixin, resample_abs_pos_embed
-from ..layers.blocks import DropPath, LayerScale, Mlp
+from ..layers import DropPath, LayerScale, Mlp
 from .checkpoint import PretrainedMixin
 from .size import mlp_width, num_patches, transformer_params
 from .hf_vit import convert_hf_vit_state_dict, is_hf_vit_state_dict
 from .registry import build_with_defaults, register_model
 
-__all__ = ["VisionTransformer", "PatchEmbed", "ViTBlock"]
+__all__ = ["VisionTransformer", "PatchEmbed", "Block"]
 
 
 class PatchEmbed(PatchGrid):
@@ -48,8 +48,10 @@ class PatchEmbed(PatchGrid):
         return self.proj(x).flatten(2).transpose(1, 2)
 
 
-class ViTBlock(nn.Module):
-    """timm ``Block``: pre-LN attention and MLP residual branches with optional layer scale."""
+class Block(nn.Module):
+    """timm's ``Block`` (DeiT's keys ``norm1``, ``attn``, ``ls1.gamma``, ``norm2``, ``mlp``, ``ls2.gamma``): pre-LN
+    MHSA and MLP residual branches with optional layer scale. The generic block with any attention is
+    :class:`whiteformer.attention.ViTBlock`."""
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True,
                  init_values: Optional[float] = None, proj_drop: float = 0.0, attn_drop: float = 0.0,
@@ -127,7 +129,7 @@ class VisionTransformer(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, 
         # linearly increasing stochastic depth (torch.linspace(0, rate, depth) as timm)
         dpr = [drop_path_rate * i / (depth - 1) if depth > 1 else 0.0 for i in range(depth)]
         self.blocks = nn.Sequential(*[
-            ViTBlock(embed_dim, num_heads, mlp_ratio, qkv_bias, init_values, proj_drop_rate, attn_drop_rate, dpr[i],
+            Block(embed_dim, num_heads, mlp_ratio, qkv_bias, init_values, proj_drop_rate, attn_drop_rate, dpr[i],
                      norm_eps)
             for i in range(depth)])
         use_fc_norm = global_pool == "avg"

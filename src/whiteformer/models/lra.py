@@ -42,7 +42,7 @@ import torch.nn as nn
 from .. import attention as _attention
 from .._checks import as_keep_mask, can_read_values, check_divisible, check_mask, check_probability, is_int
 from ..layers import GradCheckpointMixin
-from ..layers.blocks import Mlp
+from ..layers import Mlp
 from .checkpoint import PretrainedMixin
 from .size import transformer_params
 from .registry import build_with_defaults, register_model

@@ -61,7 +61,7 @@ from .._checks import (check_divisible, check_finite_real, check_int, check_posi
                        check_tensor, check_tokens_input, is_int)
 from ..layers import GradCheckpointMixin, TimmFeatureMixin, feature_take_indices, forward_intermediates, to_2tuple
 from ..ops.context_parallel import group_chunk
-from ..layers.blocks import ISTA, ClassAttentionBlock, ConvPatchEmbed, DropPath, FourierPositionalEncoding, Mlp
+from ..layers import ISTA, ClassAttentionBlock, ConvPatchEmbed, DropPath, FourierPositionalEncoding, Mlp
 from .checkpoint import PretrainedMixin
 from .registry import build_with_defaults, register_model
 from .size import mlp_width, transformer_params

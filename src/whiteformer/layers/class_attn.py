@@ -1,0 +1,88 @@
+"""CaiT/XCiT class attention block of the ToST / XCiT head: :class:`ClassAttentionBlock` (the
+parameter names of the official ToST state dict)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from .._checks import check_finite_real, check_positive_real, check_tokens_input
+from .drop import DropPath
+from .mlp import Mlp
+
+__all__ = ["ClassAttentionBlock"]
+
+
+def _class_attention_cls() -> type:
+    """The CaiT class-attention layer of :mod:`whiteformer.attention` (params ``qkv``, ``proj``)."""
+    from .. import attention
+
+    cls = getattr(attention, "ClassAttention", None)
+    if cls is None:
+        cls = attention.get_attention_class("class_attention")
+    return cls
+
+
+class ClassAttentionBlock(nn.Module):
+    """CaiT/XCiT class-attention block: only the CLS token (index 0) queries all tokens.
+
+    As the official XCiT/ToST code (``tokens_norm=True`` there)::
+
+        y = norm1(x);   a = ClassAttention(y)          # only a[:, 0] is used
+        x = x + drop_path(gamma1 * [a_0, y_1..N])       # patch tokens: x_i + gamma1 * y_i
+        x = norm2(x)    if tokens_norm else  [norm2(x_0), x_1..N]
+        x = x + drop_path([gamma2 * mlp(x_0), x_1..N])  # patch tokens are doubled (XCiT quirk)
+
+    The patch-token updates (adding ``gamma1 * norm1(x)`` and the doubling) reproduce the official
+    implementation exactly; they matter because the next class-attention block attends to them.
+    ``eta=None`` disables the layer scale (gammas = 1). Shapes: (B, 1+N, C) -> (B, 1+N, C).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = False,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        act_layer: type = nn.GELU,
+        norm_eps: float = 1e-6,
+        eta: Optional[float] = None,
+        tokens_norm: bool = False,
+    ):
+        super().__init__()
+        eta = check_finite_real(eta, "eta", allow_none=True)
+        mlp_ratio = check_positive_real(mlp_ratio, "mlp_ratio")
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = _class_attention_cls()(
+            dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop
+        )
+        self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=drop)
+        if eta is not None:
+            self.gamma1 = nn.Parameter(eta * torch.ones(dim))
+            self.gamma2 = nn.Parameter(eta * torch.ones(dim))
+        else:
+            self.gamma1 = self.gamma2 = None
+        self.tokens_norm = tokens_norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_tokens_input(x, "x", self.norm1.normalized_shape[0])
+        y = self.norm1(x)
+        a = self.attn(y)
+        upd = torch.cat([a[:, :1], y[:, 1:]], dim=1)
+        if self.gamma1 is not None:
+            upd = self.gamma1 * upd
+        x = x + self.drop_path(upd)
+        if self.tokens_norm:
+            x = self.norm2(x)
+        else:
+            x = torch.cat([self.norm2(x[:, :1]), x[:, 1:]], dim=1)
+        cls = self.mlp(x[:, :1])
+        if self.gamma2 is not None:
+            cls = self.gamma2 * cls
+        return x + self.drop_path(torch.cat([cls, x[:, 1:]], dim=1))
