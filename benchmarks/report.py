@@ -726,6 +726,13 @@ def grad_checkpointing_section(gc: Optional[Dict[str, Any]]) -> List[str]:
     return out
 
 
+def packed_varlen_section(result: Optional[Dict[str, Any]]) -> List[str]:
+    """Packed documents: the native varlen path against the padded layout (:mod:`benchmarks.packed_varlen`)."""
+    from .packed_varlen import section
+
+    return section(result)
+
+
 def context_parallel_section(results: Path, suffix: str = "") -> List[str]:
     """Context parallelism (issue 26): its own benchmark, :mod:`benchmarks.context_parallel`."""
     from .context_parallel import section
@@ -748,6 +755,7 @@ def render(results: Path, suffix: str = "") -> str:
     lines += compression_section(comp)
     lines += lm_model_section(_load(results, f"lm_model{suffix}.json"))
     lines += grad_checkpointing_section(_load(results, f"grad_checkpointing{suffix}.json"))
+    lines += packed_varlen_section(_load(results, f"packed_varlen{suffix}.json"))
     lines += fused_section(results, suffix)
     lines += gpu_section(results, suffix)
     lines += context_parallel_section(results, suffix)

@@ -41,7 +41,10 @@ BACKENDS = {
 @pytest.fixture(params=sorted(BACKENDS))
 def backend(request, monkeypatch):
     import whiteformer.ops._kernels.fused as fused
+    import whiteformer.ops.packing as packing
 
+    if request.param != "torch":  # the kernels' padded layout, however much it pads
+        monkeypatch.setattr(packing, "PADDED_WASTE_MAX", float("inf"))
     if request.param == "cpu":
         from whiteformer.ops._kernels.build import fast_path_available
 
@@ -154,3 +157,104 @@ def test_packed_refuses_batch_and_mask_and_long_documents():
     causal_tssa(torch.randn(1, 2, 7, 4), temp, bias, cu_seqlens=cu)
     with pytest.raises(ValueError, match="T_max"):
         causal_tssa(torch.randn(1, 2, 7, 4), temp, bias, cu_seqlens=torch.tensor([0, 2, 7], dtype=torch.int32))
+
+
+# ---- the native varlen PyTorch path (no padded layout) ----
+
+@pytest.fixture
+def native(monkeypatch):
+    """The PyTorch backend, with the padded layout refused: the packed row must run natively."""
+    import importlib
+
+    monkeypatch.setenv(ENV_BACKEND, "torch")
+
+    def padded(*args, **kwargs):
+        raise AssertionError("the PyTorch path laid the packed documents out as a padded batch")
+
+    for name in ("whiteformer.ops.tssa.dispatch", "whiteformer.ops.causal_tssa.dispatch"):
+        monkeypatch.setattr(importlib.import_module(name), "packed_layout", padded)
+
+
+@pytest.mark.parametrize("lengths", [[1], [7], [1, 1, 1], [3] * 12 + [40] + [1, 0]], ids=str)
+def test_native_packed_equals_alone(native, lengths):
+    w, temp, bias, cu = _inputs(lengths, seed=len(lengths))
+    bias = (0.3 * torch.randn(3, 40, 1, dtype=torch.float64)).requires_grad_()
+    for fn, args in ((lambda z, *a, **k: causal_tssa(z, *a, return_pi=True, **k), (temp, bias)),
+                     (lambda z, *a, **k: tssa(z, *a, return_pi=True, **k), (temp,))):
+        out, pi = fn(w, *args, cu_seqlens=cu)
+        ref_out, ref_pi = _alone(fn, w, cu, *args)
+        torch.testing.assert_close(out, ref_out)
+        torch.testing.assert_close(pi, ref_pi)
+        g = torch.randn_like(out)
+        grads = torch.autograd.grad((out * g).sum() + (pi * pi).sum(), (w, *args))
+        ref_grads = torch.autograd.grad((ref_out * g).sum() + (ref_pi * ref_pi).sum(), (w, *args))
+        for a, b in zip(grads, ref_grads):
+            torch.testing.assert_close(a, b)
+    ref = tssa(w, temp, normalize=False, cu_seqlens=cu)  # the Table 8 ablation, per document too
+    torch.testing.assert_close(ref, _alone(lambda z, t: tssa(z, t, return_pi=True, normalize=False), w, cu, temp)[0])
+
+
+def test_native_gradcheck_float64(native):
+    w, temp, bias, cu = _inputs([1, 4, 0, 3], heads=2, p=3)
+    assert torch.autograd.gradcheck(lambda w, t, b: causal_tssa(w, t, b, return_pi=True, cu_seqlens=cu),
+                                    (w, temp, bias))
+    assert torch.autograd.gradcheck(lambda w, t: tssa(w, t, return_pi=True, cu_seqlens=cu), (w, temp))
+
+
+def test_native_state_per_document(native):
+    w, temp, bias, cu = _inputs()
+    _, state = causal_tssa(w, temp, bias, return_state=True, cu_seqlens=cu)
+    assert state.t.tolist() == LENGTHS and state.sum_pi.shape == (len(LENGTHS), 3)
+    bounds = cu.tolist()
+    for s, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        if b > a:
+            _, alone = causal_tssa(w[:, :, a:b], temp, bias, return_state=True)
+            for field in ("sum_sq", "sum_pi", "sum_sq_pi"):
+                torch.testing.assert_close(getattr(state, field)[s], getattr(alone, field)[0])
+        else:
+            assert not state.sum_sq[s].any() and not state.sum_sq_pi[s].any()
+
+
+def test_native_half_close_to_float32(native):
+    w, temp, bias, cu = _inputs([2, 9, 1, 15], dtype=torch.float32)
+    for op, args in ((causal_tssa, (temp, bias)), (tssa, (temp,))):
+        ref = op(w, *args, cu_seqlens=cu)
+        half = op(w.bfloat16(), *args, cu_seqlens=cu)
+        assert half.dtype == torch.bfloat16
+        torch.testing.assert_close(half.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_native_causal_prefix_sums_restart_exactly(native):
+    """A small document after a long one with large values (sum of squares 1e8 times larger): its
+    prefix sums must not carry the rounding of the earlier documents' float32 running total."""
+    g = torch.Generator().manual_seed(3)
+    big = 30.0 * torch.randn(1, 2, 3000, 4, generator=g)
+    small = 0.1 * torch.randn(1, 2, 6, 4, generator=g)
+    cu = _cu([3000, 6])
+    temp = torch.ones(2, 1)
+    out = causal_tssa(torch.cat([big, small], 2), temp, cu_seqlens=cu)
+    torch.testing.assert_close(out[:, :, 3000:], causal_tssa(small, temp), rtol=1e-5, atol=1e-8)
+
+
+def test_kernels_take_the_native_path_when_padding_is_large(monkeypatch):
+    """With a fused kernel, a packed row whose padded layout would exceed PADDED_WASTE_MAX * total
+    slots runs natively; a row of equal lengths keeps the kernel's padded layout."""
+    import importlib
+
+    from whiteformer.ops._kernels.build import fast_path_available
+
+    if not fast_path_available():
+        pytest.skip("C++ kernel not built on this machine")
+    monkeypatch.setenv(ENV_BACKEND, "cpu")
+    calls = []
+    for name in ("whiteformer.ops.tssa.dispatch", "whiteformer.ops.causal_tssa.dispatch"):
+        mod = importlib.import_module(name)
+        monkeypatch.setattr(mod, "packed_layout", lambda *a, _f=mod.packed_layout, **k: calls.append(1) or _f(*a, **k))
+    temp = torch.ones(3, 1)
+    for lengths, padded in (([12] + [1] * 10, False), ([4, 4, 3], True)):
+        w, _, _, cu = _inputs(lengths, dtype=torch.float32)
+        for op in (tssa, causal_tssa):
+            calls.clear()
+            out = op(w, temp, cu_seqlens=cu)
+            assert bool(calls) == padded, (lengths, op.__name__)
+            torch.testing.assert_close(out, _alone(lambda z, t: op(z, t, return_pi=True), w, cu, temp)[0])

@@ -4,11 +4,22 @@ S documents concatenated along the token axis of one row, ``w`` (1, H, total, p)
 ``cu_seqlens`` (S + 1,) int32: document s is tokens ``cu_seqlens[s]:cu_seqlens[s + 1]``. Each
 document is its own sequence (own statistics, memberships and positions).
 
-The TSSA operators run a packed batch by laying the documents out as a padded batch
-(S, H, L, p), L the longest document, with a keep-mask: the masked path of every backend
-(PyTorch, C++ CPU kernel, Triton) already gives each real token the result of its sequence
-alone, so packing is exactly "each document alone". The cost is the padding of that layout
-(S * L slots for ``total`` tokens) inside the operator only.
+Two ways to run a packed row, chosen by the operators (``group`` None):
+
+- native (PyTorch path: ``WHITEFORMER_BACKEND=torch``, no kernel for the device/dtype,
+  dropout, ``normalize=False``): :mod:`whiteformer.ops.tssa.varlen` and
+  :mod:`whiteformer.ops.causal_tssa.varlen` work on the ``total`` tokens directly, with
+  per-document sums (:func:`segment_sum`) and per-document prefix sums
+  (:func:`segment_cumsum`); memory and time follow ``total``, whatever the lengths.
+- padded (C++ CPU kernel, Triton, when the layout wastes little: S * L <= PADDED_WASTE_MAX *
+  ``total``, :func:`pads_little`): the documents are laid out as a padded batch (S, H, L, p),
+  L the longest document, with a keep-mask; the masked path of the fused kernels already gives
+  each real token the result of its sequence alone. The fused kernels have no varlen entry
+  point, and the layout costs S * L slots for ``total`` tokens: for one 4096-token document and
+  100 of 8 tokens (84x padding) the C++ kernel on it took 3.7 s and 2.5 GiB for forward +
+  backward against 0.25 s and 0.3 GiB natively (``python -m benchmarks.packed_varlen --kernel``,
+  CPU), so a packed row with more padding than that threshold takes the native path on every
+  backend (not measured on GPU).
 
 Context parallelism (``group``): the packed row is split over the ranks (each holds a contiguous
 chunk, ``cu_seqlens`` are the boundaries of the whole row, the same on every rank) and a document
@@ -26,7 +37,11 @@ import torch
 from .._checks import check_cu_seqlens
 from .context_parallel import check_group, chunk_layout
 
-__all__ = ["Packing", "packing", "packed_layout", "to_padded", "from_padded", "segment_ids", "segment_positions"]
+__all__ = ["Packing", "packing", "check_packed", "packed_layout", "to_padded", "from_padded", "segment_ids", "segment_positions",
+           "Segments", "segments", "segment_sum", "segment_cumsum", "PADDED_WASTE_MAX", "pads_little"]
+
+#: the fused kernels run a packed row on the padded layout only while S * L <= this * total
+PADDED_WASTE_MAX = 2.0
 
 
 class Packing(NamedTuple):
@@ -61,10 +76,9 @@ def _layout(starts: torch.Tensor, lengths: List[int], total: int, device: torch.
     return Packing(lengths, mask, index, flat)
 
 
-def packed_layout(w: torch.Tensor, attn_mask, cu_seqlens, group=None) -> Packing:
+def check_packed(w: torch.Tensor, attn_mask, cu_seqlens) -> None:
     """The checks of an operator called with ``cu_seqlens``: ``w`` (1, H, total, p), no
-    ``attn_mask``, ``cu_seqlens`` on ``w``'s device; returns the layout (with a ``group``: of this
-    rank's chunk, see the module docstring)."""
+    ``attn_mask``, ``cu_seqlens`` on ``w``'s device (its values: :func:`packing`, :func:`segments`)."""
     if w.shape[0] != 1:
         raise ValueError(f"with cu_seqlens, w must hold the packed documents in one row, shape (1, H, total, p); "
                          f"got {tuple(w.shape)}")
@@ -73,6 +87,19 @@ def packed_layout(w: torch.Tensor, attn_mask, cu_seqlens, group=None) -> Packing
                          "attn_mask None)")
     if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != w.device:
         raise ValueError(f"cu_seqlens must be on w's device ({w.device}), got {cu_seqlens.device}")
+
+
+def pads_little(cu_seqlens: torch.Tensor, total: int) -> bool:
+    """Whether the padded layout of these documents has at most ``PADDED_WASTE_MAX * total`` slots
+    (validates ``cu_seqlens``)."""
+    lengths = check_cu_seqlens(cu_seqlens, total)
+    return len(lengths) * max(lengths) <= PADDED_WASTE_MAX * max(total, 1)
+
+
+def packed_layout(w: torch.Tensor, attn_mask, cu_seqlens, group=None) -> Packing:
+    """:func:`check_packed`, then the padded layout (with a ``group``: of this rank's chunk, see
+    the module docstring)."""
+    check_packed(w, attn_mask, cu_seqlens)
     if group is None:
         return packing(cu_seqlens, w.shape[2], w.device)
     return _chunk_packing(w, cu_seqlens, group)
@@ -112,12 +139,55 @@ def from_padded(y: torch.Tensor, pk: Packing) -> torch.Tensor:
 
 def segment_ids(cu_seqlens: torch.Tensor, total: int, device: torch.device) -> torch.Tensor:
     """(total,) long: the document index of each packed token (validates ``cu_seqlens``)."""
-    lengths = check_cu_seqlens(cu_seqlens, total)
-    return torch.repeat_interleave(torch.arange(len(lengths), device=device),
-                                   torch.tensor(lengths, device=device), output_size=total)
+    return segments(cu_seqlens, total, device).ids
 
 
 def segment_positions(cu_seqlens: torch.Tensor, total: int, device: torch.device) -> torch.Tensor:
     """(total,) long: each packed token's position within its document (0 at every start)."""
-    starts = cu_seqlens.to(device=device, dtype=torch.long)[segment_ids(cu_seqlens, total, device)]
-    return torch.arange(total, device=device) - starts
+    return segments(cu_seqlens, total, device).positions
+
+
+class Segments(NamedTuple):
+    """The packed documents of a row of ``total`` tokens, for the native (unpadded) path.
+
+    lengths: the S document lengths; ids (total,) long: each token's document; starts (S,) long:
+    each document's first token; positions (total,) long: each token's index in its document.
+    """
+
+    lengths: List[int]
+    ids: torch.Tensor
+    starts: torch.Tensor
+    positions: torch.Tensor
+
+
+def segments(cu_seqlens: torch.Tensor, total: int, device: torch.device) -> Segments:
+    """Validate ``cu_seqlens`` and index its S documents (one host sync, as :func:`packing`)."""
+    lengths = check_cu_seqlens(cu_seqlens, total)
+    starts = cu_seqlens[:-1].to(device=device, dtype=torch.long)
+    ids = torch.repeat_interleave(torch.arange(len(lengths), device=device),
+                                  torch.tensor(lengths, device=device), output_size=total)
+    return Segments(lengths, ids, starts, torch.arange(total, device=device) - starts[ids])
+
+
+def segment_sum(x: torch.Tensor, seg: Segments) -> torch.Tensor:
+    """(H, total, ...) -> (H, S, ...): the sum over each document's tokens (0 for an empty one)."""
+    out = x.new_zeros(x.shape[0], len(seg.lengths), *x.shape[2:])
+    return out.index_add(1, seg.ids, x)
+
+
+def segment_cumsum(x: torch.Tensor, seg: Segments) -> torch.Tensor:
+    """(H, total, ...) -> (H, total, ...): inclusive prefix sums over dim 1 restarting at each
+    document start, in ``x``'s dtype.
+
+    One global cumsum in float64, minus its value just before the document's start: the
+    subtraction cancels the sums of all earlier documents, so it is done in float64 (a float32
+    running total of a long row would leave errors of ~1e-7 of that total, not of the
+    document's own sum; in float64 they are ~1e-16 of it: below float32 resolution unless the
+    earlier documents' sum is > 1e8 times a token's). It costs float64 temporaries of x's size;
+    reshaping per document would need equal lengths or a Python loop over the documents.
+    """
+    c = x.to(torch.float64).cumsum(dim=1)
+    before = (seg.starts - 1).clamp_min(0)
+    base = c.index_select(1, before)  # (H, S, ...): the cumsum just before each start
+    base = base.masked_fill((seg.starts == 0).reshape(1, -1, *([1] * (x.dim() - 2))), 0.0)
+    return (c - base.index_select(1, seg.ids)).to(x.dtype)

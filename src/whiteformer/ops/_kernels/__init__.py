@@ -45,10 +45,10 @@ from __future__ import annotations
 
 import torch
 
-from .registry import (BACKENDS, ENV_BACKEND, ENV_DISABLE, OPS, Backend, fused_supported, kernel_for,
-                       kernels_disabled, register_backend)
+from .registry import (BACKENDS, ENV_BACKEND, ENV_DISABLE, OPS, Backend, fused_supported, has_kernel,
+                       kernel_for, kernels_disabled, register_backend)
 
-__all__ = ["BACKENDS", "ENV_BACKEND", "ENV_DISABLE", "OPS", "Backend", "fused_supported", "kernel_for",
+__all__ = ["BACKENDS", "ENV_BACKEND", "ENV_DISABLE", "OPS", "Backend", "fused_supported", "has_kernel", "kernel_for",
            "kernels_disabled", "register_backend"]
 
 

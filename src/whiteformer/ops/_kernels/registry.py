@@ -15,7 +15,7 @@ import torch
 
 from ..._registry import Registry
 
-__all__ = ["BACKENDS", "ENV_BACKEND", "ENV_DISABLE", "OPS", "Backend", "fused_supported", "kernel_for",
+__all__ = ["BACKENDS", "ENV_BACKEND", "ENV_DISABLE", "OPS", "Backend", "fused_supported", "has_kernel", "kernel_for",
            "kernels_disabled", "register_backend"]
 
 ENV_DISABLE = "WHITEFORMER_DISABLE_KERNELS"
@@ -125,3 +125,10 @@ def fused_supported(w: torch.Tensor) -> bool:
         return False
     return _backend_ready(w.device.type)
 
+
+
+def has_kernel(op: str, w: torch.Tensor, pytorch_only=False) -> bool:
+    """Whether ``op`` on ``w`` runs a kernel (:func:`kernel_for` or the custom ops of :mod:`.fused`)
+    rather than the PyTorch path; ``pytorch_only`` truthy (dropout, an option the kernels lack)
+    forces the PyTorch path."""
+    return not pytorch_only and (kernel_for(op, w) is not None or fused_supported(w))

@@ -8,13 +8,14 @@ import torch
 
 from ..._checks import (check_heads_input, check_mask, check_nonempty, check_pos_bias, check_probability,
                         check_same_device, check_temp, check_tensor, stats_dtype)
-from .._kernels import fused_supported, kernel_for
+from .._kernels import fused_supported, has_kernel, kernel_for
 from .._kernels.fused import causal_tssa_fused
 from ..context_parallel import check_group, chunk_layout
-from ..packing import from_padded, packed_layout, to_padded
+from ..packing import check_packed, from_padded, packed_layout, pads_little, segments, to_padded
 from .parallel import causal_tssa_parallel
 from .recurrent import causal_tssa_recurrent
 from .state import CausalTSSAState, check_state, position_logit_bias
+from .varlen import causal_tssa_varlen
 
 __all__ = ["causal_tssa", "causal_tssa_step"]
 
@@ -75,8 +76,9 @@ def causal_tssa(
             convention: starts at 0, non-decreasing, ends at N) with ``w`` of shape (1, H, N, p):
             each document is its own sequence (own statistics, memberships, positions 0.. for
             ``pos_bias``: the longest document must fit ``T_max``), exactly as if run alone
-            (:mod:`whiteformer.ops.packing`). ``return_state`` then gives one state per
-            document (batch S, ``t`` the (S,) lengths). Not combined with ``attn_mask``. With a
+            (:mod:`whiteformer.ops.packing`: the PyTorch path works on the packed tokens
+            directly, the fused kernels on a padded layout if it wastes little). ``return_state``
+            then gives one state per document (batch S, ``t`` the (S,) lengths). Not combined with ``attn_mask``. With a
             ``group``: the boundaries of the whole split row (the same on every rank); a document
             may span ranks.
 
@@ -85,6 +87,10 @@ def causal_tssa(
     """
     check_heads_input(w)
     if cu_seqlens is not None:
+        check_packed(w, attn_mask, cu_seqlens)
+    # packed: the fused kernels run the padded layout when it wastes little, else the PyTorch path
+    if cu_seqlens is not None and (group is not None or has_kernel("causal_tssa", w, training and attn_drop)
+                                   and pads_little(cu_seqlens, w.shape[2])):
         pk = packed_layout(w, attn_mask, cu_seqlens, group)
         out, pi, *state = causal_tssa(to_padded(w, pk), temp, pos_bias, pk.mask, True, return_state=return_state,
                                       attn_drop=attn_drop, training=training, group=group)
@@ -97,6 +103,8 @@ def causal_tssa(
     check_same_device(w, temp=temp, pos_bias=pos_bias, attn_mask=attn_mask)
     drop = check_probability(attn_drop, "attn_drop")
     drop_p = drop if training else 0.0
+    if cu_seqlens is not None:  # the PyTorch path on the packed tokens, no padded layout
+        return _causal_varlen(w, temp, pos_bias, cu_seqlens, drop_p, return_pi, return_state)
     start, total = 0, n
     if group is not None:
         check_group(group)
@@ -131,6 +139,22 @@ def causal_tssa(
         t = start + (n if attn_mask is None else attn_mask.long().sum(dim=-1))
         res += (CausalTSSAState(*(s.to(sd) for s in sums), t),)
     return res
+
+
+def _causal_varlen(w, temp, pos_bias, cu_seqlens, drop_p, return_pi, return_state):
+    """:func:`causal_tssa` of a packed row on validated arguments, without a padded layout."""
+    seg = segments(cu_seqlens, w.shape[2], w.device)
+    longest = max(seg.lengths)
+    if pos_bias is not None and longest > pos_bias.shape[1]:
+        raise ValueError(
+            f"the longest packed document ({longest} tokens) exceeds the positional bias table length "
+            f"T_max = {pos_bias.shape[1]} (pos_bias has shape {tuple(pos_bias.shape)})"
+        )
+    out, pi, *sums = causal_tssa_varlen(w, temp, seg, pos_bias, drop_p)
+    res = (out,) + ((pi,) if return_pi else ())
+    if return_state:
+        res += (CausalTSSAState(*sums, torch.tensor(seg.lengths, device=w.device)),)
+    return res if len(res) > 1 else res[0]
 
 
 def causal_tssa_step(

@@ -6,11 +6,12 @@ from typing import Optional, Tuple, Union
 import torch
 
 from ..._checks import check_heads_input, check_mask, check_probability, check_same_device, check_temp
-from .._kernels import fused_supported, kernel_for
+from .._kernels import fused_supported, has_kernel, kernel_for
 from .._kernels.fused import tssa_fused
 from ..context_parallel import check_group, chunk_layout
-from ..packing import from_padded, packed_layout, to_padded
+from ..packing import check_packed, from_padded, packed_layout, pads_little, segments, to_padded
 from .parallel import tssa_parallel
+from .varlen import tssa_varlen
 
 __all__ = ["tssa"]
 
@@ -53,8 +54,9 @@ def tssa(
         cu_seqlens: optional (S + 1,) int32 boundaries of S packed documents (FlashAttention's
             convention: starts at 0, non-decreasing, ends at N) with ``w`` of shape (1, H, N, p):
             each document is its own sequence (its own statistics and memberships), exactly as
-            if run alone (:mod:`whiteformer.ops.packing`). Not combined with ``attn_mask``. With a
-            ``group``: the boundaries of the whole split row (the same on every rank); a document
+            if run alone (:mod:`whiteformer.ops.packing`: the PyTorch path works on the packed
+            tokens directly, the fused kernels on a padded layout if it wastes little). Not
+            combined with ``attn_mask``. With a ``group``: the boundaries of the whole split row (the same on every rank); a document
             may span ranks.
 
     Returns:
@@ -67,6 +69,11 @@ def tssa(
     """
     check_heads_input(w)
     if cu_seqlens is not None:
+        check_packed(w, attn_mask, cu_seqlens)
+    # packed: the fused kernels run the padded layout when it wastes little, else the PyTorch path
+    torch_only = not normalize or training and attn_drop
+    if cu_seqlens is not None and (group is not None or has_kernel("tssa", w, torch_only)
+                                   and pads_little(cu_seqlens, w.shape[2])):
         pk = packed_layout(w, attn_mask, cu_seqlens, group)
         out, pi = tssa(to_padded(w, pk), temp, pk.mask, True, attn_drop=attn_drop, training=training,
                        normalize=normalize, group=group)
@@ -79,7 +86,9 @@ def tssa(
     drop_p = drop if training else 0.0
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
-    if group is not None:
+    if cu_seqlens is not None:  # the PyTorch path on the packed tokens, no padded layout
+        out, pi = tssa_varlen(w, temp, segments(cu_seqlens, w.shape[2], w.device), drop_p, normalize=normalize)
+    elif group is not None:
         check_group(group)
         chunk_layout(w, group)  # same (B, H, p) on every rank
         out, pi = tssa_parallel(w, temp, attn_mask, drop_p, normalize=normalize, group=group)
