@@ -258,3 +258,18 @@ def test_kernels_take_the_native_path_when_padding_is_large(monkeypatch):
             out = op(w, temp, cu_seqlens=cu)
             assert bool(calls) == padded, (lengths, op.__name__)
             torch.testing.assert_close(out, _alone(lambda z, t: op(z, t, return_pi=True), w, cu, temp)[0])
+
+
+def test_native_dropout_keeps_documents_apart(native):
+    """Dropout (always the PyTorch path, also with kernels) on the packed tokens: with the same
+    random state, changing the first documents changes nothing in the others; some gains drop."""
+    w, temp, bias, cu = _inputs()
+    w2 = w.detach().clone()
+    w2[:, :, :6] = torch.randn_like(w2[:, :, :6])
+    for op, args in ((causal_tssa, (temp, bias)), (tssa, (temp,))):
+        torch.manual_seed(0)
+        out = op(w, *args, attn_drop=0.5, training=True, cu_seqlens=cu)
+        torch.manual_seed(0)
+        out2 = op(w2, *args, attn_drop=0.5, training=True, cu_seqlens=cu)
+        torch.testing.assert_close(out[:, :, 6:], out2[:, :, 6:])
+        assert (out == 0).any() and not torch.equal(out, op(w, *args, cu_seqlens=cu))
