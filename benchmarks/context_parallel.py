@@ -265,7 +265,7 @@ def section(res: Optional[Dict[str, Any]]) -> List[str]:
           "yes" if r["fits"] else "no", fmt_time(r["wall_s"])] for r in mem["runs"].values()]), ""]
     out += ["The split forward's time is the slower rank's (best of the repeats; the two processes share this "
             "machine's two cores with other jobs, so it is no speed-up measurement); its result is exact "
-            "(tests/test_context_parallel.py checks split == unsplit in float64 for outputs and every gradient). "
+            "(tests/ops/test_context_parallel.py checks split == unsplit in float64 for outputs and every gradient). "
             "The split runs the PyTorch path, which keeps more for the backward than the fused kernel (its prefix "
             "sums over (B, H, N, p)), hence the PyTorch-path row for a like-for-like comparison.", ""]
     return out

@@ -515,7 +515,7 @@ def gpu_section(results: Path, suffix: str = "") -> List[str]:
         return out + [
             "**What this machine could measure: correctness only.** It has no GPU, so there are no GPU timings or "
             "memory figures on this page. The kernels were run through Triton's interpreter on CPU tensors "
-            "(`tests/test_triton_kernels.py`, `tests/test_triton_dispatch.py`; part of `make test`): forward and "
+            "(`tests/ops/test_triton_kernels.py`, `tests/ops/test_triton_dispatch.py`; part of `make test`): forward and "
             "every gradient against `whiteformer.ops.reference` in float32 (to 1e-5 of the largest entry), "
             "float16 and bfloat16 (to their rounding), float64 gradcheck, padding masks, causal no-leakage, chunk "
             "boundaries (N not a multiple of the chunk, N < chunk, N = 1) and the public ops under "
@@ -537,14 +537,14 @@ def gpu_section(results: Path, suffix: str = "") -> List[str]:
 
 def gpu_model_section(results: Path) -> List[str]:
     """What stands in for GPU measurements here: the compile check of the kernels for sm_80/sm_90
-    (tests/test_triton_compile.py) and the memory-traffic model (``gpu_model.json``)."""
+    (tests/ops/test_triton_compile.py) and the memory-traffic model (``gpu_model.json``)."""
     out = [
         "### Without a GPU: the compile check and the traffic model",
         "",
         "**No GPU was available to this work** (a CPU-only machine): the two checks below stand in for GPU "
         "measurements; `python -m benchmarks.gpu` (the measured part, below) is ready for a CUDA machine.",
         "",
-        "**Compile check** (`tests/test_triton_compile.py`, part of `make test`, CPU only): the kernel launches the "
+        "**Compile check** (`tests/ops/test_triton_compile.py`, part of `make test`, CPU only): the kernel launches the "
         "ops make are recorded without running them (head dims 16, 32, 64, 128, 256; float32, bfloat16, float16; "
         "with and without a mask and the position bias; tssa, causal_tssa and the step; forward and backward; 8 "
         "heads, 4096 tokens), each distinct specialisation is compiled with `triton.compile(..., "
@@ -555,7 +555,7 @@ def gpu_model_section(results: Path) -> List[str]:
         "x 256 features is one 2048-value tile; more heads x features than the budget get more warps, up to 16). "
         "The same machinery (`whiteformer.ops._kernels.triton._launches`, `._compile_check`) covers new launches "
         "once a workload makes them. 195 distinct specialisations, 390 compiles (2 in parallel): `pytest "
-        "tests/test_triton_compile.py` took 3 min 14 s with an empty `TRITON_CACHE_DIR` on this 2-core machine "
+        "tests/ops/test_triton_compile.py` took 3 min 14 s with an empty `TRITON_CACHE_DIR` on this 2-core machine "
         "(1-minute load about 4, other jobs running) and 25 s with the cache filled.",
         "",
     ]

@@ -382,7 +382,7 @@ def compression_reading(by, ratios, cfg) -> str:
         f"{min(cp_save):.1f}-{max(cp_save):.1f} pts fewer than CP SlimAtt; its QK error is "
         f"{min(err):+.3f} to {max(err):+.3f} from TruncAtt's ({err_word}; the heads of this "
         f"small model have similar spectra, so TruncAtt's uniform split is already close to the best one; on planted "
-        f"per-head ranks IrrAtt's error is the lower one, tests/test_compress_protocol.py). Accuracy separates the "
+        f"per-head ranks IrrAtt's error is the lower one, tests/compress/test_protocol.py). Accuracy separates the "
         f"two beyond the noise only " + (sep if sep else "nowhere") + (
             f": there the irregular split leaves a head rank {min(big[0][1]['qk_ranks_block0'])} and IrrAtt "
             f"{'loses more, against' if big[0][1]['drop'] > big[0][2]['drop'] else 'loses less, as'} the paper's "

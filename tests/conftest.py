@@ -4,7 +4,7 @@ import sys
 import pytest
 import torch
 
-# The Triton kernels' tests (tests/test_triton_*.py) run on CPU through Triton's interpreter, which
+# The Triton kernels' tests (tests/ops/test_triton_*.py) run on CPU through Triton's interpreter, which
 # Triton selects when it decorates a kernel: its own library (tl.sum, ...) at `import triton`, so
 # the variable must be set before anything (torch.compile included) imports triton. Not on a GPU
 # machine, where the kernels are compiled (and the GPU tests cover them).

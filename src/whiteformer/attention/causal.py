@@ -7,7 +7,7 @@
 :class:`~whiteformer.attention.CausalTSSA` (ToST's causal TSSA: a constant-size state of running
 statistics, constant memory per generated token) and :class:`CausalSelfAttention` here (a
 :class:`KVCache` that grows with the tokens seen). ``prefill`` then ``step`` reproduces ``forward``
-token for token (tests/test_causal_protocol.py).
+token for token (tests/attention/test_causal.py).
 """
 from __future__ import annotations
 

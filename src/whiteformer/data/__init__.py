@@ -19,7 +19,7 @@ name                  what (``help=`` of its ``register_dataset``)
 builder takes, a ``data_dir`` that fits what the dataset ``reads``) and returns a dataset with
 ``get_batch(indices)`` and the metadata models need (see :mod:`whiteformer.data.base`);
 ``list_datasets()`` lists the names, ``dataset_info(name)`` what was registered with them
-(:mod:`.registry`; tests/test_data.py checks this table against it).
+(:mod:`.registry`; tests/data/test_data.py checks this table against it).
 Optional dependencies are imported lazily: ``digits`` needs scikit-learn and ``image-folder``
 Pillow (``pip install whiteformer[data]``).
 """

@@ -23,7 +23,7 @@ sub-blocks of ``BLOCK_N`` tokens; each step holds (BLOCK_H, BLOCK_N, BLOCK_P) ti
 
 The kernels hold about six such tiles at once (w, dL/dout, w^2, prefix sums, ...), so
 ``THREAD_ELEMS = 16`` keeps them within ~128 registers per thread, no spills; the compile test
-(tests/test_triton_compile.py) checks every launched specialisation for sm_80 and sm_90. The head
+(tests/ops/test_triton_compile.py) checks every launched specialisation for sm_80 and sm_90. The head
 dim is never split: at head dim 256 a token row of 8 heads is 2048 values, one sub-block of one
 token. Tests set tiny ``CHUNK`` and ``BLOCK_N_MAX`` to cross sub-block and chunk boundaries.
 

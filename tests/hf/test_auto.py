@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers", reason="needs the hf extra: p
 import whiteformer  # noqa: E402
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForImageClassification  # noqa: E402
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 TINY = dict(vocab_size=61, dim=32, depth=2, num_heads=4, max_len=64)
 VISION_KW = dict(img_size=32, patch_size=8, num_classes=5, depth=2)
 

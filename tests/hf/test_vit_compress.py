@@ -20,7 +20,7 @@ from whiteformer.compress import compress  # noqa: E402
 from whiteformer.models import from_transformers_vit  # noqa: E402
 from whiteformer.models.hf_vit import describe_sizes, model_name_for  # noqa: E402
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def test_names_follow_the_sizes():

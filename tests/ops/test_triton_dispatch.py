@@ -4,7 +4,7 @@ PyTorch path; clear errors when they cannot run; nothing changes without the var
 test (skipped without CUDA) compares the compiled kernels with the PyTorch path on the GPU.
 
 ``TRITON_INTERPRET`` is set by tests/conftest.py before anything imports triton (see
-tests/test_triton_kernels.py)."""
+tests/ops/test_triton_kernels.py)."""
 import os
 import subprocess
 import sys
@@ -26,7 +26,7 @@ from whiteformer.ops._kernels.triton import causal_tssa_step as tri_step  # noqa
 from whiteformer.ops._kernels.triton import tssa as tri_tssa  # noqa: E402
 from whiteformer.ops.reference import causal_tssa_reference, tssa_reference  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 if not _tiles.kernels_interpreted() and not torch.cuda.is_available():
     pytest.skip("triton was imported before TRITON_INTERPRET=1 was set (tests/conftest.py sets it)",

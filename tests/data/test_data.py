@@ -14,8 +14,8 @@ from whiteformer.data.listops import VOCAB, evaluate, generate_expression, token
 from whiteformer.data.mnist import read_idx
 from whiteformer.data.subspaces import sample_subspaces, subspace_bases
 
-MNIST_DIR = Path(__file__).parents[1] / ".." / "shared" / "data" / "mnist"
-SHAKESPEARE = Path(__file__).parents[1] / ".." / "shared" / "data" / "shakespeare" / "complete_works.txt.xz"
+MNIST_DIR = Path(__file__).parents[2] / ".." / "shared" / "data" / "mnist"
+SHAKESPEARE = Path(__file__).parents[2] / ".." / "shared" / "data" / "shakespeare" / "complete_works.txt.xz"
 
 
 # ----------------------------------------------------------------------------- registry
@@ -195,7 +195,7 @@ def test_subspaces_dataset_layouts():
 def test_default_corpus_and_vocab():
     tr, va = build_dataset("text", "train"), build_dataset("text", "val")
     assert tr.vocab.chars == va.vocab.chars and tr.vocab_size == len(set(tr.vocab.chars))
-    text = (Path(__file__).parents[1] / "src/whiteformer/data/corpus/shakespeare_small.txt").read_text()
+    text = (Path(__file__).parents[2] / "src/whiteformer/data/corpus/shakespeare_small.txt").read_text()
     assert 200_000 < len(text) < 400_000
     assert tr.vocab.decode(torch.cat([tr.tokens, va.tokens])) == text
     assert len(va) == len(text) - int(len(text) * 0.9)

@@ -15,7 +15,7 @@ pytest.importorskip("transformers", reason="needs the hf extra: pip install whit
 pytest.importorskip("accelerate", reason="Trainer needs accelerate")
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 # Every example is the same sequence, so any sampler order gives the same global batches: the two
 # processes' run must equal the one-process run step for step.

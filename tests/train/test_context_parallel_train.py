@@ -18,7 +18,7 @@ from whiteformer.train.configuration import ConfigError
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 # global position embedding and position bias: the chunks' positions must be global
 MODEL_ARGS = {"dim": 16, "depth": 2, "num_heads": 2, "pos_emb": True, "pos_bias": True}
 COMMON = dict(model="tost_lm_base", dataset="text", steps=4, batch_size=4, block_size=15, lr=3e-3, warmup_steps=1,
