@@ -9,7 +9,7 @@ from typing import Any, Iterator, Mapping, Optional
 import torch
 import torch.nn as nn
 
-__all__ = ["eval_mode", "count_params", "to_jsonable", "zero_padded"]
+__all__ = ["eval_mode", "count_params", "to_jsonable", "zero_padded", "layer_scale_param", "apply_layer_scale"]
 
 
 @contextlib.contextmanager
@@ -35,6 +35,21 @@ def zero_padded(x: torch.Tensor, keep: Optional[torch.Tensor], token_dim: int = 
     shape = [keep.shape[0]] + [1] * (x.dim() - 1)
     shape[token_dim] = keep.shape[1]
     return x.masked_fill(~keep.reshape(shape), 0.0)
+
+
+def layer_scale_param(dim: int, init_values: Optional[float]) -> Optional[nn.Parameter]:
+    """Layer scale (CaiT): a per-channel gain ``gamma`` (dim,) filled with ``init_values``, or None
+    (no layer scale) when ``init_values`` is None. The one definition behind
+    :class:`whiteformer.layers.LayerScale` (timm's keys ``ls1.gamma``) and the blocks that keep the
+    official ToST/CRATE keys ``gamma1``/``gamma2`` as plain parameters."""
+    if init_values is None:
+        return None
+    return nn.Parameter(torch.full((dim,), float(init_values)))
+
+
+def apply_layer_scale(gamma: Optional[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+    """``gamma * y`` (gamma (C,) broadcast over (..., C)); ``y`` itself when ``gamma`` is None."""
+    return y if gamma is None else gamma * y
 
 
 def count_params(module: nn.Module) -> int:

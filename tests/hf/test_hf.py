@@ -117,7 +117,7 @@ def test_checkpoints_load_both_ways(tmp_path, name):
 
 
 def test_official_tost_checkpoint_through_the_zoo(tmp_path):
-    from test_models_lm import _official_state_dict
+    from test_lm import _official_state_dict
 
     sd = _official_state_dict(True, dtype=torch.float32)
     torch.save({"model": {f"_orig_mod.{k}": v for k, v in sd.items()}}, tmp_path / "ckpt.pt")

@@ -20,6 +20,7 @@ import torch.nn as nn
 from einops import rearrange
 
 from .._checks import check_tokens_input, is_int, is_real
+from .._utils import apply_layer_scale, layer_scale_param
 from .registry import build
 
 __all__ = ["LocalPatchInteraction", "ViTBlock"]
@@ -98,21 +99,17 @@ class ViTBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
 
         def scale(on: bool) -> Optional[nn.Parameter]:
-            return nn.Parameter(layer_scale * torch.ones(dim)) if on and layer_scale is not None else None
+            return layer_scale_param(dim, layer_scale) if on else None
 
         self.gamma1 = scale(not getattr(self.attn, "learned_scale", False))
         self.gamma3 = scale(lpi)
         self.gamma2 = scale(True)
 
-    @staticmethod
-    def _scaled(gamma: Optional[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
-        return y if gamma is None else gamma * y
-
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
                 grid_size: Optional[Sequence[int]] = None, num_prefix_tokens: int = 0) -> torch.Tensor:
         """x (B, N, C) -> (B, N, C); see the class docstring for the arguments."""
         check_tokens_input(x, "x", self.dim)
-        x = x + self._scaled(self.gamma1, self.attn(self.norm1(x), attn_mask=attn_mask))
+        x = x + apply_layer_scale(self.gamma1, self.attn(self.norm1(x), attn_mask=attn_mask))
         if self.lpi is not None:
             if attn_mask is not None:
                 raise ValueError("attn_mask is not supported with lpi=True (the convolution cannot skip padding)")
@@ -123,5 +120,5 @@ class ViTBlock(nn.Module):
                 raise ValueError(f"num_prefix_tokens must be an int in [0, N), got {num_prefix_tokens!r}")
             k = num_prefix_tokens
             local = self.lpi(self.norm3(x[:, k:]), grid_size)
-            x = torch.cat([x[:, :k], x[:, k:] + self._scaled(self.gamma3, local)], dim=1)
-        return x + self._scaled(self.gamma2, self.mlp(self.norm2(x)))
+            x = torch.cat([x[:, :k], x[:, k:] + apply_layer_scale(self.gamma3, local)], dim=1)
+        return x + apply_layer_scale(self.gamma2, self.mlp(self.norm2(x)))

@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 from .._checks import check_finite_real, check_positive_real, check_tokens_input
+from .._utils import apply_layer_scale, layer_scale_param
 from .drop import DropPath
 from .mlp import Mlp
 
@@ -63,11 +64,8 @@ class ClassAttentionBlock(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=drop)
-        if eta is not None:
-            self.gamma1 = nn.Parameter(eta * torch.ones(dim))
-            self.gamma2 = nn.Parameter(eta * torch.ones(dim))
-        else:
-            self.gamma1 = self.gamma2 = None
+        self.gamma1 = layer_scale_param(dim, eta)
+        self.gamma2 = layer_scale_param(dim, eta)
         self.tokens_norm = tokens_norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -75,14 +73,10 @@ class ClassAttentionBlock(nn.Module):
         y = self.norm1(x)
         a = self.attn(y)
         upd = torch.cat([a[:, :1], y[:, 1:]], dim=1)
-        if self.gamma1 is not None:
-            upd = self.gamma1 * upd
-        x = x + self.drop_path(upd)
+        x = x + self.drop_path(apply_layer_scale(self.gamma1, upd))
         if self.tokens_norm:
             x = self.norm2(x)
         else:
             x = torch.cat([self.norm2(x[:, :1]), x[:, 1:]], dim=1)
-        cls = self.mlp(x[:, :1])
-        if self.gamma2 is not None:
-            cls = self.gamma2 * cls
+        cls = apply_layer_scale(self.gamma2, self.mlp(x[:, :1]))
         return x + self.drop_path(torch.cat([cls, x[:, 1:]], dim=1))

@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 
 from .._checks import check_finite_real
+from .._utils import apply_layer_scale, layer_scale_param
 
 __all__ = ["LayerScale"]
 
@@ -14,7 +15,7 @@ class LayerScale(nn.Module):
 
     def __init__(self, dim: int, init_values: float = 1e-5):
         super().__init__()
-        self.gamma = nn.Parameter(check_finite_real(init_values, "init_values") * torch.ones(dim))
+        self.gamma = layer_scale_param(dim, check_finite_real(init_values, "init_values"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.gamma
+        return apply_layer_scale(self.gamma, x)

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from .._checks import (can_read_values, check_cu_seqlens, check_divisible, check_finite_real, check_mask,
                        check_positive_real, check_probability, is_int, is_real, stats_dtype)
+from .._utils import apply_layer_scale, layer_scale_param
 from ..attention.causal import CausalAttention, CausalSelfAttention, KVCache
 from ..attention.context_parallel import ContextParallel
 from ..attention.tssa import CausalTSSA
@@ -92,12 +93,12 @@ class LMBlock(nn.Module):
         self.attn = attn
         self.ln_2 = nn.LayerNorm(dim, eps=1e-5, bias=bias)
         self.mlp = LMMlp(dim, int(dim * mlp_ratio), bias=bias, drop=drop)
-        self.gamma1 = nn.Parameter(torch.full((dim,), float(init_values)))
-        self.gamma2 = nn.Parameter(torch.full((dim,), float(init_values)))
+        self.gamma1 = layer_scale_param(dim, init_values)
+        self.gamma2 = layer_scale_param(dim, init_values)
 
     def _finish(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        x = x + self.gamma1 * h
-        return x + self.gamma2 * self.mlp(self.ln_2(x))
+        x = x + apply_layer_scale(self.gamma1, h)
+        return x + apply_layer_scale(self.gamma2, self.mlp(self.ln_2(x)))
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
                 cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -57,6 +57,7 @@ import torch.nn as nn
 
 from .. import attention as _attention
 from ..attention.context_parallel import ContextParallel
+from .._utils import apply_layer_scale, layer_scale_param
 from .._checks import (check_divisible, check_finite_real, check_int, check_positive_real, check_probability,
                        check_tensor, check_tokens_input, is_int)
 from ..layers import GradCheckpointMixin, TimmFeatureMixin, feature_take_indices, forward_intermediates, to_2tuple
@@ -149,13 +150,13 @@ class Block(nn.Module):
         )
         self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         use_gamma1 = eta is not None and not getattr(self.attn, "learned_scale", False)
-        self.gamma1 = nn.Parameter(eta * torch.ones(dim)) if use_gamma1 else None
+        self.gamma1 = layer_scale_param(dim, eta) if use_gamma1 else None
         if mlp == "none":
             self.norm2 = self.mlp = self.gamma2 = None
         else:
             self.norm2 = nn.LayerNorm(dim, eps=norm_eps) if prenorm else nn.Identity()
             self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop) if mlp == "mlp" else ISTA(dim)
-            self.gamma2 = nn.Parameter(eta * torch.ones(dim)) if eta is not None else None
+            self.gamma2 = layer_scale_param(dim, eta)
 
     def forward(self, x: torch.Tensor, return_pi: bool = False):
         y = self.norm1(x)
@@ -163,14 +164,9 @@ class Block(nn.Module):
             a, stats = self.attn(y, return_pi=True)
         else:
             a, stats = self.attn(y), None
-        if self.gamma1 is not None:
-            a = self.gamma1 * a
-        x = x + self.drop_path(a)
+        x = x + self.drop_path(apply_layer_scale(self.gamma1, a))
         if self.mlp is not None:
-            m = self.mlp(self.norm2(x))
-            if self.gamma2 is not None:
-                m = self.gamma2 * m
-            x = x + self.drop_path(m)
+            x = x + self.drop_path(apply_layer_scale(self.gamma2, self.mlp(self.norm2(x))))
         return (x, stats) if return_pi else x
 
 
