@@ -26,3 +26,14 @@ def _one_thread():
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="session")
+def fused_kernel_built():
+    """Build the fused CPU kernel in this process before a test starts several processes (torchrun):
+    on a fresh machine they would otherwise all need the one-time build at the same moment, one
+    building and the others waiting on its lock inside collectives (slow on 2 cores, and it aborted a
+    2-process FSDP run here). Does nothing where kernels are disabled or cannot be built."""
+    from whiteformer.ops._kernels.build import fast_path_available
+
+    fast_path_available()

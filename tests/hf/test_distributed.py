@@ -13,7 +13,8 @@ import torch.distributed as dist
 
 pytest.importorskip("transformers", reason="needs the hf extra: pip install whiteformer[hf]")
 pytest.importorskip("accelerate", reason="Trainer needs accelerate")
-pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
+pytestmark = [pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available"),
+              pytest.mark.usefixtures("fused_kernel_built")]
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 

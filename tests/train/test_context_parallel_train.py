@@ -16,7 +16,8 @@ from test_ddp import cli_args
 from whiteformer.train import TrainConfig, train
 from whiteformer.train.configuration import ConfigError
 
-pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
+pytestmark = [pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available"),
+              pytest.mark.usefixtures("fused_kernel_built")]
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 # global position embedding and position bias: the chunks' positions must be global

@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 
 from whiteformer.train import TrainConfig, train
 
-pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
+pytestmark = [pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available"),
+              pytest.mark.usefixtures("fused_kernel_built")]
 
 MODEL_ARGS = {"patch_size": 2, "embed_dim": 16, "depth": 2, "num_heads": 2, "cls_attn_layers": 1}
 DATA_ARGS = {"num_train": 128, "num_test": 40}

@@ -17,7 +17,8 @@ from test_ddp import cli_args
 from whiteformer.train import TrainConfig, train
 from whiteformer.train.configuration import ConfigError
 
-pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
+pytestmark = [pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available"),
+              pytest.mark.usefixtures("fused_kernel_built")]
 
 COMMON = dict(CP_COMMON, ckpt_every=2, log_every=1)  # a checkpoint to resume from half-way, every step's loss
 
