@@ -32,8 +32,8 @@ def _seed():
 def fused_kernel_built():
     """Build the fused CPU kernel in this process before a test starts several processes (torchrun):
     on a fresh machine they would otherwise all need the one-time build at the same moment, one
-    building and the others waiting on its lock inside collectives (slow on 2 cores, and it aborted a
-    2-process FSDP run here). Does nothing where kernels are disabled or cannot be built."""
+    building and the others waiting on its lock inside collectives (slow on 2 cores). Does nothing
+    where kernels are disabled or cannot be built."""
     from whiteformer.ops._kernels.build import fast_path_available
 
     fast_path_available()

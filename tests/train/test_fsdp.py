@@ -96,3 +96,27 @@ def test_fsdp_and_precision_refusals():
                        (dict(fsdp=True, precision="fp16"), "fsdp with precision fp16")]:
         with pytest.raises(ConfigError, match=match):
             TrainConfig(**bad).validate()
+
+
+_RELEASE_SCRIPT = """
+import gc, os, sys
+from torch.distributed.fsdp import FSDPModule
+from whiteformer.train import TrainConfig, train
+gc.disable()  # only train() itself may collect
+train(TrainConfig(model_args={model_args!r}, out=sys.argv[1], fsdp=True, **{common!r}))
+alive = sum(isinstance(o, FSDPModule) for o in gc.get_objects())
+print("rank", os.environ["RANK"], "fsdp modules alive:", alive, flush=True)
+sys.exit(3 if alive else 0)
+"""
+
+
+def test_train_frees_the_sharded_model_before_the_process_group_goes(tmp_path):
+    # FSDP hooks make reference cycles: left to interpreter shutdown, the shards (and the communication
+    # state they hold) outlived the process group, and a rank aborted there
+    script = tmp_path / "release.py"
+    script.write_text(_RELEASE_SCRIPT.format(model_args=dict(MODEL_ARGS), common=dict(COMMON, steps=2)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(script), str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.count("fsdp modules alive: 0") == 2, res.stdout[-3000:]

@@ -15,6 +15,7 @@ Rank 0 alone writes logs, checkpoints, the final model and the report.
 """
 from __future__ import annotations
 
+import gc
 import math
 import os
 import signal
@@ -523,6 +524,7 @@ def train(cfg: TrainConfig, command: str = "", post_step=()) -> Dict[str, Any]:
         dist = D.setup(cfg.device, cfg.context_parallel)
     except ValueError as err:
         raise ConfigError(str(err)) from err
+    trainer = None
     try:
         trainer = Trainer(cfg, dist, command, post_step)
         try:
@@ -533,4 +535,11 @@ def train(cfg: TrainConfig, command: str = "", post_step=()) -> Dict[str, Any]:
         trainer.close()
         return res
     finally:
+        if dist.enabled:
+            # FSDP's hooks tie the sharded model into reference cycles: without a collection here it
+            # (with the communication state it holds) outlives the process group and is freed during
+            # interpreter shutdown, where a rank of a 2-process run aborted ("terminate called without
+            # an active exception")
+            trainer = None
+            gc.collect()
         D.cleanup()

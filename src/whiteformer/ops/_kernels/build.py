@@ -15,7 +15,7 @@ Concurrency and faults: the build runs under an OS file lock (``fcntl.flock`` on
 ``<tag>/build.lock``), which the kernel releases when its owner dies, even by SIGKILL. While
 holding it, a ``lock`` file left in the directory by torch's own build lock (by a process killed
 mid-build) is stale and is removed, so it can no longer hang later processes. A process that finds
-the lock held says so on stderr ("waiting for another process building the kernel…") and waits
+the lock held for more than two seconds says so on stderr ("waiting for another process building the kernel…") and waits
 at most ``WHITEFORMER_KERNEL_BUILD_TIMEOUT`` seconds (default 600); after that, like after a failed
 build (no compiler, no ninja, ...), :func:`fast_path_available` is False, a warning says why once,
 and the operators use their PyTorch path. Whenever a build runs (no binary yet, or ``ninja`` finds
@@ -46,6 +46,7 @@ __all__ = ["build_environment", "build_error", "build_key", "cache_root", "exten
 ENV_CACHE = "WHITEFORMER_KERNEL_CACHE"
 ENV_TIMEOUT = "WHITEFORMER_KERNEL_BUILD_TIMEOUT"
 DEFAULT_TIMEOUT = 600.0  # seconds a process waits for another one's build
+QUIET_WAIT = 2.0  # seconds of waiting before the waiting message
 LOCK_FILE = "build.lock"  # our OS lock (released on process death)
 TORCH_LOCK_FILE = "lock"  # torch.utils.cpp_extension's lock file (left behind by a killed build)
 
@@ -161,11 +162,16 @@ def build_lock(directory: Path, timeout: float) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         if not _try_lock(fd):
-            print(f"whiteformer: waiting for another process building the kernel… ({path}, at most "
-                  f"{timeout:.0f} s, {ENV_TIMEOUT})", file=sys.stderr, flush=True)
-            deadline = time.monotonic() + timeout
+            # the holder may only be loading the built binary (every process takes the lock): say so
+            # only when the wait lasts
+            start, announced = time.monotonic(), False
             while not _try_lock(fd):
-                if time.monotonic() >= deadline:
+                waited = time.monotonic() - start
+                if not announced and waited >= min(QUIET_WAIT, timeout):
+                    print(f"whiteformer: waiting for another process building the kernel… ({path}, at most "
+                          f"{timeout:.0f} s, {ENV_TIMEOUT})", file=sys.stderr, flush=True)
+                    announced = True
+                if waited >= timeout:
                     raise TimeoutError(f"another process has held the kernel build lock {path} for more than "
                                        f"{timeout:.0f} s ({ENV_TIMEOUT})")
                 time.sleep(0.2)
