@@ -79,7 +79,7 @@ class WhiteformerPreTrainedModel(PreTrainedModel):
     base_model_prefix = ""
     supports_gradient_checkpointing = True  # the whiteformer model's set_grad_checkpointing
     family: Optional[str] = None  # expected ``hf_model_type`` of the whiteformer model class
-    _no_split_modules = ["LMBlock", "Block", "ClassAttentionBlock", "ViTBlock", "CRATEBlock"]  # residual blocks
+    _no_split_modules = ["LMBlock", "Block", "ClassAttentionBlock", "CRATEBlock"]  # the wrapped models' residual blocks
 
     def __init__(self, config: WhiteformerConfig):
         if not isinstance(config, self.config_class):
