@@ -102,6 +102,24 @@ def test_resume_continues_a_finished_run(finished, tmp_path, capsys):
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == [LOCK_NAME]
 
 
+def test_resume_replaces_linked_run_files_instead_of_writing_through_them(finished, tmp_path, capsys):
+    # the files a run writes beside its model (metrics.csv, report.md/.json, figures) are replaced whole:
+    # a link found there is replaced, what it points to stays as it was
+    run, elsewhere = _copy(finished, tmp_path / "run"), tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    names = ("metrics.csv", "report.md", "report.json", "curves.png")
+    for name in names:
+        (elsewhere / name).write_text(f"the user's own {name}")
+        (run / name).unlink(missing_ok=True)
+        (run / name).symlink_to(elsewhere / name)
+    kept = snapshot(elsewhere)
+    assert main(["train", "--out", str(run), "--resume", "--steps", "3", "--report"]) == 0
+    assert snapshot(elsewhere) == kept
+    for name in names:
+        assert not (run / name).is_symlink() and (run / name).stat().st_size > 0, name
+    assert "step" in (run / "metrics.csv").read_text()
+
+
 def test_every_writing_command_refuses_a_folder_holding_a_model_directly_or_through_a_link(deit_run, tmp_path,
                                                                                              capsys):
     from whiteformer import create_model

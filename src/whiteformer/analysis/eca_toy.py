@@ -49,6 +49,7 @@ from ..ops.eca import (
     orthonormal_basis,
     reset_cholesky_fallback_count,
 )
+from .._files import save_figure, write_text
 from ._viz import new_figure, require_matplotlib
 from .rates import coding_rate, subspace_compression_rate
 
@@ -278,7 +279,7 @@ def _plot(out: Path, res: dict, cfg: ToyConfig) -> List[str]:
         a.set_xlabel("layer")
         a.legend()
     fig.tight_layout()
-    fig.savefig(out / "fig3_rates.png", dpi=120)
+    save_figure(fig, out / "fig3_rates.png", dpi=120)
     files.append("fig3_rates.png")
 
     fig, ax = subplots(3, (14, 4))
@@ -293,7 +294,7 @@ def _plot(out: Path, res: dict, cfg: ToyConfig) -> List[str]:
         a.set_xlabel("number of eigenvalues")
         a.legend()
     fig.tight_layout()
-    fig.savefig(out / "fig3_cde.png", dpi=120)
+    save_figure(fig, out / "fig3_cde.png", dpi=120)
     files.append("fig3_cde.png")
 
     fig, ax = subplots(2, (10, 4))
@@ -308,7 +309,7 @@ def _plot(out: Path, res: dict, cfg: ToyConfig) -> List[str]:
     for a in ax:
         a.legend()
     fig.tight_layout()
-    fig.savefig(out / "fig4_compression_variants.png", dpi=120)
+    save_figure(fig, out / "fig4_compression_variants.png", dpi=120)
     files.append("fig4_compression_variants.png")
     return files
 
@@ -405,8 +406,7 @@ def _run(out_dir, seed, config, small, plots, dtype, overrides) -> dict:
     }
     res["figures"] = _plot(out, res, cfg) if plots else []
     res["timing"] = {"total_s": time.perf_counter() - t_start}
-    with open(out / "eca_toy.json", "w") as fh:
-        json.dump(res, fh, indent=1)
+    write_text(out / "eca_toy.json", json.dumps(res, indent=1))
     return res
 
 

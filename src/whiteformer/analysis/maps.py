@@ -26,6 +26,7 @@ import torch.nn as nn
 from ._viz import new_figure, require_matplotlib
 from .capture import _default_attn_types, capture, eval_mode, supports_pi
 from .._checks import is_int, is_real
+from .._files import save_figure
 
 __all__ = ["membership_maps", "cls_attention_maps", "class_attention_weights", "patch_grid", "grid_figure",
            "has_class_attention", "has_memberships"]
@@ -161,7 +162,7 @@ def grid_figure(images: torch.Tensor, maps: torch.Tensor, title: str, colorbar_l
 def _save(fig, out_path) -> Path:
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(str(out), dpi=fig.dpi, format="png")
+    save_figure(fig, out, dpi=fig.dpi, format="png")
     return out
 
 

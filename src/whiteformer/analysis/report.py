@@ -49,6 +49,7 @@ from . import hidden_states, rates
 from ._viz import new_figure, require_matplotlib
 from .capture import BlockRecord, attention_basis, capture, eval_mode
 from .._checks import is_real
+from .._files import save_figure, write_text
 
 __all__ = ["LayerwiseReport", "layerwise_report", "layer_bases", "simplex_memberships", "coding_rate_figure", "COLUMNS",
            "RATE_READING"]
@@ -186,8 +187,7 @@ class LayerwiseReport:
         out = _check_out_dir(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         files = [str(out / JSON_NAME)]
-        with open(files[0], "w") as fh:
-            json.dump(self.to_dict(), fh, indent=1)
+        write_text(files[0], json.dumps(self.to_dict(), indent=1))
         if plot:
             files.append(str(out / PNG_NAME))
             self.plot(files[1])
@@ -223,7 +223,7 @@ class LayerwiseReport:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         fig.suptitle(f"{self.model}: {self.features} tokens, eps={self.eps:g}, {self.num_samples} samples")
         fig.tight_layout()
-        fig.savefig(str(path), dpi=dpi)
+        save_figure(fig, path, dpi=dpi)
 
 
 def layerwise_report(

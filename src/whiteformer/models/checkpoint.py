@@ -33,7 +33,6 @@ import functools
 import inspect
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
@@ -41,6 +40,7 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 import torch.nn as nn
 
+from .._files import atomic_write
 from .._utils import to_jsonable
 from .hf_remote import auto_map, write_remote_code
 
@@ -139,19 +139,6 @@ class PretrainedMixin:
 
 
 # ----------------------------------------------------------------------------- saving
-def _atomic_write(path: Path, write) -> None:
-    """``write(tmp_path)`` then ``os.replace(tmp_path, path)``, the temporary file in the same dir."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _dedup_state_dict(state_dict: Mapping[str, torch.Tensor]):
     """Tensors for safetensors (contiguous, CPU, no shared memory) and ``{alias: kept_key}``."""
     tensors: Dict[str, torch.Tensor] = {}
@@ -203,7 +190,7 @@ def save_pretrained(model: nn.Module, save_dir: PathLike) -> Path:
     tensors, aliases = _dedup_state_dict(model.state_dict())
     save_dir.mkdir(parents=True, exist_ok=True)
     metadata = {"format": "pt", _ALIAS_KEY: json.dumps(aliases)}
-    _atomic_write(save_dir / WEIGHTS_NAME, lambda p: save_file(tensors, p, metadata=metadata))
+    atomic_write(save_dir / WEIGHTS_NAME, lambda p: save_file(tensors, p, metadata=metadata))
 
     def write_config(p):
         with open(p, "w", encoding="utf-8") as f:
@@ -212,7 +199,7 @@ def save_pretrained(model: nn.Module, save_dir: PathLike) -> Path:
 
     if config.get("auto_map"):
         write_remote_code(save_dir)
-    _atomic_write(save_dir / CONFIG_NAME, write_config)
+    atomic_write(save_dir / CONFIG_NAME, write_config)
     return save_dir
 
 

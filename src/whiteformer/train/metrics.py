@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .._checks import is_real
+from .._files import atomic_write
 
 __all__ = ["MetricsLogger", "read_metrics", "truncate_metrics"]
 
@@ -85,7 +86,11 @@ class MetricsLogger:
             keys: List[str] = []
             for r in records:
                 keys += [k for k in r if k not in keys]
-            with open(csv_path, "w", newline="", encoding="utf-8") as f:
-                w = csv.DictWriter(f, fieldnames=keys)
-                w.writeheader()
-                w.writerows(records)
+
+            def write(tmp: str) -> None:
+                with open(tmp, "w", newline="", encoding="utf-8") as f:
+                    w = csv.DictWriter(f, fieldnames=keys)
+                    w.writeheader()
+                    w.writerows(records)
+
+            atomic_write(csv_path, write)

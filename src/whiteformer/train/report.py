@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.nn as nn
 
+from .._files import save_figure, write_text
 from ..analysis._viz import new_figure, require_matplotlib
 from ..analysis.report import RATE_READING, coding_rate_figure, layerwise_report
 from .metrics import read_metrics
@@ -88,7 +89,7 @@ def write_report(run_dir, model: nn.Module, task, results: Dict[str, Any], info:
     else:
         fig = _curves_figure(records, task.curve)
         if fig is not None:
-            fig.savefig(run_dir / "curves.png")
+            save_figure(fig, run_dir / "curves.png")
             figures["curves"] = "curves.png"
 
     # Inputs for the analyses: the first evaluation samples.
@@ -105,7 +106,7 @@ def write_report(run_dir, model: nn.Module, task, results: Dict[str, Any], info:
             rates = layerwise_report(model, x, eps=RATE_EPS, plot=False, dtype=torch.float32).column("R")
             results["coding_rate_per_block"] = rates
             if mpl is not None:
-                coding_rate_figure(rates, RATE_EPS).savefig(run_dir / "coding_rate.png")
+                save_figure(coding_rate_figure(rates, RATE_EPS), run_dir / "coding_rate.png")
                 figures["coding_rate"] = "coding_rate.png"
         except Exception as err:  # noqa: BLE001 - analysis must not fail the run
             rates = None
@@ -118,8 +119,7 @@ def write_report(run_dir, model: nn.Module, task, results: Dict[str, Any], info:
 
     results["figures"] = figures
     results["notes"] = notes
-    with open(run_dir / "report.json", "w", encoding="utf-8") as f:
-        json.dump({**info, **results}, f, indent=1, default=str)
+    write_text(run_dir / "report.json", json.dumps({**info, **results}, indent=1, default=str))
 
     lines = [f"# Run report: `{info.get('model')}` on `{info.get('dataset')}`", ""]
     if info.get("command"):
@@ -148,5 +148,5 @@ def write_report(run_dir, model: nn.Module, task, results: Dict[str, Any], info:
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     path = run_dir / "report.md"
-    path.write_text("\n".join(lines), encoding="utf-8")
+    write_text(path, "\n".join(lines))
     return path
