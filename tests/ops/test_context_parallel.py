@@ -16,10 +16,10 @@ B, H, P = 2, 3, 4
 TOL = dict(rtol=1e-10, atol=1e-11)
 
 
-def _init(rank: int, world: int, store: str) -> None:
+def _init(rank: int, world: int, store: str, **kwargs) -> None:
     os.environ["WHITEFORMER_DISABLE_KERNELS"] = "1"  # the unsplit op: the PyTorch path, no C++ build
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world, **kwargs)
 
 
 def _inputs(n: int, seed: int, masked: bool, b: int = B):
@@ -50,12 +50,14 @@ def _run(op: str, w, temp, bias, mask, group, cu=None):
     return out, pi, [state.sum_sq, state.sum_pi, state.sum_sq_pi, state.t]
 
 
-def _check_split(op: str, sizes, masked: bool, group, seed: int, bounds=None) -> None:
+def _check_split(op: str, sizes, masked: bool, group, seed: int, bounds=None, mask=None) -> None:
     """Split over ``group`` (chunk ``sizes`` in group rank order) == unsplit, rows and gradients;
-    ``bounds``: the cu_seqlens of one packed row (documents spanning ranks)."""
+    ``bounds``: the cu_seqlens of one packed row (documents spanning ranks); ``mask``: this keep-mask
+    (B, N) instead, a rank whose chunk has no padding passing None."""
     rank, n = dist.get_rank(group), sum(sizes)
     lo, hi = sum(sizes[:rank]), sum(sizes[:rank + 1])
-    w, temp, bias, mask, g_out, g_pi = _inputs(n, seed, masked, 1 if bounds else B)
+    w, temp, bias, default_mask, g_out, g_pi = _inputs(n, seed, masked, 1 if bounds else B)
+    mask = default_mask if mask is None else mask
     cu = None if bounds is None else torch.tensor(bounds, dtype=torch.int32)
     leaves = [t.clone().requires_grad_() for t in (w, temp, bias)]
     out, pi, state = _run(op, *leaves, mask, None, cu)
@@ -65,7 +67,7 @@ def _check_split(op: str, sizes, masked: bool, group, seed: int, bounds=None) ->
     grads = torch.autograd.grad(loss, leaves, allow_unused=True)
 
     local = [w[:, :, lo:hi].clone().requires_grad_(), temp.clone().requires_grad_(), bias.clone().requires_grad_()]
-    lmask = None if mask is None else mask[:, lo:hi]
+    lmask = None if mask is None or bool(mask[:, lo:hi].all()) and not masked else mask[:, lo:hi]
     out_r, pi_r, state_r = _run(op, *local, lmask, group, cu)
     torch.testing.assert_close(out_r, out[:, :, lo:hi].detach(), **TOL)
     torch.testing.assert_close(pi_r, pi[:, :, lo:hi].detach(), **TOL)
@@ -226,6 +228,30 @@ def _errors(group, rank: int) -> None:
              cu_seqlens=cu)
     with pytest.raises(TypeError, match="ProcessGroup"):
         tssa(w, torch.ones(H, 1, dtype=torch.float64), group="world")
+
+
+def _ranks_that_differ_worker(rank: int, world: int, store: str) -> None:
+    """What may differ between the ranks and what may not: a mask on some ranks only (a chunk
+    without padding passes None) gives the unsplit rows; a dtype that differs raises on every rank."""
+    import datetime
+
+    from whiteformer.ops import tssa
+
+    _init(rank, world, store, timeout=datetime.timedelta(seconds=60))
+    group = dist.group.WORLD
+    mask = torch.ones(B, 7, dtype=torch.bool)
+    mask[0, :2] = False  # padding on rank 0's chunk only
+    for op in ("tssa", "causal_tssa"):
+        _check_split(op, [3, 4], False, group, seed=21, mask=mask)
+    w = torch.randn(1, H, 2, P, dtype=torch.float64 if rank == 0 else torch.float32)
+    with pytest.raises(ValueError, match="w must have the same dtype on every rank"):
+        tssa(w, 1.0, group=group)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_ranks_that_differ(tmp_path):
+    mp.spawn(_ranks_that_differ_worker, args=(2, str(tmp_path / "store")), nprocs=2, join=True)
 
 
 @pytest.mark.parametrize("world", [2, 3])

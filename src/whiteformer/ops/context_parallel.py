@@ -202,24 +202,35 @@ def chunk_layout(
     same: Sequence[int] = (), same_name: str = "",
 ) -> ChunkLayout:
     """Exchange the chunk shapes of ``x`` (tokens along ``token_dim``, e.g. w (B, H, N_r, p)) over
-    ``group``: checks that every rank has the same sizes except the token count.
+    ``group``: checks that every rank has the same sizes except the token count, and (floating
+    ``x``) the same dtype, since the combined sums travel in it.
 
     Returns ``(start, length, real)``: ``start`` the position of this rank's first token in its
     sequence (an int: the tokens of the earlier ranks; with ``attn_mask`` (B, N_r), a (B,) tensor:
     the *real* tokens of each sequence on the earlier ranks), ``length`` the whole sequence's
     token count (padding included), ``real`` the real tokens per sequence over all ranks ((B,)
-    with a mask, else ``length``). ``same``: a few integers that must also agree on every rank
-    (e.g. a fingerprint of ``same_name``), exchanged with the shapes.
+    with a mask, else ``length``). A rank may pass ``attn_mask=None`` while others pass a mask
+    (its chunk has no padding): it then counts all its tokens as real and gets the (B,) tensors
+    too. ``same``: a few integers that must also agree on every rank (e.g. a fingerprint of
+    ``same_name``), exchanged with the shapes.
     """
     rank = dist.get_rank(group)
     sizes = list(x.shape)
-    header = torch.tensor([len(sizes), *same, *sizes], dtype=torch.int64, device=x.device)
+    dtype = _DTYPE_CODES.get(x.dtype, len(_DTYPE_CODES)) if x.is_floating_point() else -1
+    header = torch.tensor([len(sizes), *same, dtype, attn_mask is not None, *sizes], dtype=torch.int64,
+                          device=x.device)
     gathered = torch.stack(_all_gather(header, group)).tolist()
+    k = 1 + len(same)
     for r, other in enumerate(gathered):
-        if other[:1 + len(same)] != header[:1 + len(same)].tolist():
+        if other[:k] != header[:k].tolist():
             raise ValueError(f"{same_name or 'the arguments'} must be the same on every rank of the group "
                              f"(rank {rank} and rank {r} differ)")
-    shapes = [other[1 + len(same):] for other in gathered]
+        if other[k] != dtype:
+            theirs = next((str(d) for d, c in _DTYPE_CODES.items() if c == other[k]), "another dtype")
+            raise ValueError(f"{name} must have the same dtype on every rank of the group: rank {rank} has {x.dtype}, "
+                             f"rank {r} has {theirs}")
+    masked = any(other[k + 1] for other in gathered)
+    shapes = [other[k + 2:] for other in gathered]
     mine = sizes[:token_dim] + sizes[token_dim + 1:]
     for r, other in enumerate(shapes):
         theirs = other[:token_dim] + other[token_dim + 1:]
@@ -227,7 +238,15 @@ def chunk_layout(
             raise ValueError(f"{name} must have the same shape on every rank of the group except the token count "
                              f"(dim {token_dim}): rank {rank} has {tuple(sizes)}, rank {r} has {tuple(other)}")
     length = sum(s[token_dim] for s in shapes)
-    if attn_mask is None:
+    if not masked:
         return ChunkLayout(sum(s[token_dim] for s in shapes[:rank]), length, length)
-    counts = torch.stack(_all_gather(attn_mask.sum(dim=-1).to(torch.int64), group))  # (R, B)
+    if attn_mask is None:  # every token of this chunk is real
+        real_here = torch.full((sizes[0],), sizes[token_dim], dtype=torch.int64, device=x.device)
+    else:
+        real_here = attn_mask.sum(dim=-1).to(torch.int64)
+    counts = torch.stack(_all_gather(real_here, group))  # (R, B)
     return ChunkLayout(counts[:rank].sum(dim=0), length, counts.sum(dim=0))
+
+
+#: the floating dtypes :func:`chunk_layout` names in its error (codes exchanged between the ranks)
+_DTYPE_CODES = {d: i for i, d in enumerate((torch.float64, torch.float32, torch.float16, torch.bfloat16))}

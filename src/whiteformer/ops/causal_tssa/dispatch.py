@@ -62,10 +62,10 @@ def causal_tssa(
         training: dropout is applied only when True.
         group: a ``torch.distributed`` process group over which the sequence is split (context
             parallelism): each rank passes its contiguous chunk of the tokens, w (B, H, N_r, p)
-            (group rank order = sequence order; N_r may differ, every rank the same B, H, p;
-            ``attn_mask`` is this chunk's) and gets exactly its rows of the unsplit op, forward
-            and backward. Positions (``pos_bias``, the ``T_max`` limit on the whole length; with a
-            mask, on each sequence's real tokens) are global. The sums of the earlier ranks'
+            (group rank order = sequence order; N_r may differ, every rank the same B, H, p and dtype;
+            ``attn_mask`` is this chunk's, None where it has no padding) and gets exactly its rows
+            of the unsplit op, forward and backward. Positions (``pos_bias``, the ``T_max`` limit
+            on the whole length; with a mask, on each sequence's real tokens) are global. The sums of the earlier ranks'
             tokens come from an exclusive prefix over ranks of the per-rank totals (all-gathers
             of (B, H, p) and (B, H, 1 + p) sums, independent of N;
             :mod:`whiteformer.ops.context_parallel`). ``return_state`` gives
@@ -109,7 +109,7 @@ def causal_tssa(
     if group is not None:
         check_group(group)
         start, total, real = chunk_layout(w, group, attn_mask)
-        if attn_mask is not None:  # split rows: the limit is on each sequence's real tokens
+        if isinstance(real, torch.Tensor):  # split rows: the limit is on each sequence's real tokens
             total = int(real.max())
     if pos_bias is not None and total > pos_bias.shape[1]:
         raise ValueError(

@@ -44,9 +44,9 @@ def tssa(
             "no l2 normalisation" row of the ToST Table 8 ablation (always the PyTorch path).
         group: a ``torch.distributed`` process group over which the sequence is split (context
             parallelism): each rank passes its contiguous chunk of the tokens, w (B, H, N_r, p)
-            (group rank order = sequence order; N_r may differ, every rank the same B, H, p;
-            ``attn_mask`` is this chunk's), and gets exactly its rows of the unsplit op, forward
-            and backward. Communication per call: all-reduces of (B, H, p) and (B, H, p + 1)
+            (group rank order = sequence order; N_r may differ, every rank the same B, H, p and dtype;
+            ``attn_mask`` is this chunk's, None where it has no padding), and gets exactly its rows
+            of the unsplit op, forward and backward. Communication per call: all-reduces of (B, H, p) and (B, H, p + 1)
             sums, independent of N (:mod:`whiteformer.ops.context_parallel`). Always the
             PyTorch path: the fused kernels (C++ CPU, Triton) form their token sums internally
             and take no combined ones. With dropout, the gain's mask is the first rank's.
