@@ -43,6 +43,7 @@ from ..models import create_model
 from ..models.checkpoint import check_file_dtypes
 from ..models.hf_remote import write_remote_code
 from .cache import WhiteformerCache
+from .labels import check_classification_labels, check_lm_labels
 from .packing import mask_document_starts, packed_cu_seqlens
 from .configuration import ToSTLMConfig, WhiteformerConfig, WhiteformerGPTConfig, WhiteformerVisionConfig
 
@@ -65,6 +66,13 @@ def _refuse(output_attentions, return_dict, inputs_embeds=None) -> None:
             raise ValueError(f"{name} is not supported by whiteformer models; leave it unset")
     if return_dict is False:
         raise ValueError("return_dict=False is not supported; read the fields of the returned output")
+
+
+def _refuse_labels(model, kwargs, head_class: str) -> None:
+    """A headless model computes no loss: ``labels`` are refused, not silently dropped."""
+    if kwargs.get("labels") is not None:
+        raise ValueError(f"labels: {type(model).__name__} is headless (hidden states only, no loss); load the model "
+                         f"with {head_class} to train on labels")
 
 
 #: the names ``save_pretrained`` writes
@@ -223,6 +231,7 @@ class _WhiteformerLMModel(_WhiteformerLMBase):
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
                 **kwargs) -> BaseModelOutputWithPast:
         _refuse(output_attentions, return_dict, inputs_embeds)
+        _refuse_labels(self, kwargs, "AutoModelForCausalLM")
         if input_ids is None:
             raise ValueError("input_ids is required: a (B, T) tensor of token ids")
         if use_cache or (past_key_values is not None and past_key_values.get_seq_length() != 0):
@@ -288,6 +297,8 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         _refuse(output_attentions, return_dict, inputs_embeds)
         if input_ids is None:
             raise ValueError("input_ids is required: a (B, T) tensor of token ids")
+        if labels is not None and isinstance(input_ids, torch.Tensor):
+            check_lm_labels(labels, input_ids, self.whiteformer.vocab_size, kwargs.get("ignore_index", -100))
         if cache is not None and past_key_values is not None and cache is not past_key_values:
             raise ValueError("pass the cache once (cache or past_key_values), not both")
         cache = cache if cache is not None else past_key_values
@@ -437,6 +448,7 @@ class WhiteformerVisionModel(_WhiteformerVisionBase):
     def forward(self, pixel_values: Optional[torch.Tensor] = None, output_attentions: Optional[bool] = None,
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
                 **kwargs) -> BaseModelOutputWithPooling:
+        _refuse_labels(self, kwargs, "AutoModelForImageClassification")
         final, hidden = self._features(pixel_values, output_attentions, output_hidden_states, return_dict)
         pooled = self.whiteformer.forward_head(final, pre_logits=True)
         return BaseModelOutputWithPooling(last_hidden_state=final, pooler_output=pooled, hidden_states=hidden)
@@ -454,27 +466,9 @@ class WhiteformerForImageClassification(_WhiteformerVisionBase):
         logits = self.whiteformer.forward_head(final)
         loss = None
         if labels is not None:
-            _check_labels(labels, logits, self.config)
+            labels = check_classification_labels(labels, logits, self.config)
             loss = self.loss_function(labels, logits, self.config, **kwargs)
         return ImageClassifierOutput(loss=loss, logits=logits, hidden_states=hidden)
-
-
-def _check_labels(labels, logits: torch.Tensor, config) -> None:
-    """``labels`` fit the loss ``transformers`` picks (``config.problem_type``, else from the labels'
-    dtype): class indices (B,) or (B, 1) for single-label classification, (B, num_labels) floats for
-    multi-label, (B,) or (B, 1) values for regression (num_labels = 1)."""
-    if not isinstance(labels, torch.Tensor):
-        raise TypeError(f"labels must be a tensor, got {type(labels).__name__}")
-    b, n = logits.shape[0], logits.shape[-1]
-    kind = config.problem_type or ("regression" if n == 1 else "single_label_classification"
-                                   if labels.dtype in (torch.long, torch.int) else "multi_label_classification")
-    want = {"regression": ((b,), (b, 1)), "single_label_classification": ((b,), (b, 1)),
-            "multi_label_classification": ((b, n),)}.get(kind)
-    if want is not None and tuple(labels.shape) not in want:
-        what = {"regression": "target values", "single_label_classification": "class indices (integer)",
-                "multi_label_classification": "0/1 targets per label (float)"}[kind]
-        raise ValueError(f"labels must have shape {' or '.join(map(str, want))} ({what} for {kind}, batch {b}, "
-                         f"{n} labels), got {tuple(labels.shape)} ({labels.dtype})")
 
 
 def _register() -> None:
