@@ -145,10 +145,27 @@ def test_lm_hidden_states_and_headless_model(model_type, name):
     cached = lm(idx, use_cache=True, output_hidden_states=True)  # prompt through the cache: same states
     torch.testing.assert_close(cached.hidden_states[1], lm(idx, use_cache=False, output_hidden_states=True)
                                .hidden_states[1])
-    with pytest.raises(ValueError, match="output_hidden_states"):
-        lm(idx[:, :1], cache=cached.cache, output_hidden_states=True)
+    with torch.no_grad():  # tokens stepped from the cache: the columns of the whole sequence's states
+        step = lm(idx[:, :2], cache=cached.cache, output_hidden_states=True)
+        whole = lm(torch.cat([idx, idx[:, :2]], 1), use_cache=False, output_hidden_states=True)
+    assert len(step.hidden_states) == TINY["depth"] + 1
+    for h_step, h_whole in zip(step.hidden_states, whole.hidden_states):
+        torch.testing.assert_close(h_step, h_whole[:, -2:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(step.logits, whole.logits[:, -2:], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="headless"):
         base(idx, use_cache=True)
+    gen = lm.generate(idx, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0,
+                      output_hidden_states=True, return_dict_in_generate=True)
+    assert torch.equal(gen.sequences, lm.generate(idx, attention_mask=mask, max_new_tokens=3, do_sample=False,
+                                                  pad_token_id=0))
+    assert [tuple(h[-1].shape) for h in gen.hidden_states] == [(2, 6, 32), (2, 1, 32), (2, 1, 32)]
+    lm.config.output_hidden_states = True  # what from_pretrained(d, output_hidden_states=True) sets
+    base.config.output_hidden_states = True
+    with torch.no_grad():
+        torch.testing.assert_close(lm(idx, use_cache=False).hidden_states[1],
+                                   lm(idx, use_cache=False, output_hidden_states=True).hidden_states[1])
+        assert len(base(idx).hidden_states) == TINY["depth"] + 1
+        assert lm(idx, use_cache=False, output_hidden_states=False).hidden_states is None
     docs = [torch.randint(1, 61, (1, n)) for n in (4, 3)]  # packed documents: position_ids restart at 0
     packed = lm(torch.cat(docs, 1), position_ids=torch.tensor([[0, 1, 2, 3, 0, 1, 2]]), use_cache=False,
                 output_hidden_states=True)
@@ -185,6 +202,9 @@ def test_vision_hidden_states_and_headless_model(name):
     for h, (spatial, prefix) in zip(out.hidden_states[1:], inter):  # block outputs, prefix tokens first
         torch.testing.assert_close(h, torch.cat([prefix, spatial], dim=1))
     assert out.hidden_states[0].shape == out.hidden_states[1].shape
+    cls.config.output_hidden_states = True  # what from_pretrained(d, output_hidden_states=True) sets
+    with torch.no_grad():
+        assert len(cls(pixel_values=x).hidden_states) == VISION_KW["depth"] + 1
     assert set(cls._no_split_modules) & {type(m).__name__ for m in cls.modules()}
 
 

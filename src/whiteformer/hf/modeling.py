@@ -18,7 +18,8 @@ methods (``forward``, ``prefill``, ``step``); ``.whiteformer`` returns that mode
   ``BaseModelOutputWithPast`` (``last_hidden_state`` after ``ln_f``), :class:`WhiteformerVisionModel`
   -> ``BaseModelOutputWithPooling`` (the tokens of ``forward_features`` and the pooled features).
 
-``output_hidden_states=True`` (every class) adds ``hidden_states``: the embeddings and one tensor per
+``output_hidden_states=True`` (every class; default ``config.output_hidden_states``, as
+``from_pretrained(d, output_hidden_states=True)`` sets it) adds ``hidden_states``: the embeddings and one tensor per
 block, as ``transformers`` -- for the language models the last entry is after the final norm (as
 GPT-2 / Llama), for the vision models every entry is a raw block output (as ViT), (B, P + N, D)
 with the model's own tokens (DeiT / CRATE: class token first; the ToST shell: patch tokens only,
@@ -66,6 +67,14 @@ def _refuse(output_attentions, return_dict, inputs_embeds=None) -> None:
             raise ValueError(f"{name} is not supported by whiteformer models; leave it unset")
     if return_dict is False:
         raise ValueError("return_dict=False is not supported; read the fields of the returned output")
+
+
+def _want_hidden_states(model, output_hidden_states: Optional[bool]) -> bool:
+    """``output_hidden_states``, else the configuration's (``from_pretrained(d, output_hidden_states=True)``),
+    as every ``transformers`` model reads it."""
+    if output_hidden_states is None:
+        output_hidden_states = getattr(model.config, "output_hidden_states", False)
+    return bool(output_hidden_states)
 
 
 def _refuse_labels(model, kwargs, head_class: str) -> None:
@@ -232,6 +241,7 @@ class _WhiteformerLMModel(_WhiteformerLMBase):
                 **kwargs) -> BaseModelOutputWithPast:
         _refuse(output_attentions, return_dict, inputs_embeds)
         _refuse_labels(self, kwargs, "AutoModelForCausalLM")
+        output_hidden_states = _want_hidden_states(self, output_hidden_states)
         if input_ids is None:
             raise ValueError("input_ids is required: a (B, T) tensor of token ids")
         if use_cache or (past_key_values is not None and past_key_values.get_seq_length() != 0):
@@ -292,9 +302,11 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         other ``position_ids`` raise ``ValueError``. ``use_cache`` (default
         ``config.use_cache`` in eval mode, off in training) returns the state in
         ``output.cache`` (``past_key_values`` in older ``transformers``). ``output_hidden_states``
-        (not with tokens stepped from a cache) adds the embeddings and each block's output.
+        (default ``config.output_hidden_states``) adds the embeddings and each block's output, also
+        for tokens stepped from a cache (``generate(..., output_hidden_states=True)``).
         """
         _refuse(output_attentions, return_dict, inputs_embeds)
+        output_hidden_states = _want_hidden_states(self, output_hidden_states)
         if input_ids is None:
             raise ValueError("input_ids is required: a (B, T) tensor of token ids")
         if labels is not None and isinstance(input_ids, torch.Tensor):
@@ -333,17 +345,18 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
             new = input_ids.shape[1] if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 else None
             if new is None:
                 raise ValueError(f"input_ids must have shape (B, T), got {getattr(input_ids, 'shape', None)}")
-            if output_hidden_states:
-                raise ValueError("output_hidden_states is not available for tokens stepped from a cache (the "
-                                 "recurrent step keeps no per-block outputs); run the sequence without a cache")
             if mask is not None and not bool((mask[:, -new:] != 0).all()):
                 raise ValueError("tokens fed after the cached prompt must be real (attention_mask 1): padding is "
                                  "only supported in the prompt")
-            state, steps = cache.state, []
+            state, finals, columns = cache.state, [], []
             for j in range(new):
-                step_logits, state = net.step(input_ids[:, j], state)
-                steps.append(step_logits)
-            logits = torch.stack(steps, dim=1)
+                final, state, per_block = net.step_hidden_states(input_ids[:, j], state)
+                finals.append(final)
+                columns.append(per_block)
+            final = torch.stack(finals, dim=1)
+            logits = net.lm_head(final)
+            if output_hidden_states:  # (B, new, D) per entry; the last one after ln_f, as in _lm_hidden_states
+                hidden = tuple(torch.stack(c, dim=1) for c in zip(*columns))[:-1] + (final,)
             cache.update_state(state, new)
         loss = None
         if labels is not None:
@@ -429,6 +442,7 @@ class _WhiteformerVisionBase(WhiteformerPreTrainedModel):
     def _features(self, pixel_values, output_attentions, output_hidden_states, return_dict):
         """``(forward_features output, hidden_states or None)``."""
         _refuse(output_attentions, return_dict)
+        output_hidden_states = _want_hidden_states(self, output_hidden_states)
         if pixel_values is None:
             raise ValueError("pixel_values is required: a (B, C, H, W) image tensor")
         if isinstance(pixel_values, torch.Tensor) and pixel_values.is_floating_point():

@@ -474,6 +474,22 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         ToST: constant memory and time per token; GPT: the key/value cache grows by one token.
         Raises ``ValueError`` past the context limit (see :attr:`context_limit`).
         """
+        h, state = self._step_hidden(idx_t, state)
+        return self.lm_head(h), state
+
+    def step_hidden_states(self, idx_t: torch.Tensor, state: Optional[LMState] = None
+                           ) -> Tuple[torch.Tensor, LMState, List[torch.Tensor]]:
+        """:meth:`step` with the per-block outputs of the new token: ``(final hidden after ln_f (B, D),
+        new state, [embedding, block 1 output, ..., block L output])``, each (B, D) (the token's
+        column of :meth:`forward_hidden_states`)."""
+        states: List[torch.Tensor] = []
+        h, state = self._step_hidden(idx_t, state, states)
+        return h, state, states
+
+    def _step_hidden(self, idx_t: torch.Tensor, state: Optional[LMState],
+                     states: Optional[List[torch.Tensor]] = None) -> Tuple[torch.Tensor, LMState]:
+        """One token through the blocks -> ``(hidden after ln_f (B, D), new state)``; the embedding
+        and each block's output are appended to ``states`` when a list is given."""
         self._one_process("step")
         if not isinstance(idx_t, torch.Tensor) or idx_t.dim() != 1:
             raise ValueError(f"idx_t must be a (B,) tensor of token ids, got "
@@ -485,11 +501,15 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
             raise TypeError(f"state must be an LMState with {self.depth} layer states (from prefill/step) or None")
         self._check_len(state.pos + 1)
         x = self._embed(idx_t[:, None], state.pos)[:, 0]
+        if states is not None:
+            states.append(x)
         new = []
         for blk, st in zip(self.transformer.h, state.layers):
             x, st = blk.step(x, st)
             new.append(st)
-        return self.lm_head(self.transformer.ln_f(x)), LMState(state.pos + 1, tuple(new))
+            if states is not None:
+                states.append(x)
+        return self.transformer.ln_f(x), LMState(state.pos + 1, tuple(new))
 
     # ---- generation ---------------------------------------------------------------------------
     @staticmethod
