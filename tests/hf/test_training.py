@@ -66,6 +66,21 @@ def test_packed_batches_that_cannot_be_honoured_raise():
     with pytest.raises(ValueError, match="differ"):
         model(ids[:1], cu_seq_lens_q=torch.tensor([0, 3, 6], dtype=torch.int32),
               cu_seq_lens_k=torch.tensor([0, 2, 6], dtype=torch.int32))
+    # position_ids that contradict cu_seq_lens_q, or that do not fit input_ids, are refused, not ignored
+    with pytest.raises(ValueError, match="describe different documents"):
+        model(ids[:1], position_ids=torch.arange(6)[None], cu_seq_lens_q=torch.tensor([0, 3, 6], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"position_ids must have shape \(B, T\) = \(2, 6\).*got \(1, 5\)"):
+        model(ids, position_ids=torch.arange(5)[None])
+    with pytest.raises(TypeError, match="position_ids must be an integer tensor"):
+        model(ids[:1], position_ids=torch.tensor([[0.0, 1, 2, 0, 1, 2]]))
+    with pytest.raises(TypeError, match="cu_seq_lens_q must be an int32 tensor"):
+        model(ids[:1], cu_seq_lens_q=[0, 3, 6])
+    with pytest.raises(ValueError, match=r"input_ids must be a \(B, T\) tensor"):
+        model(ids[0], position_ids=torch.tensor([0, 1, 2, 0, 1, 2]))
+    torch.testing.assert_close(  # position_ids and cu_seq_lens_q that agree: the packed documents
+        model(ids[:1], position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]]),
+              cu_seq_lens_q=torch.tensor([0, 3, 6], dtype=torch.int32)).logits[0, 3:],
+        model(ids[:1, 3:], use_cache=False).logits[0])
     # ordinary positions (as generate derives them, padding included) are accepted
     mask = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
     pos = (mask.cumsum(1) - 1).masked_fill(mask == 0, 1)

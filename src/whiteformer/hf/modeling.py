@@ -309,13 +309,16 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         output_hidden_states = _want_hidden_states(self, output_hidden_states)
         if input_ids is None:
             raise ValueError("input_ids is required: a (B, T) tensor of token ids")
-        if labels is not None and isinstance(input_ids, torch.Tensor):
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be a (B, T) tensor of token ids, got "
+                             f"{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__}")
+        if labels is not None:
             check_lm_labels(labels, input_ids, self.whiteformer.vocab_size, kwargs.get("ignore_index", -100))
         if cache is not None and past_key_values is not None and cache is not past_key_values:
             raise ValueError("pass the cache once (cache or past_key_values), not both")
         cache = cache if cache is not None else past_key_values
         in_prompt = cache is None or not isinstance(cache, WhiteformerCache) or cache.state is None
-        cu_seqlens = packed_cu_seqlens(attention_mask, position_ids if in_prompt else None, kwargs)
+        cu_seqlens = packed_cu_seqlens(attention_mask, position_ids if in_prompt else None, kwargs, input_ids)
         if cu_seqlens is not None:
             return self._forward_packed(input_ids, attention_mask, labels, cu_seqlens, use_cache, cache, kwargs,
                                         bool(output_hidden_states))
@@ -342,9 +345,7 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
             else:
                 logits, _ = net(input_ids, attn_mask=mask)
         else:
-            new = input_ids.shape[1] if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 else None
-            if new is None:
-                raise ValueError(f"input_ids must have shape (B, T), got {getattr(input_ids, 'shape', None)}")
+            new = input_ids.shape[1]
             if mask is not None and not bool((mask[:, -new:] != 0).all()):
                 raise ValueError("tokens fed after the cached prompt must be real (attention_mask 1): padding is "
                                  "only supported in the prompt")

@@ -14,11 +14,20 @@ import torch
 __all__ = ["packed_cu_seqlens", "mask_document_starts"]
 
 
-def _from_position_ids(position_ids: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+def _from_position_ids(position_ids: torch.Tensor, attention_mask: Optional[torch.Tensor], batch: int,
+                       tokens: int) -> Optional[torch.Tensor]:
     """None when ``position_ids`` are the ordinary ones (what the model derives from the mask),
-    the documents' ``cu_seqlens`` when they restart at 0 in one unpadded row, else ``ValueError``."""
+    the documents' ``cu_seqlens`` when they restart at 0 in one unpadded row, else ``ValueError``
+    (also for a shape other than the (batch, tokens) of ``input_ids``)."""
+    if not isinstance(position_ids, torch.Tensor) or position_ids.dtype == torch.bool \
+            or position_ids.is_floating_point() or position_ids.is_complex():
+        raise TypeError(f"position_ids must be an integer tensor, got "
+                        f"{getattr(position_ids, 'dtype', type(position_ids).__name__)}")
     if position_ids.dim() == 1:
         position_ids = position_ids[None]
+    if position_ids.dim() != 2 or position_ids.shape[1] != tokens or position_ids.shape[0] not in (1, batch):
+        raise ValueError(f"position_ids must have shape (B, T) = ({batch}, {tokens}) (or (1, T), (T,)), got "
+                         f"{tuple(position_ids.shape)}")
     b, t = position_ids.shape
     if attention_mask is None:
         real = torch.ones(b, t, dtype=torch.bool, device=position_ids.device)
@@ -41,21 +50,29 @@ def _from_position_ids(position_ids: torch.Tensor, attention_mask: Optional[torc
 
 
 def packed_cu_seqlens(attention_mask: Optional[torch.Tensor], position_ids: Optional[torch.Tensor],
-                      kwargs: Dict[str, Any]) -> Optional[torch.Tensor]:
-    """The documents' ``cu_seqlens`` of a packed batch, or None; pops the collator's flash-attention
-    keys (``cu_seq_lens_q/k``, ``max_length_q/k``, ``seq_idx``) from ``kwargs``."""
+                      kwargs: Dict[str, Any], input_ids: torch.Tensor) -> Optional[torch.Tensor]:
+    """The documents' ``cu_seqlens`` of a packed batch of ``input_ids`` (B, T), or None; pops the
+    collator's flash-attention keys (``cu_seq_lens_q/k``, ``max_length_q/k``, ``seq_idx``) from
+    ``kwargs``. ``position_ids`` given with ``cu_seq_lens_q`` must describe the same documents."""
     cu_q, cu_k = kwargs.pop("cu_seq_lens_q", None), kwargs.pop("cu_seq_lens_k", None)
     for key in ("max_length_q", "max_length_k", "seq_idx"):
         kwargs.pop(key, None)
+    for name, value in (("cu_seq_lens_q", cu_q), ("cu_seq_lens_k", cu_k)):
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be an int32 tensor of shape (S + 1,), got {type(value).__name__}")
     if cu_q is not None and cu_k is not None and not torch.equal(cu_q.cpu(), cu_k.cpu()):
         raise ValueError("cu_seq_lens_q and cu_seq_lens_k differ: a causal language model attends within the same "
                          "documents for queries and keys")
     cu = cu_q if cu_q is not None else cu_k
-    from_positions = None if position_ids is None else _from_position_ids(position_ids, attention_mask)
-    if cu is None:
-        return from_positions
-    if from_positions is not None and not torch.equal(from_positions.cpu().long(), cu.cpu().long()):
-        raise ValueError("position_ids and cu_seq_lens_q describe different documents")
+    batch, tokens = input_ids.shape[0], input_ids.shape[-1]
+    from_positions = None if position_ids is None else _from_position_ids(position_ids, attention_mask, batch, tokens)
+    if cu is None or position_ids is None:
+        return from_positions if cu is None else cu
+    if from_positions is None:  # ordinary positions: one document per row
+        from_positions = torch.tensor([0, tokens], dtype=torch.int32)
+    if not torch.equal(from_positions.cpu().long(), torch.unique_consecutive(cu.cpu().long())):
+        raise ValueError(f"position_ids and cu_seq_lens_q describe different documents (position_ids restart at "
+                         f"{from_positions.tolist()[:-1]}, cu_seq_lens_q = {cu.tolist()})")
     return cu
 
 
