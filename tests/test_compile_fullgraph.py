@@ -36,3 +36,16 @@ def test_forward_and_training_step_compile_without_graph_breaks(name):
             assert p.grad is None
         else:
             torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-5)
+
+
+def test_packed_batches_compile_with_one_graph_break_and_fullgraph_names_why():
+    import whiteformer
+
+    model = whiteformer.create_model("tost_lm_base", dim=16, depth=1, num_heads=2).eval()
+    idx, cu = torch.randint(0, 60, (1, 10)), torch.tensor([0, 4, 10], dtype=torch.int32)
+    with torch.no_grad():
+        want = model(idx, cu_seqlens=cu)[0]
+        torch.testing.assert_close(torch.compile(model, backend="aot_eager")(idx, cu_seqlens=cu)[0], want)
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="cu_seqlens: packed batches read their segment boundaries"):
+            torch.compile(model, fullgraph=True, backend="aot_eager")(idx, cu_seqlens=cu)
