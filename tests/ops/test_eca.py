@@ -385,6 +385,25 @@ def test_float64_and_half_precision():
     assert layer64(x.double()).dtype == F64
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_built_under_a_half_default_dtype(dtype):
+    """transformers' from_config(config, dtype=torch.bfloat16) builds under that default dtype; the
+    orthogonal init of U (a QR, which has no half kernel on CPU) is computed in float32."""
+    torch.manual_seed(0)
+    want = ECAttention(16, num_heads=2, rank=3).U.detach()
+    previous = torch.get_default_dtype()
+    torch.manual_seed(0)
+    torch.set_default_dtype(dtype)
+    try:
+        layer = ECAttention(16, num_heads=2, rank=3)
+    finally:
+        torch.set_default_dtype(previous)
+    assert layer.U.dtype == dtype
+    torch.testing.assert_close(layer.U.float(), want.to(dtype).float(), rtol=0, atol=0)  # the same basis, rounded
+    y = layer(torch.randn(2, 12, 16, dtype=dtype))
+    assert y.dtype == dtype and torch.isfinite(y).all()
+
+
 def test_autocast_bf16_computes_in_float32():
     layer = ECAttention(16, num_heads=2, rank=3)
     x = torch.randn(2, 12, 16)

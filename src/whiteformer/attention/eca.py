@@ -42,6 +42,16 @@ def _finite(value, name: str) -> float:
     return float(value)
 
 
+def _orthogonal_init(weight: torch.Tensor) -> None:
+    """``nn.init.orthogonal_``, computed in float32 for a float16 / bfloat16 weight (built under a half
+    default dtype, e.g. ``from_config(config, dtype=torch.bfloat16)``), where the QR it needs does not run."""
+    if weight.dtype in (torch.float32, torch.float64):
+        nn.init.orthogonal_(weight)
+        return
+    with torch.no_grad():
+        weight.copy_(nn.init.orthogonal_(torch.empty(weight.shape, dtype=torch.float32, device=weight.device)))
+
+
 @register_attention("eca")
 class ECAttention(nn.Module):
     """ECAttention update (Eq. 4): ``alpha (I - Q Q^T) z - beta sum_k pi_k U_k (I - Q_k Q_k^T) U_k^T z``.
@@ -168,7 +178,7 @@ class ECAttention(nn.Module):
             self.beta_raw = raw(beta_init, "beta_init")
             self.U = nn.Parameter(torch.empty(dim, num_heads * self.head_dim))
             if not self.U.is_meta:
-                nn.init.orthogonal_(self.U)
+                _orthogonal_init(self.U)
             self.temperature = nn.Parameter(torch.ones(1))
         else:
             self.register_parameter("beta_raw", None)
