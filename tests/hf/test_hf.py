@@ -233,6 +233,28 @@ def test_labels_of_the_wrong_shape_are_named():
     assert model(x, labels=torch.tensor([[1], [2]])).loss.shape == ()  # (B, 1), as transformers' own view(-1)
 
 
+def test_num_labels_passed_in_sets_the_head(tmp_path):
+    """transformers' fine-tuning idiom: from_pretrained(d, num_labels=4, ignore_mismatched_sizes=True) gives
+    a new 4-way head on the loaded body (the head kept its saved 10 outputs before)."""
+    _vision().save_pretrained(tmp_path / "ten")
+    model = AutoModelForImageClassification.from_pretrained(tmp_path / "ten", num_labels=4,
+                                                            ignore_mismatched_sizes=True).eval()
+    assert model.config.num_labels == 4 and model.config.init_kwargs["num_classes"] == 4
+    x = torch.randn(2, 1, 8, 8)
+    assert model(x).logits.shape == (2, 4)
+    saved = AutoModelForImageClassification.from_pretrained(tmp_path / "ten").eval()
+    torch.testing.assert_close(model.whiteformer.forward_features(x), saved.whiteformer.forward_features(x))
+    model.save_pretrained(tmp_path / "four")
+    assert AutoModelForImageClassification.from_pretrained(tmp_path / "four")(x).logits.shape == (2, 4)
+    config = AutoConfig.for_model("whiteformer-vision", model_name="deit_t_p16", num_labels=3,
+                                  init_kwargs=dict(img_size=8, patch_size=4, in_chans=1, depth=1, embed_dim=16,
+                                                   num_heads=2))
+    assert AutoModelForImageClassification.from_config(config)(x).logits.shape == (2, 3)
+    config.id2label = {0: "cat", 1: "dog"}
+    two = AutoModelForImageClassification.from_config(config)
+    assert two(x).logits.shape == (2, 2) and two.config.id2label == {0: "cat", 1: "dog"}
+
+
 def test_half_checkpoint_reads_float_pixels(tmp_path):
     _vision().half().save_pretrained(tmp_path / "fp16")
     model = AutoModelForImageClassification.from_pretrained(tmp_path / "fp16")

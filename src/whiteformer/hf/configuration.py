@@ -115,13 +115,25 @@ class WhiteformerGPTConfig(_LMConfig):
 
 
 class WhiteformerVisionConfig(WhiteformerConfig):
-    """Image classifier of the zoo (``num_labels`` follows ``init_kwargs["num_classes"]``)."""
+    """Image classifier of the zoo. ``num_labels`` follows ``init_kwargs["num_classes"]`` (the model's
+    default when unset); a ``num_labels`` passed in (``from_pretrained(d, num_labels=5,
+    ignore_mismatched_sizes=True)``, ``for_model(..., num_labels=5)``) or ``id2label`` set afterwards
+    sets ``num_classes``, so the head has that many outputs, as in ``transformers``' own classifiers."""
 
     model_type = "whiteformer-vision"
     default_model_name = "tost_t12_p16"
 
     def __init__(self, model_name: Optional[str] = None, init_kwargs: Optional[Dict[str, Any]] = None, **kwargs):
+        labels = kwargs.get("num_labels")
+        if isinstance(labels, int) and not isinstance(labels, bool) and labels > 0 \
+                and (init_kwargs is None or isinstance(init_kwargs, dict)):
+            init_kwargs = {**(init_kwargs or {}), "num_classes": labels}
         super().__init__(model_name, init_kwargs, **kwargs)  # (transformers only keeps an __init__ defined here)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        super().__setattr__(key, value)
+        if key == "id2label" and isinstance(value, dict) and value and isinstance(self.__dict__.get("init_kwargs"), dict):
+            self.init_kwargs["num_classes"] = len(value)  # (num_labels' setter sets id2label too)
 
     mirrored = (("img_size", "image_size"), ("patch_size", "patch_size"), ("in_chans", "num_channels"),
                 ("embed_dim", "hidden_size"), ("depth", "num_hidden_layers"))
