@@ -198,11 +198,13 @@ def check_probability(value, name: str = "p") -> float:
 # ----------------------------------------------------------------------------- operator arguments
 
 
-def check_heads_input(w, name: str = "w") -> None:
-    """``w``: (B, H, N, p) floating, with H, N, p > 0."""
+def check_heads_input(w, name: str = "w", allow_no_tokens: bool = False) -> None:
+    """``w``: (B, H, N, p) floating, with H, p > 0 and N > 0 (N = 0 too with ``allow_no_tokens``:
+    a rank's empty chunk of a sequence split over processes)."""
     check_tensor(w, name, 4)
     check_nonempty(w, name, 1, "heads")
-    check_nonempty(w, name, 2, "tokens")
+    if not allow_no_tokens:
+        check_nonempty(w, name, 2, "tokens")
     check_nonempty(w, name, 3, "features (head dim p)")
 
 

@@ -232,7 +232,8 @@ def _errors(group, rank: int) -> None:
 
 def _ranks_that_differ_worker(rank: int, world: int, store: str) -> None:
     """What may differ between the ranks and what may not: a mask on some ranks only (a chunk
-    without padding passes None) gives the unsplit rows; a dtype that differs raises on every rank."""
+    without padding passes None) and a rank without tokens (``group_chunk`` of a sequence shorter
+    than the group) give the unsplit rows and gradients; a dtype that differs raises on every rank."""
     import datetime
 
     from whiteformer.ops import tssa
@@ -243,6 +244,9 @@ def _ranks_that_differ_worker(rank: int, world: int, store: str) -> None:
     mask[0, :2] = False  # padding on rank 0's chunk only
     for op in ("tssa", "causal_tssa"):
         _check_split(op, [3, 4], False, group, seed=21, mask=mask)
+        for masked in (False, True):
+            _check_split(op, [5, 0], masked, group, seed=22)
+        _check_split(op, [3, 0], False, group, seed=23, bounds=[0, 1, 3])
     w = torch.randn(1, H, 2, P, dtype=torch.float64 if rank == 0 else torch.float32)
     with pytest.raises(ValueError, match="w must have the same dtype on every rank"):
         tssa(w, 1.0, group=group)

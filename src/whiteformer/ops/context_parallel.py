@@ -1,7 +1,9 @@
 """Context parallelism: the collectives that let TSSA run on a sequence split over processes.
 
 Each process of a ``torch.distributed`` group holds one contiguous chunk of the tokens (group
-rank order = sequence order; chunks may differ in length). TSSA mixes tokens only through
+rank order = sequence order; chunks may differ in length, and the ops :func:`~whiteformer.ops.tssa` /
+:func:`~whiteformer.ops.causal_tssa` take an empty one, as :func:`group_chunk` gives when the
+sequence is shorter than the group). TSSA mixes tokens only through
 per-head sums over tokens (ToST Eq. (11): ``sum_n w^2``, ``sum_n Pi w^2``, ``sum_n Pi``; Eq. (28):
 the same as prefix sums), so a split sequence needs only these O(B H p) numbers combined:
 

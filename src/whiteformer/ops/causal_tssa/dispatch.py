@@ -85,7 +85,7 @@ def causal_tssa(
     Returns:
         out (B, H, N, p) in ``w``'s dtype, or a tuple ``(out, [pi], [state])`` in that order.
     """
-    check_heads_input(w)
+    check_heads_input(w, allow_no_tokens=group is not None)  # split: a rank may hold no tokens
     if cu_seqlens is not None:
         check_packed(w, attn_mask, cu_seqlens)
     # packed: the fused kernels run the padded layout when it wastes little, else the PyTorch path

@@ -55,6 +55,16 @@ def causal_tssa_parallel(
         out (B, H, N, p) and pi (B, H, N) in ``w``'s dtype, and the final sums sum_sq, sum_pi,
         sum_sq_pi (float32 for half inputs); with a group, the sums up to this rank's last token.
     """
+    if group is not None and w.shape[-2] == 0:
+        # a rank without tokens still takes part in the collectives: it runs one padded token, which
+        # adds nothing to any sum, so its final sums are those of the earlier ranks
+        pad = w.new_zeros(*w.shape[:-2], 1, w.shape[-1])
+        none = torch.zeros(w.shape[0], 1, dtype=torch.bool, device=w.device)
+        if logit_bias is not None:
+            logit_bias = torch.cat([logit_bias, logit_bias.new_zeros(*logit_bias.shape[:-1], 1)], dim=-1)
+        out, pi, *sums = causal_tssa_parallel(torch.cat([w, pad], dim=-2), temp, logit_bias, none, drop_p, initial,
+                                              group)
+        return (out[..., :0, :], pi[..., :0], *sums)
     sd = stats_dtype(w)
     with autocast_off(w):
         x = w.to(sd)

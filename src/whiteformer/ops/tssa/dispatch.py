@@ -67,7 +67,7 @@ def tssa(
     :func:`.parallel.tssa_parallel`; :func:`whiteformer.ops.reference.tssa_reference` is the literal
     one.
     """
-    check_heads_input(w)
+    check_heads_input(w, allow_no_tokens=group is not None)  # split: a rank may hold no tokens
     if cu_seqlens is not None:
         check_packed(w, attn_mask, cu_seqlens)
     # packed: the fused kernels run the padded layout when it wastes little, else the PyTorch path
