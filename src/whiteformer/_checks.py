@@ -109,12 +109,15 @@ def check_cu_seqlens(cu_seqlens, total: int, name: str = "cu_seqlens") -> list:
     return [b - a for a, b in zip(bounds, bounds[1:])]
 
 
-def check_tokens_input(x, name: str = "x", dim: int | None = None, like: torch.Tensor | None = None) -> None:
+def check_tokens_input(x, name: str = "x", dim: int | None = None, like: torch.Tensor | None = None,
+                       allow_no_tokens: bool = False) -> None:
     """Check a layer input of shape (B, N, C) (and C == dim when given; with ``like``, one of the
     layer's weights, the device must be its device (:func:`check_input_device`) and the dtype its
-    dtype outside autocast (:func:`check_input_dtype`))."""
+    dtype outside autocast (:func:`check_input_dtype`)); N = 0 only with ``allow_no_tokens`` (a
+    rank's empty chunk of a sequence split over processes)."""
     check_tensor(x, name, 3)
-    check_nonempty(x, name, 1)
+    if not allow_no_tokens:
+        check_nonempty(x, name, 1)
     if dim is not None and x.shape[-1] != dim:
         raise ValueError(f"{name} must have last dimension {dim} (the layer's dim), got shape {tuple(x.shape)}")
     if like is not None:

@@ -247,6 +247,7 @@ def _ranks_that_differ_worker(rank: int, world: int, store: str) -> None:
         for masked in (False, True):
             _check_split(op, [5, 0], masked, group, seed=22)
         _check_split(op, [3, 0], False, group, seed=23, bounds=[0, 1, 3])
+    _check_lm(group, [9, 0])  # the layers and the LM on an empty chunk too
     w = torch.randn(1, H, 2, P, dtype=torch.float64 if rank == 0 else torch.float32)
     with pytest.raises(ValueError, match="w must have the same dtype on every rank"):
         tssa(w, 1.0, group=group)

@@ -77,7 +77,8 @@ class TSSA(ContextParallel, nn.Module):
         """x (B, N, C), attn_mask (B, N) bool keep-mask -> y (B, N, C), or ``(y, {"pi": (B, H, N)})``.
         ``cu_seqlens`` (S + 1,) int32: x (1, N, C) holds S packed documents, each its own sequence
         (see :func:`whiteformer.ops.tssa`)."""
-        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
+        check_tokens_input(x, "x", self.dim, like=self.qkv.weight,
+                           allow_no_tokens=self.context_parallel_group is not None)  # split: a chunk may be empty
         attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
         # padded tokens take no part: zeroed inputs (NaN/inf reach nothing), outputs 0 (not the bias)
         w = rearrange(self.qkv(zero_padded(x, attn_mask)), "b n (h d) -> b h n d", h=self.num_heads)
@@ -128,7 +129,8 @@ class CausalTSSA(ContextParallel, nn.Module):
         return {"temp", "pos_bias"} if self.pos_bias is not None else {"temp"}
 
     def _run(self, x, attn_mask, cu_seqlens=None):
-        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
+        check_tokens_input(x, "x", self.dim, like=self.qkv.weight,
+                           allow_no_tokens=self.context_parallel_group is not None)  # split: a chunk may be empty
         attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
         w = rearrange(self.qkv(zero_padded(x, attn_mask)), "b n (h d) -> b h n d", h=self.num_heads)
         out, pi, state = causal_tssa(w, self.temp, self.pos_bias, attn_mask, return_pi=True, return_state=True,

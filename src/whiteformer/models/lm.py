@@ -221,9 +221,9 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
             raise TypeError(f"{name} must be an integer tensor of token ids, got {idx.dtype}")
         if idx.dim() != 2:
             raise ValueError(f"{name} must have shape (B, T), got {tuple(idx.shape)}")
-        if idx.shape[0] == 0 or idx.shape[1] == 0:
+        if idx.shape[0] == 0 or idx.shape[1] == 0 and self.context_parallel_group is None:  # split: a chunk may be empty
             raise ValueError(f"{name} must be non-empty, got shape {tuple(idx.shape)}")
-        if not can_read_values():
+        if not can_read_values() or idx.numel() == 0:
             return
         lo, hi = int(idx.min()), int(idx.max())
         if lo < 0 or hi >= self.vocab_size:
@@ -313,7 +313,7 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         """idx (B, T) token ids, attn_mask (B, T) keep-mask (None: no padding; left or right
         padding allowed) -> final hidden states after ``ln_f`` (B, T, D). Each real token sees
         the real tokens of its own sequence only, at positions counted among them. Context-parallel
-        (see the module docstring): idx and attn_mask are this rank's chunk, positions global.
+        (see the module docstring): idx and attn_mask are this rank's chunk (possibly empty), positions global.
 
         ``cu_seqlens`` (S + 1,) int32 (FlashAttention's convention): idx (1, T) holds S packed
         documents (``cu_seqlens[s]:cu_seqlens[s + 1]``), each its own sequence with positions
