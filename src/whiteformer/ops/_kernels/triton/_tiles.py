@@ -120,6 +120,15 @@ def heads_of(b, H, P, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr):
 
 
 @triton.jit
+def chunk_program(H, N, P, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr):
+    """A sequence kernel's program (grid (B, NC)): its sequence b and chunk c, :func:`heads_of` b,
+    and the chunk's tokens [lo, hi) (walked in sub-blocks: ``for start in range(lo, hi, BLOCK_N)``)."""
+    b, c = tl.program_id(0), tl.program_id(1)
+    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    return b, c, bh, in_h, in_hp, c * CHUNK, tl.minimum(N, (c + 1) * CHUNK)
+
+
+@triton.jit
 def rows(ptr, bh, idx, NI, P, in_hp, BLOCK_P: tl.constexpr):
     """Row ``idx`` of every head of a (B*H, NI, P) tensor: (BLOCK_H, BLOCK_P), 0 outside."""
     offs = (bh * NI + idx)[:, None] * P + tl.arange(0, BLOCK_P)[None, :]
@@ -145,11 +154,12 @@ def put_per_head(ptr, bh, idx, NI, in_h, value):
 
 
 @triton.jit
-def sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N: tl.constexpr,
-              BLOCK_P: tl.constexpr):
+def sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N: tl.constexpr,
+              BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     """Sub-block of BLOCK_N tokens from ``start`` for every head: per-token offsets into
     (B*H, N) tensors (BLOCK_H, BLOCK_N), their in-range mask, element offsets into (B*H, N, P)
-    tensors and their in-range mask (BLOCK_H, BLOCK_N, BLOCK_P), and the kept tokens (BLOCK_N,)."""
+    tensors and their in-range mask (BLOCK_H, BLOCK_N, BLOCK_P), the kept tokens (BLOCK_N,), and
+    the w tile (BLOCK_H, BLOCK_N, BLOCK_P) in the statistics dtype, 0 outside and at padded tokens."""
     offs_n = start + tl.arange(0, BLOCK_N)
     in_n = offs_n < N
     tok = bh[:, None] * N + offs_n[None, :]
@@ -160,14 +170,21 @@ def sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N: tl.constexp
     keep = in_n
     if has_mask:
         keep = keep & (tl.load(mask_ptr + b.to(tl.int64) * N + offs_n, mask=in_n, other=0) != 0)
-    return tok, in_tok, offs, inside, keep
+    x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(ACC)
+    return tok, in_tok, offs, inside, keep, tl.where(keep[None, :, None], x, 0.0)
 
 
 @triton.jit
-def load_w(ptr, offs, inside, keep, ACC: tl.constexpr):
-    """(BLOCK_H, BLOCK_N, BLOCK_P) tile in the statistics dtype, 0 outside and at padded tokens."""
-    x = tl.load(ptr + offs, mask=inside, other=0.0).to(ACC)
-    return tl.where(keep[None, :, None], x, 0.0)
+def load_go_pi(go_ptr, pi_ptr, tok, in_tok, offs, inside, ACC: tl.constexpr):
+    """The backward passes' per-sub-block inputs: dL/dout (BLOCK_H, BLOCK_N, BLOCK_P) in the
+    statistics dtype and Pi (BLOCK_H, BLOCK_N), 0 outside."""
+    return tl.load(go_ptr + offs, mask=inside, other=0.0).to(ACC), tl.load(pi_ptr + tok, mask=in_tok, other=0.0)
+
+
+@triton.jit
+def add_pi_sums(q, m, pi, x2):
+    """Running sums after a sub-block: q + sum_n Pi_n w_n^2 (BLOCK_H, BLOCK_P), m + sum_n Pi_n (BLOCK_H,)."""
+    return q + tl.sum(pi[:, :, None] * x2, axis=1), m + tl.sum(pi, axis=1)
 
 
 @triton.jit
@@ -194,12 +211,10 @@ def chunk_energy(x_ptr, mask_ptr, part_ptr, H, N, P, NC,
                  has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     """Grid (B, NC): per-chunk totals sum_n w_n^2 over kept tokens into part (B, H, NC, P)."""
-    b, c = tl.program_id(0), tl.program_id(1)
-    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
     acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
-    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
-        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
-        x = load_w(x_ptr, offs, inside, keep, ACC)
+    for start in range(lo, hi, BLOCK_N):
+        _, _, _, _, _, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P, ACC)
         acc += tl.sum(x * x, axis=1)
     put_rows(part_ptr, bh, c, NC, P, in_hp, acc, BLOCK_P)
 

@@ -45,8 +45,8 @@ from torch import Tensor
 
 from ...constants import PI_EPS, RATIO_EPS
 from . import _tiles
-from ._tiles import (acc_dtype, chunk_energy, div, heads_of, load_w, mask_u8, per_head, put_rows, rows,
-                     softmax_heads, sub_block, tl_acc)
+from ._tiles import (acc_dtype, add_pi_sums, chunk_energy, chunk_program, div, load_go_pi, mask_u8, per_head,
+                     put_rows, rows, softmax_heads, sub_block, tl_acc)
 
 __all__ = ["causal_tssa_triton"]
 
@@ -59,6 +59,17 @@ def _gain(x2, pi, q_run, m_run, PI_EPS):
     inv_m = div(1.0, m_run[:, None] + tl.cumsum(pi, axis=1) + PI_EPS)
     d = q * inv_m[:, :, None]
     return inv_m, d, div(1.0, 1.0 + d)
+
+
+@triton.jit
+def _bwd_tile(go_ptr, pi_ptr, tok, in_tok, offs, inside, x, q_run, m_run, PI_EPS, ACC: tl.constexpr):
+    """What every backward pass first computes on a sub-block (w loaded): G, Pi, w^2, d_t = c_t Q_t,
+    the gain g_t and dQ_t = c_t D_t = c_t g_t^2 w_t Pi_t G_t ((BLOCK_H, BLOCK_N, BLOCK_P); Pi:
+    (BLOCK_H, BLOCK_N))."""
+    go, pi = load_go_pi(go_ptr, pi_ptr, tok, in_tok, offs, inside, ACC)
+    x2 = x * x
+    inv_m, d, gain = _gain(x2, pi, q_run, m_run, PI_EPS)
+    return go, pi, x2, d, gain, inv_m[:, :, None] * gain * gain * x * pi[:, :, None] * go
 
 
 @triton.jit
@@ -85,15 +96,14 @@ def _suffix(after, part):
 def _pi(x_ptr, mask_ptr, e0_ptr, lb_ptr, temp_ptr, pi_ptr, q_part_ptr, m_part_ptr, H, N, P, NC, RATIO_EPS,
         has_mask, has_lb, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    b, c = tl.program_id(0), tl.program_id(1)
-    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
     temp = tl.load(temp_ptr + tl.arange(0, BLOCK_H), mask=in_h, other=0.0)
     e_run = rows(e0_ptr, bh, c, NC, P, in_hp, BLOCK_P)
     q_acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
     m_acc = tl.zeros([BLOCK_H], ACC)
-    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
-        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
-        x = load_w(x_ptr, offs, inside, keep, ACC)
+    for start in range(lo, hi, BLOCK_N):
+        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask,
+                                                       BLOCK_N, BLOCK_P, ACC)
         x2 = x * x
         logit = tl.sum(div(x2, tl.maximum(_energy(x2, e_run), RATIO_EPS)), axis=2)
         if has_lb:
@@ -101,8 +111,7 @@ def _pi(x_ptr, mask_ptr, e0_ptr, lb_ptr, temp_ptr, pi_ptr, q_part_ptr, m_part_pt
         pi = tl.where(keep[None, :], softmax_heads(temp[:, None] * logit, in_h), 0.0)
         tl.store(pi_ptr + tok, pi, mask=in_tok)
         e_run += tl.sum(x2, axis=1)
-        q_acc += tl.sum(pi[:, :, None] * x2, axis=1)
-        m_acc += tl.sum(pi, axis=1)
+        q_acc, m_acc = add_pi_sums(q_acc, m_acc, pi, x2)
     put_rows(q_part_ptr, bh, c, NC, P, in_hp, q_acc, BLOCK_P)
     tl.store(m_part_ptr + bh * NC + c, m_acc, mask=in_h)
 
@@ -111,43 +120,35 @@ def _pi(x_ptr, mask_ptr, e0_ptr, lb_ptr, temp_ptr, pi_ptr, q_part_ptr, m_part_pt
 def _out(x_ptr, mask_ptr, pi_ptr, q0_ptr, m0_ptr, out_ptr, H, N, P, NC, PI_EPS,
          has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
          BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    b, c = tl.program_id(0), tl.program_id(1)
-    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
     q_run = rows(q0_ptr, bh, c, NC, P, in_hp, BLOCK_P)
     m_run = per_head(m0_ptr, bh, c, NC, in_h)
-    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
-        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
-        x = load_w(x_ptr, offs, inside, keep, ACC)
+    for start in range(lo, hi, BLOCK_N):
+        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask,
+                                                       BLOCK_N, BLOCK_P, ACC)
         pi = tl.load(pi_ptr + tok, mask=in_tok, other=0.0)
         x2 = x * x
         _, _, gain = _gain(x2, pi, q_run, m_run, PI_EPS)
         tl.store(out_ptr + offs, (-x * pi[:, :, None] * gain).to(out_ptr.dtype.element_ty), mask=inside)
-        q_run += tl.sum(pi[:, :, None] * x2, axis=1)
-        m_run += tl.sum(pi, axis=1)
+        q_run, m_run = add_pi_sums(q_run, m_run, pi, x2)
 
 
 @triton.jit
 def _bwd_chunk(x_ptr, mask_ptr, pi_ptr, go_ptr, q0_ptr, m0_ptr, dq_part_ptr, dm_part_ptr, H, N, P, NC, PI_EPS,
                has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    b, c = tl.program_id(0), tl.program_id(1)
-    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
     q_run = rows(q0_ptr, bh, c, NC, P, in_hp, BLOCK_P)
     m_run = per_head(m0_ptr, bh, c, NC, in_h)
     dq_acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
     dm_acc = tl.zeros([BLOCK_H], ACC)
-    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
-        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
-        x = load_w(x_ptr, offs, inside, keep, ACC)
-        go = tl.load(go_ptr + offs, mask=inside, other=0.0).to(ACC)
-        pi = tl.load(pi_ptr + tok, mask=in_tok, other=0.0)
-        x2 = x * x
-        inv_m, d, gain = _gain(x2, pi, q_run, m_run, PI_EPS)
-        dq = inv_m[:, :, None] * gain * gain * x * pi[:, :, None] * go  # c D
+    for start in range(lo, hi, BLOCK_N):
+        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask,
+                                                       BLOCK_N, BLOCK_P, ACC)
+        go, pi, x2, d, gain, dq = _bwd_tile(go_ptr, pi_ptr, tok, in_tok, offs, inside, x, q_run, m_run, PI_EPS, ACC)
         dq_acc += tl.sum(dq, axis=1)
         dm_acc -= tl.sum(tl.sum(dq * d, axis=2), axis=1)
-        q_run += tl.sum(pi[:, :, None] * x2, axis=1)
-        m_run += tl.sum(pi, axis=1)
+        q_run, m_run = add_pi_sums(q_run, m_run, pi, x2)
     put_rows(dq_part_ptr, bh, c, NC, P, in_hp, dq_acc, BLOCK_P)
     tl.store(dm_part_ptr + bh * NC + c, dm_acc, mask=in_h)
 
@@ -157,8 +158,7 @@ def _bwd_lambda(x_ptr, mask_ptr, pi_ptr, go_ptr, gpi_ptr, lb_ptr, temp_ptr, e0_p
                 lam_ptr, dtemp_part_ptr, de_part_ptr, H, N, P, NC, RATIO_EPS, PI_EPS,
                 has_mask, has_lb, has_gpi, CHUNK: tl.constexpr,
                 BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    b, c = tl.program_id(0), tl.program_id(1)
-    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
     temp = tl.load(temp_ptr + tl.arange(0, BLOCK_H), mask=in_h, other=0.0)
     e_run = rows(e0_ptr, bh, c, NC, P, in_hp, BLOCK_P)
     q_run = rows(q0_ptr, bh, c, NC, P, in_hp, BLOCK_P)
@@ -167,14 +167,10 @@ def _bwd_lambda(x_ptr, mask_ptr, pi_ptr, go_ptr, gpi_ptr, lb_ptr, temp_ptr, e0_p
     v_after = per_head(v_ptr, bh, c, NC, in_h)
     de_acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
     dtemp_acc = tl.zeros([BLOCK_H], ACC)
-    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
-        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
-        x = load_w(x_ptr, offs, inside, keep, ACC)
-        go = tl.load(go_ptr + offs, mask=inside, other=0.0).to(ACC)
-        pi = tl.load(pi_ptr + tok, mask=in_tok, other=0.0)
-        x2 = x * x
-        inv_m, d, gain = _gain(x2, pi, q_run, m_run, PI_EPS)
-        dq = inv_m[:, :, None] * gain * gain * x * pi[:, :, None] * go
+    for start in range(lo, hi, BLOCK_N):
+        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask,
+                                                       BLOCK_N, BLOCK_P, ACC)
+        go, pi, x2, d, gain, dq = _bwd_tile(go_ptr, pi_ptr, tok, in_tok, offs, inside, x, q_run, m_run, PI_EPS, ACC)
         dm = -tl.sum(dq * d, axis=2)
         u_after -= tl.sum(dq, axis=1)
         v_after -= tl.sum(dm, axis=1)
@@ -193,8 +189,7 @@ def _bwd_lambda(x_ptr, mask_ptr, pi_ptr, go_ptr, gpi_ptr, lb_ptr, temp_ptr, e0_p
         tl.store(lam_ptr + tok, lam, mask=in_tok)
         de_acc += tl.sum(_energy_grad(lam, x2, energy, RATIO_EPS), axis=1)
         e_run += tl.sum(x2, axis=1)
-        q_run += tl.sum(pi[:, :, None] * x2, axis=1)
-        m_run += tl.sum(pi, axis=1)
+        q_run, m_run = add_pi_sums(q_run, m_run, pi, x2)
     tl.store(dtemp_part_ptr + (b.to(tl.int64) * NC + c) * H + tl.arange(0, BLOCK_H), dtemp_acc, mask=in_h)
     put_rows(de_part_ptr, bh, c, NC, P, in_hp, de_acc, BLOCK_P)
 
@@ -204,17 +199,16 @@ def _bwd_dw(x_ptr, mask_ptr, pi_ptr, go_ptr, lam_ptr, e0_ptr, q0_ptr, m0_ptr, u_
             H, N, P, NC, RATIO_EPS, PI_EPS,
             has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    b, c = tl.program_id(0), tl.program_id(1)
-    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
     e0 = rows(e0_ptr, bh, c, NC, P, in_hp, BLOCK_P)
     # this chunk's total of dL/dE in float64 (dE_t = -lambda w^2 / E^2 is large where E_t is small,
     # e.g. at a sequence's first token): the suffix after a sub-block is then (total - running sum)
     # with no rounding of the large terms left over, and it reads only w and lambda
     e_run = e0
     de_total = tl.zeros([BLOCK_H, BLOCK_P], tl.float64)
-    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
-        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
-        x2 = load_w(x_ptr, offs, inside, keep, ACC)
+    for start in range(lo, hi, BLOCK_N):
+        tok, in_tok, offs, inside, keep, x2 = sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask,
+                                                        BLOCK_N, BLOCK_P, ACC)
         x2 = x2 * x2
         lam = tl.load(lam_ptr + tok, mask=in_tok, other=0.0)
         de_total += tl.sum(_energy_grad(lam, x2, _energy(x2, e_run), RATIO_EPS), axis=1).to(tl.float64)
@@ -224,15 +218,11 @@ def _bwd_dw(x_ptr, mask_ptr, pi_ptr, go_ptr, lam_ptr, e0_ptr, q0_ptr, m0_ptr, u_
     q_run = rows(q0_ptr, bh, c, NC, P, in_hp, BLOCK_P)
     m_run = per_head(m0_ptr, bh, c, NC, in_h)
     u_after = rows(u_ptr, bh, c, NC, P, in_hp, BLOCK_P)
-    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
-        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
-        x = load_w(x_ptr, offs, inside, keep, ACC)
-        go = tl.load(go_ptr + offs, mask=inside, other=0.0).to(ACC)
-        pi = tl.load(pi_ptr + tok, mask=in_tok, other=0.0)
+    for start in range(lo, hi, BLOCK_N):
+        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask,
+                                                       BLOCK_N, BLOCK_P, ACC)
+        go, pi, x2, d, gain, dq = _bwd_tile(go_ptr, pi_ptr, tok, in_tok, offs, inside, x, q_run, m_run, PI_EPS, ACC)
         lam = tl.load(lam_ptr + tok, mask=in_tok, other=0.0)
-        x2 = x * x
-        inv_m, d, gain = _gain(x2, pi, q_run, m_run, PI_EPS)
-        dq = inv_m[:, :, None] * gain * gain * x * pi[:, :, None] * go
         energy = _energy(x2, e_run)
         de = _energy_grad(lam, x2, energy, RATIO_EPS)
         u_after -= tl.sum(dq, axis=1)
@@ -243,8 +233,7 @@ def _bwd_dw(x_ptr, mask_ptr, pi_ptr, go_ptr, lam_ptr, e0_ptr, q0_ptr, m0_ptr, u_
         dw += 2.0 * x * (u * pi[:, :, None] + div(lam[:, :, None], tl.maximum(energy, RATIO_EPS)) + wsum)
         tl.store(dw_ptr + offs, dw.to(dw_ptr.dtype.element_ty), mask=inside)
         e_run += tl.sum(x2, axis=1)
-        q_run += tl.sum(pi[:, :, None] * x2, axis=1)
-        m_run += tl.sum(pi, axis=1)
+        q_run, m_run = add_pi_sums(q_run, m_run, pi, x2)
 
 
 TRAFFIC = {  # access patterns for the traffic model (:mod:`._traffic`)

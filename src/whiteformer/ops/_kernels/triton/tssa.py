@@ -36,8 +36,8 @@ from torch import Tensor
 
 from ...constants import PI_EPS
 from . import _tiles
-from ._tiles import (acc_dtype, chunk_energy, div, heads_of, load_w, mask_u8, per_head, put_rows, rows,
-                     softmax_heads, sub_block, tl_acc)
+from ._tiles import (acc_dtype, add_pi_sums, chunk_energy, chunk_program, div, load_go_pi, mask_u8, per_head,
+                     put_rows, rows, softmax_heads, sub_block, tl_acc)
 
 __all__ = ["tssa_triton"]
 
@@ -46,21 +46,19 @@ __all__ = ["tssa_triton"]
 def _pi(x_ptr, mask_ptr, r_ptr, temp_ptr, pi_ptr, t_part_ptr, m_part_ptr, H, N, P, NC,
         has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    b, c = tl.program_id(0), tl.program_id(1)
-    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
     r = rows(r_ptr, bh, 0, 1, P, in_hp, BLOCK_P)
     temp = tl.load(temp_ptr + tl.arange(0, BLOCK_H), mask=in_h, other=0.0)
     t_acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
     m_acc = tl.zeros([BLOCK_H], ACC)
-    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
-        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
-        x = load_w(x_ptr, offs, inside, keep, ACC)
+    for start in range(lo, hi, BLOCK_N):
+        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask,
+                                                       BLOCK_N, BLOCK_P, ACC)
         x2 = x * x
         pi = softmax_heads(temp[:, None] * tl.sum(x2 * r[:, None, :], axis=2), in_h)
         pi = tl.where(keep[None, :], pi, 0.0)
         tl.store(pi_ptr + tok, pi, mask=in_tok)
-        t_acc += tl.sum(pi[:, :, None] * x2, axis=1)
-        m_acc += tl.sum(pi, axis=1)
+        t_acc, m_acc = add_pi_sums(t_acc, m_acc, pi, x2)
     put_rows(t_part_ptr, bh, c, NC, P, in_hp, t_acc, BLOCK_P)
     tl.store(m_part_ptr + bh * NC + c, m_acc, mask=in_h)
 
@@ -69,13 +67,12 @@ def _pi(x_ptr, mask_ptr, r_ptr, temp_ptr, pi_ptr, t_part_ptr, m_part_ptr, H, N, 
 def _out(x_ptr, mask_ptr, pi_ptr, t_ptr, m_ptr, out_ptr, H, N, P, PI_EPS,
          has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
          BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    b, c = tl.program_id(0), tl.program_id(1)
-    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
     inv_m = div(1.0, per_head(m_ptr, bh, 0, 1, in_h) + PI_EPS)
     gain = div(1.0, 1.0 + inv_m[:, None] * rows(t_ptr, bh, 0, 1, P, in_hp, BLOCK_P))
-    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
-        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
-        x = load_w(x_ptr, offs, inside, keep, ACC)
+    for start in range(lo, hi, BLOCK_N):
+        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask,
+                                                       BLOCK_N, BLOCK_P, ACC)
         pi = tl.load(pi_ptr + tok, mask=in_tok, other=0.0)
         out = -x * pi[:, :, None] * gain[:, None, :]
         tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=inside)
@@ -85,14 +82,12 @@ def _out(x_ptr, mask_ptr, pi_ptr, t_ptr, m_ptr, out_ptr, H, N, P, PI_EPS,
 def _bwd_q(x_ptr, mask_ptr, pi_ptr, go_ptr, q_part_ptr, H, N, P, NC,
            has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
            BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    b, c = tl.program_id(0), tl.program_id(1)
-    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
     acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
-    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
-        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
-        x = load_w(x_ptr, offs, inside, keep, ACC)
-        go = tl.load(go_ptr + offs, mask=inside, other=0.0).to(ACC)
-        pi = tl.load(pi_ptr + tok, mask=in_tok, other=0.0)
+    for start in range(lo, hi, BLOCK_N):
+        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask,
+                                                       BLOCK_N, BLOCK_P, ACC)
+        go, pi = load_go_pi(go_ptr, pi_ptr, tok, in_tok, offs, inside, ACC)
         acc += tl.sum(x * pi[:, :, None] * go, axis=1)
     put_rows(q_part_ptr, bh, c, NC, P, in_hp, acc, BLOCK_P)
 
@@ -102,22 +97,20 @@ def _bwd_lambda(x_ptr, mask_ptr, pi_ptr, go_ptr, gpi_ptr, gain_ptr, cd_ptr, k_pt
                 lam_ptr, dtemp_part_ptr, ds_part_ptr, H, N, P, NC,
                 has_mask, has_gpi, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    b, c = tl.program_id(0), tl.program_id(1)
-    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
+    b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
     k = per_head(k_ptr, bh, 0, 1, in_h)
     temp = tl.load(temp_ptr + tl.arange(0, BLOCK_H), mask=in_h, other=0.0)
     ds_acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
     dtemp_acc = tl.zeros([BLOCK_H], ACC)
-    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
-        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
-        x = load_w(x_ptr, offs, inside, keep, ACC)
-        go = tl.load(go_ptr + offs, mask=inside, other=0.0).to(ACC)
+    for start in range(lo, hi, BLOCK_N):
+        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask,
+                                                       BLOCK_N, BLOCK_P, ACC)
+        go, pi = load_go_pi(go_ptr, pi_ptr, tok, in_tok, offs, inside, ACC)
         x2 = x * x
         dpi = tl.sum(x2 * rows(cd_ptr, bh, 0, 1, P, in_hp, BLOCK_P)[:, None, :]
                      - x * go * rows(gain_ptr, bh, 0, 1, P, in_hp, BLOCK_P)[:, None, :], axis=2) - k[:, None]
         if has_gpi:
             dpi += tl.load(gpi_ptr + tok, mask=in_tok, other=0.0).to(ACC)
-        pi = tl.load(pi_ptr + tok, mask=in_tok, other=0.0)
         big_lam = pi * (dpi - tl.sum(pi * dpi, axis=0)[None, :])  # softmax backward over heads
         big_r = tl.sum(x2 * rows(r_ptr, bh, 0, 1, P, in_hp, BLOCK_P)[:, None, :], axis=2)
         dtemp_acc += tl.sum(big_lam * big_r, axis=1)
@@ -132,13 +125,12 @@ def _bwd_lambda(x_ptr, mask_ptr, pi_ptr, go_ptr, gpi_ptr, gain_ptr, cd_ptr, k_pt
 def _bwd_dw(x_ptr, mask_ptr, pi_ptr, go_ptr, gain_ptr, cd_ptr, r_ptr, ds_ptr, lam_ptr, dw_ptr, H, N, P,
             has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    b, c = tl.program_id(0), tl.program_id(1)
-    bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
-    for start in range(c * CHUNK, tl.minimum(N, (c + 1) * CHUNK), BLOCK_N):
-        tok, in_tok, offs, inside, keep = sub_block(mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P)
-        x = load_w(x_ptr, offs, inside, keep, ACC)
-        go = tl.load(go_ptr + offs, mask=inside, other=0.0).to(ACC)
-        pi = tl.load(pi_ptr + tok, mask=in_tok, other=0.0)[:, :, None]
+    b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
+    for start in range(lo, hi, BLOCK_N):
+        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask,
+                                                       BLOCK_N, BLOCK_P, ACC)
+        go, pi = load_go_pi(go_ptr, pi_ptr, tok, in_tok, offs, inside, ACC)
+        pi = pi[:, :, None]
         lam = tl.load(lam_ptr + tok, mask=in_tok, other=0.0)[:, :, None]
         dw = -pi * rows(gain_ptr, bh, 0, 1, P, in_hp, BLOCK_P)[:, None, :] * go
         dw += 2.0 * x * (rows(cd_ptr, bh, 0, 1, P, in_hp, BLOCK_P)[:, None, :] * pi
