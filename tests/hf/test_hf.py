@@ -82,6 +82,26 @@ def test_left_padded_batch_generates_each_prompt_as_alone(model_type):
     assert torch.equal(out[1, 7:], model.generate(b, max_new_tokens=9, do_sample=False, pad_token_id=0)[0, 3:])
 
 
+@pytest.mark.parametrize("model_type", list(LM))
+def test_generate_restarts_from_a_prompt_cache(model_type):
+    """transformers' prompt reuse: generate(full_ids, past_key_values=<cache of a prefix>) feeds only the
+    uncached tokens (they were fed again on top of the cached prefix, silently wrong tokens)."""
+    import copy
+
+    model = _lm(model_type)
+    prefix = torch.randint(1, 61, (2, 5))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, :2] = 0  # the second prompt left-padded
+    prefix[1, :2] = 0
+    full = torch.cat([prefix, torch.randint(1, 61, (2, 3))], 1)
+    with torch.no_grad():
+        cached = model(prefix, attention_mask=mask[:, :5], use_cache=True).cache
+    want = model.generate(full, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    got = model.generate(full, attention_mask=mask, past_key_values=copy.deepcopy(cached), max_new_tokens=4,
+                         do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)
+
+
 def test_tost_cache_size_does_not_grow_gpt_cache_does():
     sizes = {}
     for model_type in LM:

@@ -96,7 +96,10 @@ class WhiteformerCache(Cache):
 
     @property
     def is_linear(self):
-        return []
+        # not [] (all([]) is True): generate() skips, for caches that are all linear-attention layers, the
+        # slicing of a prompt that restarts from a filled cache to its uncached tokens; this cache counts
+        # its positions (get_seq_length), so the prompt is sliced as for any other cache
+        return [False]
 
     @property
     def is_dummy(self):
