@@ -247,8 +247,8 @@ def section(res: Optional[Dict[str, Any]]) -> List[str]:
                                    "ring attn fwd", "ring attn bwd", "ring / TSSA"], table), ""]
     per_layer = sorted({r["forward_wire"] + r["backward_wire"] for r in res["bytes"] if r["layer"] == "causal_tssa"})
     out += [f"The TSSA bytes do not depend on N (causal layer: {', '.join(f'{b:,} B' for b in per_layer)} "
-            "forward + backward at every length): per call a shape header of 5 integers per rank, the (B, H, p) "
-            "feature "
+            "forward + backward at every length): per call a header of a few integers per rank (the chunk's "
+            "shape and dtype, the arguments that must agree on every rank), the (B, H, p) feature "
             "energies and the (B, H, p + 1) membership moments (all-reduced, or all-gathered for the causal "
             "prefix); ring attention's grow linearly with N. A language model adds per forward one shape header "
             "(its positions) and all-reduces of the loss and of its target count.", ""]

@@ -233,10 +233,11 @@ def _errors(group, rank: int) -> None:
 def _ranks_that_differ_worker(rank: int, world: int, store: str) -> None:
     """What may differ between the ranks and what may not: a mask on some ranks only (a chunk
     without padding passes None) and a rank without tokens (``group_chunk`` of a sequence shorter
-    than the group) give the unsplit rows and gradients; a dtype that differs raises on every rank."""
+    than the group) give the unsplit rows and gradients; a dtype, ``cu_seqlens`` or ``normalize``
+    that differs raises on every rank (not a crash or a hang in a collective)."""
     import datetime
 
-    from whiteformer.ops import tssa
+    from whiteformer.ops import causal_tssa, tssa
 
     _init(rank, world, store, timeout=datetime.timedelta(seconds=60))
     group = dist.group.WORLD
@@ -251,6 +252,13 @@ def _ranks_that_differ_worker(rank: int, world: int, store: str) -> None:
     w = torch.randn(1, H, 2, P, dtype=torch.float64 if rank == 0 else torch.float32)
     with pytest.raises(ValueError, match="w must have the same dtype on every rank"):
         tssa(w, 1.0, group=group)
+    w = torch.randn(1, H, 3, P, dtype=torch.float64)
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32) if rank == 0 else None  # the boundaries on one rank only
+    for op in (tssa, causal_tssa):
+        with pytest.raises(ValueError, match="cu_seqlens.* must be the same on every rank"):
+            op(w, 1.0, group=group, cu_seqlens=cu)
+    with pytest.raises(ValueError, match="normalize .* must be the same on every rank"):
+        tssa(w, 1.0, group=group, normalize=rank == 0)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -213,16 +213,19 @@ def chunk_layout(
     token count (padding included), ``real`` the real tokens per sequence over all ranks ((B,)
     with a mask, else ``length``). A rank may pass ``attn_mask=None`` while others pass a mask
     (its chunk has no padding): it then counts all its tokens as real and gets the (B,) tensors
-    too. ``same``: a few integers that must also agree on every rank (e.g. a fingerprint of
-    ``same_name``), exchanged with the shapes.
+    too. ``same``: at most :data:`SAME_MAX` integers that must also agree on every rank (e.g. a
+    fingerprint of ``same_name``), exchanged with the shapes in a header of one length whatever
+    ``same`` holds, so ranks that pass different arguments raise instead of crashing in a collective.
     """
+    if len(same) > SAME_MAX:
+        raise ValueError(f"chunk_layout compares at most {SAME_MAX} integers (same), got {len(same)}")
     rank = dist.get_rank(group)
     sizes = list(x.shape)
     dtype = _DTYPE_CODES.get(x.dtype, len(_DTYPE_CODES)) if x.is_floating_point() else -1
-    header = torch.tensor([len(sizes), *same, dtype, attn_mask is not None, *sizes], dtype=torch.int64,
-                          device=x.device)
+    fixed = [len(sizes), len(same), *same, *[0] * (SAME_MAX - len(same))]
+    header = torch.tensor([*fixed, dtype, attn_mask is not None, *sizes], dtype=torch.int64, device=x.device)
     gathered = torch.stack(_all_gather(header, group)).tolist()
-    k = 1 + len(same)
+    k = len(fixed)
     for r, other in enumerate(gathered):
         if other[:k] != header[:k].tolist():
             raise ValueError(f"{same_name or 'the arguments'} must be the same on every rank of the group "
@@ -249,6 +252,9 @@ def chunk_layout(
     counts = torch.stack(_all_gather(real_here, group))  # (R, B)
     return ChunkLayout(counts[:rank].sum(dim=0), length, counts.sum(dim=0))
 
+
+#: how many integers :func:`chunk_layout` compares between the ranks (``same``)
+SAME_MAX = 4
 
 #: the floating dtypes :func:`chunk_layout` names in its error (codes exchanged between the ranks)
 _DTYPE_CODES = {d: i for i, d in enumerate((torch.float64, torch.float32, torch.float16, torch.bfloat16))}

@@ -108,7 +108,7 @@ def causal_tssa(
     start, total = 0, n
     if group is not None:
         check_group(group)
-        start, total, real = chunk_layout(w, group, attn_mask)
+        start, total, real = chunk_layout(w, group, attn_mask, same_name="cu_seqlens")
         if isinstance(real, torch.Tensor):  # split rows: the limit is on each sequence's real tokens
             total = int(real.max())
     if pos_bias is not None and total > pos_bias.shape[1]:

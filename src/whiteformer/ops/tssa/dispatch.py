@@ -90,7 +90,8 @@ def tssa(
         out, pi = tssa_varlen(w, temp, segments(cu_seqlens, w.shape[2], w.device), drop_p, normalize=normalize)
     elif group is not None:
         check_group(group)
-        chunk_layout(w, group)  # same (B, H, p) on every rank
+        # the same (B, H, p) on every rank, and the arguments that decide the collectives below
+        chunk_layout(w, group, same=[normalize, drop_p > 0], same_name="cu_seqlens, normalize and attn_drop (training)")
         out, pi = tssa_parallel(w, temp, attn_mask, drop_p, normalize=normalize, group=group)
     elif normalize and drop_p == 0.0:
         kernel = kernel_for("tssa", w)
