@@ -37,6 +37,20 @@ def test_language_model_labels(model_type):
         AutoModel.from_config(config)(ids, labels=ids)
 
 
+@pytest.mark.parametrize("model_type", list(LM))
+def test_token_ids_outside_the_vocabulary_name_input_ids(model_type):
+    config = AutoConfig.for_model(model_type, model_name=LM[model_type], init_kwargs=TINY)
+    for model in (AutoModelForCausalLM.from_config(config), AutoModel.from_config(config)):
+        with pytest.raises(ValueError, match=r"input_ids has token ids in \[0, 61\], expected \[0, 60\]"):
+            model(torch.tensor([[0, 61, 5]]))
+        with pytest.raises(TypeError, match="input_ids must be an integer tensor"):
+            model(torch.tensor([[0.0, 1.0]]))
+    model = AutoModelForCausalLM.from_config(config).eval()
+    cache = model(torch.tensor([[1, 2]]), use_cache=True).cache
+    with pytest.raises(ValueError, match=r"input_ids has token ids in \[61, 61\]"):  # a token stepped from a cache
+        model(torch.tensor([[61]]), cache=cache)
+
+
 def test_classifier_labels():
     config = AutoConfig.for_model("whiteformer-vision", model_name="deit_t_p16",
                                   init_kwargs=dict(img_size=8, patch_size=4, in_chans=1, num_classes=10, depth=1,

@@ -75,7 +75,7 @@ def test_packed_batches_that_cannot_be_honoured_raise():
         model(ids[:1], position_ids=torch.tensor([[0.0, 1, 2, 0, 1, 2]]))
     with pytest.raises(TypeError, match="cu_seq_lens_q must be an int32 tensor"):
         model(ids[:1], cu_seq_lens_q=[0, 3, 6])
-    with pytest.raises(ValueError, match=r"input_ids must be a \(B, T\) tensor"):
+    with pytest.raises(ValueError, match=r"input_ids must have shape \(B, T\)"):
         model(ids[0], position_ids=torch.tensor([0, 1, 2, 0, 1, 2]))
     torch.testing.assert_close(  # position_ids and cu_seq_lens_q that agree: the packed documents
         model(ids[:1], position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]]),

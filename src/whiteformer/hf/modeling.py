@@ -77,6 +77,13 @@ def _want_hidden_states(model, output_hidden_states: Optional[bool]) -> bool:
     return bool(output_hidden_states)
 
 
+def _check_input_ids(net: nn.Module, input_ids) -> None:
+    """``input_ids``: a (B, T) integer tensor of ids in the vocabulary (errors name ``input_ids``)."""
+    if input_ids is None:
+        raise ValueError("input_ids is required: a (B, T) tensor of token ids")
+    net._check_idx(input_ids, "input_ids")
+
+
 def _refuse_labels(model, kwargs, head_class: str) -> None:
     """A headless model computes no loss: ``labels`` are refused, not silently dropped."""
     if kwargs.get("labels") is not None:
@@ -242,8 +249,7 @@ class _WhiteformerLMModel(_WhiteformerLMBase):
         _refuse(output_attentions, return_dict, inputs_embeds)
         _refuse_labels(self, kwargs, "AutoModelForCausalLM")
         output_hidden_states = _want_hidden_states(self, output_hidden_states)
-        if input_ids is None:
-            raise ValueError("input_ids is required: a (B, T) tensor of token ids")
+        _check_input_ids(self.whiteformer, input_ids)
         if use_cache or (past_key_values is not None and past_key_values.get_seq_length() != 0):
             raise ValueError(f"{type(self).__name__} is headless and keeps no cache; generate with the "
                              "ForCausalLM class (AutoModelForCausalLM)")
@@ -307,11 +313,7 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         """
         _refuse(output_attentions, return_dict, inputs_embeds)
         output_hidden_states = _want_hidden_states(self, output_hidden_states)
-        if input_ids is None:
-            raise ValueError("input_ids is required: a (B, T) tensor of token ids")
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be a (B, T) tensor of token ids, got "
-                             f"{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__}")
+        _check_input_ids(self.whiteformer, input_ids)
         if labels is not None:
             check_lm_labels(labels, input_ids, self.whiteformer.vocab_size, kwargs.get("ignore_index", -100))
         if cache is not None and past_key_values is not None and cache is not past_key_values:
