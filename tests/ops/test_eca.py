@@ -285,6 +285,25 @@ def test_state_dict_carries_seed():
     torch.testing.assert_close(l2(x), l1(x))
 
 
+def test_seed_set_without_load_state_dict():
+    """accelerate's load_checkpoint_and_dispatch (set_module_tensor_to_device) replaces the buffer
+    directly, and a buffer may be written in place: the sketches follow omega_seed either way."""
+    l1, l2 = ECAttention(16, num_heads=2, rank=3), ECAttention(16, num_heads=2, rank=3)
+    x = torch.randn(2, 10, 16)
+    want = l1(x)
+    assert not torch.allclose(l2(x), want)  # (its own seed, the sketches cached)
+    l2.load_state_dict({k: v for k, v in l1.state_dict().items() if k != "omega_seed"}, strict=False)
+    l2._buffers["omega_seed"] = l1.omega_seed.clone()  # a new tensor in place of the buffer
+    torch.testing.assert_close(l2(x), want)
+    l3 = ECAttention(16, num_heads=2, rank=3)
+    l3.load_state_dict({k: v for k, v in l1.state_dict().items() if k != "omega_seed"}, strict=False)
+    l3(x)
+    with torch.no_grad():
+        l3.omega_seed.fill_(l1.seed)  # the buffer written in place
+    torch.testing.assert_close(l3(x), want)
+    assert l2.seed == l3.seed == l1.seed
+
+
 def test_resample_omega_in_training_only():
     x = torch.randn(2, 10, 16)
     layer = ECAttention(16, num_heads=2, rank=3, resample_omega=True).train()

@@ -160,6 +160,7 @@ class ECAttention(nn.Module):
             raise ValueError(f"seed must be a non-negative integer (< 2**63), got {seed!r}")
         self.seed = seed
         self.register_buffer("omega_seed", torch.tensor(seed, dtype=torch.int64))
+        self._seed_read = (self.omega_seed, self.omega_seed._version)  # the buffer self.seed was read from
         self._omega_cache: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
 
         def raw(init: float, name: str) -> nn.Parameter:
@@ -213,9 +214,20 @@ class ECAttention(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        if not self.omega_seed.is_meta:
-            self.seed = int(self.omega_seed)
+        self._sketch_seed()
         self._omega_cache.clear()
+
+    def _sketch_seed(self) -> int:
+        """``self.seed``, read again from the ``omega_seed`` buffer once that was replaced or written
+        (a checkpoint loaded by setting tensors directly, as accelerate's ``load_checkpoint_and_dispatch``
+        does, bypasses ``load_state_dict``): one host read per change, none while compiling."""
+        buf = self.omega_seed
+        if buf.is_meta or torch.compiler.is_compiling():
+            return self.seed
+        if self._seed_read[0] is not buf or self._seed_read[1] != buf._version:
+            self.seed = int(buf)
+            self._seed_read = (buf, buf._version)
+        return self.seed
 
     # ---------------------------------------------------------------------------------------
     def omega_for(self, num_tokens: int, kind: str = "expand", *, device=None, dtype=None) -> torch.Tensor:
@@ -231,10 +243,11 @@ class ECAttention(nn.Module):
             return torch.randn(num_tokens, cols, device=device, dtype=dtype)
         if torch.compiler.is_compiling():
             return eca_omega(num_tokens, cols, self.seed, stream, device=device, dtype=dtype)
-        key = (num_tokens, cols, stream, self.seed, device, dtype)
+        seed = self._sketch_seed()
+        key = (num_tokens, cols, stream, seed, device, dtype)
         om = self._omega_cache.get(key)
         if om is None:
-            om = eca_omega(num_tokens, cols, self.seed, stream, device=device, dtype=dtype)
+            om = eca_omega(num_tokens, cols, seed, stream, device=device, dtype=dtype)
             self._omega_cache[key] = om
             while len(self._omega_cache) > _CACHE_SIZE:
                 self._omega_cache.popitem(last=False)
