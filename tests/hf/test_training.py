@@ -127,6 +127,21 @@ def test_trainer_with_gradient_checkpointing_and_packed_batches(tmp_path):
 
 
 @pytest.mark.parametrize("model_type", list(LM))
+def test_trainer_label_smoothing_shifts_the_labels(model_type, tmp_path):
+    """Trainer(label_smoothing_factor=...) computes the loss itself and shifts the labels only for causal
+    LMs it knows by class name; unknown, every position was trained to predict its own token."""
+    from transformers import Trainer, TrainingArguments
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    model = _lm(model_type).train()
+    ids = torch.randint(0, 61, (2, 8))
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, label_smoothing_factor=0.1)
+    loss = Trainer(model=model, args=args).compute_loss(model, {"input_ids": ids, "labels": ids})
+    want = LabelSmoother(epsilon=0.1)({"logits": model(ids).logits}, ids, shift_labels=True)
+    torch.testing.assert_close(loss, want)
+
+
+@pytest.mark.parametrize("model_type", list(LM))
 def test_resize_token_embeddings_round_trips(model_type, tmp_path):
     model = _lm(model_type)
     model.resize_token_embeddings(70)

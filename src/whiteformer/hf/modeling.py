@@ -499,6 +499,14 @@ def _register() -> None:
              auto.AutoModelForImageClassification)):
         auto.AutoModel.register(config, base, exist_ok=True)
         auto_head.register(config, head, exist_ok=True)
+    # the class-name tables transformers reads besides the Auto classes: Trainer shifts the labels of
+    # label smoothing only for the names in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES (else each position is
+    # trained on its own token); pipelines check a model's task there
+    for names, config, head in ((auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, ToSTLMConfig, ToSTForCausalLM),
+                                (auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, WhiteformerGPTConfig, WhiteformerGPTForCausalLM),
+                                (auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES, WhiteformerVisionConfig,
+                                 WhiteformerForImageClassification)):
+        names.setdefault(config.model_type, head.__name__)
 
 
 when_imported("transformers.models.auto.modeling_auto", _register)
