@@ -211,6 +211,15 @@ def test_torch_compile_forward():
     idx = torch.randint(0, 61, (2, 8))
     compiled = torch.compile(model, backend="aot_eager")
     torch.testing.assert_close(compiled(idx, labels=idx).loss, model(idx, labels=idx).loss)
+    # position_ids are read on the host (packed documents or not): one graph break without fullgraph ...
+    packed = dict(input_ids=idx[:1], labels=idx[:1], position_ids=torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]]))
+    torch.testing.assert_close(compiled(**packed).loss, model(**packed).loss)
+    torch._dynamo.reset()
+    full = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match="leave position_ids out"):  # ... with fullgraph an error that says what to do
+        full(idx, labels=idx, position_ids=torch.arange(8)[None].expand(2, -1))
+    torch.testing.assert_close(full(idx, labels=idx).loss, model(idx, labels=idx).loss)
+    torch._dynamo.reset()
 
 
 def test_bad_input():

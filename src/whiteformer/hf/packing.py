@@ -57,6 +57,17 @@ def packed_cu_seqlens(attention_mask: Optional[torch.Tensor], position_ids: Opti
     cu_q, cu_k = kwargs.pop("cu_seq_lens_q", None), kwargs.pop("cu_seq_lens_k", None)
     for key in ("max_length_q", "max_length_k", "seq_idx"):
         kwargs.pop(key, None)
+    if cu_q is None and cu_k is None and position_ids is None:
+        return None
+    return _documents(cu_q, cu_k, position_ids, attention_mask, input_ids.shape[0], input_ids.shape[-1])
+
+
+@torch.compiler.disable(reason="position_ids / cu_seq_lens_q: the transformers wrappers read them on the host to "
+                        "find packed documents (one graph break); under torch.compile(fullgraph=True) leave "
+                        "position_ids out (positions come from attention_mask) and pass one sequence per row")
+def _documents(cu_q, cu_k, position_ids, attention_mask, batch: int, tokens: int) -> Optional[torch.Tensor]:
+    """The ``cu_seqlens`` that ``cu_seq_lens_q/k`` and ``position_ids`` describe (checked to agree), or
+    None for ordinary positions."""
     for name, value in (("cu_seq_lens_q", cu_q), ("cu_seq_lens_k", cu_k)):
         if value is not None and not isinstance(value, torch.Tensor):
             raise TypeError(f"{name} must be an int32 tensor of shape (S + 1,), got {type(value).__name__}")
@@ -64,7 +75,6 @@ def packed_cu_seqlens(attention_mask: Optional[torch.Tensor], position_ids: Opti
         raise ValueError("cu_seq_lens_q and cu_seq_lens_k differ: a causal language model attends within the same "
                          "documents for queries and keys")
     cu = cu_q if cu_q is not None else cu_k
-    batch, tokens = input_ids.shape[0], input_ids.shape[-1]
     from_positions = None if position_ids is None else _from_position_ids(position_ids, attention_mask, batch, tokens)
     if cu is None or position_ids is None:
         return from_positions if cu is None else cu
