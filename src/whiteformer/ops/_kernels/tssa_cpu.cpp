@@ -289,20 +289,18 @@ struct Dims {
 // adjacent in memory (the (B, N, H, p) view of a projection)
 inline int64_t group_size(int64_t sh, int64_t sn, int64_t chunk) { return sh > sn ? chunk : BLK; }
 
+// Feature energies per work item it = (b, chunk of CHUNK tokens): part[(it * H + h) * P + j] = sum over
+// the chunk's kept tokens of w_nj^2, summed in T over blocks of BLK tokens, then in double; rows
+// visited in groups of GRP tokens, head by head (group_size)
 template <typename T, int PC>
-void tssa_fwd_impl(Rows<const T> W, const T* temp, const bool* mk, Rows<T> O, bool stream, T* pi, double* s,
-                   double* Tm, double* M, Dims<T> D) {
-  const int64_t B = D.B, H = D.H, N = D.N, P = PC > 0 ? PC : D.P, CHUNK = D.CHUNK, nc = D.nc, HP = H * P;
-  auto kept = [&](int64_t b, int64_t n) { return !mk || mk[b * N + n]; };
-  const int64_t GRP = group_size(W.sh, W.sn, CHUNK), RB = P * int64_t(sizeof(T)), PFD = prefetch_distance(RB);
-
-  // pass 1: feature energies s
-  std::vector<double> part(B * nc * HP);
+void chunk_energies(const Rows<const T>& W, const bool* mk, int64_t B, int64_t H, int64_t N, int64_t P,
+                    int64_t CHUNK, int64_t nc, int64_t GRP, double* part) {
+  const int64_t HP = H * P, RB = P * int64_t(sizeof(T)), PFD = prefetch_distance(RB);
   at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
     Buf<T, PC> buf(P);
     for (int64_t it = lo; it < hi; ++it) {
       const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
-      double* acc = part.data() + it * HP;
+      double* acc = part + it * HP;
       std::fill(acc, acc + HP, 0.0);
       for (int64_t ng = n0; ng < n1; ng += GRP) {
         const int64_t ge = std::min(n1, ng + GRP);
@@ -313,7 +311,7 @@ void tssa_fwd_impl(Rows<const T> W, const T* temp, const bool* mk, Rows<T> O, bo
             for (int64_t j = 0; j < P; ++j) a[j] = T(0);
             for (int64_t n = nb; n < std::min(ge, nb + BLK); ++n) {
               PREFETCH_ROW(W, b, h, n);
-              if (!kept(b, n)) continue;
+              if (mk && !mk[b * N + n]) continue;
               const T* __restrict x = W.row(b, h, n);
 #pragma omp simd
               for (int64_t j = 0; j < P; ++j) a[j] += x[j] * x[j];
@@ -324,6 +322,36 @@ void tssa_fwd_impl(Rows<const T> W, const T* temp, const bool* mk, Rows<T> O, bo
       }
     }
   });
+}
+
+// One head's tokens [nb, ne) (ne - nb <= BLK): tot[j] += sum over the kept tokens n of c_n w_nj^2
+// (Pi_n w_n^2: the moment T / Q; lambda_n w_n^2), summed in T over the block (a: P values of
+// scratch), then added to the double totals. coef(n) gives c_n; it is called once per kept token,
+// in token order.
+template <typename T, typename Coef>
+inline void add_weighted_energy(const Rows<const T>& W, const bool* mk, int64_t N, int64_t P, int64_t b,
+                                int64_t h, int64_t nb, int64_t ne, T* a, double* tot, Coef coef) {
+  for (int64_t j = 0; j < P; ++j) a[j] = T(0);
+  for (int64_t n = nb; n < ne; ++n) {
+    if (mk && !mk[b * N + n]) continue;
+    const T c = coef(n);
+    const T* __restrict x = W.row(b, h, n);
+#pragma omp simd
+    for (int64_t j = 0; j < P; ++j) a[j] += c * x[j] * x[j];
+  }
+  for (int64_t j = 0; j < P; ++j) tot[j] += double(a[j]);
+}
+
+template <typename T, int PC>
+void tssa_fwd_impl(Rows<const T> W, const T* temp, const bool* mk, Rows<T> O, bool stream, T* pi, double* s,
+                   double* Tm, double* M, Dims<T> D) {
+  const int64_t B = D.B, H = D.H, N = D.N, P = PC > 0 ? PC : D.P, CHUNK = D.CHUNK, nc = D.nc, HP = H * P;
+  auto kept = [&](int64_t b, int64_t n) { return !mk || mk[b * N + n]; };
+  const int64_t GRP = group_size(W.sh, W.sn, CHUNK), RB = P * int64_t(sizeof(T)), PFD = prefetch_distance(RB);
+
+  // pass 1: feature energies s
+  std::vector<double> part(B * nc * HP);
+  chunk_energies<T, PC>(W, mk, B, H, N, P, CHUNK, nc, GRP, part.data());
   reduce_chunks(part, s, B, nc, HP);
   std::vector<T> r(B * HP);
   for (int64_t k = 0; k < B * HP; ++k) r[k] = T(inv_energy(s[k]));
@@ -360,25 +388,14 @@ void tssa_fwd_impl(Rows<const T> W, const T* temp, const bool* mk, Rows<T> O, bo
         softmax_heads<T>(lg.data(), H, GRP, ge - ng, tmp.data());
         for (int64_t h = 0; h < H; ++h) {
           T* pih = pi + (b * H + h) * N;
-          double* tot = accT + h * P;
+          for (int64_t n = ng; n < ge; ++n) pih[n] = kept(b, n) ? lg[h * GRP + (n - ng)] : T(0);
           double m = 0.0;
-          for (int64_t nb = ng; nb < ge; nb += BLK) {
-            T* a = buf.data();
-            for (int64_t j = 0; j < P; ++j) a[j] = T(0);
-            for (int64_t n = nb; n < std::min(ge, nb + BLK); ++n) {
-              if (!kept(b, n)) {
-                pih[n] = T(0);
-                continue;
-              }
-              const T pv = lg[h * GRP + (n - ng)];
-              pih[n] = pv;
-              m += double(pv);
-              const T* __restrict x = W.row(b, h, n);
-#pragma omp simd
-              for (int64_t j = 0; j < P; ++j) a[j] += pv * x[j] * x[j];
-            }
-            for (int64_t j = 0; j < P; ++j) tot[j] += double(a[j]);
-          }
+          for (int64_t nb = ng; nb < ge; nb += BLK)
+            add_weighted_energy(W, mk, N, P, b, h, nb, std::min(ge, nb + BLK), buf.data(), accT + h * P,
+                                       [&](int64_t n) {
+                                         m += double(pih[n]);
+                                         return pih[n];
+                                       });
           accM[h] += m;
         }
       }
@@ -569,20 +586,11 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
             accT[h] += Lam * Rs[h * GRP + i];
           }
         }
-        for (int64_t h = 0; h < H; ++h)
-        for (int64_t nb = ng; nb < ge; nb += BLK) {
-          const int64_t ne = std::min(ge, nb + BLK);
-          T* sa = buf.data();
-          for (int64_t j = 0; j < P; ++j) sa[j] = T(0);
-          for (int64_t n = nb; n < ne; ++n) {
-            if (!kept(b, n)) continue;
-            const T l = lam[(b * H + h) * N + n];
-            const T* __restrict x = W.row(b, h, n);
-#pragma omp simd
-            for (int64_t j = 0; j < P; ++j) sa[j] += l * x[j] * x[j];
-          }
-          double* tot = accS + h * P;
-          for (int64_t j = 0; j < P; ++j) tot[j] += double(sa[j]);
+        for (int64_t h = 0; h < H; ++h) {
+          const T* lh = lam.data() + (b * H + h) * N;
+          for (int64_t nb = ng; nb < ge; nb += BLK)
+            add_weighted_energy(W, mk, N, P, b, h, nb, std::min(ge, nb + BLK), buf.data(), accS + h * P,
+                                       [&](int64_t n) { return lh[n]; });
         }
       }
     }
@@ -683,6 +691,17 @@ struct CausalArgs {
 // Within a block the running sums are a T base (the double sum before the block, rounded) plus
 // a T sum over at most BLK tokens; the block's sum is added to the double total at its end. The
 // per-token work is then all in T, and the rounding error stays ~2 ulp however long the prefix.
+template <typename T>
+inline void block_begin(const double* __restrict tot, T* __restrict base, T* __restrict loc, int64_t P) {
+  for (int64_t j = 0; j < P; ++j) {
+    base[j] = T(tot[j]);
+    loc[j] = T(0);
+  }
+}
+template <typename T>
+inline void block_end(double* __restrict tot, const T* __restrict loc, int64_t P) {
+  for (int64_t j = 0; j < P; ++j) tot[j] += double(loc[j]);
+}
 
 // Float rows of 32 / 48 / 64 features with AVX-512: the running sums are held in PC / 16
 // registers and each division a / b is a reciprocal estimate r (vrcp14ps, relative error
@@ -711,6 +730,18 @@ inline void add16_to(double* d, __m512 v) {
   alignas(64) float t[16];
   _mm512_store_ps(t, v);
   for (int j = 0; j < 16; ++j) d[j] += double(t[j]);
+}
+// block_begin / block_end for K vectors of 16 floats
+template <int K>
+inline void block_begin16(const double* tot, __m512* bs, __m512* lc) {
+  for (int k = 0; k < K; ++k) {
+    bs[k] = cvt16_ps(tot + 16 * k);
+    lc[k] = _mm512_setzero_ps();
+  }
+}
+template <int K>
+inline void block_end16(double* tot, const __m512* lc) {
+  for (int k = 0; k < K; ++k) add16_to(tot + 16 * k, lc[k]);
 }
 // lane i of the result = sum of the lanes of s[4 (i % 4) + i / 4] (a 16 x 16 transpose-and-add)
 inline __m512 hsum16(const __m512* s) {
@@ -747,10 +778,7 @@ inline void causal_logits(const CausalArgs<T>& A, int64_t b, int64_t nb, int64_t
     for (int64_t h = 0; h < H; ++h) {
       double* __restrict e = E + h * P;
       __m512 bs[K], lc[K];
-      for (int k = 0; k < K; ++k) {
-        bs[k] = cvt16_ps(e + 16 * k);
-        lc[k] = _mm512_setzero_ps();
-      }
+      block_begin16<K>(e, bs, lc);
       // per token, the lanes of sum_j rho_j in sv (transposed order for hsum16), reduced per block
       static_assert(BLK == 16, "hsum16 reduces one block of 16 tokens");
       __m512 sv[16];
@@ -777,17 +805,14 @@ inline void causal_logits(const CausalArgs<T>& A, int64_t b, int64_t nb, int64_t
       __m512 rs = hsum16(sv);
       if (A.lb) rs = _mm512_add_ps(rs, _mm512_maskz_loadu_ps(km, A.lb + (b * H + h) * A.N + nb));
       _mm512_storeu_ps(lg + h * BLK, _mm512_maskz_mul_ps(km, rs, _mm512_set1_ps(A.temp[h])));
-      for (int k = 0; k < K; ++k) add16_to(e + 16 * k, lc[k]);
+      block_end16<K>(e, lc);
     }
     return;
   }
 #endif
   for (int64_t h = 0; h < H; ++h) {
     double* __restrict e = E + h * P;
-    for (int64_t j = 0; j < P; ++j) {
-      base[j] = T(e[j]);
-      loc[j] = T(0);
-    }
+    block_begin(e, base, loc, P);
     const T th = A.temp[h];
     for (int64_t n = nb; n < ne; ++n) {
       prefetch_row(A.W.row(b, h, std::min(n + pfd, A.N - 1)), RB);
@@ -807,7 +832,7 @@ inline void causal_logits(const CausalArgs<T>& A, int64_t b, int64_t nb, int64_t
       if (A.lb) rs += A.lb[(b * H + h) * A.N + n];
       l = th * rs;
     }
-    for (int64_t j = 0; j < P; ++j) e[j] += double(loc[j]);
+    block_end(e, loc, P);
   }
 }
 
@@ -823,10 +848,7 @@ inline void causal_out(const CausalArgs<T>& A, Rows<T> O, RowWriter<T, PC>& wr, 
     for (int64_t h = 0; h < H; ++h) {
       double* __restrict q = Q + h * P;
       __m512 bs[K], lc[K];
-      for (int k = 0; k < K; ++k) {
-        bs[k] = cvt16_ps(q + 16 * k);
-        lc[k] = _mm512_setzero_ps();
-      }
+      block_begin16<K>(q, bs, lc);
       double m = M[h];
       for (int64_t n = nb; n < ne; ++n) {
         float* y = O.row(b, h, n);
@@ -848,17 +870,14 @@ inline void causal_out(const CausalArgs<T>& A, Rows<T> O, RowWriter<T, PC>& wr, 
         }
       }
       M[h] = m;
-      for (int k = 0; k < K; ++k) add16_to(q + 16 * k, lc[k]);
+      block_end16<K>(q, lc);
     }
     return;
   }
 #endif
   for (int64_t h = 0; h < H; ++h) {
     double* __restrict q = Q + h * P;
-    for (int64_t j = 0; j < P; ++j) {
-      base[j] = T(q[j]);
-      loc[j] = T(0);
-    }
+    block_begin(q, base, loc, P);
     for (int64_t n = nb; n < ne; ++n) {
       T* y = O.row(b, h, n);
       if (!A.kept(b, n)) {
@@ -874,7 +893,7 @@ inline void causal_out(const CausalArgs<T>& A, Rows<T> O, RowWriter<T, PC>& wr, 
         return x[j] * np / (T(1) + (base[j] + loc[j]) * c);
       });
     }
-    for (int64_t j = 0; j < P; ++j) q[j] += double(loc[j]);
+    block_end(q, loc, P);
   }
 }
 
@@ -882,7 +901,6 @@ template <typename T, int PC>
 void causal_fwd_impl(const CausalArgs<T>& A, Rows<T> O, bool stream, T* pi, double* Ec, double* Qc, double* Mc,
                      bool one_pass) {
   const int64_t B = A.B, H = A.H, N = A.N, P = PC > 0 ? PC : A.P, nc = A.nc, CHUNK = A.CHUNK, HP = H * P;
-  const int64_t RB = P * int64_t(sizeof(T)), PFD = prefetch_distance(RB);
   auto ck = [&](double* base, int64_t b, int64_t c, int64_t len) { return base + (b * (nc + 1) + c) * len; };
   auto store_pi = [&](int64_t b, int64_t nb, int64_t ne, const T* lg) {
     for (int64_t h = 0; h < H; ++h)
@@ -928,29 +946,7 @@ void causal_fwd_impl(const CausalArgs<T>& A, Rows<T> O, bool stream, T* pi, doub
   // The prefix sums are folded in chunk order, so the result does not depend on the timing.
   const int64_t NI = B * nc;
   std::vector<double> part(NI * HP), partM(NI * H);
-  at::parallel_for(0, NI, 1, [&](int64_t lo, int64_t hi) {
-    Buf<T, PC> buf(P);
-    for (int64_t it = lo; it < hi; ++it) {
-      const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
-      double* acc = part.data() + it * HP;
-      std::fill(acc, acc + HP, 0.0);
-      for (int64_t h = 0; h < H; ++h) {
-        double* tot = acc + h * P;
-        for (int64_t nb = n0; nb < n1; nb += BLK) {
-          T* a = buf.data();
-          for (int64_t j = 0; j < P; ++j) a[j] = T(0);
-          for (int64_t n = nb; n < std::min(n1, nb + BLK); ++n) {
-            prefetch_row(A.W.row(b, h, std::min(n + PFD, N - 1)), RB);
-            if (!A.kept(b, n)) continue;
-            const T* __restrict x = A.W.row(b, h, n);
-#pragma omp simd
-            for (int64_t j = 0; j < P; ++j) a[j] += x[j] * x[j];
-          }
-          for (int64_t j = 0; j < P; ++j) tot[j] += double(a[j]);
-        }
-      }
-    }
-  });
+  chunk_energies<T, PC>(A.W, A.mk, B, H, N, P, CHUNK, nc, CHUNK, part.data());
   for (int64_t b = 0; b < B; ++b) {
     double* e0 = ck(Ec, b, 0, HP);
     std::fill(e0, e0 + HP, 0.0);
@@ -1021,19 +1017,12 @@ void causal_fwd_impl(const CausalArgs<T>& A, Rows<T> O, bool stream, T* pi, doub
         causal_logits<T, PC>(A, b, nb, ne, S.data(), lg.data(), vb.data(), bb.data(), lb_.data());
         softmax_heads<T>(lg.data(), H, BLK, ne - nb, tmp.data());
         store_pi(b, nb, ne, lg.data());
-        for (int64_t h = 0; h < H; ++h) {
-          T* a = vb.data();
-          for (int64_t j = 0; j < P; ++j) a[j] = T(0);
-          for (int64_t n = nb; n < ne; ++n) {
-            if (!A.kept(b, n)) continue;
+        for (int64_t h = 0; h < H; ++h)
+          add_weighted_energy(A.W, A.mk, N, P, b, h, nb, ne, vb.data(), accQ + h * P, [&](int64_t n) {
             const T pt = lg[h * BLK + (n - nb)];
             accM[h] += double(pt);
-            const T* __restrict x = A.W.row(b, h, n);
-#pragma omp simd
-            for (int64_t j = 0; j < P; ++j) a[j] += pt * x[j] * x[j];
-          }
-          for (int64_t j = 0; j < P; ++j) accQ[h * P + j] += double(a[j]);
-        }
+            return pt;
+          });
       }
       std::lock_guard<std::mutex> lock(mu);
       publish(it);
@@ -1167,6 +1156,17 @@ void causal_bwd_impl(const CausalArgs<T>& A, const CausalGrads<T>& Z, const doub
     std::vector<T> iE, d;
     std::vector<double> c;
   };
+  // the inputs of the reverse scans at kept token n of chunk [n0, ...), head h: the rows of w and
+  // G, the scratch rows 1 / E and d, Pi_n and c_n
+  struct Token {
+    const T *x, *gr, *ie, *sd;
+    T pv;
+    double c;
+  };
+  auto token = [&](const Scratch& S, int64_t b, int64_t h, int64_t n, int64_t n0) {
+    const int64_t i = h * CHUNK + (n - n0);
+    return Token{A.W.row(b, h, n), Z.G.row(b, h, n), S.iE.data() + i * P, S.d.data() + i * P, piv(b, h, n), S.c[i]};
+  };
   auto recompute = [&](Scratch& S, int64_t b, int64_t c, int64_t n0, int64_t n1) {
     Buf<double, PC> eb(P), qb(P);
     for (int64_t h = 0; h < H; ++h) {
@@ -1223,13 +1223,7 @@ void causal_bwd_impl(const CausalArgs<T>& A, const CausalGrads<T>& Z, const doub
             Pg[k] = Rs[k] = 0.0;
             continue;
           }
-          const int64_t i = h * CHUNK + (n - n0);
-          const T* __restrict x = A.W.row(b, h, n);
-          const T* __restrict gr = Z.G.row(b, h, n);
-          const T* __restrict ie = S.iE.data() + i * P;
-          const T* __restrict sd = S.d.data() + i * P;
-          const T pv = piv(b, h, n);
-          const double cc = S.c[i];
+          const auto [x, gr, ie, sd, pv, cc] = token(S, b, h, n, n0);
           const T ct = T(cc);
           T* an_ = v1.data();
           T* dm_ = v2.data();
@@ -1296,13 +1290,8 @@ void causal_bwd_impl(const CausalArgs<T>& A, const CausalGrads<T>& Z, const doub
           wr.zero(y, P);
           continue;
         }
-        const int64_t i = h * CHUNK + (n - n0);
-        const T* __restrict x = A.W.row(b, h, n);
-        const T* __restrict gr = Z.G.row(b, h, n);
-        const T* __restrict ie = S.iE.data() + i * P;
-        const T* __restrict sd = S.d.data() + i * P;
-        const T pv = piv(b, h, n);
-        const T ct = T(S.c[i]);
+        const auto [x, gr, ie, sd, pv, cc] = token(S, b, h, n, n0);
+        const T ct = T(cc);
         const T lam = dlb[(b * H + h) * N + n];
         wr.put(y, P, [&](int64_t j) {
           const T g = T(1) / (T(1) + sd[j]);
