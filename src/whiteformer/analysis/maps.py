@@ -185,6 +185,19 @@ def _select(seq, index: int, what: str):
     return seq[index]
 
 
+def _run_recorded(model: nn.Module, images, what: str, max_images, cell_size, dpi):
+    """Check the arguments of the drawing function ``what``, run ``model`` on ``images`` (no grad,
+    eval mode) and return what :func:`capture` recorded."""
+    require_matplotlib(what)
+    _check_images(images)
+    _positive(cell_size, "cell_size")
+    _positive(dpi, "dpi")
+    _count(max_images, 1)
+    with torch.no_grad(), eval_mode(model), capture(model) as rec:
+        model(images)
+    return rec
+
+
 def membership_maps(
     model: nn.Module,
     images: torch.Tensor,
@@ -215,13 +228,7 @@ def membership_maps(
         the drawn maps (float32, CPU): (B', H, Hp, Wp), ``maps[i, k]`` = pi_k of image i; with
         ``blocks``, (B', len(blocks), H, Hp, Wp), ``maps[i, j, k]`` = pi_k of image i in block j.
     """
-    require_matplotlib("membership_maps")
-    _check_images(images)
-    _positive(cell_size, "cell_size")
-    _positive(dpi, "dpi")
-    _count(max_images, 1)
-    with torch.no_grad(), eval_mode(model), capture(model) as rec:
-        model(images)
+    rec = _run_recorded(model, images, "membership_maps", max_images, cell_size, dpi)
     if not rec.blocks:
         raise ValueError(f"model ({type(model).__name__}) has no attention blocks")
     if blocks is None:
@@ -287,13 +294,7 @@ def cls_attention_maps(
         the drawn maps (B', H, Hp, Wp): softmax weights of the class token's query on the patch
         tokens (the weight on the class token itself is left out, so a map sums to <= 1).
     """
-    require_matplotlib("cls_attention_maps")
-    _check_images(images)
-    _positive(cell_size, "cell_size")
-    _positive(dpi, "dpi")
-    _count(max_images, 1)
-    with torch.no_grad(), eval_mode(model), capture(model) as rec:
-        model(images)
+    rec = _run_recorded(model, images, "cls_attention_maps", max_images, cell_size, dpi)
     if not rec.class_attention:
         raise ValueError(f"model ({type(model).__name__}) has no class-attention layers (ClassAttention)")
     r = _select(rec.class_attention, block, "block")
