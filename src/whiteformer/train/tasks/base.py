@@ -16,7 +16,7 @@ import torch.nn as nn
 from ..configuration import ConfigError
 from ..distributed import DistInfo
 
-__all__ = ["seeded_generator", "Task", "ReportContext", "check_token_model"]
+__all__ = ["seeded_generator", "Task", "ReportContext", "CausalLMData"]
 
 
 def seeded_generator(*keys: int) -> torch.Generator:
@@ -162,12 +162,30 @@ class Task:
     curve = ("eval_acc", "accuracy")
 
 
-def check_token_model(model: nn.Module, ds, what: str) -> None:
-    """:class:`ConfigError` unless ``model`` is a language model covering ``ds``'s vocabulary
-    (``what``: what the dataset holds, for the message)."""
-    vocab = getattr(model, "vocab_size", None)
-    if vocab is None:
-        raise ConfigError(f"dataset {ds.name!r} holds {what}, but the model ({type(model).__name__}) is not a "
-                          f"language model; evaluate it on the kind of data it was trained on")
-    if vocab < ds.vocab_size:
-        raise ConfigError(f"dataset {ds.name!r} has a vocabulary of {ds.vocab_size} tokens, the model {vocab}")
+class CausalLMData:
+    """Mixin (listed before the :class:`Task` base) of the tasks whose data a causal language model
+    reads (:class:`~.lm.LMTask`, :class:`~.sequence.SequenceTask`): the one-line summary, the hint on
+    a model of another family, and the check that the model is a language model covering the
+    vocabulary. ``holds``: what the dataset holds (for the messages); ``lm_hint``: the hint."""
+
+    holds = "token sequences"
+    lm_hint = "; use a causal language model (tost_lm_*, gpt_*)"
+
+    @classmethod
+    def describe_data(cls, ds) -> str:
+        return f"vocabulary {ds.vocab_size}"
+
+    @classmethod
+    def model_hint(cls, message: str) -> str:
+        if "vocab_size" in message and "unknown argument" in message:
+            return cls.lm_hint
+        return ""
+
+    @classmethod
+    def check_model(cls, model: nn.Module, ds) -> None:
+        vocab = getattr(model, "vocab_size", None)
+        if vocab is None:
+            raise ConfigError(f"dataset {ds.name!r} holds {cls.holds}, but the model ({type(model).__name__}) is not "
+                              f"a language model; evaluate it on the kind of data it was trained on")
+        if vocab < ds.vocab_size:
+            raise ConfigError(f"dataset {ds.name!r} has a vocabulary of {ds.vocab_size} tokens, the model {vocab}")

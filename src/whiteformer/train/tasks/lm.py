@@ -11,12 +11,12 @@ import torch.nn as nn
 
 from ...ops.context_parallel import token_chunk
 from ..distributed import DistInfo, all_reduce_sum
-from .base import ReportContext, Task, check_token_model, seeded_generator
+from .base import CausalLMData, ReportContext, Task, seeded_generator
 
 __all__ = ["LMTask"]
 
 
-class LMTask(Task):
+class LMTask(CausalLMData, Task):
     """Next-character prediction on random windows (see module docstring)."""
 
     kind = "lm"
@@ -24,6 +24,8 @@ class LMTask(Task):
     requires_steps = True
     metric = "ppl"
     curve = ("eval_ppl", "perplexity")
+    holds = "text"
+    lm_hint = "; the dataset holds characters: use a causal language model (tost_lm_*, gpt_*)"
 
     def __init__(self, train_ds, eval_ds, batch_size: int = 64, seed: int = 0, dist: Optional[DistInfo] = None,
                  bf16: bool = False, block_size: int = 128, eval_batches: int = 10):
@@ -48,20 +50,6 @@ class LMTask(Task):
         # limit: it generates as long as asked with its constant-size state. The official
         # configuration stays one option away (model_args.pos_emb=true model_args.pos_bias=true).
         return {"pos_emb": False, "pos_bias": False}
-
-    @classmethod
-    def describe_data(cls, ds) -> str:
-        return f"vocabulary {ds.vocab_size}"
-
-    @classmethod
-    def model_hint(cls, message: str) -> str:
-        if "vocab_size" in message and "unknown argument" in message:
-            return "; the dataset holds characters: use a causal language model (tost_lm_*, gpt_*)"
-        return ""
-
-    @classmethod
-    def check_model(cls, model: nn.Module, ds) -> None:
-        check_token_model(model, ds, "text")
 
     @property
     def steps_per_epoch(self) -> int:

@@ -12,15 +12,19 @@ import torch
 import torch.nn as nn
 
 from ..distributed import DistInfo
-from .base import check_token_model
+from .base import CausalLMData
 from .classification import ClassificationTask
 
 __all__ = ["SequenceTask"]
 
 
-class SequenceTask(ClassificationTask):
+class SequenceTask(CausalLMData, ClassificationTask):
     """ListOps & co.: a causal language model over the sequence vocabulary answers with the next token;
     a sequence classifier's (B, classes) logits (``tost_lra_listops``) are used as they are."""
+
+    holds = "token sequences"
+    lm_hint = ("; the dataset holds characters / tokens: use a causal language model (tost_lm_*, gpt_*), "
+               "which for ListOps answers with the token after the expression")
 
     def __init__(self, train_ds, eval_ds, batch_size: int = 64, seed: int = 0, dist: Optional[DistInfo] = None,
                  bf16: bool = False, label_smoothing: float = 0.0, augment=None, eval_batch_size: int = 256,
@@ -34,21 +38,6 @@ class SequenceTask(ClassificationTask):
     @classmethod
     def model_kwargs(cls, ds, *, finetune=None, block_size=None):
         return {"vocab_size": ds.vocab_size, "max_len": ds.max_len}, {}
-
-    @classmethod
-    def describe_data(cls, ds) -> str:
-        return f"vocabulary {ds.vocab_size}"
-
-    @classmethod
-    def model_hint(cls, message: str) -> str:
-        if "vocab_size" in message and "unknown argument" in message:
-            return ("; the dataset holds characters / tokens: use a causal language model (tost_lm_*, gpt_*), "
-                    "which for ListOps answers with the token after the expression")
-        return ""
-
-    @classmethod
-    def check_model(cls, model: nn.Module, ds) -> None:
-        check_token_model(model, ds, "token sequences")
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         out = model(x)
