@@ -120,3 +120,14 @@ def test_train_frees_the_sharded_model_before_the_process_group_goes(tmp_path):
                           str(script), str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert res.stdout.count("fsdp modules alive: 0") == 2, res.stdout[-3000:]
+
+
+def test_fsdp_refuses_a_model_with_scalar_parameters_by_name():
+    """FSDP2 cannot shard 0-dim parameters (ECAttention's alpha_raw / beta_raw): a ConfigError that names
+    them and the way out, before any sharding (it was a ValueError from inside fully_shard)."""
+    from whiteformer.models import create_model
+    from whiteformer.train.distributed import shard_model
+
+    model = create_model("eca_t", img_size=16, patch_size=4, depth=1, num_classes=3, embed_dim=32)
+    with pytest.raises(ConfigError, match=r"--fsdp cannot shard .*blocks\.0\.attn\.alpha_raw.*without --fsdp"):
+        shard_model(model, "bf16")

@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ..ops.context_parallel import all_reduce_sum as context_all_reduce_sum
+from .configuration import ConfigError
 
 __all__ = ["DistInfo", "setup", "shard_model", "cleanup", "resolve_device", "convert_sync_batchnorm",
            "CPUSyncBatchNorm", "all_reduce_sum", "all_gather_object", "barrier"]
@@ -106,9 +107,15 @@ def shard_model(model: nn.Module, precision: str = "fp32") -> nn.Module:
     """FSDP2 in place: ``fully_shard`` each block (``transformer.h`` of the language models,
     ``blocks`` / ``cls_attn_blocks`` of the others), then the root (embeddings, norms, head). Under
     ``precision`` bf16 / fp16 the blocks compute in that dtype (``MixedPrecisionPolicy.param_dtype``)
-    and gradients are reduced in float32."""
+    and gradients are reduced in float32. A model with 0-dim parameters (ECAttention's strengths
+    ``alpha_raw`` / ``beta_raw``), which FSDP2 cannot shard, raises :class:`ConfigError`."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    scalars = [name for name, p in model.named_parameters() if p.dim() == 0]
+    if scalars:
+        raise ConfigError(f"--fsdp cannot shard {type(model).__name__}: FSDP2 shards no 0-dim parameters "
+                          f"({', '.join(scalars[:3])}{', ...' if len(scalars) > 3 else ''}); train it without --fsdp "
+                          "(data-parallel, DDP)")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
     transformer = getattr(model, "transformer", None)
