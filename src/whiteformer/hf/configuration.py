@@ -16,6 +16,7 @@ from typing import Any, Dict, Optional
 
 from transformers import PretrainedConfig
 
+from .._checks import is_int
 from ..models import list_models
 from ..models.hf_remote import auto_map, write_remote_code
 
@@ -125,9 +126,8 @@ class WhiteformerVisionConfig(WhiteformerConfig):
 
     def __init__(self, model_name: Optional[str] = None, init_kwargs: Optional[Dict[str, Any]] = None, **kwargs):
         labels = kwargs.get("num_labels")
-        if isinstance(labels, int) and not isinstance(labels, bool) and labels > 0 \
-                and (init_kwargs is None or isinstance(init_kwargs, dict)):
-            init_kwargs = {**(init_kwargs or {}), "num_classes": labels}
+        if is_int(labels) and labels > 0 and (init_kwargs is None or isinstance(init_kwargs, dict)):
+            init_kwargs = {**(init_kwargs or {}), "num_classes": int(labels)}
         super().__init__(model_name, init_kwargs, **kwargs)  # (transformers only keeps an __init__ defined here)
 
     def __setattr__(self, key: str, value: Any) -> None:
