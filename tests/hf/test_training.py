@@ -54,6 +54,27 @@ def test_flattened_batch_equals_each_document_alone(model_type, flash_kwargs):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("model_type", list(LM))
+def test_headless_model_takes_packed_batches(model_type):
+    """AutoModel (hidden states only) honours a flattened batch too; it ignored position_ids and
+    cu_seq_lens_q and mixed the documents."""
+    from transformers import AutoModel
+
+    model = _lm(model_type)
+    head = AutoModel.from_config(model.config).eval()
+    head.load_state_dict(model.state_dict())
+    for flash_kwargs in (False, True):
+        batch = DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs)([{"input_ids": d} for d in DOCS])
+        batch.pop("labels")
+        out = head(**batch, output_hidden_states=True)
+        for i, (a, b) in enumerate(zip(*(torch.tensor([0] + [len(d) for d in DOCS]).cumsum(0)[k:] for k in (0, 1)))):
+            alone = head(torch.tensor([DOCS[i]]), output_hidden_states=True)
+            torch.testing.assert_close(out.last_hidden_state[:, a:b], alone.last_hidden_state)
+            torch.testing.assert_close(out.hidden_states[1][:, a:b], alone.hidden_states[1])
+    with pytest.raises(ValueError, match="position_ids that cannot be honoured"):
+        head(torch.randint(0, 61, (2, 6)), position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]] * 2))
+
+
 def test_packed_batches_that_cannot_be_honoured_raise():
     model = _lm("whiteformer-tost-lm")
     ids = torch.randint(0, 61, (2, 6))

@@ -84,6 +84,11 @@ def _check_input_ids(net: nn.Module, input_ids) -> None:
     net._check_idx(input_ids, "input_ids")
 
 
+def _check_packed_mask(attention_mask: Optional[torch.Tensor]) -> None:
+    if attention_mask is not None and not bool((attention_mask != 0).all()):
+        raise ValueError("a packed batch has no padding: attention_mask must be all 1 (or None)")
+
+
 def _refuse_labels(model, kwargs, head_class: str) -> None:
     """A headless model computes no loss: ``labels`` are refused, not silently dropped."""
     if kwargs.get("labels") is not None:
@@ -239,13 +244,14 @@ class _WhiteformerLMBase(WhiteformerPreTrainedModel):
 class _WhiteformerLMModel(_WhiteformerLMBase):
     """Headless language model (``AutoModel``): ``forward(input_ids, attention_mask,
     output_hidden_states)`` -> ``BaseModelOutputWithPast(last_hidden_state (B, T, D) after ln_f,
-    hidden_states)``; no cache (generation is the ``ForCausalLM`` class's)."""
+    hidden_states)``; packed documents (``position_ids`` restarting at 0 / ``cu_seq_lens_q``) as the
+    ``ForCausalLM`` class takes them; no cache (generation is the ``ForCausalLM`` class's)."""
 
     def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
                 use_cache: Optional[bool] = None, past_key_values: Optional[Cache] = None,
-                inputs_embeds: Optional[torch.Tensor] = None, output_attentions: Optional[bool] = None,
-                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                **kwargs) -> BaseModelOutputWithPast:
+                inputs_embeds: Optional[torch.Tensor] = None, position_ids: Optional[torch.LongTensor] = None,
+                output_attentions: Optional[bool] = None, output_hidden_states: Optional[bool] = None,
+                return_dict: Optional[bool] = None, **kwargs) -> BaseModelOutputWithPast:
         _refuse(output_attentions, return_dict, inputs_embeds)
         _refuse_labels(self, kwargs, "AutoModelForCausalLM")
         output_hidden_states = _want_hidden_states(self, output_hidden_states)
@@ -253,11 +259,15 @@ class _WhiteformerLMModel(_WhiteformerLMBase):
         if use_cache or (past_key_values is not None and past_key_values.get_seq_length() != 0):
             raise ValueError(f"{type(self).__name__} is headless and keeps no cache; generate with the "
                              "ForCausalLM class (AutoModelForCausalLM)")
-        net = self.whiteformer
+        net, mask = self.whiteformer, attention_mask
+        cu_seqlens = packed_cu_seqlens(attention_mask, position_ids, kwargs, input_ids)
+        if cu_seqlens is not None:
+            _check_packed_mask(attention_mask)
+            cu_seqlens, mask = cu_seqlens.to(input_ids.device), None
         if output_hidden_states:
-            final, hidden = _lm_hidden_states(net, input_ids, attention_mask)
+            final, hidden = _lm_hidden_states(net, input_ids, mask, cu_seqlens)
         else:
-            final, hidden = net.forward_features(input_ids, attn_mask=attention_mask), None
+            final, hidden = net.forward_features(input_ids, attn_mask=mask, cu_seqlens=cu_seqlens), None
         return _output(BaseModelOutputWithPast, last_hidden_state=final, hidden_states=hidden)
 
 
@@ -393,8 +403,7 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         if use_cache or (cache is not None and cache.get_seq_length() != 0):
             raise ValueError("a packed batch (position_ids restarting / cu_seq_lens_q) runs without a cache: pass "
                              "use_cache=False and no past_key_values")
-        if attention_mask is not None and not bool((attention_mask != 0).all()):
-            raise ValueError("a packed batch has no padding: attention_mask must be all 1 (or None)")
+        _check_packed_mask(attention_mask)
         net = self.whiteformer
         hidden = None
         if output_hidden_states:
