@@ -58,3 +58,13 @@ def test_step_refuses_a_foreign_state():
     layer = _layers()["causal_mhsa"]
     with pytest.raises(TypeError, match="state"):
         layer.step(torch.randn(2, DIM, dtype=torch.float64), state=(1, 2))
+
+
+@pytest.mark.parametrize("name", ["causal_mhsa", "causal_tssa"])
+def test_step_refuses_a_state_of_another_batch(name):
+    """A cache of 2 sequences stepped with 3 tokens: a ValueError naming the state (the key/value
+    cache failed inside torch.cat)."""
+    layer = _layers()[name]
+    _, state = layer.prefill(torch.randn(2, 5, DIM, dtype=torch.float64))
+    with pytest.raises(ValueError, match="state"):
+        layer.step(torch.randn(3, DIM, dtype=torch.float64), state)

@@ -132,6 +132,9 @@ class CausalSelfAttention(nn.Module):
         if state is not None:
             if not isinstance(state, KVCache):
                 raise TypeError(f"state must be a KVCache or None, got {type(state).__name__}")
+            if state.k.shape[0] != k.shape[0] or state.k.shape[1] != k.shape[1] or state.k.shape[3] != k.shape[3]:
+                raise ValueError(f"state holds keys of shape {tuple(state.k.shape)} (B, H, T, p), not those of x_t "
+                                 f"({k.shape[0]}, {k.shape[1]}, T, {k.shape[3]}): a cache of another batch or layer")
             k, v = torch.cat([state.k, k], dim=2), torch.cat([state.v, v], dim=2)
             if state.mask is not None:
                 mask = torch.cat([state.mask, state.mask.new_ones(state.mask.shape[0], 1)], dim=1)
