@@ -198,3 +198,19 @@ def test_compression_spec_ranks_in_config_json_are_bounded(tmp_path, monkeypatch
     cfg_path.write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=match):
         from_pretrained(tmp_path / "m")
+
+
+def test_hf_config_json_with_a_huge_class_count_meets_the_size_check(tmp_path):
+    """A huge init_kwargs num_classes in a config.json is refused by the size check, before transformers
+    builds a label map with an entry per class (a MemoryError, or the process killed)."""
+    transformers = pytest.importorskip("transformers")
+    import whiteformer.hf  # noqa: F401  (registers the Auto classes)
+
+    auto = transformers.AutoModelForImageClassification
+    config = transformers.AutoConfig.for_model("whiteformer-vision", model_name="deit_t_p16", init_kwargs=TINY_VISION)
+    auto.from_config(config).save_pretrained(tmp_path)
+    data = {k: v for k, v in json.loads((tmp_path / "config.json").read_text()).items()
+            if k not in ("id2label", "label2id")}
+    (tmp_path / "config.json").write_text(json.dumps({**data, "init_kwargs": {**data["init_kwargs"], "num_classes": 10**12}}))
+    with pytest.raises(ValueError, match="parameters"):
+        auto.from_pretrained(tmp_path)

@@ -18,6 +18,7 @@ from transformers import PretrainedConfig
 
 from .._checks import is_int
 from ..models import list_models
+from ..models.size import max_params
 from ..models.hf_remote import auto_map, write_remote_code
 
 __all__ = ["WhiteformerConfig", "ToSTLMConfig", "WhiteformerGPTConfig", "WhiteformerVisionConfig"]
@@ -125,8 +126,9 @@ class WhiteformerVisionConfig(WhiteformerConfig):
     default_model_name = "tost_t12_p16"
 
     def __init__(self, model_name: Optional[str] = None, init_kwargs: Optional[Dict[str, Any]] = None, **kwargs):
-        labels = kwargs.get("num_labels")
-        if is_int(labels) and labels > 0 and (init_kwargs is None or isinstance(init_kwargs, dict)):
+        labels = kwargs.get("num_labels")  # (beside a saved id2label, as transformers: a warning, not the count)
+        if is_int(labels) and labels > 0 and "id2label" not in kwargs \
+                and (init_kwargs is None or isinstance(init_kwargs, dict)):
             init_kwargs = {**(init_kwargs or {}), "num_classes": int(labels)}
         super().__init__(model_name, init_kwargs, **kwargs)  # (transformers only keeps an __init__ defined here)
 
@@ -141,5 +143,7 @@ class WhiteformerVisionConfig(WhiteformerConfig):
     def _mirror(self) -> None:
         super()._mirror()
         classes = self.init_kwargs.get("num_classes")
-        if isinstance(classes, int) and classes > 0 and self.num_labels != classes:
+        # (a count past the parameter bound is left to the model's size check: transformers would first
+        # build a label map with that many entries)
+        if is_int(classes) and 0 < classes <= max_params() and self.num_labels != classes:
             self.num_labels = classes
