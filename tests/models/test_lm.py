@@ -425,3 +425,17 @@ def test_bad_inputs():
     with pytest.raises(TypeError, match="unknown argument"):
         create_model("gpt_base", pos_bias=False)
     assert torch.equal(model.generate(torch.tensor([[1, 2]]), 0), torch.tensor([[1, 2]]))
+
+
+@pytest.mark.parametrize("name", ["tost_lm_base", "gpt_base"])
+def test_targets_outside_the_vocabulary_are_named(name):
+    """targets outside [0, V) other than -1 (ignored): a ValueError naming them, on the plain and the chunked
+    loss (an IndexError / RuntimeError from inside the cross-entropy), with a hint for transformers' -100."""
+    model = _tiny(name)
+    idx = torch.randint(0, 61, (2, 6))
+    for loss_chunk in (None, 4):
+        with pytest.raises(ValueError, match=r"targets hold token ids outside \[0, 60\].*\[61\]"):
+            model(idx, idx.index_fill(1, torch.tensor([2]), 61), loss_chunk=loss_chunk)
+        with pytest.raises(ValueError, match=r"\[-100\].*-100 is transformers' ignore index; here it is -1"):
+            model(idx, idx.index_fill(1, torch.tensor([0]), -100), loss_chunk=loss_chunk)
+    assert torch.isfinite(model(idx, idx.index_fill(1, torch.tensor([0]), -1))[1])

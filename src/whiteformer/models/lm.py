@@ -384,6 +384,12 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
                                  f"{getattr(targets, 'shape', type(targets).__name__)}")
             if targets.dtype.is_floating_point or targets.dtype == torch.bool:
                 raise TypeError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
+            if can_read_values():
+                bad = (targets != -1) & ((targets < 0) | (targets >= self.vocab_size))
+                if bool(bad.any()):
+                    hint = " (-100 is transformers' ignore index; here it is -1)" if bool((targets == -100).any()) else ""
+                    raise ValueError(f"targets hold token ids outside [0, {self.vocab_size - 1}] (-1 = ignored): "
+                                     f"{sorted(set(targets[bad].tolist()))[:5]}{hint}")
             if cu_seqlens is not None:
                 start, total = self._row_span(idx)
                 ends = cu_seqlens[1:-1].to(targets.device, torch.long)
