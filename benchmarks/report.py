@@ -588,9 +588,14 @@ def gpu_model_section(results: Path) -> List[str]:
         "(per-chunk partial sums, Pi written and read, Pi converted to w's dtype for the op's output). Only "
         "keeping w on chip across grid-wide barriers (a persistent kernel; w of B=4, n=16k, H=8, p=64 in "
         "bfloat16 is 64 MB, more than an H100's 50 MB of L2 cache and its ~30 MB of shared memory, 228 KB x 132 "
-        "SMs), or, for causal TSSA, a "
-        "single-pass chained scan (each chunk waits for its predecessor's running sums) would go below it; "
-        "neither is done. The step (one token) is at its minimum.",
+        "SMs) would go below it. Causal TSSA has the same chain: a single-pass chained scan (each chunk waits "
+        "for its predecessor's running sums) reads w once but runs the chunks of a sequence one after the other "
+        "(parallel over B only), and a decoupled look-back keeps the chunks parallel but must still walk each "
+        "chunk three times (E before Pi, Q and M before out: 256 tokens x 8 heads x p = 64 of a chunk hold 128K "
+        "values, far beyond a program's registers), so below 2x only if those re-reads hit L2, which this model "
+        "does not assume. Below the op boundary, the one real saving is the layer's: the qkv projection's GEMM "
+        "epilogue could emit the column sums of squares s, dropping the first pass (1.5x); that fuses the op "
+        "into the projection and is not done. The step (one token) is at its minimum.",
         "",
         "Numerics of the chunked backward: suffix sums inside a chunk are reverse prefix sums within a sub-block "
         "plus a running value carried across sub-blocks; the dL/dE suffix is carried in float64 (its terms "
