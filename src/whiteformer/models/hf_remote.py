@@ -13,9 +13,10 @@ into its module cache (``HF_MODULES_CACHE``) and imports it from there.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Dict, Union
+
+from .._files import write_text
 
 __all__ = ["REMOTE_CODE_NAME", "AUTO_CLASSES", "auto_map", "write_remote_code"]
 
@@ -58,13 +59,5 @@ def write_remote_code(save_dir: Union[str, os.PathLike]) -> Path:
     path = Path(save_dir) / REMOTE_CODE_NAME
     text = _SOURCE.format(names="\n".join(f"        {n}," for n in names))
     if path.is_symlink() or not (path.is_file() and path.read_text(encoding="utf-8") == text):
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, path)  # (a link in its place is replaced, never written through)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        write_text(path, text)  # (a link in its place is replaced, never written through)
     return path

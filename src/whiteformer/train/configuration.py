@@ -505,17 +505,13 @@ def config_to_dict(cfg) -> Dict[str, Any]:
 
 def save_config(cfg, path) -> None:
     """Write the resolved configuration as YAML (atomically)."""
-    import os
-    import tempfile
-
     import yaml
+
+    from .._files import write_text
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".config.", suffix=".tmp", dir=str(path.parent))
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False)
-    os.replace(tmp, path)
+    write_text(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
 def format_fields(cls) -> str:

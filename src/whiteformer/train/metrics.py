@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .._checks import is_real
-from .._files import atomic_write
+from .._files import atomic_write, write_text
 
 __all__ = ["MetricsLogger", "read_metrics", "truncate_metrics"]
 
@@ -40,11 +39,7 @@ def truncate_metrics(path, max_step: int) -> None:
     if not path.is_file():
         return
     keep = [r for r in read_metrics(path) if int(r.get("step", 0)) <= max_step]
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in keep:
-            f.write(json.dumps(r) + "\n")
-    os.replace(tmp, path)
+    write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
 class MetricsLogger:

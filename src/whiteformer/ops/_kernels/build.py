@@ -37,6 +37,7 @@ from typing import Iterator, Optional, Sequence
 
 import torch
 
+from ..._files import atomic_write
 from .. import constants
 from .registry import kernels_disabled
 
@@ -199,9 +200,7 @@ def load_cpp_extension(name: str, source: Path, cflags: Sequence[str] = (), ldfl
         (directory / TORCH_LOCK_FILE).unlink(missing_ok=True)
         local = directory / source.name
         if not local.exists() or local.read_bytes() != text:
-            tmp = local.with_name(f".{local.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(text)
-            os.replace(tmp, local)
+            atomic_write(local, lambda tmp: Path(tmp).write_bytes(text))
         if needs_build(directory, name):
             print(f"whiteformer: building the {what} (once per environment, ~1 min)… ({directory})",
                   file=sys.stderr, flush=True)
