@@ -1,5 +1,5 @@
 """Files written whole or not at all: :func:`atomic_write` (a temporary file in the same directory,
-then ``os.replace``) and :func:`save_figure`. Replacing the name also means a link found there is
+then ``os.replace``), :func:`write_text` and :func:`save_figure`. Replacing the name also means a link found there is
 replaced, never written through: what it points to stays as it was."""
 from __future__ import annotations
 

@@ -524,7 +524,6 @@ def train(cfg: TrainConfig, command: str = "", post_step=()) -> Dict[str, Any]:
         dist = D.setup(cfg.device, cfg.context_parallel)
     except ValueError as err:
         raise ConfigError(str(err)) from err
-    trainer = None
     try:
         trainer = Trainer(cfg, dist, command, post_step)
         try:
