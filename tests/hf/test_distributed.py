@@ -21,8 +21,9 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 # Every example is the same sequence, so any sampler order gives the same global batches: the two
 # processes' run must equal the one-process run step for step.
 SCRIPT = textwrap.dedent('''
-    import json, os, sys
+    import gc, json, os, sys
     import torch
+    import torch.distributed
     import whiteformer.hf
     from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments
 
@@ -44,6 +45,12 @@ SCRIPT = textwrap.dedent('''
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         json.dump({"losses": losses, "world": trainer.args.world_size}, open(os.path.join(out, "losses.json"), "w"))
         trainer.save_model(os.path.join(out, "final"))
+    # A process that exits with its gloo group alive can abort in interpreter shutdown (gloo work still
+    # holding tensors): free the DDP-wrapped model, then destroy the group, as a training script should.
+    del trainer, model
+    gc.collect()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 ''')
 
 
