@@ -44,6 +44,7 @@ from ..models import create_model
 from ..models.checkpoint import check_file_dtypes
 from ..models.hf_remote import write_remote_code
 from .cache import WhiteformerCache
+from .generation import check_generation_config, refuse_continuous_batching
 from .labels import check_classification_labels, check_lm_labels
 from .packing import mask_document_starts, packed_cu_seqlens
 from .configuration import ToSTLMConfig, WhiteformerConfig, WhiteformerGPTConfig, WhiteformerVisionConfig
@@ -282,7 +283,20 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
             if kwargs.get(key) is not None:
                 raise ValueError(f"assisted decoding ({key}=...) is not supported by whiteformer models: their "
                                  "cache cannot be rolled back to the accepted tokens; generate without it")
+        if kwargs.get("cache_implementation") == "paged":  # (transformers switches to continuous batching here)
+            refuse_continuous_batching()
         return super().generate(*args, **kwargs)
+
+    def _prepare_generation_config(self, generation_config, **kwargs):
+        """``transformers``' resolved generation configuration (arguments > ``generation_config`` >
+        the model's), with the cache options the model cannot honour refused (:mod:`.generation`)."""
+        generation_config, model_kwargs = super()._prepare_generation_config(generation_config, **kwargs)
+        check_generation_config(generation_config)
+        return generation_config, model_kwargs
+
+    def init_continuous_batching(self, *args, **kwargs):
+        """Refused: continuous batching (``generate_batch``) needs a paged key/value cache."""
+        refuse_continuous_batching()
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:

@@ -1,0 +1,41 @@
+"""What ``generate()`` may ask of a whiteformer language model, checked before generating.
+
+A whiteformer model keeps its generation state in a :class:`~whiteformer.hf.cache.WhiteformerCache`
+that it builds itself (ToST: constant-size running statistics; GPT: a growing key/value cache).
+``transformers``' own cache options name other cache classes, which such a model never uses, so
+they are refused instead of silently ignored.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["check_generation_config", "refuse_cache_implementation", "refuse_continuous_batching"]
+
+#: the ``cache_implementation`` values a whiteformer model honours (``None``: the default)
+SUPPORTED_CACHE_IMPLEMENTATIONS = (None, "dynamic")
+
+
+def check_generation_config(generation_config: Any) -> None:
+    """``ValueError`` for the options of a resolved ``GenerationConfig`` the model cannot honour:
+    ``cache_implementation`` other than ``"dynamic"`` (``"static"``, ``"offloaded"``,
+    ``"quantized"``, ``"paged"``, ...) and ``prefill_chunk_size``."""
+    impl = getattr(generation_config, "cache_implementation", None)
+    if impl not in SUPPORTED_CACHE_IMPLEMENTATIONS:
+        refuse_cache_implementation(impl)
+    chunk = getattr(generation_config, "prefill_chunk_size", None)
+    if chunk is not None:
+        raise ValueError(f"prefill_chunk_size={chunk!r} is not supported by whiteformer models: the prompt is "
+                         "prefilled in one pass (ToST's causal TSSA is linear in its length); leave it unset")
+
+
+def refuse_cache_implementation(impl: Any) -> None:
+    raise ValueError(
+        f"cache_implementation={impl!r} is not supported by whiteformer models; supported: 'dynamic' or unset. "
+        "The model carries its own WhiteformerCache (ToST: running statistics of a constant size whatever the "
+        "number of tokens, already what a static cache bounds; GPT: a key/value cache that grows per token)")
+
+
+def refuse_continuous_batching() -> None:
+    raise ValueError("continuous batching (generate_batch, cache_implementation='paged') is not supported by "
+                     "whiteformer models: they keep a WhiteformerCache, not a paged key/value cache; call "
+                     "generate() on a (left-padded) batch instead")

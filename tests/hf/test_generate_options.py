@@ -1,0 +1,40 @@
+"""generate() options a whiteformer language model cannot honour are refused with a ValueError naming
+them (they were silently ignored, or crashed deep inside transformers' continuous batching)."""
+import os
+
+import pytest
+import torch
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+pytest.importorskip("transformers", reason="needs the hf extra: pip install whiteformer[hf]")
+
+import whiteformer.hf  # noqa: E402,F401
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig  # noqa: E402
+
+TINY = dict(vocab_size=61, dim=32, depth=2, num_heads=4, max_len=32)
+LM = {"whiteformer-tost-lm": "tost_lm_base", "whiteformer-gpt": "gpt_base"}
+GREEDY = dict(max_new_tokens=3, do_sample=False, pad_token_id=0)
+
+
+def _lm(model_type):
+    config = AutoConfig.for_model(model_type, model_name=LM[model_type], init_kwargs=TINY)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("model_type", list(LM))
+def test_generate_refuses_cache_implementations_it_cannot_honour(model_type):
+    model, idx = _lm(model_type), torch.randint(1, 61, (2, 4))
+    for impl in ("static", "offloaded", "quantized", "offloaded_static", "sliding_window"):
+        with pytest.raises(ValueError, match=rf"cache_implementation='{impl}' is not supported.*'dynamic' or unset"):
+            model.generate(idx, cache_implementation=impl, **GREEDY)
+    with pytest.raises(ValueError, match="cache_implementation='static'"):  # from a GenerationConfig too
+        model.generate(idx, generation_config=GenerationConfig(cache_implementation="static", **GREEDY))
+    with pytest.raises(ValueError, match="continuous batching .* not supported"):
+        model.generate(idx, cache_implementation="paged", **GREEDY)
+    with pytest.raises(ValueError, match="continuous batching .* not supported"):
+        model.generate_batch([[1, 2, 3]], generation_config=GenerationConfig(**GREEDY))
+    with pytest.raises(ValueError, match="prefill_chunk_size=2 is not supported"):
+        model.generate(idx, prefill_chunk_size=2, **GREEDY)
+    want = model.generate(idx, **GREEDY)  # what the model does: its own cache, 'dynamic' named or not
+    assert torch.equal(model.generate(idx, cache_implementation="dynamic", **GREEDY), want)
+    assert torch.equal(want, model.generate(idx, use_cache=False, **GREEDY))
