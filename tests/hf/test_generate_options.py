@@ -38,3 +38,24 @@ def test_generate_refuses_cache_implementations_it_cannot_honour(model_type):
     want = model.generate(idx, **GREEDY)  # what the model does: its own cache, 'dynamic' named or not
     assert torch.equal(model.generate(idx, cache_implementation="dynamic", **GREEDY), want)
     assert torch.equal(want, model.generate(idx, use_cache=False, **GREEDY))
+
+
+@pytest.mark.parametrize("model_type", list(LM))
+def test_prompt_cache_with_beams_and_several_return_sequences(model_type):
+    """generate(full, cache=<cache of a prefix>, num_beams=3 / num_return_sequences=2): the cache is
+    expanded as the prompts are (it kept the prompts' batch size: an error from inside the attention)."""
+    import copy
+
+    model = _lm(model_type).double()
+    idx = torch.randint(1, 61, (2, 6))
+    with torch.no_grad():
+        cached = model(idx[:, :4], use_cache=True).cache
+    for kw in (dict(num_beams=3, num_return_sequences=2), dict(do_sample=True, num_return_sequences=2)):
+        kw = {**GREEDY, "max_new_tokens": 4, **kw}
+        torch.manual_seed(0)
+        want = model.generate(idx, **kw)
+        torch.manual_seed(0)
+        got = model.generate(idx, cache=copy.deepcopy(cached), **kw)
+        assert got.shape == (4, 10) and torch.equal(got, want)
+    with pytest.raises(ValueError, match="the cache holds the state of 2 sequences, input_ids has 3 rows"):
+        model(torch.randint(1, 61, (3, 1)), cache=copy.deepcopy(cached))

@@ -294,6 +294,21 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         check_generation_config(generation_config)
         return generation_config, model_kwargs
 
+    def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False,
+                                      input_ids: Optional[torch.LongTensor] = None, **model_kwargs):
+        """``transformers``' expansion of the batch for ``num_beams`` / ``num_return_sequences``, plus the
+        state of a prompt cache passed in (``past_key_values=``), which it leaves at the prompts' batch size:
+        each row's state is repeated as its prompt is."""
+        batch = None if input_ids is None else input_ids.shape[0]
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids,
+                                                                        **model_kwargs)
+        for key in ("cache", "past_key_values"):
+            cache = model_kwargs.get(key)
+            if expand_size > 1 and isinstance(cache, WhiteformerCache) and cache.is_initialized \
+                    and cache.batch_size == batch:
+                cache.batch_repeat_interleave(expand_size)
+        return input_ids, model_kwargs
+
     def init_continuous_batching(self, *args, **kwargs):
         """Refused: continuous batching (``generate_batch``) needs a paged key/value cache."""
         refuse_continuous_batching()
@@ -371,6 +386,9 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
             else:
                 logits, _ = net(input_ids, attn_mask=mask)
         else:
+            if cache.batch_size != input_ids.shape[0]:
+                raise ValueError(f"the cache holds the state of {cache.batch_size} sequences, input_ids has "
+                                 f"{input_ids.shape[0]} rows: pass the cache of this batch")
             new = input_ids.shape[1]
             if mask is not None and not bool((mask[:, -new:] != 0).all()):
                 raise ValueError("tokens fed after the cached prompt must be real (attention_mask 1): padding is "
