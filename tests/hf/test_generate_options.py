@@ -59,3 +59,19 @@ def test_prompt_cache_with_beams_and_several_return_sequences(model_type):
         assert got.shape == (4, 10) and torch.equal(got, want)
     with pytest.raises(ValueError, match="the cache holds the state of 2 sequences, input_ids has 3 rows"):
         model(torch.randint(1, 61, (3, 1)), cache=copy.deepcopy(cached))
+
+
+@pytest.mark.parametrize("model_type", list(LM))
+def test_right_padded_prompts_are_refused(model_type):
+    """A right-padded row continued from its pad token's logits (transformers only warns): the row's
+    tokens differed from generating its prompt alone. Left padding gives the same tokens as alone."""
+    model = _lm(model_type)
+    a, b = torch.randint(1, 61, (1, 5)), torch.randint(1, 61, (1, 3))
+    right = torch.cat([a, torch.cat([b, torch.zeros(1, 2, dtype=torch.long)], 1)])
+    mask = torch.ones_like(right)
+    mask[1, 3:] = 0
+    with pytest.raises(ValueError, match=r"row\(s\) \[1\] end in padding \(right padding\).*padding_side = 'left'"):
+        model.generate(right, attention_mask=mask, **GREEDY)
+    left = torch.cat([a, torch.cat([torch.zeros(1, 2, dtype=torch.long), b], 1)])
+    out = model.generate(left, attention_mask=mask.flip(1), **GREEDY)
+    assert torch.equal(out[1, 2:], model.generate(b, **GREEDY)[0])

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["check_generation_config", "refuse_cache_implementation", "refuse_continuous_batching"]
+import torch
+
+__all__ = ["check_generation_config", "check_prompt_mask", "refuse_cache_implementation", "refuse_continuous_batching"]
 
 #: the ``cache_implementation`` values a whiteformer model honours (``None``: the default)
 SUPPORTED_CACHE_IMPLEMENTATIONS = (None, "dynamic")
@@ -39,3 +41,16 @@ def refuse_continuous_batching() -> None:
     raise ValueError("continuous batching (generate_batch, cache_implementation='paged') is not supported by "
                      "whiteformer models: they keep a WhiteformerCache, not a paged key/value cache; call "
                      "generate() on a (left-padded) batch instead")
+
+
+def check_prompt_mask(attention_mask: Any) -> None:
+    """``ValueError`` for a right-padded prompt (a row whose last ``attention_mask`` column is 0):
+    ``generate()`` continues every row from its last column, so such a row would continue from a pad
+    token's logits (``transformers`` only warns)."""
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2 or attention_mask.shape[1] == 0:
+        return
+    rows = (attention_mask[:, -1] == 0).nonzero().flatten().tolist()
+    if rows:
+        raise ValueError(f"attention_mask: row(s) {rows} end in padding (right padding); generate() continues "
+                         "each row from its last column, so pad prompts on the left (tokenizer.padding_side = "
+                         "'left')")

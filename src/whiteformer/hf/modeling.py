@@ -44,7 +44,7 @@ from ..models import create_model
 from ..models.checkpoint import check_file_dtypes
 from ..models.hf_remote import write_remote_code
 from .cache import WhiteformerCache
-from .generation import check_generation_config, refuse_continuous_batching
+from .generation import check_generation_config, check_prompt_mask, refuse_continuous_batching
 from .labels import check_classification_labels, check_lm_labels
 from .packing import mask_document_starts, packed_cu_seqlens
 from .configuration import ToSTLMConfig, WhiteformerConfig, WhiteformerGPTConfig, WhiteformerVisionConfig
@@ -278,11 +278,13 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
     _is_stateful = True
 
     def generate(self, *args, **kwargs):
-        """``GenerationMixin.generate``; assisted (speculative) decoding is refused up front."""
+        """``GenerationMixin.generate``; assisted (speculative) decoding and right-padded prompts are refused up
+        front."""
         for key in ("assistant_model", "prompt_lookup_num_tokens"):
             if kwargs.get(key) is not None:
                 raise ValueError(f"assisted decoding ({key}=...) is not supported by whiteformer models: their "
                                  "cache cannot be rolled back to the accepted tokens; generate without it")
+        check_prompt_mask(kwargs.get("attention_mask"))
         if kwargs.get("cache_implementation") == "paged":  # (transformers switches to continuous batching here)
             refuse_continuous_batching()
         return super().generate(*args, **kwargs)
