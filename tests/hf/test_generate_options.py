@@ -72,6 +72,8 @@ def test_right_padded_prompts_are_refused(model_type):
     mask[1, 3:] = 0
     with pytest.raises(ValueError, match=r"row\(s\) \[1\] end in padding \(right padding\).*padding_side = 'left'"):
         model.generate(right, attention_mask=mask, **GREEDY)
+    with pytest.raises(ValueError, match=r"row\(s\) \[1\] end in padding"):  # the mask generate infers from the pads
+        model.generate(right, **GREEDY)
     left = torch.cat([a, torch.cat([torch.zeros(1, 2, dtype=torch.long), b], 1)])
     out = model.generate(left, attention_mask=mask.flip(1), **GREEDY)
     assert torch.equal(out[1, 2:], model.generate(b, **GREEDY)[0])

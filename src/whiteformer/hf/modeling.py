@@ -278,13 +278,11 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
     _is_stateful = True
 
     def generate(self, *args, **kwargs):
-        """``GenerationMixin.generate``; assisted (speculative) decoding and right-padded prompts are refused up
-        front."""
+        """``GenerationMixin.generate``; assisted (speculative) decoding is refused up front."""
         for key in ("assistant_model", "prompt_lookup_num_tokens"):
             if kwargs.get(key) is not None:
                 raise ValueError(f"assisted decoding ({key}=...) is not supported by whiteformer models: their "
                                  "cache cannot be rolled back to the accepted tokens; generate without it")
-        check_prompt_mask(kwargs.get("attention_mask"))
         if kwargs.get("cache_implementation") == "paged":  # (transformers switches to continuous batching here)
             refuse_continuous_batching()
         return super().generate(*args, **kwargs)
@@ -416,10 +414,12 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         """``transformers``' inputs, cropped like :meth:`whiteformer.models.lm.CausalLM.generate`: once a
         sequence holds more real tokens than the model's context limit (``max_len`` of a learned
         position embedding or ToST's position bias), the state is rebuilt from the last
-        ``max_len`` positions at every new token (as nanoGPT)."""
+        ``max_len`` positions at every new token (as nanoGPT). A right-padded prompt (given, or the mask
+        ``generate`` infers from ``pad_token_id``) is refused."""
+        mask = kwargs.get("attention_mask")
+        check_prompt_mask(mask)
         inputs = super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
         limit = self.whiteformer.context_limit
-        mask = kwargs.get("attention_mask")
         real = input_ids.shape[1] if mask is None else int((mask != 0).sum(dim=-1).max())
         if limit is None or real <= limit:
             return inputs
