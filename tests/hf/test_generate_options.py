@@ -77,3 +77,21 @@ def test_right_padded_prompts_are_refused(model_type):
     left = torch.cat([a, torch.cat([torch.zeros(1, 2, dtype=torch.long), b], 1)])
     out = model.generate(left, attention_mask=mask.flip(1), **GREEDY)
     assert torch.equal(out[1, 2:], model.generate(b, **GREEDY)[0])
+
+
+def test_caches_of_other_kinds_are_refused():
+    """A StaticCache / offloading DynamicCache passed in was silently replaced (offloading) or failed on
+    position_ids (static); an empty plain DynamicCache is replaced by the model's WhiteformerCache."""
+    from transformers import DynamicCache, StaticCache
+    from whiteformer.hf import WhiteformerCache
+
+    model, idx = _lm("whiteformer-tost-lm"), torch.randint(1, 61, (2, 4))
+    for cache in (StaticCache(config=model.config, max_cache_len=16), DynamicCache(offloading=True)):
+        with pytest.raises(ValueError, match=rf"cache={type(cache).__name__}.* is not supported.*WhiteformerCache"):
+            model.generate(idx, cache=cache, **GREEDY)
+        with pytest.raises(ValueError, match=rf"cache={type(cache).__name__}.* is not supported"):
+            model(idx, cache=cache)
+    want = model.generate(idx, **GREEDY)
+    mine = WhiteformerCache()
+    assert torch.equal(model.generate(idx, cache=mine, **GREEDY), want) and mine.get_seq_length() == 6
+    assert torch.equal(model.generate(idx, cache=DynamicCache(), **GREEDY), want)

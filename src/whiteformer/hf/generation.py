@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_generation_config", "check_prompt_mask", "refuse_cache_implementation", "refuse_continuous_batching"]
+__all__ = ["check_generation_config", "check_prompt_mask", "check_user_cache", "refuse_cache_implementation", "refuse_continuous_batching"]
 
 #: the ``cache_implementation`` values a whiteformer model honours (``None``: the default)
 SUPPORTED_CACHE_IMPLEMENTATIONS = (None, "dynamic")
@@ -28,6 +28,19 @@ def check_generation_config(generation_config: Any) -> None:
     if chunk is not None:
         raise ValueError(f"prefill_chunk_size={chunk!r} is not supported by whiteformer models: the prompt is "
                          "prefilled in one pass (ToST's causal TSSA is linear in its length); leave it unset")
+
+
+def check_user_cache(cache: Any) -> None:
+    """``ValueError`` for a ``transformers`` cache passed in (``cache=`` / ``past_key_values=``) whose kind the
+    model cannot honour: a ``StaticCache``, a ``QuantizedCache``, an offloading ``DynamicCache``. (A
+    :class:`~whiteformer.hf.cache.WhiteformerCache` is the model's own; an empty plain ``DynamicCache`` is
+    replaced by one, returned in the output.)"""
+    from transformers.cache_utils import QuantizedCache, StaticCache
+
+    if isinstance(cache, (StaticCache, QuantizedCache)) or getattr(cache, "offloading", False) is True:
+        kind = f"{type(cache).__name__}{'(offloading=True)' if getattr(cache, 'offloading', False) else ''}"
+        raise ValueError(f"cache={kind} is not supported by whiteformer models; pass a WhiteformerCache() "
+                         "(whiteformer.hf), an empty DynamicCache or no cache")
 
 
 def refuse_cache_implementation(impl: Any) -> None:

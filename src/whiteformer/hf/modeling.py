@@ -44,7 +44,7 @@ from ..models import create_model
 from ..models.checkpoint import check_file_dtypes
 from ..models.hf_remote import write_remote_code
 from .cache import WhiteformerCache
-from .generation import check_generation_config, check_prompt_mask, refuse_continuous_batching
+from .generation import check_generation_config, check_prompt_mask, check_user_cache, refuse_continuous_batching
 from .labels import check_classification_labels, check_lm_labels
 from .packing import mask_document_starts, packed_cu_seqlens
 from .configuration import ToSTLMConfig, WhiteformerConfig, WhiteformerGPTConfig, WhiteformerVisionConfig
@@ -283,6 +283,8 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
             if kwargs.get(key) is not None:
                 raise ValueError(f"assisted decoding ({key}=...) is not supported by whiteformer models: their "
                                  "cache cannot be rolled back to the accepted tokens; generate without it")
+        for key in ("cache", "past_key_values"):
+            check_user_cache(kwargs.get(key))
         if kwargs.get("cache_implementation") == "paged":  # (transformers switches to continuous batching here)
             refuse_continuous_batching()
         return super().generate(*args, **kwargs)
@@ -358,6 +360,7 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         if cache is not None and past_key_values is not None and cache is not past_key_values:
             raise ValueError("pass the cache once (cache or past_key_values), not both")
         cache = cache if cache is not None else past_key_values
+        check_user_cache(cache)
         in_prompt = cache is None or not isinstance(cache, WhiteformerCache) or cache.state is None
         cu_seqlens = packed_cu_seqlens(attention_mask, position_ids if in_prompt else None, kwargs, input_ids)
         if cu_seqlens is not None:
