@@ -259,8 +259,83 @@ def _ranks_that_differ_worker(rank: int, world: int, store: str) -> None:
             op(w, 1.0, group=group, cu_seqlens=cu)
     with pytest.raises(ValueError, match="normalize .* must be the same on every rank"):
         tssa(w, 1.0, group=group, normalize=rank == 0)
+    bias = torch.zeros(H, 8 - 4 * rank, 1, dtype=torch.float64)  # room for the 6 tokens on rank 0 only
+    with pytest.raises(ValueError, match="pos_bias.* must be the same on every rank"):
+        causal_tssa(w, 1.0, bias, group=group)
+    _one_rank_fails(group, rank, timeout=60.0)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _one_rank_fails(group, rank: int, timeout: float) -> None:
+    """Rank 1 fails a local input check (every public entry point taking a group: ops, packed ops,
+    layers, models) while rank 0's inputs are good: rank 1 raises its own error, rank 0 a ValueError
+    naming rank 1 and its message, promptly (not after ``timeout``, waiting in a collective)."""
+    import time
+
+    from whiteformer.attention import CausalTSSA, ClassAttention, TSSA
+    from whiteformer.models import create_model
+    from whiteformer.models.lm import ToSTLM
+    from whiteformer.ops import causal_tssa, class_attention, tssa
+
+    bad = rank == 1
+    f64 = dict(dtype=torch.float64)
+    w = torch.randn(B, H, 3, P, **f64)
+    temp = torch.ones(H, 1, **f64)
+    mask = torch.ones(B, 3, dtype=torch.bool)
+    packed = torch.randn(1, H, 3, P, **f64)
+    cu = torch.tensor([0, 4, 6], dtype=torch.int32)
+    cu_bad = torch.tensor([0, 4, 2, 6], dtype=torch.int32)  # decreasing on rank 1
+    q = torch.randn(B, H, 1, P, **f64)
+    k = torch.randn(B, H, 4, P, **f64)
+    torch.manual_seed(5)
+    layer, causal_layer, cls_layer = TSSA(8, num_heads=2).double(), CausalTSSA(8, num_heads=2).double(), \
+        ClassAttention(8, num_heads=2).double()
+    lm = ToSTLM(vocab_size=11, dim=8, depth=1, num_heads=2, max_len=16).double()
+    vision = create_model("tost_t12_p16", img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=16,
+                          depth=1, num_heads=2).double()
+    idx = torch.randint(0, 11, (2, 3))
+    x = torch.randn(2, 3, 8, **f64)
+    nan_temp = temp.clone()
+    nan_temp[1] = float("nan")
+    cases = [  # (what rank 1's bad call raises, the call: bad or good arguments)
+        (ValueError, r"temp must have shape \(H, 1\)", lambda b: tssa(w, temp[:2] if b else temp, group=group)),
+        (ValueError, "temp contains NaN or inf", lambda b: tssa(w, nan_temp if b else temp, group=group)),
+        (ValueError, "attn_mask must have shape", lambda b: tssa(w, temp, mask[:, :2] if b else mask, group=group)),
+        (TypeError, "attn_mask must be a bool", lambda b: causal_tssa(w, temp, None, mask.double() if b else mask,
+                                                                       group=group)),
+        (ValueError, "w must have 4 dimensions", lambda b: tssa(w[0] if b else w, temp, group=group)),
+        (ValueError, "pos_bias must have shape", lambda b: causal_tssa(w, temp, torch.zeros(H + b, 8, 1, **f64),
+                                                                        group=group)),
+        (ValueError, "cu_seqlens must be non-decreasing", lambda b: tssa(packed, temp, group=group,
+                                                                         cu_seqlens=cu_bad if b else cu)),
+        (ValueError, "cu_seqlens must be non-decreasing", lambda b: causal_tssa(packed, temp, group=group,
+                                                                                cu_seqlens=cu_bad if b else cu)),
+        (ValueError, r"temp must have shape \(H, 1\)", lambda b: tssa(packed, temp[:2] if b else temp, group=group,
+                                                                       cu_seqlens=cu)),
+        (ValueError, "q_cls must hold one query", lambda b: class_attention(k[:, :, :2] if b else q, k, k,
+                                                                            group=group)),
+        (ValueError, "x must have last dimension 8", lambda b: layer(x[..., :4] if b else x)),
+        (ValueError, "attn_mask must have shape", lambda b: causal_layer(x, mask[:1] if b else mask)),
+        (ValueError, "takes no attn_mask", lambda b: cls_layer(x, mask if b else None)),
+        (ValueError, "token ids in", lambda b: lm(idx + 20 * b)),
+        (ValueError, "targets hold token ids outside", lambda b: lm(idx, idx + 20 * b)),
+        (ValueError, "cu_seqlens must be non-decreasing", lambda b: lm(idx[:1], cu_seqlens=cu_bad if b else cu)),
+        (ValueError, "must have 4 dimensions", lambda b: vision(torch.randn(2, 1, 16, 16, **f64)[0 if b else slice(None)])),
+    ]
+    for module in (layer, causal_layer, cls_layer, lm, vision):
+        module.set_context_parallel(group)
+    for error, message, call in cases:
+        began = time.monotonic()
+        if bad:
+            with pytest.raises(error, match=message):
+                call(True)
+        else:
+            with pytest.raises(ValueError, match=f"rank 1 of the group failed its input checks.*{message}"):
+                call(False)
+        assert time.monotonic() - began < timeout / 2, message
+    for module in (layer, causal_layer, cls_layer, lm, vision):
+        module.set_context_parallel(None)
 
 
 def test_ranks_that_differ(tmp_path):

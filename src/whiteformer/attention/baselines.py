@@ -22,6 +22,7 @@ from einops import rearrange
 from .._checks import check_divisible, check_mask, check_tokens_input
 from .._utils import zero_padded
 from ..ops.baselines import class_attention, mhsa, mhsa_explicit, mssa, xca
+from ..ops.context_parallel import local_checks
 from .context_parallel import ContextParallel
 from .registry import register_attention
 
@@ -187,8 +188,10 @@ class ClassAttention(ContextParallel, nn.Module):
     def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
         """x (B, N, C) with the class token at index 0, attn_mask (B, N) bool keep-mask (padded
         keys excluded) -> (B, N, C): the updated class token, tokens 1: unchanged."""
-        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
-        keep = check_mask(attn_mask, x.shape[0], x.shape[1])
+        group = self.context_parallel_group
+        with local_checks(group, x):  # split: a rank failing these stops every rank
+            check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
+            keep = check_mask(attn_mask, x.shape[0], x.shape[1])
         C = self.dim
         tokens, x = x, zero_padded(x, keep)  # padded tokens take no part (tokens 1: pass through as given)
         # Only the class token needs a query: project it with the q rows of qkv, all tokens with k, v.
@@ -198,7 +201,7 @@ class ClassAttention(ContextParallel, nn.Module):
         q = rearrange(q, "b n (h p) -> b h n p", h=self.num_heads)
         k, v = rearrange(kv, "b n (two h p) -> two b h n p", two=2, h=self.num_heads).unbind(0)
         drop = self.attn_drop.p if self.training else 0.0
-        cls = class_attention(q, k, v, keep, scale=self.scale, dropout_p=drop, group=self.context_parallel_group)
+        cls = class_attention(q, k, v, keep, scale=self.scale, dropout_p=drop, group=group)
         cls = self.proj_drop(self.proj(rearrange(cls, "b h n p -> b n (h p)")))
         if keep is not None:
             cls = zero_padded(cls, keep[:, :1])

@@ -20,6 +20,7 @@ from .._checks import (check_divisible, check_input_device, check_mask, check_pr
 from .._utils import zero_padded
 from ..ops.causal_tssa import CausalTSSAState, causal_tssa, causal_tssa_step
 from ..ops.tssa import tssa
+from ..ops.context_parallel import local_checks
 from .context_parallel import ContextParallel
 from .registry import register_attention
 
@@ -77,9 +78,10 @@ class TSSA(ContextParallel, nn.Module):
         """x (B, N, C), attn_mask (B, N) bool keep-mask -> y (B, N, C), or ``(y, {"pi": (B, H, N)})``.
         ``cu_seqlens`` (S + 1,) int32: x (1, N, C) holds S packed documents, each its own sequence
         (see :func:`whiteformer.ops.tssa`)."""
-        check_tokens_input(x, "x", self.dim, like=self.qkv.weight,
-                           allow_no_tokens=self.context_parallel_group is not None)  # split: a chunk may be empty
-        attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
+        with local_checks(self.context_parallel_group, x):  # split: a rank failing these stops every rank
+            check_tokens_input(x, "x", self.dim, like=self.qkv.weight,
+                               allow_no_tokens=self.context_parallel_group is not None)  # split: a chunk may be empty
+            attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
         # padded tokens take no part: zeroed inputs (NaN/inf reach nothing), outputs 0 (not the bias)
         w = rearrange(self.qkv(zero_padded(x, attn_mask)), "b n (h d) -> b h n d", h=self.num_heads)
         out, pi = tssa(w, self.temp, attn_mask, return_pi=True, attn_drop=self.attn_drop, training=self.training,
@@ -129,9 +131,10 @@ class CausalTSSA(ContextParallel, nn.Module):
         return {"temp", "pos_bias"} if self.pos_bias is not None else {"temp"}
 
     def _run(self, x, attn_mask, cu_seqlens=None):
-        check_tokens_input(x, "x", self.dim, like=self.qkv.weight,
-                           allow_no_tokens=self.context_parallel_group is not None)  # split: a chunk may be empty
-        attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
+        with local_checks(self.context_parallel_group, x):  # split: a rank failing these stops every rank
+            check_tokens_input(x, "x", self.dim, like=self.qkv.weight,
+                               allow_no_tokens=self.context_parallel_group is not None)  # split: a chunk may be empty
+            attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
         w = rearrange(self.qkv(zero_padded(x, attn_mask)), "b n (h d) -> b h n d", h=self.num_heads)
         out, pi, state = causal_tssa(w, self.temp, self.pos_bias, attn_mask, return_pi=True, return_state=True,
                                      attn_drop=self.attn_drop, training=self.training,

@@ -42,9 +42,9 @@ from .._utils import apply_layer_scale, layer_scale_param
 from ..attention.causal import CausalAttention, CausalSelfAttention, KVCache
 from ..attention.context_parallel import ContextParallel
 from ..attention.tssa import CausalTSSA
-from ..ops.context_parallel import all_reduce_sum, chunk_layout
+from ..ops.context_parallel import all_reduce_sum, chunk_layout, local_checks
 from ..ops.linear_cross_entropy import linear_cross_entropy
-from ..ops.packing import segment_positions
+from ..ops.packing import segment_positions, split_cu_seqlens
 from .checkpoint import PretrainedMixin
 from .size import mlp_width, transformer_params
 from ..layers import GradCheckpointMixin, feature_take_indices
@@ -262,26 +262,54 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
                 f"sequence length {t} exceeds the model's context limit {limit} (max_len; build the model "
                 f"with pos_emb=False{', pos_bias=False' if isinstance(self, ToSTLM) else ''} to remove it)")
 
-    def _check_packed(self, idx: torch.Tensor, attn_mask, cu_seqlens) -> torch.Tensor:
-        """Packed documents: idx (1, T), no attn_mask, valid ``cu_seqlens``, each document within the
-        context limit; returns the (1, T) positions within the documents (context-parallel: idx is
-        this rank's chunk of the row that ``cu_seqlens`` describes)."""
-        if idx.shape[0] != 1 or attn_mask is not None:
-            raise ValueError(f"with cu_seqlens, idx must hold the packed documents in one row (1, T) and attn_mask "
-                             f"must be None; got idx of shape {tuple(idx.shape)}")
-        if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != idx.device:
-            raise ValueError(f"cu_seqlens must be on idx's device ({idx.device}), got {cu_seqlens.device}")
-        start, total = self._row_span(idx)
+    def _check_targets(self, targets, idx: torch.Tensor) -> None:
+        if not isinstance(targets, torch.Tensor) or targets.shape != idx.shape:
+            raise ValueError(f"targets must be a tensor of shape {tuple(idx.shape)}, got "
+                             f"{getattr(targets, 'shape', type(targets).__name__)}")
+        if targets.dtype.is_floating_point or targets.dtype == torch.bool:
+            raise TypeError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
+        if can_read_values():
+            bad = (targets != -1) & ((targets < 0) | (targets >= self.vocab_size))
+            if bool(bad.any()):
+                hint = " (-100 is transformers' ignore index; here it is -1)" if bool((targets == -100).any()) else ""
+                raise ValueError(f"targets hold token ids outside [0, {self.vocab_size - 1}] (-1 = ignored): "
+                                 f"{sorted(set(targets[bad].tolist()))[:5]}{hint}")
+
+    def _check_inputs(self, idx, attn_mask, cu_seqlens, targets=None) -> Tuple[Optional[torch.Tensor], List[int]]:
+        """This rank's checks of a forward's arguments, before any collective (context-parallel: a
+        rank failing them stops every rank of the group, :class:`~whiteformer.ops.context_parallel.local_checks`).
+        Returns the bool attn_mask and, for packed documents split over the group, the fingerprint of
+        ``cu_seqlens`` (:func:`~whiteformer.ops.packing.split_cu_seqlens`) that the ranks compare."""
+        group = self.context_parallel_group
+        with local_checks(group, idx):
+            self._check_idx(idx)
+            attn_mask = self._check_attn_mask(attn_mask, idx, whole=group is None)
+            if targets is not None:
+                self._check_targets(targets, idx)
+            if cu_seqlens is None:
+                return attn_mask, []
+            if idx.shape[0] != 1 or attn_mask is not None:
+                raise ValueError(f"with cu_seqlens, idx must hold the packed documents in one row (1, T) and "
+                                 f"attn_mask must be None; got idx of shape {tuple(idx.shape)}")
+            if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != idx.device:
+                raise ValueError(f"cu_seqlens must be on idx's device ({idx.device}), got {cu_seqlens.device}")
+            return attn_mask, [] if group is None else split_cu_seqlens(cu_seqlens)
+
+    def _packed_positions(self, idx: torch.Tensor, cu_seqlens, fingerprint: Sequence[int]) -> torch.Tensor:
+        """Packed documents (checked by :meth:`_check_inputs`), each within the context limit: the
+        (1, T) positions within the documents (context-parallel: idx is this rank's chunk of the row
+        that ``cu_seqlens`` describes)."""
+        start, total = self._row_span(idx, fingerprint)
         self._check_len(max(check_cu_seqlens(cu_seqlens, total)))
         return segment_positions(cu_seqlens, total, idx.device)[None, start:start + idx.shape[1]]
 
-    def _row_span(self, idx: torch.Tensor) -> Tuple[int, int]:
+    def _row_span(self, idx: torch.Tensor, fingerprint: Sequence[int] = ()) -> Tuple[int, int]:
         """(first token's index in the whole row, the row's length): this rank's chunk when
-        context-parallel, else (0, T)."""
+        context-parallel (``fingerprint``: of the ``cu_seqlens``, checked equal on every rank), else (0, T)."""
         group = self.context_parallel_group
         if group is None:
             return 0, idx.shape[1]
-        start, total, _ = chunk_layout(idx, group, name="idx", token_dim=1)
+        start, total, _ = chunk_layout(idx, group, name="idx", token_dim=1, same=fingerprint, same_name="cu_seqlens")
         return start, total
 
     # ---- forward ------------------------------------------------------------------------------
@@ -322,14 +350,13 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         return self._run_blocks(idx, attn_mask, cu_seqlens)
 
     def _run_blocks(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
-                    states: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
-        """Checks, embedding, blocks, ``ln_f``; the embeddings and each block's output are appended
-        to ``states`` when a list is given."""
-        self._check_idx(idx)
+                    states: Optional[List[torch.Tensor]] = None, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Checks (``targets`` too, when given), embedding, blocks, ``ln_f``; the embeddings and each
+        block's output are appended to ``states`` when a list is given."""
         group = self.context_parallel_group
-        attn_mask = self._check_attn_mask(attn_mask, idx, whole=group is None)
+        attn_mask, fingerprint = self._check_inputs(idx, attn_mask, cu_seqlens, targets)
         if cu_seqlens is not None:
-            x = self._embed(idx, positions=self._check_packed(idx, attn_mask, cu_seqlens))
+            x = self._embed(idx, positions=self._packed_positions(idx, cu_seqlens, fingerprint))
         else:
             start, real = 0, self._real_len(idx, attn_mask)
             if group is not None:
@@ -375,21 +402,11 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
 
         Context-parallel: the loss is the mean over the targets of every rank of the group.
         """
-        if loss_chunk is not None and targets is None:
-            raise ValueError("loss_chunk needs targets (it computes the loss without forming the logits)")
-        h = self.forward_features(idx, attn_mask, cu_seqlens=cu_seqlens)
+        with local_checks(self.context_parallel_group, idx):
+            if loss_chunk is not None and targets is None:
+                raise ValueError("loss_chunk needs targets (it computes the loss without forming the logits)")
+        h = self._run_blocks(idx, attn_mask, cu_seqlens, targets=targets)  # forward_features, targets checked too
         if targets is not None:
-            if not isinstance(targets, torch.Tensor) or targets.shape != idx.shape:
-                raise ValueError(f"targets must be a tensor of shape {tuple(idx.shape)}, got "
-                                 f"{getattr(targets, 'shape', type(targets).__name__)}")
-            if targets.dtype.is_floating_point or targets.dtype == torch.bool:
-                raise TypeError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
-            if can_read_values():
-                bad = (targets != -1) & ((targets < 0) | (targets >= self.vocab_size))
-                if bool(bad.any()):
-                    hint = " (-100 is transformers' ignore index; here it is -1)" if bool((targets == -100).any()) else ""
-                    raise ValueError(f"targets hold token ids outside [0, {self.vocab_size - 1}] (-1 = ignored): "
-                                     f"{sorted(set(targets[bad].tolist()))[:5]}{hint}")
             if cu_seqlens is not None:
                 start, total = self._row_span(idx)
                 ends = cu_seqlens[1:-1].to(targets.device, torch.long)

@@ -61,7 +61,7 @@ from .._utils import apply_layer_scale, layer_scale_param
 from .._checks import (check_divisible, check_finite_real, check_int, check_positive_real, check_probability,
                        check_tensor, check_tokens_input, is_int)
 from ..layers import GradCheckpointMixin, TimmFeatureMixin, feature_take_indices, forward_intermediates, to_2tuple
-from ..ops.context_parallel import group_chunk
+from ..ops.context_parallel import group_chunk, local_checks
 from ..layers import ISTA, ClassAttentionBlock, ConvPatchEmbed, DropPath, FourierPositionalEncoding, Mlp
 from .checkpoint import PretrainedMixin
 from .registry import build_with_defaults, register_model
@@ -379,8 +379,9 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
         return self.pos_drop(tokens), (hp, wp)
 
     def _embed(self, x: torch.Tensor) -> torch.Tensor:
-        tokens = self._embed_grid(x)[0]
         group = self.context_parallel_group
+        with local_checks(group, x):  # the stem runs on each rank alone: a rank failing it stops every rank
+            tokens = self._embed_grid(x)[0]
         if group is not None:  # this rank's share of the tokens, global positions (class docstring)
             tokens = tokens[:, group_chunk(tokens.shape[1], group)]
         return tokens

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from .._checks import (autocast_off, check_finite_real, check_mask, check_nonempty, check_probability,
                        check_same_device, check_tensor, is_real, stats_dtype)
 from .._utils import zero_padded
-from .context_parallel import all_reduce_max, all_reduce_sum, check_group, chunk_layout
+from .context_parallel import all_reduce_max, all_reduce_sum, chunk_layout, local_checks
 
 __all__ = ["mhsa", "mhsa_explicit", "xca", "mssa", "class_attention"]
 
@@ -224,24 +224,25 @@ def class_attention(q_cls, k, v, attn_mask=None, *, scale=None, dropout_p: float
     Returns:
         (B, H, 1, p): the attention output of the class token.
     """
-    _check_heads(q_cls, "q_cls")
-    _check_heads(k, "k")
-    _check_heads(v, "v")
-    if q_cls.shape[2] != 1:
-        raise ValueError(f"q_cls must hold one query token, shape (B, H, 1, p), got {tuple(q_cls.shape)}")
-    want = (q_cls.shape[0], q_cls.shape[1], k.shape[2], q_cls.shape[3])
-    if tuple(k.shape) != want:
-        raise ValueError(f"k must have shape (B, H, N, p) = {want} matching q_cls, got {tuple(k.shape)}")
-    _check_same(k, v, "k", "v")
-    if k.dtype != q_cls.dtype:
-        raise TypeError(f"k must have the dtype of q_cls ({q_cls.dtype}), got {k.dtype}")
-    keep = check_mask(attn_mask, k.shape[0], k.shape[2])
-    check_same_device(k, "k", q_cls=q_cls, v=v, attn_mask=keep)
-    dropout_p = check_probability(dropout_p, "dropout_p")
-    s = _scale(scale, q_cls.shape[-1])
-    if group is not None:
-        if keep is not None:
+    with local_checks(group, k):  # split: a rank failing these stops every rank (no wait in a collective)
+        _check_heads(q_cls, "q_cls")
+        _check_heads(k, "k")
+        _check_heads(v, "v")
+        if q_cls.shape[2] != 1:
+            raise ValueError(f"q_cls must hold one query token, shape (B, H, 1, p), got {tuple(q_cls.shape)}")
+        want = (q_cls.shape[0], q_cls.shape[1], k.shape[2], q_cls.shape[3])
+        if tuple(k.shape) != want:
+            raise ValueError(f"k must have shape (B, H, N, p) = {want} matching q_cls, got {tuple(k.shape)}")
+        _check_same(k, v, "k", "v")
+        if k.dtype != q_cls.dtype:
+            raise TypeError(f"k must have the dtype of q_cls ({q_cls.dtype}), got {k.dtype}")
+        keep = check_mask(attn_mask, k.shape[0], k.shape[2])
+        check_same_device(k, "k", q_cls=q_cls, v=v, attn_mask=keep)
+        dropout_p = check_probability(dropout_p, "dropout_p")
+        s = _scale(scale, q_cls.shape[-1])
+        if group is not None and keep is not None:
             raise ValueError("class_attention with a group takes no attn_mask")
+    if group is not None:
         return _class_attention_split(q_cls, k, v, s, dropout_p, group)
     if keep is None:
         return F.scaled_dot_product_attention(q_cls, k, v, dropout_p=dropout_p, scale=s)
@@ -254,7 +255,6 @@ def class_attention(q_cls, k, v, attn_mask=None, *, scale=None, dropout_p: float
 
 def _class_attention_split(q_cls, k, v, scale: float, dropout_p: float, group):
     """Class attention over tokens split across ``group`` (see :func:`class_attention`)."""
-    check_group(group)
     chunk_layout(k, group, name="k")
     sd = stats_dtype(q_cls)
     with autocast_off(q_cls):

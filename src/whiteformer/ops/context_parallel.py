@@ -20,6 +20,13 @@ backward works too.
 :func:`chunk_layout` exchanges the chunk shapes (checked equal except the token count) and the
 token offsets (global positions); :func:`count_communication` records the bytes each collective
 of this module hands to torch.distributed (the benchmark ``benchmarks/context_parallel.py``).
+
+A rank whose arguments fail a local check must not leave the others waiting in a collective (until
+the backend's timeout, 30 minutes for gloo): every entry point taking a group runs its local checks
+inside :class:`local_checks`, which on an error still sends this rank's :func:`chunk_layout` header,
+marked failed, and the error's message; the other ranks, in their :func:`chunk_layout`, raise a
+``ValueError`` naming the failed rank. The happy path costs nothing more (the mark is a value of
+the header's first slot).
 """
 from __future__ import annotations
 
@@ -31,7 +38,8 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["ChunkLayout", "CommRecord", "CommLog", "all_reduce_max", "all_reduce_sum", "broadcast_from_first",
-           "check_group", "chunk_layout", "count_communication", "exclusive_prefix_sum", "group_chunk", "token_chunk"]
+           "check_group", "chunk_layout", "count_communication", "exclusive_prefix_sum", "group_chunk", "local_checks",
+           "token_chunk"]
 
 
 # ------------------------------------------------------------------------------ byte counting
@@ -115,6 +123,79 @@ def check_group(group, name: str = "group") -> None:
         raise TypeError(f"{name} must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
     if dist.get_rank(group) < 0:
         raise ValueError(f"{name} does not contain this process (global rank {dist.get_rank()})")
+
+
+class local_checks:
+    """``with local_checks(group, like): <this rank's input checks>``: an exception raised in the block
+    (the checks must come before the call's first collective) is announced to the other ranks of
+    ``group`` before it propagates, so that they raise too instead of waiting in a collective: this
+    rank sends the header that :func:`chunk_layout` exchanges, marked failed, then the exception's
+    message; the others get a ``ValueError`` from their :func:`chunk_layout` naming this rank and
+    its message. ``like``: a tensor argument whose device the header takes (if it is a tensor; the
+    current CUDA device under NCCL). ``group`` None: checks ``group`` nothing, announces nothing."""
+
+    __slots__ = ("group", "like")
+
+    def __init__(self, group, like=None):
+        self.group, self.like = group, like
+
+    def __enter__(self) -> None:
+        if self.group is not None:
+            check_group(self.group)  # a group this rank cannot use: nothing can be announced
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if self.group is not None and isinstance(exc, Exception) and not getattr(exc, _KNOWN, False):
+            _announce_failure(exc, self.group, self.like)
+        return False
+
+
+#: set on an exception every rank of the group knows about (raised on every rank, or announced)
+_KNOWN = "_whiteformer_group_knows"
+#: the first header slot of a rank that failed its local checks (else its tensor's dimension count)
+_FAILED = -1
+#: the bytes of an announced error message that travel (longer ones are cut)
+MESSAGE_BYTES = 512
+
+
+def _known(exc: Exception) -> Exception:
+    setattr(exc, _KNOWN, True)
+    return exc
+
+
+def _header_device(group, like) -> torch.device:
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return like.device if isinstance(like, torch.Tensor) else torch.device("cpu")
+
+
+def _announce_failure(exc: Exception, group, like) -> None:
+    """This rank's side of :func:`chunk_layout` (a header marked failed, then the messages)."""
+    device = _header_device(group, like)
+    header = torch.zeros(HEADER_LEN, dtype=torch.int64, device=device)
+    header[0] = _FAILED
+    _all_gather(header, group)
+    _exchange_messages(f"{type(exc).__name__}: {exc}", group, device)
+    _known(exc)
+
+
+def _exchange_messages(text: str, group, device: torch.device) -> List[str]:
+    """Every rank's ``text`` (its first :data:`MESSAGE_BYTES` bytes), in group rank order."""
+    data = text.encode("utf-8")[:MESSAGE_BYTES]
+    buf = torch.zeros(MESSAGE_BYTES, dtype=torch.uint8, device=device)
+    buf[:len(data)] = torch.tensor(list(data), dtype=torch.uint8, device=device)
+    return [bytes(t.tolist()).rstrip(b"\0").decode("utf-8", errors="ignore") for t in _all_gather(buf, group)]
+
+
+def _raise_if_failed(gathered: List[List[int]], group, device: torch.device) -> None:
+    """After the header exchange: the ranks that announced a failure (:class:`local_checks`)."""
+    failed = [r for r, other in enumerate(gathered) if other[0] == _FAILED]
+    if not failed:
+        return
+    messages = _exchange_messages("", group, device)
+    which = ("rank " if len(failed) == 1 else "ranks ") + ", ".join(str(r) for r in failed)
+    details = "; ".join(f"rank {r}: {messages[r]}" for r in failed)
+    raise _known(ValueError(f"{which} of the group failed its input checks ({details}); rank "
+                            f"{dist.get_rank(group)} stops too"))
 
 
 # ------------------------------------------------------------------------------ autograd collectives
@@ -215,33 +296,39 @@ def chunk_layout(
     (its chunk has no padding): it then counts all its tokens as real and gets the (B,) tensors
     too. ``same``: at most :data:`SAME_MAX` integers that must also agree on every rank (e.g. a
     fingerprint of ``same_name``), exchanged with the shapes in a header of one length whatever
-    ``same`` holds, so ranks that pass different arguments raise instead of crashing in a collective.
+    ``same`` and ``x``'s dims (at most :data:`HEADER_DIMS`), so ranks that pass different arguments
+    raise instead of crashing in a collective. A rank that failed its local checks sends that header
+    marked failed (:class:`local_checks`): every other rank then raises ``ValueError`` here.
     """
-    if len(same) > SAME_MAX:
-        raise ValueError(f"chunk_layout compares at most {SAME_MAX} integers (same), got {len(same)}")
+    if len(same) > SAME_MAX or x.dim() > HEADER_DIMS:
+        raise ValueError(f"chunk_layout compares at most {SAME_MAX} integers (same) and {HEADER_DIMS} dims, got "
+                         f"{len(same)} and {x.dim()}")
     rank = dist.get_rank(group)
     sizes = list(x.shape)
     dtype = _DTYPE_CODES.get(x.dtype, len(_DTYPE_CODES)) if x.is_floating_point() else -1
     fixed = [len(sizes), len(same), *same, *[0] * (SAME_MAX - len(same))]
-    header = torch.tensor([*fixed, dtype, attn_mask is not None, *sizes], dtype=torch.int64, device=x.device)
+    header = torch.tensor([*fixed, dtype, attn_mask is not None, *sizes, *[0] * (HEADER_DIMS - len(sizes))],
+                          dtype=torch.int64, device=x.device)
     gathered = torch.stack(_all_gather(header, group)).tolist()
+    _raise_if_failed(gathered, group, x.device)
     k = len(fixed)
     for r, other in enumerate(gathered):
         if other[:k] != header[:k].tolist():
-            raise ValueError(f"{same_name or 'the arguments'} must be the same on every rank of the group "
-                             f"(rank {rank} and rank {r} differ)")
+            raise _known(ValueError(f"{same_name or 'the arguments'} must be the same on every rank of the group "
+                                    f"(rank {rank} and rank {r} differ)"))
         if other[k] != dtype:
             theirs = next((str(d) for d, c in _DTYPE_CODES.items() if c == other[k]), "another dtype")
-            raise ValueError(f"{name} must have the same dtype on every rank of the group: rank {rank} has {x.dtype}, "
-                             f"rank {r} has {theirs}")
+            raise _known(ValueError(f"{name} must have the same dtype on every rank of the group: rank {rank} has "
+                                    f"{x.dtype}, rank {r} has {theirs}"))
     masked = any(other[k + 1] for other in gathered)
-    shapes = [other[k + 2:] for other in gathered]
+    shapes = [other[k + 2:k + 2 + len(sizes)] for other in gathered]
     mine = sizes[:token_dim] + sizes[token_dim + 1:]
     for r, other in enumerate(shapes):
         theirs = other[:token_dim] + other[token_dim + 1:]
         if theirs != mine:
-            raise ValueError(f"{name} must have the same shape on every rank of the group except the token count "
-                             f"(dim {token_dim}): rank {rank} has {tuple(sizes)}, rank {r} has {tuple(other)}")
+            raise _known(ValueError(f"{name} must have the same shape on every rank of the group except the token "
+                                    f"count (dim {token_dim}): rank {rank} has {tuple(sizes)}, rank {r} has "
+                                    f"{tuple(other)}"))
     length = sum(s[token_dim] for s in shapes)
     if not masked:
         return ChunkLayout(sum(s[token_dim] for s in shapes[:rank]), length, length)
@@ -255,6 +342,10 @@ def chunk_layout(
 
 #: how many integers :func:`chunk_layout` compares between the ranks (``same``)
 SAME_MAX = 4
+#: the most dims of the tensor whose shape :func:`chunk_layout` exchanges (w (B, H, N, p))
+HEADER_DIMS = 4
+#: the header's length, the same for every call (a rank that failed its checks sends one too)
+HEADER_LEN = 2 + SAME_MAX + 2 + HEADER_DIMS
 
 #: the floating dtypes :func:`chunk_layout` names in its error (codes exchanged between the ranks)
 _DTYPE_CODES = {d: i for i, d in enumerate((torch.float64, torch.float32, torch.float16, torch.bfloat16))}

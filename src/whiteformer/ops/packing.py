@@ -30,15 +30,16 @@ ranks, positions included (:mod:`whiteformer.ops.context_parallel`).
 """
 from __future__ import annotations
 
+import itertools
 from typing import List, NamedTuple
 
 import torch
 
 from .._checks import check_cu_seqlens
-from .context_parallel import check_group, chunk_layout
+from .context_parallel import chunk_layout, local_checks
 
 __all__ = ["Packing", "packing", "check_packed", "packed_layout", "to_padded", "from_padded", "segment_ids", "segment_positions",
-           "Segments", "segments", "segment_sum", "segment_cumsum", "PADDED_WASTE_MAX", "pads_little"]
+           "split_cu_seqlens", "Segments", "segments", "segment_sum", "segment_cumsum", "PADDED_WASTE_MAX", "pads_little"]
 
 #: the fused kernels run a packed row on the padded layout only while S * L <= this * total
 PADDED_WASTE_MAX = 2.0
@@ -105,16 +106,24 @@ def packed_layout(w: torch.Tensor, attn_mask, cu_seqlens, group=None) -> Packing
     return _chunk_packing(w, cu_seqlens, group)
 
 
+def split_cu_seqlens(cu_seqlens) -> List[int]:
+    """The checks of the ``cu_seqlens`` of a row split over a group that a rank can make alone
+    (:func:`~whiteformer._checks.check_cu_seqlens` but the total, which needs every rank's chunk),
+    returning a fingerprint of the boundaries (3 integers) that :func:`chunk_layout` checks equal
+    on every rank."""
+    ok = isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1 and cu_seqlens.numel() > 0
+    check_cu_seqlens(cu_seqlens, int(cu_seqlens[-1]) if ok else 0)
+    bounds = [int(v) for v in cu_seqlens.tolist()]
+    modulus = (1 << 61) - 1
+    return [len(bounds), sum(bounds) % modulus, sum((i + 1) * b for i, b in enumerate(bounds)) % modulus]
+
+
 def _chunk_packing(w: torch.Tensor, cu_seqlens, group) -> Packing:
     """The layout of this rank's pieces of the S documents of a packed row split over ``group``."""
-    check_group(group)
-    ok = isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1 and cu_seqlens.numel() > 0
-    check_cu_seqlens(cu_seqlens, int(cu_seqlens[-1]) if ok else 0)  # all but the total, before any collective
-    bounds = [int(v) for v in cu_seqlens.tolist()]
-    modulus = (1 << 61) - 1  # a fingerprint of the boundaries: the same on every rank
-    fingerprint = [len(bounds), sum(bounds) % modulus, sum((i + 1) * b for i, b in enumerate(bounds)) % modulus]
+    with local_checks(group, w):
+        fingerprint = split_cu_seqlens(cu_seqlens)
     start, total, _ = chunk_layout(w, group, same=fingerprint, same_name="cu_seqlens")
-    check_cu_seqlens(cu_seqlens, total)
+    bounds = [0, *itertools.accumulate(check_cu_seqlens(cu_seqlens, total))]
     end = start + w.shape[2]
     lo = [min(max(b, start), end) for b in bounds[:-1]]
     hi = [max(min(b, end), start) for b in bounds[1:]]

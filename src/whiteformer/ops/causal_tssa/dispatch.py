@@ -10,7 +10,7 @@ from ..._checks import (check_heads_input, check_mask, check_nonempty, check_pos
                         check_same_device, check_temp, check_tensor, stats_dtype)
 from .._kernels import fused_supported, has_kernel, kernel_for
 from .._kernels.fused import causal_tssa_fused
-from ..context_parallel import check_group, chunk_layout
+from ..context_parallel import chunk_layout, local_checks
 from ..packing import check_packed, from_padded, packed_layout, pads_little, segments, to_padded
 from .parallel import causal_tssa_parallel
 from .recurrent import causal_tssa_recurrent
@@ -85,9 +85,15 @@ def causal_tssa(
     Returns:
         out (B, H, N, p) in ``w``'s dtype, or a tuple ``(out, [pi], [state])`` in that order.
     """
-    check_heads_input(w, allow_no_tokens=group is not None)  # split: a rank may hold no tokens
-    if cu_seqlens is not None:
-        check_packed(w, attn_mask, cu_seqlens)
+    with local_checks(group, w):  # split: a rank failing these stops every rank (no wait in a collective)
+        check_heads_input(w, allow_no_tokens=group is not None)  # split: a rank may hold no tokens
+        if cu_seqlens is not None:
+            check_packed(w, attn_mask, cu_seqlens)
+        temp = check_temp(temp, w.shape[1], w)
+        check_pos_bias(pos_bias, w.shape[1])
+        attn_mask = check_mask(attn_mask, w.shape[0], w.shape[2])
+        check_same_device(w, temp=temp, pos_bias=pos_bias, attn_mask=attn_mask)
+        drop = check_probability(attn_drop, "attn_drop")
     # packed: the fused kernels run the padded layout when it wastes little, else the PyTorch path
     if cu_seqlens is not None and (group is not None or has_kernel("causal_tssa", w, training and attn_drop)
                                    and pads_little(cu_seqlens, w.shape[2])):
@@ -96,19 +102,14 @@ def causal_tssa(
                                       attn_drop=attn_drop, training=training, group=group)
         res = (from_padded(out, pk),) + ((from_padded(pi, pk),) if return_pi else ()) + tuple(state)
         return res if len(res) > 1 else res[0]
-    heads, n, p = w.shape[1], w.shape[2], w.shape[3]
-    temp = check_temp(temp, heads, w)
-    check_pos_bias(pos_bias, heads)
-    attn_mask = check_mask(attn_mask, w.shape[0], n)
-    check_same_device(w, temp=temp, pos_bias=pos_bias, attn_mask=attn_mask)
-    drop = check_probability(attn_drop, "attn_drop")
+    n, p = w.shape[2], w.shape[3]
     drop_p = drop if training else 0.0
     if cu_seqlens is not None:  # the PyTorch path on the packed tokens, no padded layout
         return _causal_varlen(w, temp, pos_bias, cu_seqlens, drop_p, return_pi, return_state)
     start, total = 0, n
-    if group is not None:
-        check_group(group)
-        start, total, real = chunk_layout(w, group, attn_mask, same_name="cu_seqlens")
+    if group is not None:  # the table's length too: each rank checks the whole length against it below
+        start, total, real = chunk_layout(w, group, attn_mask, same=[0 if pos_bias is None else pos_bias.shape[1]],
+                                          same_name="cu_seqlens and pos_bias (its length T_max)")
         if isinstance(real, torch.Tensor):  # split rows: the limit is on each sequence's real tokens
             total = int(real.max())
     if pos_bias is not None and total > pos_bias.shape[1]:

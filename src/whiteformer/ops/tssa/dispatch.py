@@ -8,7 +8,7 @@ import torch
 from ..._checks import check_heads_input, check_mask, check_probability, check_same_device, check_temp
 from .._kernels import fused_supported, has_kernel, kernel_for
 from .._kernels.fused import tssa_fused
-from ..context_parallel import check_group, chunk_layout
+from ..context_parallel import chunk_layout, local_checks
 from ..packing import check_packed, from_padded, packed_layout, pads_little, segments, to_padded
 from .parallel import tssa_parallel
 from .varlen import tssa_varlen
@@ -67,9 +67,16 @@ def tssa(
     :func:`.parallel.tssa_parallel`; :func:`whiteformer.ops.reference.tssa_reference` is the literal
     one.
     """
-    check_heads_input(w, allow_no_tokens=group is not None)  # split: a rank may hold no tokens
-    if cu_seqlens is not None:
-        check_packed(w, attn_mask, cu_seqlens)
+    with local_checks(group, w):  # split: a rank failing these stops every rank (no wait in a collective)
+        check_heads_input(w, allow_no_tokens=group is not None)  # split: a rank may hold no tokens
+        if cu_seqlens is not None:
+            check_packed(w, attn_mask, cu_seqlens)
+        temp = check_temp(temp, w.shape[1], w)
+        attn_mask = check_mask(attn_mask, w.shape[0], w.shape[2])
+        check_same_device(w, temp=temp, attn_mask=attn_mask)
+        drop = check_probability(attn_drop, "attn_drop")
+        if not isinstance(normalize, bool):
+            raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
     # packed: the fused kernels run the padded layout when it wastes little, else the PyTorch path
     torch_only = not normalize or training and attn_drop
     if cu_seqlens is not None and (group is not None or has_kernel("tssa", w, torch_only)
@@ -79,17 +86,10 @@ def tssa(
                        normalize=normalize, group=group)
         out, pi = from_padded(out, pk), from_padded(pi, pk)
         return (out, pi) if return_pi else out
-    temp = check_temp(temp, w.shape[1], w)
-    attn_mask = check_mask(attn_mask, w.shape[0], w.shape[2])
-    check_same_device(w, temp=temp, attn_mask=attn_mask)
-    drop = check_probability(attn_drop, "attn_drop")
     drop_p = drop if training else 0.0
-    if not isinstance(normalize, bool):
-        raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
     if cu_seqlens is not None:  # the PyTorch path on the packed tokens, no padded layout
         out, pi = tssa_varlen(w, temp, segments(cu_seqlens, w.shape[2], w.device), drop_p, normalize=normalize)
     elif group is not None:
-        check_group(group)
         # the same (B, H, p) on every rank, and the arguments that decide the collectives below
         chunk_layout(w, group, same=[normalize, drop_p > 0], same_name="cu_seqlens, normalize and attn_drop (training)")
         out, pi = tssa_parallel(w, temp, attn_mask, drop_p, normalize=normalize, group=group)
