@@ -95,3 +95,30 @@ def test_caches_of_other_kinds_are_refused():
     mine = WhiteformerCache()
     assert torch.equal(model.generate(idx, cache=mine, **GREEDY), want) and mine.get_seq_length() == 6
     assert torch.equal(model.generate(idx, cache=DynamicCache(), **GREEDY), want)
+
+
+@pytest.mark.parametrize("model_type", list(LM))
+def test_logits_to_keep(model_type):
+    """transformers' logits_to_keep was swallowed by **kwargs (every position's logits returned, and generate
+    formed the prompt's (B, T, V) logits); now the columns asked for, as transformers' models."""
+    model, idx = _lm(model_type), torch.randint(1, 61, (2, 7))
+    assert model._supports_logits_to_keep()  # generate passes logits_to_keep=1
+    full = model(idx, use_cache=False).logits
+    for kw in (dict(use_cache=False), dict(use_cache=True), dict(use_cache=False, output_hidden_states=True)):
+        torch.testing.assert_close(model(idx, logits_to_keep=2, **kw).logits, full[:, -2:])
+    torch.testing.assert_close(model(idx, logits_to_keep=torch.tensor([0, 3])).logits, full[:, [0, 3]])
+    torch.testing.assert_close(model(idx, logits_to_keep=0).logits, full)
+    cache = model(idx[:, :4], use_cache=True).cache  # tokens stepped from a cache
+    torch.testing.assert_close(model(idx[:, 4:], cache=cache, logits_to_keep=1).logits, full[:, -1:],
+                               rtol=1e-5, atol=1e-5)
+    packed = model(idx[:1], position_ids=torch.tensor([[0, 1, 2, 0, 1, 2, 3]]), use_cache=False, logits_to_keep=3)
+    assert packed.logits.shape == (1, 3, 61)
+    with pytest.raises(ValueError, match="leave logits_to_keep at 0 with labels"):
+        model(idx, labels=idx, logits_to_keep=1)
+    with pytest.raises(ValueError, match="logits_to_keep must be >= 0"):
+        model(idx, logits_to_keep=-1)
+    with pytest.raises(TypeError, match="logits_to_keep must be an int"):
+        model(idx, logits_to_keep=torch.tensor([[1]]))
+    out = model.generate(idx, return_dict_in_generate=True, output_logits=True, **GREEDY)
+    assert torch.equal(out.sequences, model.generate(idx, use_cache=False, **GREEDY))
+    torch.testing.assert_close(out.logits[0], full[:, -1])

@@ -11,7 +11,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_generation_config", "check_prompt_mask", "check_user_cache", "refuse_cache_implementation", "refuse_continuous_batching"]
+from .._checks import is_int
+
+__all__ = ["check_generation_config", "check_prompt_mask", "check_user_cache", "kept_positions", "refuse_cache_implementation", "refuse_continuous_batching"]
 
 #: the ``cache_implementation`` values a whiteformer model honours (``None``: the default)
 SUPPORTED_CACHE_IMPLEMENTATIONS = (None, "dynamic")
@@ -67,3 +69,18 @@ def check_prompt_mask(attention_mask: Any) -> None:
         raise ValueError(f"attention_mask: row(s) {rows} end in padding (right padding); generate() continues "
                          "each row from its last column, so pad prompts on the left (tokenizer.padding_side = "
                          "'left')")
+
+
+def kept_positions(hidden: torch.Tensor, logits_to_keep: Any) -> torch.Tensor:
+    """The positions of ``hidden`` (B, T, D) whose logits ``transformers``' ``logits_to_keep`` asks for:
+    0 every position, an int k > 0 the last k, a 1-D integer tensor those positions (``generate``
+    passes 1: the prompt's (B, T, V) logits are never formed)."""
+    if is_int(logits_to_keep):
+        if logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep must be >= 0 (0 = every position), got {logits_to_keep}")
+        return hidden if logits_to_keep == 0 else hidden[:, -logits_to_keep:]
+    if isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.dim() == 1 \
+            and not logits_to_keep.is_floating_point() and logits_to_keep.dtype != torch.bool:
+        return hidden[:, logits_to_keep.to(hidden.device)]
+    raise TypeError(f"logits_to_keep must be an int >= 0 or a 1-D integer tensor of positions, got "
+                    f"{getattr(logits_to_keep, 'shape', type(logits_to_keep).__name__)}")

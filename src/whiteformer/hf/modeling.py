@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.nn as nn
@@ -39,12 +39,14 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import (BaseModelOutputWithPast, BaseModelOutputWithPooling,
                                            CausalLMOutputWithPast, ImageClassifierOutput)
 
+from .._checks import is_int
 from .._import_hooks import when_imported
 from ..models import create_model
 from ..models.checkpoint import check_file_dtypes
 from ..models.hf_remote import write_remote_code
 from .cache import WhiteformerCache
-from .generation import check_generation_config, check_prompt_mask, check_user_cache, refuse_continuous_batching
+from .generation import (check_generation_config, check_prompt_mask, check_user_cache, kept_positions,
+                         refuse_continuous_batching)
 from .labels import check_classification_labels, check_lm_labels
 from .packing import mask_document_starts, packed_cu_seqlens
 from .configuration import ToSTLMConfig, WhiteformerConfig, WhiteformerGPTConfig, WhiteformerVisionConfig
@@ -335,6 +337,7 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         output_attentions: Optional[bool] = None,
         output_hidden_states: Optional[bool] = None,
         return_dict: Optional[bool] = None,
+        logits_to_keep: Union[int, torch.Tensor] = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """input_ids (B, T); attention_mask (B, T) 1 = real token, 0 = padding (left or right);
@@ -350,11 +353,16 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         ``config.use_cache`` in eval mode, off in training) returns the state in
         ``output.cache`` (``past_key_values`` in older ``transformers``). ``output_hidden_states``
         (default ``config.output_hidden_states``) adds the embeddings and each block's output, also
-        for tokens stepped from a cache (``generate(..., output_hidden_states=True)``).
+        for tokens stepped from a cache (``generate(..., output_hidden_states=True)``). ``logits_to_keep``
+        (as ``transformers``): 0 every position, k > 0 the last k, a 1-D tensor those positions;
+        ``generate`` passes 1, so a prompt's (B, T, V) logits are never formed.
         """
         _refuse(output_attentions, return_dict, inputs_embeds)
         output_hidden_states = _want_hidden_states(self, output_hidden_states)
         _check_input_ids(self.whiteformer, input_ids)
+        keep = logits_to_keep
+        if labels is not None and not (is_int(keep) and keep == 0):
+            raise ValueError("labels need the logits of every position: leave logits_to_keep at 0 with labels")
         if labels is not None:
             check_lm_labels(labels, input_ids, self.whiteformer.vocab_size, kwargs.get("ignore_index", -100))
         if cache is not None and past_key_values is not None and cache is not past_key_values:
@@ -365,7 +373,7 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         cu_seqlens = packed_cu_seqlens(attention_mask, position_ids if in_prompt else None, kwargs, input_ids)
         if cu_seqlens is not None:
             return self._forward_packed(input_ids, attention_mask, labels, cu_seqlens, use_cache, cache, kwargs,
-                                        bool(output_hidden_states))
+                                        bool(output_hidden_states), keep)
         if use_cache is None:
             use_cache = bool(getattr(self.config, "use_cache", True)) and not self.training
         net = self.whiteformer
@@ -378,16 +386,17 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         hidden = None
         if cache is None or cache.state is None:
             if use_cache or cache is not None:
-                logits, state = net.prefill(input_ids, attn_mask=mask)
+                final, state = net._prefill_hidden(input_ids, attn_mask=mask)  # (prefill without the lm_head)
+                logits = net.lm_head(kept_positions(final, keep))
                 cache = cache if cache is not None else WhiteformerCache()
                 cache.update_state(state, input_ids.shape[1])
                 if output_hidden_states:  # (prefill keeps only the final states: one more pass)
                     hidden = _lm_hidden_states(net, input_ids, mask)[1]
             elif output_hidden_states:
                 final, hidden = _lm_hidden_states(net, input_ids, mask)
-                logits = net.lm_head(final)
+                logits = net.lm_head(kept_positions(final, keep))
             else:
-                logits, _ = net(input_ids, attn_mask=mask)
+                logits = net.lm_head(kept_positions(net.forward_features(input_ids, attn_mask=mask), keep))
         else:
             if cache.batch_size != input_ids.shape[0]:
                 raise ValueError(f"the cache holds the state of {cache.batch_size} sequences, input_ids has "
@@ -402,7 +411,7 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
                 finals.append(final)
                 columns.append(per_block)
             final = torch.stack(finals, dim=1)
-            logits = net.lm_head(final)
+            logits = net.lm_head(kept_positions(final, keep))
             if output_hidden_states:  # (B, new, D) per entry; the last one after ln_f, as in _lm_hidden_states
                 hidden = tuple(torch.stack(c, dim=1) for c in zip(*columns))[:-1] + (final,)
             cache.update_state(state, new)
@@ -436,7 +445,7 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         return inputs
 
     def _forward_packed(self, input_ids, attention_mask, labels, cu_seqlens, use_cache, cache, kwargs,
-                        output_hidden_states=False):
+                        output_hidden_states=False, logits_to_keep=0):
         if use_cache or (cache is not None and cache.get_seq_length() != 0):
             raise ValueError("a packed batch (position_ids restarting / cu_seq_lens_q) runs without a cache: pass "
                              "use_cache=False and no past_key_values")
@@ -445,9 +454,9 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         hidden = None
         if output_hidden_states:
             final, hidden = _lm_hidden_states(net, input_ids, None, cu_seqlens.to(input_ids.device))
-            logits = net.lm_head(final)
         else:
-            logits, _ = net(input_ids, cu_seqlens=cu_seqlens.to(input_ids.device))
+            final = net.forward_features(input_ids, cu_seqlens=cu_seqlens.to(input_ids.device))
+        logits = net.lm_head(kept_positions(final, logits_to_keep))
         loss = None
         if labels is not None:
             labels = mask_document_starts(labels, cu_seqlens)
