@@ -122,3 +122,18 @@ def test_logits_to_keep(model_type):
     out = model.generate(idx, return_dict_in_generate=True, output_logits=True, **GREEDY)
     assert torch.equal(out.sequences, model.generate(idx, use_cache=False, **GREEDY))
     torch.testing.assert_close(out.logits[0], full[:, -1])
+
+
+@pytest.mark.parametrize("model_type", list(LM))
+def test_prompts_padded_past_max_len_generate_as_alone(model_type):
+    """padding='max_length' past the model's max_len: every row's real tokens fit, so each row generates as
+    alone (ToST's position bias checked the padded width: a ValueError from inside causal TSSA)."""
+    model = _lm(model_type)
+    a, b = torch.randint(1, 61, (1, 10)), torch.randint(1, 61, (1, 3))
+    width = TINY["max_len"] + 8
+    batch = torch.zeros(2, width, dtype=torch.long)
+    batch[0, -10:], batch[1, -3:] = a, b
+    mask = (batch != 0).long()
+    out = model.generate(batch, attention_mask=mask, **{**GREEDY, "max_new_tokens": 4})
+    assert torch.equal(out[0, -14:], model.whiteformer.generate(a, 4, temperature=0)[0])
+    assert torch.equal(out[1, -7:], model.whiteformer.generate(b, 4, temperature=0)[0])

@@ -267,3 +267,17 @@ def test_layer_compile_fullgraph():
     mask = torch.tensor([[True] * 4, [False, True, True, True]])
     compiled = torch.compile(layer, fullgraph=True)
     torch.testing.assert_close(compiled(x, mask), layer(x, mask), rtol=1e-5, atol=1e-6)
+
+
+def test_bias_table_limit_counts_real_tokens_only():
+    """Padding has no position: a masked batch wider than T_max whose sequences each hold at most T_max real
+    tokens runs, each sequence as alone (the padded width was checked against T_max)."""
+    w, temp, bias = _inputs((2, 2, 8, 3), torch.float32, t_max=5)
+    mask = torch.zeros(2, 8, dtype=torch.bool)
+    mask[0, 3:], mask[1, 6:] = True, True
+    out = causal_tssa(w, temp, bias, attn_mask=mask)
+    torch.testing.assert_close(out, causal_tssa_reference(w, temp, bias, attn_mask=mask), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out[:1, :, 3:], causal_tssa(w[:1, :, 3:], temp, bias), rtol=1e-5, atol=1e-6)
+    mask[0, 2] = True  # 6 real tokens
+    with pytest.raises(ValueError, match="N = 6 exceeds the positional bias table length T_max = 5"):
+        causal_tssa(w, temp, bias, attn_mask=mask)

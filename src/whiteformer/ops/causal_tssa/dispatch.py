@@ -6,8 +6,8 @@ from typing import Optional, Union
 
 import torch
 
-from ..._checks import (check_heads_input, check_mask, check_nonempty, check_pos_bias, check_probability,
-                        check_same_device, check_temp, check_tensor, stats_dtype)
+from ..._checks import (can_read_values, check_heads_input, check_mask, check_nonempty, check_pos_bias,
+                        check_probability, check_same_device, check_temp, check_tensor, stats_dtype)
 from .._kernels import fused_supported, has_kernel, kernel_for
 from .._kernels.fused import causal_tssa_fused
 from ..context_parallel import chunk_layout, local_checks
@@ -49,7 +49,8 @@ def causal_tssa(
         w: (B, H, N, p) projected tokens per head.
         temp: (H, 1) temperature, or one finite number for every head.
         pos_bias: optional (H, T_max, 1) per-head, per-position bias on the membership logits
-            (zeros at init). ``N > T_max`` raises ``ValueError``; ``None`` has no length limit.
+            (zeros at init). ``N > T_max`` raises ``ValueError`` (with ``attn_mask``: a sequence with more
+            than ``T_max`` real tokens; padding has no position); ``None`` has no length limit.
         attn_mask: optional (B, N) bool keep-mask (True = real token). Padded tokens are left
             out of all cumulative statistics and their outputs (and Pi) are 0; a real token's
             position (for ``pos_bias``) is its index among the real tokens of its sequence, so
@@ -112,6 +113,8 @@ def causal_tssa(
                                           same_name="cu_seqlens and pos_bias (its length T_max)")
         if isinstance(real, torch.Tensor):  # split rows: the limit is on each sequence's real tokens
             total = int(real.max())
+    elif pos_bias is not None and attn_mask is not None and can_read_values():
+        total = int(attn_mask.sum(dim=-1).max())  # padding has no position: the limit is on the real tokens
     if pos_bias is not None and total > pos_bias.shape[1]:
         raise ValueError(
             f"sequence length N = {total} exceeds the positional bias table length T_max = "
