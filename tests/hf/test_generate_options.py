@@ -74,6 +74,8 @@ def test_right_padded_prompts_are_refused(model_type):
         model.generate(right, attention_mask=mask, **GREEDY)
     with pytest.raises(ValueError, match=r"row\(s\) \[1\] end in padding"):  # the mask generate infers from the pads
         model.generate(right, **GREEDY)
+    with pytest.raises(ValueError, match=r"row\(s\) \[1\] hold no real token"):
+        model.generate(right, attention_mask=mask * torch.tensor([[1], [0]]), **GREEDY)
     left = torch.cat([a, torch.cat([torch.zeros(1, 2, dtype=torch.long), b], 1)])
     out = model.generate(left, attention_mask=mask.flip(1), **GREEDY)
     assert torch.equal(out[1, 2:], model.generate(b, **GREEDY)[0])
@@ -137,3 +139,22 @@ def test_prompts_padded_past_max_len_generate_as_alone(model_type):
     out = model.generate(batch, attention_mask=mask, **{**GREEDY, "max_new_tokens": 4})
     assert torch.equal(out[0, -14:], model.whiteformer.generate(a, 4, temperature=0)[0])
     assert torch.equal(out[1, -7:], model.whiteformer.generate(b, 4, temperature=0)[0])
+
+
+@pytest.mark.parametrize("model_type", list(LM))
+def test_prompt_cache_holding_the_whole_prompt_is_refused(model_type):
+    """A cache of the whole prompt (or more) passed in: transformers slices the prompt to its uncached tokens
+    (none: input_ids[:, -0:] is the whole prompt again), so the prompt was fed twice (other tokens, silently),
+    or an empty input raised from inside the model."""
+    import copy
+
+    model, idx = _lm(model_type), torch.randint(1, 61, (2, 6))
+    with torch.no_grad():
+        whole = model(idx, use_cache=True).cache
+        longer = model(torch.cat([idx, idx], 1), use_cache=True).cache
+    for cache, n in ((whole, 6), (longer, 12)):
+        with pytest.raises(ValueError, match=rf"already holds {n} positions of this 6-position prompt"):
+            model.generate(idx, cache=copy.deepcopy(cache), **GREEDY)
+    with torch.no_grad():
+        prefix = model(idx[:, :5], use_cache=True).cache  # all but the last token: reused
+    assert torch.equal(model.generate(idx, cache=prefix, **GREEDY), model.generate(idx, **GREEDY))

@@ -64,6 +64,9 @@ def check_prompt_mask(attention_mask: Any) -> None:
     token's logits (``transformers`` only warns)."""
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2 or attention_mask.shape[1] == 0:
         return
+    empty = (attention_mask == 0).all(dim=1).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"attention_mask: row(s) {empty} hold no real token (all 0); every prompt needs one")
     rows = (attention_mask[:, -1] == 0).nonzero().flatten().tolist()
     if rows:
         raise ValueError(f"attention_mask: row(s) {rows} end in padding (right padding); generate() continues "

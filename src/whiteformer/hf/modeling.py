@@ -427,9 +427,16 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         sequence holds more real tokens than the model's context limit (``max_len`` of a learned
         position embedding or ToST's position bias), the state is rebuilt from the last
         ``max_len`` positions at every new token (as nanoGPT). A right-padded prompt (given, or the mask
-        ``generate`` infers from ``pad_token_id``) is refused."""
+        ``generate`` infers from ``pad_token_id``) is refused, and so is a prompt cache that already holds
+        the whole prompt (``transformers`` would feed the prompt again on top of it)."""
         mask = kwargs.get("attention_mask")
         check_prompt_mask(mask)
+        uncached = kwargs.get("next_sequence_length")  # a prompt cache passed in: the prompt's tokens it lacks
+        if uncached is not None and uncached <= 0:
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))
+            raise ValueError(f"the cache passed in already holds {cache.get_seq_length()} positions of this "
+                             f"{input_ids.shape[1]}-position prompt: at least its last token must be new (the "
+                             "cache keeps no logits); pass the cache of a shorter prefix")
         inputs = super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
         limit = self.whiteformer.context_limit
         real = input_ids.shape[1] if mask is None else int((mask != 0).sum(dim=-1).max())
