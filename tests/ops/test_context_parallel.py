@@ -22,6 +22,17 @@ def _init(rank: int, world: int, store: str, **kwargs) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world, **kwargs)
 
 
+def _shut_down() -> None:
+    """Free what still refers to the process groups (autograd graphs keep them, cycles through the
+    tracebacks of caught errors too), then destroy them: a gloo group alive at interpreter exit aborts
+    a rank now and then (SIGABRT, 'terminate called without an active exception')."""
+    import gc
+
+    gc.collect()
+    dist.barrier()  # no rank tears its connections down while another still uses them
+    dist.destroy_process_group()
+
+
 def _inputs(n: int, seed: int, masked: bool, b: int = B):
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(b, H, n, P, generator=g, dtype=torch.float64) * 2
@@ -157,17 +168,18 @@ def _check_lm(group, sizes) -> None:
         GPTLM(vocab_size=11, dim=8, depth=1, num_heads=2).set_context_parallel(group)
 
 
-def _check_vision(group) -> None:
+def _check_vision(group, img_size: int = 16) -> None:
     """A ToST vision model (BatchNorm stem in training mode, two class-attention blocks): the logits
-    on every rank and the gradients averaged over the group equal the unsplit model's; XCA refuses."""
+    on every rank and the gradients averaged over the group equal the unsplit model's (``img_size``
+    4: one patch, the other ranks hold none); XCA refuses."""
     import torch.nn.functional as F
 
     from whiteformer.models import create_model
 
-    tiny = dict(img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=16, depth=2, num_heads=2)
+    tiny = dict(img_size=img_size, patch_size=4, in_chans=1, num_classes=5, embed_dim=16, depth=2, num_heads=2)
     torch.manual_seed(4)
     model = create_model("tost_t12_p16", **tiny).double().train()
-    x = torch.randn(3, 1, 16, 16, dtype=torch.float64)
+    x = torch.randn(3, 1, img_size, img_size, dtype=torch.float64)
     y = torch.tensor([0, 3, 4])
     logits = model(x)
     F.cross_entropy(logits, y).backward()
@@ -208,8 +220,7 @@ def _worker(rank: int, world: int, store: str) -> None:
             for op in ("tssa", "causal_tssa"):
                 _check_split(op, [1, 4], True, sub, seed=12)
     _errors(group, rank)
-    dist.barrier()  # no rank tears its connections down while another still uses them
-    dist.destroy_process_group()
+    _shut_down()
 
 
 def _errors(group, rank: int) -> None:
@@ -249,6 +260,7 @@ def _ranks_that_differ_worker(rank: int, world: int, store: str) -> None:
             _check_split(op, [5, 0], masked, group, seed=22)
         _check_split(op, [3, 0], False, group, seed=23, bounds=[0, 1, 3])
     _check_lm(group, [9, 0])  # the layers and the LM on an empty chunk too
+    _check_vision(group, img_size=4)  # one patch: rank 1 holds none
     w = torch.randn(1, H, 2, P, dtype=torch.float64 if rank == 0 else torch.float32)
     with pytest.raises(ValueError, match="w must have the same dtype on every rank"):
         tssa(w, 1.0, group=group)
@@ -263,8 +275,7 @@ def _ranks_that_differ_worker(rank: int, world: int, store: str) -> None:
     with pytest.raises(ValueError, match="pos_bias.* must be the same on every rank"):
         causal_tssa(w, 1.0, bias, group=group)
     _one_rank_fails(group, rank, timeout=60.0)
-    dist.barrier()
-    dist.destroy_process_group()
+    _shut_down()
 
 
 def _one_rank_fails(group, rank: int, timeout: float) -> None:

@@ -207,7 +207,7 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
     Context parallelism (TSSA blocks): after ``model.set_context_parallel(group)`` every rank of
     the group passes the whole images; the conv patch embedding (BatchNorm over the whole image
     batch, as unsplit) and the position encoding run on every rank, then each rank keeps its
-    contiguous share of the patch tokens (rank order; sizes differ by at most one) for the
+    contiguous share of the patch tokens (rank order; sizes differ by at most one, a rank may hold none) for the
     blocks and the class attention, which combines the class token's softmax over the ranks.
     Logits are the unsplit ones on every rank; the mean of the parameter gradients over the
     group (DDP) is the unsplit gradient. Memory: the blocks' activations are split, the stem's

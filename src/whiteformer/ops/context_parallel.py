@@ -132,7 +132,7 @@ class local_checks:
     rank sends the header that :func:`chunk_layout` exchanges, marked failed, then the exception's
     message; the others get a ``ValueError`` from their :func:`chunk_layout` naming this rank and
     its message. ``like``: a tensor argument whose device the header takes (if it is a tensor; the
-    current CUDA device under NCCL). ``group`` None: checks ``group`` nothing, announces nothing."""
+    current CUDA device under NCCL). ``group`` None: does nothing."""
 
     __slots__ = ("group", "like")
 
@@ -145,7 +145,12 @@ class local_checks:
 
     def __exit__(self, kind, exc, tb) -> bool:
         if self.group is not None and isinstance(exc, Exception) and not getattr(exc, _KNOWN, False):
-            _announce_failure(exc, self.group, self.like)
+            try:
+                _announce_failure(exc, self.group, self.like)
+            except Exception as failed:  # e.g. a rank gone: this rank's own error is still the one raised
+                if exc.args and isinstance(exc.args[0], str):
+                    exc.args = (f"{exc.args[0]} (telling the other ranks of the group failed too: {failed})",
+                                *exc.args[1:])
         return False
 
 
