@@ -68,6 +68,7 @@ def _bytes_worker(rank: int, store: str, lengths: List[int], out: str, threads: 
 
     from whiteformer.attention import TSSA, CausalTSSA
     from whiteformer.ops.context_parallel import count_communication
+    from whiteformer.train.distributed import cleanup
 
     _init(rank, store, threads)
     torch.manual_seed(0)
@@ -90,7 +91,7 @@ def _bytes_worker(rank: int, store: str, lengths: List[int], out: str, threads: 
     if rank == 0:
         Path(out).write_text(json.dumps(rows))
     dist.barrier()
-    dist.destroy_process_group()
+    cleanup()
 
 
 def _model():
@@ -121,6 +122,8 @@ def _memory_worker(rank: int, world: int, store: Optional[str], n: int, repeats:
     if world > 1:
         import torch.distributed as dist
 
+        from whiteformer.train.distributed import cleanup
+
         _init(rank, store, threads)
     else:
         torch.set_num_threads(threads)
@@ -138,8 +141,9 @@ def _memory_worker(rank: int, world: int, store: Optional[str], n: int, repeats:
     res = {"rank": rank, "world": world, "tokens_here": idx.shape[1], "runs": runs}
     Path(f"{out}.{rank}").write_text(json.dumps(res))
     if world > 1:
+        del model
         dist.barrier()
-        dist.destroy_process_group()
+        cleanup()
 
 
 # ------------------------------------------------------------------------------ driver

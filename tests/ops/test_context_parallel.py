@@ -23,14 +23,12 @@ def _init(rank: int, world: int, store: str, **kwargs) -> None:
 
 
 def _shut_down() -> None:
-    """Free what still refers to the process groups (autograd graphs keep them, cycles through the
-    tracebacks of caught errors too), then destroy them: a gloo group alive at interpreter exit aborts
-    a rank now and then (SIGABRT, 'terminate called without an active exception')."""
-    import gc
+    """No rank tears its connections down while another still uses them; then ``cleanup`` collects
+    what still refers to the groups (autograd graphs, the tracebacks of caught errors) and destroys them."""
+    from whiteformer.train.distributed import cleanup
 
-    gc.collect()
-    dist.barrier()  # no rank tears its connections down while another still uses them
-    dist.destroy_process_group()
+    dist.barrier()
+    cleanup()
 
 
 def _inputs(n: int, seed: int, masked: bool, b: int = B):

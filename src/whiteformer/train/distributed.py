@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from typing import Any, List
@@ -128,7 +129,12 @@ def shard_model(model: nn.Module, precision: str = "fp32") -> nn.Module:
 
 
 def cleanup() -> None:
+    """Destroy the process groups, after a garbage collection: what still refers to them (FSDP's hook
+    cycles, autograd graphs, the tracebacks of caught errors) would otherwise be freed in interpreter
+    shutdown, after the groups, where a gloo rank aborts now and then (SIGABRT, "terminate called
+    without an active exception"). Drop your own references (model, trainer) before calling it."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -15,7 +15,6 @@ Rank 0 alone writes logs, checkpoints, the final model and the report.
 """
 from __future__ import annotations
 
-import gc
 import math
 import os
 import signal
@@ -534,11 +533,7 @@ def train(cfg: TrainConfig, command: str = "", post_step=()) -> Dict[str, Any]:
         trainer.close()
         return res
     finally:
-        if dist.enabled:
-            # FSDP's hooks tie the sharded model into reference cycles: without a collection here it
-            # (with the communication state it holds) outlives the process group and is freed during
-            # interpreter shutdown, where a rank of a 2-process run aborted ("terminate called without
-            # an active exception")
-            trainer = None
-            gc.collect()
+        # the trainer holds the (FSDP-sharded) model: dropped here, cleanup's collection frees it
+        # before the process group goes
+        trainer = None
         D.cleanup()
