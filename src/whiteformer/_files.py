@@ -1,22 +1,34 @@
 """Files written whole or not at all: :func:`atomic_write` (a temporary file in the same directory,
 then ``os.replace``), :func:`write_text` and :func:`save_figure`. Replacing the name also means a link found there is
-replaced, never written through: what it points to stays as it was."""
+replaced, never written through: what it points to stays as it was. The file gets the permissions of any
+new file (``0o666`` less the umask), as ``open(path, "w")`` would give it."""
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Callable, Union
 
 __all__ = ["atomic_write", "save_figure", "write_text"]
 
 
+def _temporary(path: Path) -> str:
+    """A new empty file ``.NAME.<random>.tmp`` beside ``path``, created with mode 0o666 less the umask."""
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            os.close(os.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return str(tmp)
+    raise FileExistsError(f"no free temporary name beside {str(path)!r}")
+
+
 def atomic_write(path: Union[str, Path], write: Callable[[str], None]) -> Path:
     """``write(tmp_path)`` then ``os.replace(tmp_path, path)``; on any failure the temporary file is
     removed and ``path`` is untouched. Returns ``path``."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    os.close(fd)
+    tmp = _temporary(path)
     try:
         write(tmp)
         os.replace(tmp, path)
