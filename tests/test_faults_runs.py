@@ -111,6 +111,31 @@ def test_a_non_run_directory_is_refused_and_overwrite_deletes_only_run_files(tmp
     assert not (out / "final" / "weights.bin").exists() and (out / "final" / "model.safetensors").is_file()
 
 
+def _killed_while_writing(path):
+    """What ``atomic_write(path, ...)`` leaves when its process is killed mid-write (SIGKILL)."""
+    code = ("import os, signal, sys; from whiteformer._files import atomic_write; "
+            "atomic_write(sys.argv[1], lambda tmp: (open(tmp, 'w').write('half'), os.kill(os.getpid(), signal.SIGKILL)))")
+    env = dict(_env(), PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    assert subprocess.run([sys.executable, "-c", code, str(path)], env=env).returncode == -signal.SIGKILL
+
+
+def test_a_run_killed_while_writing_a_file_is_started_again_and_its_temporary_removed(tmp_path, capsys):
+    """A run killed while writing ``config.yaml`` (before any checkpoint) left only its lock and
+    ``.config.yaml.<random>.tmp``: the next run refused the directory as "not empty ... not a run", and
+    the temporary survived ``--resume`` and ``--overwrite`` for good."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK_NAME).write_text("{}")
+    _killed_while_writing(out / "config.yaml")
+    assert [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+    train(tiny_cfg(out, steps=2))
+    _killed_while_writing(out / "report.md")
+    _killed_while_writing(out / "notes.txt")  # not a run's file: the user's, kept
+    train(tiny_cfg(out, steps=3, resume=True))
+    left = [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+    assert len(left) == 1 and left[0].startswith(".notes.txt.") and (out / "final" / "model.safetensors").is_file()
+
+
 def test_a_run_that_never_checkpointed_starts_again_and_a_failed_start_leaves_nothing(tmp_path):
     out = tmp_path / "run"
     with pytest.raises(ConfigError):

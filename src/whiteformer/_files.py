@@ -1,15 +1,17 @@
 """Files written whole or not at all: :func:`atomic_write` (a temporary file in the same directory,
 then ``os.replace``), :func:`write_text` and :func:`save_figure`. Replacing the name also means a link found there is
 replaced, never written through: what it points to stays as it was. The file gets the permissions of any
-new file (``0o666`` less the umask), as ``open(path, "w")`` would give it."""
+new file (``0o666`` less the umask), as ``open(path, "w")`` would give it. :func:`is_temporary` names the
+temporary files a writer killed mid-write left behind."""
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Callable, Union
 
-__all__ = ["atomic_write", "save_figure", "write_text"]
+__all__ = ["atomic_write", "is_temporary", "save_figure", "write_text"]
 
 
 def _temporary(path: Path) -> str:
@@ -22,6 +24,12 @@ def _temporary(path: Path) -> str:
             continue
         return str(tmp)
     raise FileExistsError(f"no free temporary name beside {str(path)!r}")
+
+
+def is_temporary(name: str, of: str) -> bool:
+    """Whether the directory entry ``name`` is a temporary file of :func:`atomic_write` writing ``of``
+    (what a writer killed mid-write leaves beside the untouched ``of``)."""
+    return re.fullmatch(rf"\.{re.escape(of)}\.[0-9a-f]{{8}}\.tmp", name) is not None
 
 
 def atomic_write(path: Union[str, Path], write: Callable[[str], None]) -> Path:

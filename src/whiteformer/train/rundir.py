@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional
 
+from .._files import is_temporary
 from ..models.factory import RUN_EMA_MODEL_DIR, RUN_MODEL_DIR
 from .checkpoint import list_checkpoints, list_quarantined
 from .configuration import ConfigError
@@ -101,12 +102,15 @@ def _is_stash(name: str) -> bool:
 
 
 def _is_unfinished_final(name: str) -> bool:
-    """A ``final*/`` being written or replaced when the run was killed (the trainer's own names)."""
-    return any(name.startswith(f"{pre}{n}-") for pre in (".tmp-", ".trash-") for n in FINAL_DIRS)
+    """A ``final*/`` being written or replaced when the run was killed (the trainer's own names), or
+    the temporary file of one of the run's files (``config.yaml``, the report, ...) it was writing."""
+    return (any(name.startswith(f"{pre}{n}-") for pre in (".tmp-", ".trash-") for n in FINAL_DIRS)
+            or any(is_temporary(name, n) for n in RUN_FILES))
 
 
 def remove_unfinished_finals(run_dir) -> None:
-    """Delete what a killed run left of writing its ``final*/`` (links unlinked, never followed)."""
+    """Delete what a killed run left of writing its ``final*/`` or its other files (links unlinked,
+    never followed)."""
     for p in Path(run_dir).iterdir():
         if _is_unfinished_final(p.name):
             remove_entry(p)
