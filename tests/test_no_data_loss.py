@@ -269,6 +269,31 @@ def test_compress_refuses_a_non_empty_out_and_overwrite_keeps_the_other_files(de
                                                       "whiteformer_auto.py"]
 
 
+def test_compress_killed_mid_write_does_not_block_the_rerun_and_a_live_one_is_named(deit_run, tmp_path, capsys):
+    """A command killed while staging its files left ``--out/.tmp-output-PID`` (a model-sized file
+    inside): the rerun was refused ("not empty (.tmp-output-PID)") and the directory stayed for good,
+    even after ``--overwrite``. A command still writing there is named instead."""
+    from whiteformer.train.outputs import check_output_dir, staged_output
+
+    out = tmp_path / "out"
+    code = ("import os, signal, sys; from whiteformer.train.outputs import staged_output\n"
+            "with staged_output(sys.argv[1], overwrite=False) as st:\n"
+            "    (st / 'model.safetensors').write_bytes(b'half')\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    env = dict(_env(), PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    assert subprocess.run([sys.executable, "-c", code, str(out)], env=env).returncode == -9
+    assert [p.name for p in out.iterdir()][0].startswith(".tmp-output-")
+    assert main(["compress", "--checkpoint", str(deit_run), *COMPRESS, "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["compression_report.json", "compression_report.md",
+                                                     "config.json", "model.safetensors", "whiteformer_auto.py"]
+    busy = tmp_path / "busy"
+    with staged_output(busy, overwrite=False) as stage:
+        (stage / "x").write_text("being written")
+        with pytest.raises(Exception, match="in use by another command"):
+            check_output_dir(busy, overwrite=True)
+    assert (busy / "x").read_text() == "being written"
+
+
 # ----------------------------------------------------------------------------- item 4: analyze
 def test_analyze_report_refuses_to_overwrite_without_the_flag(finished, tmp_path, capsys):
     pytest.importorskip("matplotlib")

@@ -7,7 +7,9 @@
 - :func:`check_output_dir` / :func:`staged_output`: an ``--out`` directory of ``compress`` and
   ``analyze`` must be missing or empty unless ``--overwrite``; the files are written into a hidden
   directory inside it first and moved into place only when the command has succeeded, so a
-  failed command changes nothing and ``--overwrite`` replaces only the names it writes.
+  failed command changes nothing and ``--overwrite`` replaces only the names it writes. The hidden
+  directory is locked (``flock``) while its command lives: one left by a killed command is not
+  counted as the user's and is removed by the next one; one in use is an error naming it.
 - :func:`say`: print a line; when stdout is a closed pipe (``whiteformer train ... | head``), stop
   printing and carry on: the run must not end because nobody reads its log.
 """
@@ -57,13 +59,51 @@ def replace_entry(src, dest) -> None:
         remove_entry(trash)
 
 
+STAGE_PREFIX = ".tmp-output-"
+
+
+def _lock_stage(path: Path):
+    """An exclusive ``flock`` on the staging directory ``path``: its descriptor, or None when a living
+    command holds it (the kernel frees it when that command dies, even on SIGKILL)."""
+    import fcntl
+
+    fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _stages(p: Path):
+    """``(left, busy)``: the staging directories in ``p`` that a killed command left, and the names of
+    those a living command is writing."""
+    left, busy = [], []
+    for e in p.iterdir():
+        if e.name.startswith(STAGE_PREFIX) and not e.is_symlink() and e.is_dir():
+            fd = _lock_stage(e)
+            if fd is None:
+                busy.append(e.name)
+            else:
+                os.close(fd)
+                left.append(e)
+    return left, busy
+
+
 def check_output_dir(out, *, overwrite: bool, flag: str = "--out") -> Path:
     """``out`` as a Path when a command may write there: missing, an empty directory, or (only with
-    ``overwrite``) a directory with files; anything else is a :class:`ConfigError` saying why."""
+    ``overwrite``) a directory with files; anything else is a :class:`ConfigError` saying why. What a
+    killed command left of its staging directory does not count; one in use by a living command is
+    an error."""
     p = Path(out).expanduser()
     if os.path.lexists(p) and not p.is_dir():
         raise ConfigError(f"{flag} {str(out)!r} exists and is not a directory")
-    entries = sorted(e.name for e in p.iterdir()) if p.is_dir() else []
+    left, busy = _stages(p) if p.is_dir() else ([], [])
+    if busy:
+        raise ConfigError(f"{flag} {str(out)!r} is in use by another command (writing {busy[0]}); wait for it to "
+                          f"finish, or choose another {flag}")
+    entries = sorted(e.name for e in p.iterdir() if e not in left) if p.is_dir() else []
     if entries and not overwrite:
         what = ", ".join(entries[:6]) + (", ..." if len(entries) > 6 else "")
         raise ConfigError(f"{flag} {str(out)!r} is not empty ({what}); choose another {flag}, or pass --overwrite to "
@@ -82,17 +122,23 @@ def staged_output(out, *, overwrite: bool, flag: str = "--out") -> Iterator[Path
         p.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ConfigError(f"{flag} {str(out)!r}: cannot create the directory ({err.strerror or err})") from err
-    stage = p / f".tmp-output-{os.getpid()}"
+    stage = p / f"{STAGE_PREFIX}{os.getpid()}"
     if os.path.lexists(stage):
         remove_entry(stage)
     stage.mkdir()
+    fd = _lock_stage(stage)
     try:
+        for old in _stages(p)[0]:  # what killed commands left
+            if old != stage:
+                remove_entry(old)
         yield stage
         for entry in sorted(stage.iterdir()):
             replace_entry(entry, p / entry.name)
     finally:
         if os.path.lexists(stage):
             remove_entry(stage)
+        if fd is not None:
+            os.close(fd)
         if created and not any(p.iterdir()):
             p.rmdir()
 
