@@ -265,7 +265,7 @@ def analysis_eca_toy(cfg) -> int:
     except ImportError as err:
         raise UsageError(f"the eca-toy analysis is not available: {err}") from err
     try:
-        eca_toy.check_overrides(cfg.options)
+        eca_toy.check_overrides(cfg.options, eca_toy.SMALL if cfg.small else None)
     except ValueError as err:
         raise UsageError(str(err)) from None
     from .train.outputs import staged_output
@@ -332,22 +332,53 @@ def analysis_layerwise(cfg) -> int:
         raise UsageError(f"unknown option(s) {unknown} for analyze layerwise; known: {sorted(known)}")
     if not cfg.checkpoint:
         raise ConfigError("analyze layerwise needs --checkpoint MODEL_DIR (a saved whiteformer or transformers model)")
+    opts = _layerwise_options(cfg.options)
     check_output_dir(cfg.out, overwrite=cfg.overwrite)  # before any work
-    opts = cfg.options
     model = load_for_analysis(resolve_model_dir(cfg.checkpoint)).eval()
     if opts.get("inputs"):
         x = torch.load(str(opts["inputs"]), map_location="cpu", weights_only=True)
         if not isinstance(x, torch.Tensor):
             raise ConfigError(f"options.inputs {opts['inputs']!r} must hold one tensor (images or token ids)")
     else:
-        x = example_inputs(model, int(opts.get("samples", 8)), int(opts.get("seq_len", 32)), cfg.seed)
+        x = example_inputs(model, opts["samples"], opts["seq_len"], cfg.seed)
         print("note: no options.inputs given: the rates are measured on random inputs")
     with staged_output(cfg.out, overwrite=cfg.overwrite) as stage:
-        report = layerwise_report(model, x, eps=float(opts.get("eps", 0.5)), out_dir=stage, plot=cfg.plots,
-                                  features=str(opts.get("features", "output")), subspaces=opts.get("subspaces"))
+        try:
+            report = layerwise_report(model, x, eps=opts["eps"], out_dir=stage, plot=cfg.plots,
+                                      features=opts["features"], subspaces=opts.get("subspaces"))
+        except (ValueError, TypeError) as err:  # its argument checks: options that do not fit this model
+            raise UsageError(str(err)) from None
     print(report.to_markdown())
     print(f"report: {cfg.out}/layerwise_report.json" + (f", {cfg.out}/layerwise_report.png" if cfg.plots else ""))
     return 0
+
+
+#: bounds of analyze layerwise's random inputs (options.samples x options.seq_len tokens)
+LAYERWISE_MAX_SAMPLES = 4096
+LAYERWISE_MAX_SEQ_LEN = 65536
+
+
+def _layerwise_options(opts: Dict) -> Dict:
+    """``analyze layerwise``'s options with their defaults, checked (a :class:`UsageError` naming the
+    option): samples / seq_len integers in [1, bound], eps a finite number > 0, subspaces an integer
+    >= 1, features 'output' or 'input'."""
+    import math
+
+    from ._checks import is_int, is_real
+
+    out = {"samples": 8, "seq_len": 32, "eps": 0.5, "features": "output", **opts}
+    for k, cap in (("samples", LAYERWISE_MAX_SAMPLES), ("seq_len", LAYERWISE_MAX_SEQ_LEN)):
+        if not (is_int(out[k]) and 1 <= out[k] <= cap):
+            raise UsageError(f"options.{k} must be an integer in [1, {cap}], got {out[k]!r}")
+    if not (is_real(out["eps"]) and math.isfinite(out["eps"]) and out["eps"] > 0):
+        raise UsageError(f"options.eps must be a finite number > 0, got {out['eps']!r}")
+    if out.get("subspaces") is not None and not (is_int(out["subspaces"]) and out["subspaces"] >= 1):
+        raise UsageError(f"options.subspaces must be an integer >= 1, got {out['subspaces']!r}")
+    if out["features"] not in ("output", "input"):
+        raise UsageError(f"options.features must be 'output' or 'input', got {out['features']!r}")
+    if out.get("inputs") is not None and not isinstance(out["inputs"], str):
+        raise UsageError(f"options.inputs must be the path of a .pt file holding one tensor, got {out['inputs']!r}")
+    return out
 
 
 # ---------------------------------------------------------------------------------- entry point

@@ -105,3 +105,29 @@ def test_config_file_errors_say_what_is_wrong(tmp_path, capsys, kind):
     assert main(["train", "-c", path]) == 2
     line = _one_error_line(capsys, path)
     assert {"dir": "is a directory", "device": "not a regular file", "syntax": "line 3"}[kind] in line
+
+
+@pytest.mark.parametrize("option, needle", [
+    ("d=-1", "option d must be an integer >= 1"), ("d=abc", "option d must be an integer"),
+    ("alpha=.nan", "option alpha must be a finite number"), ("eps_sweep=[.nan]", "eps_sweep"),
+    ("d=100000000", "sizes too large"), ("n=100000000000", "sizes too large"), ("layers=100000000", "at most 1024")])
+def test_eca_toy_option_values_are_checked_before_running(tmp_path, capsys, option, needle):
+    """Values of known options reached the toy unchecked: a traceback (ValueError, TypeError, a
+    LinAlgError) or an allocation of 80 PB."""
+    assert main(["analyze", "eca-toy", "--small", f"options.{option}", "--out", str(tmp_path / "a")]) == 2
+    _one_error_line(capsys, needle)
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("option, needle", [
+    ("samples=-1", "options.samples must be an integer in [1, 4096]"), ("samples=abc", "options.samples"),
+    ("samples=100000000000", "options.samples"), ("seq_len=0", "options.seq_len"), ("eps=-1", "options.eps"),
+    ("eps=abc", "options.eps"), ("subspaces=0", "options.subspaces"), ("features=bogus", "options.features"),
+    ("inputs=5", "options.inputs"), ("subspaces=2", "subspaces and attention_mask apply to transformers models")])
+def test_layerwise_option_values_are_one_error_line(tmp_path, capsys, deit_dir, option, needle):
+    """Each was a traceback (negative dimension, int('abc'), a 25 TB allocation, the report's own
+    ValueError) or, for seq_len=0, silently accepted."""
+    rc = main(["analyze", "layerwise", "--checkpoint", deit_dir, f"options.{option}", "--out", str(tmp_path / "a")])
+    assert rc == 2
+    _one_error_line(capsys, needle)
+    assert not (tmp_path / "a").exists()

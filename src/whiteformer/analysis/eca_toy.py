@@ -342,19 +342,56 @@ def run(out_dir, seed: int = 0, *, config: Optional[ToyConfig] = None, small: bo
         torch.set_num_threads(old)
 
 
-def check_overrides(overrides) -> None:
-    """Every name in ``overrides`` is a field of :class:`ToyConfig` (else a ``ValueError`` listing them)."""
-    names = [f.name for f in dataclasses.fields(ToyConfig)]
-    unknown = sorted(k for k in overrides if k not in names)
+#: bounds of the toy's sizes (checked before anything is built): the data is (d, n, active_dims) float64
+MAX_ELEMENTS = 2 ** 27
+MAX_DEPTH = 1024  # layers, train_layers
+MAX_REPEATS = 10_000  # epochs, sweep_repeats
+_AT_LEAST_0 = {"epochs", "eps", "noise_std", "alpha", "beta"}
+
+
+def check_overrides(overrides, base: Optional[ToyConfig] = None) -> None:
+    """Every name in ``overrides`` is a field of :class:`ToyConfig` with a value of its type and range,
+    and the resulting sizes (``base`` with the overrides; default :class:`ToyConfig`) are bounded; else a ``ValueError`` naming
+    the option (a non-finite step or a huge size would give NaN results or exhaust memory)."""
+    import math
+
+    from .._checks import is_int, is_real
+
+    fields = {f.name: f.type for f in dataclasses.fields(ToyConfig)}
+    unknown = sorted(k for k in overrides if k not in fields)
     if unknown:
         raise ValueError(f"unknown eca-toy option(s) {', '.join(map(repr, unknown))}; valid options: "
-                         f"{', '.join(names)}")
+                         f"{', '.join(fields)}")
+    for k, v in overrides.items():
+        low = 0 if k in _AT_LEAST_0 else 1
+        kind = fields[k] if isinstance(fields[k], str) else fields[k].__name__
+        if kind == "int" and not (is_int(v) and v >= low):
+            raise ValueError(f"eca-toy option {k} must be an integer >= {low}, got {v!r}")
+        if kind == "float" and not (is_real(v) and math.isfinite(v) and (v >= 0 if low == 0 else v > 0)):
+            raise ValueError(f"eca-toy option {k} must be a finite number {'>= 0' if low == 0 else '> 0'}, got {v!r}")
+        if kind == "tuple" and not (isinstance(v, (list, tuple)) and v
+                                    and all(is_real(e) and math.isfinite(e) and e >= 0 for e in v)):
+            raise ValueError(f"eca-toy option {k} must be a non-empty list of finite numbers >= 0, got {v!r}")
+    cfg = dataclasses.replace(base or ToyConfig(), **overrides)
+    if cfg.num_subspaces * cfg.subspace_dim > cfg.d:
+        raise ValueError(f"eca-toy: num_subspaces * subspace_dim = {cfg.num_subspaces * cfg.subspace_dim} orthogonal "
+                         f"directions do not fit in d = {cfg.d}")
+    if not cfg.active_dims <= cfg.subspace_dim:
+        raise ValueError(f"eca-toy option active_dims must be <= subspace_dim = {cfg.subspace_dim}, got {cfg.active_dims}")
+    size = max(cfg.d * cfg.d, cfg.d * cfg.n * cfg.active_dims, cfg.n * cfg.num_subspaces * cfg.rank)
+    if size > MAX_ELEMENTS:
+        raise ValueError(f"eca-toy sizes too large (d={cfg.d}, n={cfg.n}, active_dims={cfg.active_dims}, "
+                         f"rank={cfg.rank}: {size} elements in one tensor, at most {MAX_ELEMENTS})")
+    for k in ("layers", "train_layers", "epochs", "sweep_repeats"):
+        cap = MAX_DEPTH if "layers" in k else MAX_REPEATS
+        if getattr(cfg, k) > cap:
+            raise ValueError(f"eca-toy option {k} must be at most {cap}, got {getattr(cfg, k)}")
 
 
 def _run(out_dir, seed, config, small, plots, dtype, overrides) -> dict:
     t_start = time.perf_counter()
     cfg = config or (SMALL if small else ToyConfig())
-    check_overrides(overrides)
+    check_overrides(overrides, cfg)
     if overrides:
         cfg = dataclasses.replace(cfg, **overrides)
     out = Path(out_dir)
