@@ -53,6 +53,23 @@ def test_compress_unknown_device_is_one_line(tmp_path, capsys, deit_dir, device)
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.parametrize("device", ["meta", "mps", "xpu"])
+def test_a_device_torch_knows_but_cannot_use_here_is_one_line(tmp_path, capsys, deit_dir, device):
+    """Each was a traceback from inside a command (autocast on 'meta', 'not linked with support for
+    mps devices', 'Torch not compiled with XPU enabled')."""
+    pytest.importorskip("sklearn")
+    if device == "mps" and __import__("torch").backends.mps.is_available():
+        pytest.skip("this machine has MPS")
+    for argv in (["eval", "--checkpoint", deit_dir, "--dataset", "digits"],
+                 ["train", "--model", "deit_t_p16", "--dataset", "digits", *TINY, "--out", str(tmp_path / "r")]):
+        assert main([*argv, "--device", device]) == 2
+        _one_error_line(capsys, f"device {device!r} cannot compute in this process", "--device cpu")
+    assert compress_main(["--checkpoint", deit_dir, "--qk-rank", "4", "--device", device,
+                          "--out", str(tmp_path / "c")]) == 2
+    _one_error_line(capsys, f"device {device!r} cannot compute")
+    assert not (tmp_path / "c").exists() and not (tmp_path / "r").exists()
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["--seed", str(2 ** 70)], "seed must be an integer in [0, 2**63 - 1]"),
     (["--report-images", "-1"], "report_images must be >= 0"),

@@ -65,7 +65,8 @@ class DistInfo:
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
     """"auto" -> cuda (the local rank's GPU) if available, else cpu; otherwise ``torch.device(spec)``.
-    A device name torch does not know, or CUDA where there is none, is a :class:`ConfigError`."""
+    A device name torch does not know, CUDA where there is none, or another device this process cannot
+    compute on (``meta``, ``mps`` / ``xpu`` / ... without their backend) is a :class:`ConfigError`."""
     from .configuration import ConfigError, check_device
 
     if spec in ("auto", "", None):
@@ -76,6 +77,12 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
             raise ConfigError(f"device {spec!r} requested but CUDA is not available; use --device cpu")
         if device.index is None:
             device = torch.device("cuda", local_rank)
+    elif device.type != "cpu":
+        try:  # one small computation, read back: what every command does with its device
+            (torch.ones(1, device=device) + 1).cpu()
+        except Exception as err:  # noqa: BLE001 - each backend fails its own way (NotImplementedError, ...)
+            raise ConfigError(f"device {spec!r} cannot compute in this process ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else '-'}); use --device cpu") from None
     return device
 
 
