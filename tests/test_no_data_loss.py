@@ -379,3 +379,28 @@ def test_save_pretrained_keeps_other_files_and_never_writes_through_links(tmp_pa
         assert (folder / "notes.txt").read_text() == "mine"
         assert not (folder / "model.safetensors").is_symlink() and not (folder / "config.json").is_symlink()
         assert (folder / "model.safetensors").stat().st_size > 1000
+
+
+def test_save_pretrained_with_a_variant_never_writes_through_links(tmp_path):
+    """``save_pretrained(d, variant="fp16", max_shard_size=...)`` wrote its shard index
+    ``model.safetensors.index.fp16.json`` through a link of that name into the link's target
+    (``transformers`` opens the index with ``open(path, "w")``)."""
+    pytest.importorskip("transformers")
+    import whiteformer.hf  # noqa: F401
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("whiteformer-tost-lm", model_name="tost_lm_base",
+                                  init_kwargs=dict(vocab_size=16, dim=16, depth=1, num_heads=2, max_len=8))
+    model = AutoModelForCausalLM.from_config(config)
+    outside, folder = tmp_path / "outside", tmp_path / "m"
+    outside.mkdir()
+    folder.mkdir()
+    names = ["model.safetensors.index.fp16.json", "model.fp16.safetensors", "config.json", "model.fp32.safetensors"]
+    for n in names:
+        (outside / n).write_text("theirs")
+        (folder / n).symlink_to(outside / n)
+    kept = snapshot(outside)
+    model.save_pretrained(folder, variant="fp16", max_shard_size="1KB")
+    assert snapshot(outside) == kept
+    assert json.loads((folder / "model.safetensors.index.fp16.json").read_text())["weight_map"]
+    assert (folder / "model.fp32.safetensors").is_symlink()  # not a name this save writes: left alone

@@ -99,8 +99,13 @@ def _refuse_labels(model, kwargs, head_class: str) -> None:
                          f"with {head_class} to train on labels")
 
 
-#: the names ``save_pretrained`` writes
-_WRITTEN = re.compile(r"(generation_)?config\.json|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json")
+def _written(variant: Optional[str] = None) -> "re.Pattern":
+    """The names ``save_pretrained(..., variant=variant)`` writes: the configs, the weights (one file or
+    shards) and the shard index, with ``transformers``' variant infix (``model.fp16.safetensors``,
+    ``model.fp16-00001-of-00002.safetensors``, ``model.safetensors.index.fp16.json``)."""
+    v = rf"\.{re.escape(variant)}" if variant else ""
+    return re.compile(rf"(generation_)?config\.json|model{v}(-\d{{5}}-of-\d{{5}})?\.safetensors"
+                      rf"|model\.safetensors\.index{v}\.json")
 
 
 class WhiteformerPreTrainedModel(PreTrainedModel):
@@ -161,10 +166,10 @@ class WhiteformerPreTrainedModel(PreTrainedModel):
         one of those is removed first, so its target is never written through. Then the folder's
         ``whiteformer_auto.py`` (what ``auto_map`` names, so that ``trust_remote_code=True`` loads it
         without ``import whiteformer``)."""
-        folder = Path(save_directory)
+        folder, written = Path(save_directory), _written(kwargs.get("variant"))
         if folder.is_dir():
             for p in folder.iterdir():
-                if p.is_symlink() and _WRITTEN.fullmatch(p.name):
+                if p.is_symlink() and written.fullmatch(p.name):
                     p.unlink()
         out = super().save_pretrained(save_directory, *args, **kwargs)
         write_remote_code(save_directory)
