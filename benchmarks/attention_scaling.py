@@ -446,7 +446,7 @@ def plot(rows: List[Dict[str, Any]], out_dir: Path, suffix: str = "") -> List[Pa
         axes[0][0].legend(fontsize=8)
         fig.tight_layout()
         p = out_dir / f"attention_scaling_{axis}{suffix}.png"
-        fig.savefig(p, dpi=110)
+        common.save_figure(fig, p, dpi=110)
         plt.close(fig)
         paths.append(p)
     return paths
@@ -508,7 +508,7 @@ def run(*, quick: bool = False, out_dir: Optional[Path] = None, methods: Optiona
         rows = result["rows"]
     if write:
         common.write_json(out_dir / f"attention_scaling{suffix}.json", result)
-        (out_dir / f"attention_scaling{suffix}.md").write_text(tables(rows) + "\n" + breakdown_table(profiles))
+        common.write_text(out_dir / f"attention_scaling{suffix}.md", tables(rows) + "\n" + breakdown_table(profiles))
         result["plots"] = [str(p) for p in plot(rows, out_dir, suffix)]
     return result
 

@@ -36,6 +36,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
 
+from whiteformer._files import save_figure, write_text  # noqa: F401 - the benchmarks write through these
+
 # Children forked from the forkserver re-run the parent's ``__main__`` module (multiprocessing's
 # "prepare" step); when that module was preloaded, runpy warns about it. Harmless: silence it.
 warnings.filterwarnings("ignore", message=r".*found in sys\.modules after import of package.*",
@@ -402,11 +404,11 @@ def default_out_dir(quick: bool) -> Path:
 
 
 def write_json(path: Path, obj: Any) -> Path:
+    """``obj`` as indented JSON, written whole or not at all (a link at ``path`` is replaced, never
+    written through); the results files are replaced by every run."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=1, default=_json_default)
-        f.write("\n")
-    return path
+    return write_text(path, json.dumps(obj, indent=1, default=_json_default) + "\n")
 
 
 def fmt_time(s: Optional[float]) -> str:

@@ -187,7 +187,7 @@ def run(*, quick: bool = False, out_dir: Optional[Path] = None, threads: Optiona
     if write and rows:
         suffix = "_quick" if quick else ""
         common.write_json(out_dir / f"compressed_attention{suffix}.json", result)
-        (out_dir / f"compressed_attention{suffix}.md").write_text(tables(rows))
+        common.write_text(out_dir / f"compressed_attention{suffix}.md", tables(rows))
     return result
 
 

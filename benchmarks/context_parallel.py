@@ -89,7 +89,7 @@ def _bytes_worker(rank: int, store: str, lengths: List[int], out: str, threads: 
                          "collectives_backward": [r.op for r in bwd.records],
                          "ring_attention": ring_attention_bytes(n, d, WORLD, b)})
     if rank == 0:
-        Path(out).write_text(json.dumps(rows))
+        common.write_text(out, json.dumps(rows))
     dist.barrier()
     cleanup()
 
@@ -139,7 +139,7 @@ def _memory_worker(rank: int, world: int, store: Optional[str], n: int, repeats:
             dist.barrier()
         runs.append(_forward_stats(model, idx))
     res = {"rank": rank, "world": world, "tokens_here": idx.shape[1], "runs": runs}
-    Path(f"{out}.{rank}").write_text(json.dumps(res))
+    common.write_text(f"{out}.{rank}", json.dumps(res))
     if world > 1:
         del model
         dist.barrier()

@@ -230,7 +230,7 @@ def plot(rows: List[Dict[str, Any]], out_dir: Path, suffix: str = "") -> Path:
     fig.suptitle(f"causal generation, batch 1 ({env['machine']}, {env['threads']} threads)", fontsize=10)
     fig.tight_layout()
     p = out_dir / f"generation{suffix}.png"
-    fig.savefig(p, dpi=110)
+    common.save_figure(fig, p, dpi=110)
     plt.close(fig)
     return p
 
@@ -276,7 +276,7 @@ def run(*, quick: bool = False, out_dir: Optional[Path] = None, configs: Optiona
     if write and rows:
         suffix = "_quick" if quick else ""
         common.write_json(out_dir / f"generation{suffix}.json", result)
-        (out_dir / f"generation{suffix}.md").write_text(tables(rows, summary))
+        common.write_text(out_dir / f"generation{suffix}.md", tables(rows, summary))
         result["plots"] = [str(plot(rows, out_dir, suffix))]
     return result
 

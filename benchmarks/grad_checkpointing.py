@@ -97,7 +97,7 @@ def run(*, quick: bool = False, out_dir: Optional[Path] = None, overrides: Optio
     if rows:
         suffix = "_quick" if quick else ""
         common.write_json(out_dir / f"grad_checkpointing{suffix}.json", result)
-        (out_dir / f"grad_checkpointing{suffix}.md").write_text(tables(result))
+        common.write_text(out_dir / f"grad_checkpointing{suffix}.md", tables(result))
     return result
 
 

@@ -279,7 +279,7 @@ def run(*, quick: bool = False, out_dir: Optional[Path] = None, overrides: Optio
     if write and rows:
         suffix = "_quick" if quick else ""
         common.write_json(out_dir / f"lm_model{suffix}.json", result)
-        (out_dir / f"lm_model{suffix}.md").write_text(tables(result))
+        common.write_text(out_dir / f"lm_model{suffix}.md", tables(result))
     return result
 
 

@@ -785,7 +785,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Path:
     p.add_argument("--quick", action="store_true", help="render the *_quick files (of a --quick run)")
     a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(render(a.results, "_quick" if a.quick else ""))
+    common.write_text(a.out, render(a.results, "_quick" if a.quick else ""))
     common.log(f"wrote {a.out}")
     return a.out
 

@@ -265,3 +265,19 @@ def test_context_parallel_bytes_are_flat_in_the_length():
     ring = [r["ring_attention"]["forward"] for r in rows if r["layer"] == "tssa"]
     assert ring[1] == 4 * ring[0]
     assert "has not written" in "\n".join(cp.section(None))
+
+
+def test_results_are_written_whole_and_never_through_a_link(tmp_path):
+    """The result files (JSON, markdown, figures) were written with ``open(path, "w")``: through a
+    link in benchmarks/results into its target, and half-written when the run was killed."""
+    target = tmp_path / "elsewhere.json"
+    target.write_text("theirs")
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "gpu.json").symlink_to(target)
+    (out / "gpu.md").symlink_to(target)
+    common.write_json(out / "gpu.json", {"a": 1})
+    common.write_text(out / "gpu.md", "| a |")
+    assert target.read_text() == "theirs"
+    assert json.loads((out / "gpu.json").read_text()) == {"a": 1} and (out / "gpu.md").read_text() == "| a |"
+    assert sorted(p.name for p in out.iterdir()) == ["gpu.json", "gpu.md"]
