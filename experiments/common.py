@@ -24,6 +24,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 
+from whiteformer._files import atomic_write, write_text
 from whiteformer._utils import count_params, to_jsonable
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,25 +82,29 @@ def read_json(path: Path) -> Optional[dict]:
 
 
 def write_json(path: Path, obj: Any) -> None:
+    """Written whole or not at all, a link at ``path`` replaced (never written through)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
     # the package's converter (tensors -> lists, non-finite floats -> "nan"/"inf"); other objects (paths) as text
-    tmp.write_text(json.dumps(to_jsonable(obj, tensors=True), indent=1, default=str), encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, json.dumps(to_jsonable(obj, tensors=True), indent=1, default=str))
 
 
 def write_csv(path: Path, rows: List[dict]) -> None:
+    """As :func:`write_json`: whole or not at all, never through a link."""
     if not rows:
         return
     keys: List[str] = []
     for r in rows:
         keys += [k for k in r if k not in keys]
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: _fmt(r.get(k)) for k in keys})
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: _fmt(r.get(k)) for k in keys})
+
+    atomic_write(path, write)
 
 
 def _fmt(v):

@@ -747,7 +747,7 @@ def main(argv=None) -> int:
     if notes.exists():
         out.append(notes.read_text(encoding="utf-8").strip() + "\n")
     DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text("\n".join(out), encoding="utf-8")
+    C.write_text(DOC, "\n".join(out))
     print(f"wrote {DOC}")
     return 0
 

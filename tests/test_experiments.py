@@ -161,3 +161,20 @@ def test_make_results_md_reads_only_result_files(roots, tmp_path):
     assert "| irratt_rank_0.5 | rank |" in text and "protocol rank (the paper's)" in text
     assert "## Summary" in text
     assert "## 9. Long-Range-Arena encoders" in text and "| pathfinder | Pathfinder 32x32, 1024 |" in text
+
+
+def test_result_files_are_written_whole_and_never_through_a_link(tmp_path):
+    """write_csv opened the path for writing (through a link into its target, half a table when
+    killed); write_json wrote a fixed NAME.tmp (through a link of that name, and two runs collided)."""
+    import common
+
+    target = tmp_path / "elsewhere"
+    target.write_text("theirs")
+    for name in ("runs.csv", "results.json", "results.json.tmp"):
+        (tmp_path / name).symlink_to(target)
+    common.write_csv(tmp_path / "runs.csv", [{"a": 1.5, "b": "x"}])
+    common.write_json(tmp_path / "results.json", {"a": 1})
+    assert target.read_text() == "theirs"
+    assert list(csv.DictReader(open(tmp_path / "runs.csv"))) == [{"a": "1.5", "b": "x"}]
+    assert json.loads((tmp_path / "results.json").read_text()) == {"a": 1}
+    assert (tmp_path / "results.json.tmp").is_symlink()  # not a name the writer owns: left alone
