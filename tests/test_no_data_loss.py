@@ -165,6 +165,25 @@ def test_overwrite_never_writes_or_deletes_through_links(finished, tmp_path, cap
 
 
 # ----------------------------------------------------------------------------- item 5: shipped configs
+def test_a_linked_lock_file_is_never_written_through(finished, tmp_path, capsys):
+    """The run lock was opened with O_CREAT (links followed), truncated and rewritten with the holder's
+    pid and command: a ``.whiteformer-run.lock`` link replaced the user's file it pointed to, even for a
+    run refused right after (a dangling link created its target)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    run = _copy(finished, tmp_path / "run")
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    for d, target in ((run, victim), (fresh, victim), (tmp_path / "dangling", tmp_path / "created.txt")):
+        d.mkdir(exist_ok=True)
+        (d / LOCK_NAME).unlink(missing_ok=True)
+        (d / LOCK_NAME).symlink_to(target)
+        for resume in (False, True):
+            rc = main(["train", *SUBSPACES, "--steps", "1", "--out", str(d)] + (["--resume"] if resume else []))
+            refused(capsys, rc, LOCK_NAME, "symbolic link")
+    assert victim.read_text() == "precious" and not (tmp_path / "created.txt").exists()
+
+
 def test_no_shipped_config_says_overwrite():
     configs = sorted((Path(__file__).resolve().parents[1] / "src" / "whiteformer" / "configs").glob("*.y*ml"))
     assert configs

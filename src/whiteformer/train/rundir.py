@@ -49,9 +49,14 @@ class RunLock:
         import fcntl
 
         self.path = Path(run_dir) / LOCK_NAME
+        if self.path.is_symlink():  # opening it would truncate and write the link's target
+            raise ConfigError(f"--out {str(run_dir)!r}: its lock file {LOCK_NAME} is a symbolic link (to "
+                              f"{os.readlink(self.path)!r}); a run never writes through a link: remove the link, or "
+                              f"choose another --out")
         try:
             Path(run_dir).mkdir(parents=True, exist_ok=True)
-            self.fd: Optional[int] = os.open(str(self.path), os.O_RDWR | os.O_CREAT, 0o644)
+            self.fd: Optional[int] = os.open(str(self.path), os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
+                                             0o644)
         except OSError as err:
             raise ConfigError(f"--out {str(run_dir)!r}: cannot create the run directory ({err.strerror or err})") \
                 from err
