@@ -165,6 +165,17 @@ def test_overwrite_never_writes_or_deletes_through_links(finished, tmp_path, cap
 
 
 # ----------------------------------------------------------------------------- item 5: shipped configs
+def test_a_dangling_metrics_link_is_replaced_not_written_through(finished, tmp_path, capsys):
+    """``metrics.jsonl`` is appended to; a dangling link there (``--resume``) made the run create the
+    link's target outside the run directory and log into it."""
+    run = _copy(finished, tmp_path / "run")
+    (run / "metrics.jsonl").unlink()
+    (run / "metrics.jsonl").symlink_to(tmp_path / "outside.jsonl")
+    assert main(["train", "--out", str(run), "--resume", "--steps", "3"]) == 0
+    assert not (tmp_path / "outside.jsonl").exists() and not (run / "metrics.jsonl").is_symlink()
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
+
+
 def test_a_linked_lock_file_is_never_written_through(finished, tmp_path, capsys):
     """The run lock was opened with O_CREAT (links followed), truncated and rewritten with the holder's
     pid and command: a ``.whiteformer-run.lock`` link replaced the user's file it pointed to, even for a

@@ -56,6 +56,8 @@ class MetricsLogger:
                 self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
             except Exception:  # noqa: BLE001 - tensorboard is optional
                 self._tb = None
+        if enabled and self.path.is_symlink():  # appending would write through it (a dangling one: create its target)
+            write_text(self.path, self.path.read_text(encoding="utf-8") if self.path.is_file() else "")
         self._f = open(self.path, "a", encoding="utf-8") if enabled else None
 
     def log(self, record: Dict[str, Any]) -> None:
