@@ -74,6 +74,7 @@ def test_a_device_torch_knows_but_cannot_use_here_is_one_line(tmp_path, capsys, 
     (["--seed", str(2 ** 70)], "seed must be an integer in [0, 2**63 - 1]"),
     (["--report-images", "-1"], "report_images must be >= 0"),
     (["--device", "gpu7"], "device must be"),
+    (["--num-threads", "100000"], "num_threads must be in [0, "),  # was SIGSEGV (libgomp from ~32768)
 ])
 def test_train_refuses_out_of_range_options(tmp_path, capsys, argv, needle):
     assert main(["train", *TINY, "--epochs", "1", "--out", str(tmp_path / "r"), *argv]) == 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,12 @@ def check_device(spec: str):
     except (RuntimeError, ValueError, TypeError) as err:
         raise ConfigError(f"device must be auto, cpu, cuda, cuda:N (or another torch device), got {spec!r} "
                           f"({str(err).splitlines()[0]})") from None
+
+
+def max_threads() -> int:
+    """The most ``num_threads`` accepted: 4 per CPU core (1024 at least). Far more made OpenMP fail to
+    create its threads (``libgomp: Thread creation failed``) or the process crash (100000: SIGSEGV)."""
+    return max(1024, 4 * (os.cpu_count() or 1))
 
 
 def _check_device_name(spec: str) -> None:
@@ -179,7 +186,8 @@ class TrainConfig:
                "ckpt_every and eval_every must be >= 0, log_every >= 1")
         _check(self.keep_last >= 1, f"keep_last must be >= 1, got {self.keep_last}")
         _check(self.eval_batches >= 1, f"eval_batches must be >= 1, got {self.eval_batches}")
-        _check(self.num_threads >= 0, f"num_threads must be >= 0, got {self.num_threads}")
+        _check(0 <= self.num_threads <= max_threads(), f"num_threads must be in [0, {max_threads()}] (0: torch's "
+               f"default; at most 4 per CPU core, 1024 at least), got {self.num_threads}")
         _check(self.throttle >= 0, f"throttle must be >= 0, got {self.throttle}")
         _check(self.ckpt_minutes >= 0, f"ckpt_minutes must be >= 0 (0: off), got {self.ckpt_minutes}")
         _check(not (self.resume and self.overwrite), "resume and overwrite exclude each other: pick one")
