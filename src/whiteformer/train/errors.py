@@ -37,9 +37,23 @@ def user_error(err: BaseException) -> Optional[str]:
         if "No space left" in msg or "os error 28" in msg:
             return f"the disk is full while writing a safetensors file ({msg}); free space or choose another --out"
         return f"cannot read or write a safetensors file (truncated or corrupt?): {msg}"
+    if _out_of_memory(err):
+        return (f"out of memory: {str(err).splitlines()[0]} (the sizes asked for do not fit: use a smaller batch, "
+                f"model or input, or another device)")
     if isinstance(err, (UnicodeDecodeError, EOFError)):
         return f"a file is truncated or not in the expected format: {type(err).__name__}: {err}"
     return None
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    """torch's allocation failures: ``torch.OutOfMemoryError`` (a GPU) or the CPU allocator's
+    ``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory")."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    return ((oom is not None and isinstance(err, oom))
+            or (isinstance(err, RuntimeError) and "can't allocate memory" in str(err)))
 
 
 def debug_requested(argv) -> bool:
