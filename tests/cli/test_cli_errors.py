@@ -158,3 +158,13 @@ def test_an_allocation_that_cannot_succeed_is_one_line(tmp_path, capsys, deit_di
                           "--out", str(tmp_path / "c")]) == 2
     _one_error_line(capsys, "out of memory", "smaller batch")
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("argv, needle", [(["--eval-batches", "0"], "eval_batches must be >= 1"),
+                                          (["--eval-batches", "-2"], "eval_batches must be >= 1"),
+                                          (["--block-size", "-1"], "block_size must be >= 1 (0: the run's)")])
+def test_eval_refuses_out_of_range_language_model_options(tmp_path, capsys, argv, needle):
+    """On a language-model run, --eval-batches 0 printed 'loss 0.0000 (perplexity 1.000, 0 tokens)'
+    and -2 / --block-size -1 were tracebacks; the options are now checked before the checkpoint is read."""
+    assert main(["eval", "--checkpoint", str(tmp_path), *argv]) == 2
+    _one_error_line(capsys, needle)

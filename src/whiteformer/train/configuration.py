@@ -250,6 +250,8 @@ class EvalConfig:
         _check_finite(self)
         _check(bool(self.checkpoint), "give --checkpoint (a run directory or a checkpoint)")
         _check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        _check(self.block_size >= 0, f"block_size must be >= 1 (0: the run's), got {self.block_size}")
+        _check(self.eval_batches >= 1, f"eval_batches must be >= 1, got {self.eval_batches}")
         _check_device_name(self.device)
 
 
