@@ -322,7 +322,10 @@ def analysis_layerwise(cfg) -> int:
 
     from .analysis import layerwise_report
     from .analysis.hidden_states import example_inputs, load_for_analysis
+    from pathlib import Path
+
     from .models import resolve_model_dir
+    from .models.checkpoint import load_torch_file
     from .train.configuration import ConfigError
     from .train.outputs import check_output_dir, staged_output
 
@@ -336,7 +339,7 @@ def analysis_layerwise(cfg) -> int:
     check_output_dir(cfg.out, overwrite=cfg.overwrite)  # before any work
     model = load_for_analysis(resolve_model_dir(cfg.checkpoint)).eval()
     if opts.get("inputs"):
-        x = torch.load(str(opts["inputs"]), map_location="cpu", weights_only=True)
+        x = load_torch_file(Path(opts["inputs"]))  # a file that is no torch file is named as such
         if not isinstance(x, torch.Tensor):
             raise ConfigError(f"options.inputs {opts['inputs']!r} must hold one tensor (images or token ids)")
     else:

@@ -168,3 +168,14 @@ def test_eval_refuses_out_of_range_language_model_options(tmp_path, capsys, argv
     and -2 / --block-size -1 were tracebacks; the options are now checked before the checkpoint is read."""
     assert main(["eval", "--checkpoint", str(tmp_path), *argv]) == 2
     _one_error_line(capsys, needle)
+
+
+def test_layerwise_inputs_of_random_bytes_are_named_as_not_a_torch_file(tmp_path, capsys, deit_dir):
+    """``options.inputs=FILE`` of random bytes was called a pickle 'which could run code' (torch's
+    weights-only preamble, the file unnamed), as issue 21 item 14 found for checkpoints."""
+    junk = tmp_path / "inputs.pt"
+    junk.write_bytes(bytes(range(256)) * 4)
+    rc = main(["analyze", "layerwise", "--checkpoint", deit_dir, f"options.inputs={junk}", "--out", str(tmp_path / "a")])
+    assert rc == 2
+    line = _one_error_line(capsys, str(junk), "is not a valid torch checkpoint")
+    assert "could run code" not in line

@@ -311,7 +311,7 @@ def _check_aliases_tied(model: nn.Module, aliases: Mapping[str, str], path) -> N
 _REFUSED_OBJECT = ("GLOBAL", "global", "allowlist", "Can only")
 
 
-def _torch_load(path: Path):
+def load_torch_file(path: Path):
     """``torch.load(path, weights_only=True)`` (``argparse.Namespace`` allowed); a file that is not
     a torch checkpoint at all is a :class:`CheckpointFileError`, a pickle holding objects other
     than tensors stays torch's ``UnpicklingError`` (refused: such objects could run code)."""
@@ -373,7 +373,7 @@ def read_state_dict(path: PathLike) -> Dict[str, torch.Tensor]:
     elif path.suffix == ".safetensors":
         sd = _load_safetensors(path)
     elif path.suffix in _TORCH_EXTS:
-        sd = _torch_load(path)
+        sd = load_torch_file(path)
         for entry in ("model", "state_dict"):
             if isinstance(sd, Mapping) and isinstance(sd.get(entry), Mapping):
                 sd = sd[entry]
