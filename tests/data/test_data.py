@@ -102,6 +102,9 @@ def test_mnist_missing_directory_and_files(tmp_path):
         build_dataset("mnist", "train")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         build_dataset("mnist", "train", data_dir=str(tmp_path / "nope"))
+    (tmp_path / "a_file").write_text("not a directory")
+    with pytest.raises(FileNotFoundError, match="'.*a_file' is not a directory"):  # said "does not exist"
+        build_dataset("mnist", "train", data_dir=str(tmp_path / "a_file"))
     with pytest.raises(FileNotFoundError, match="train-images-idx3-ubyte"):
         build_dataset("mnist", "train", data_dir=str(tmp_path))
 
@@ -220,6 +223,8 @@ def test_text_reads_xz_and_gz(tmp_path):
         assert torch.equal(build_dataset("text", "train", data_dir=str(tmp_path / name)).tokens, ref)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         build_dataset("text", path=str(tmp_path / "missing.txt"))
+    with pytest.raises(FileNotFoundError, match="'/dev/zero' is not a regular file"):  # said "does not exist"
+        build_dataset("text", path="/dev/zero")
     with pytest.raises(ValueError, match="is a directory"):
         build_dataset("text", data_dir=str(tmp_path))
 

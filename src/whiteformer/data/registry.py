@@ -78,7 +78,8 @@ def check_data_dir(data_dir, dataset: str) -> Path:
         raise ValueError(f"dataset {dataset!r} needs a data directory: pass --data-dir DIR (data_dir=DIR)")
     path = Path(os.path.expanduser(str(data_dir)))
     if not path.is_dir():
-        raise FileNotFoundError(f"dataset {dataset!r}: data directory {str(path)!r} does not exist")
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise FileNotFoundError(f"dataset {dataset!r}: data directory {str(path)!r} {what}")
     return path
 
 

@@ -34,7 +34,8 @@ def read_text(path) -> str:
     """Read a (possibly .xz / .gz / .lzma compressed) UTF-8 text file."""
     path = Path(os.path.expanduser(str(path)))
     if not path.is_file():
-        raise FileNotFoundError(f"text file {str(path)!r} does not exist")
+        what = "is not a regular file" if path.exists() else "does not exist"
+        raise FileNotFoundError(f"text file {str(path)!r} {what}")
     if path.suffix in (".xz", ".lzma"):
         opener = lzma.open
     elif path.suffix == ".gz":
