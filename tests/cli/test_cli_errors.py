@@ -179,3 +179,10 @@ def test_layerwise_inputs_of_random_bytes_are_named_as_not_a_torch_file(tmp_path
     assert rc == 2
     line = _one_error_line(capsys, str(junk), "is not a valid torch checkpoint")
     assert "could run code" not in line
+
+
+def test_a_deprecated_spelling_with_a_usage_error_is_still_one_line(tmp_path, capsys, deit_dir):
+    """``compress --model-arg bogus`` printed the deprecation note and then the usage error: two lines."""
+    assert compress_main(["--checkpoint", deit_dir, "--qk-rank", "4", "--model-arg", "bogus",
+                          "--out", str(tmp_path / "c")]) == 2
+    _one_error_line(capsys, "expected KEY=VALUE, got 'bogus'")

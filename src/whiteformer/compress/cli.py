@@ -23,7 +23,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -251,10 +251,12 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _one_option_style(argv: List[str]) -> List[str]:
+def _one_option_style(argv: List[str]) -> Tuple[List[str], List[str]]:
     """``model_args.K=V`` / ``--model-args.K=V`` (the style of ``whiteformer train``) into the parser's
-    ``--model-arg K=V``; the old spellings ``--model-arg`` and ``--data`` still work, with a note."""
+    ``--model-arg K=V``; the old spellings ``--model-arg`` and ``--data`` still work: ``(argv, notes)``,
+    the notes saying so printed once the command line parsed (a usage error stays one line)."""
     out: List[str] = []
+    notes: List[str] = []
     for tok in argv:
         body = tok[2:] if tok.startswith("--") else tok
         for prefix in ("model_args.", "model-args."):
@@ -263,25 +265,26 @@ def _one_option_style(argv: List[str]) -> List[str]:
                 break
         else:
             if tok == "--model-arg" or tok.startswith("--model-arg="):
-                print("whiteformer compress: note: --model-arg KEY=VALUE is deprecated; write model_args.KEY=VALUE",
-                      file=sys.stderr)
+                notes.append("--model-arg KEY=VALUE is deprecated; write model_args.KEY=VALUE")
             elif tok == "--data" or tok.startswith("--data="):
-                print("whiteformer compress: note: --data is deprecated; write --dataset", file=sys.stderr)
+                notes.append("--data is deprecated; write --dataset")
             out.append(tok)
-    return out
+    return out, list(dict.fromkeys(notes))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``whiteformer compress``; returns the exit code (2 for usage errors)."""
     from ..train.errors import debug_requested, user_error
 
-    argv = _one_option_style(list(sys.argv[1:] if argv is None else argv))
+    argv, notes = _one_option_style(list(sys.argv[1:] if argv is None else argv))
     debug = debug_requested(argv)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as err:  # --help (0) or a usage error (2, message already printed)
         return int(err.code or 0)
+    for note in notes:
+        print(f"whiteformer compress: note: {note}", file=sys.stderr)
     try:
         return _run(args)
     except Exception as err:  # noqa: BLE001 - user errors become one line; bugs keep their traceback
