@@ -186,3 +186,15 @@ def test_a_deprecated_spelling_with_a_usage_error_is_still_one_line(tmp_path, ca
     assert compress_main(["--checkpoint", deit_dir, "--qk-rank", "4", "--model-arg", "bogus",
                           "--out", str(tmp_path / "c")]) == 2
     _one_error_line(capsys, "expected KEY=VALUE, got 'bogus'")
+
+
+def test_a_yaml_alias_bomb_is_refused_when_read(tmp_path, capsys):
+    """A config whose aliases repeat each other ('billion laughs') stalled train: with 10**9 values in
+    model_args the error message alone ran past a minute at 4.6 GB. Here 10**6 (fast either way): it used
+    to be formatted into a multi-megabyte error line."""
+    lines = ["model: deit_t_p16", "dataset: digits", "model_args:", '  x0: &x0 ["x","x","x","x","x","x","x","x","x","x"]']
+    lines += [f"  x{i}: &x{i} [" + ",".join([f"*x{i - 1}"] * 10) + "]" for i in range(1, 6)]
+    (tmp_path / "bomb.yaml").write_text("\n".join(lines) + "\n")
+    assert main(["train", "-c", str(tmp_path / "bomb.yaml"), "--out", str(tmp_path / "r")]) == 2
+    line = _one_error_line(capsys, "bomb.yaml", "expands to more than 100000 values")
+    assert len(line) < 500 and not (tmp_path / "r").exists()

@@ -461,7 +461,29 @@ def load_yaml(path) -> Dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a mapping of option: value")
+    if _expanded_size(data, MAX_CONFIG_VALUES) > MAX_CONFIG_VALUES:
+        raise ConfigError(f"config file {str(p)!r} expands to more than {MAX_CONFIG_VALUES} values (YAML aliases "
+                          f"repeating each other, a 'billion laughs'); a configuration is a few dozen options")
     return data
+
+
+#: the most values (scalars, lists, mappings, counted as read with aliases expanded) a config file may hold
+MAX_CONFIG_VALUES = 100_000
+
+
+def _expanded_size(data: Any, limit: int) -> int:
+    """The number of values in ``data`` with YAML aliases expanded (a shared list counts each time it
+    is used: what printing or copying it costs), counting stops past ``limit``."""
+    n, todo = 0, [data]
+    while todo and n <= limit:
+        v = todo.pop()
+        n += 1
+        if isinstance(v, dict):
+            todo.extend(v.keys())
+            todo.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            todo.extend(v)
+    return n
 
 
 def build_config(cls: Type[T], yaml_path=None, overrides: Union[Sequence[Tuple[str, Any]], Dict[str, Any], None] = None,
