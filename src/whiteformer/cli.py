@@ -337,7 +337,10 @@ def analysis_layerwise(cfg) -> int:
         raise ConfigError("analyze layerwise needs --checkpoint MODEL_DIR (a saved whiteformer or transformers model)")
     opts = _layerwise_options(cfg.options)
     check_output_dir(cfg.out, overwrite=cfg.overwrite)  # before any work
-    model = load_for_analysis(resolve_model_dir(cfg.checkpoint)).eval()
+    try:
+        model = load_for_analysis(resolve_model_dir(cfg.checkpoint)).eval()
+    except (ValueError, TypeError) as err:  # its config.json: not a model's, or sizes refused before building
+        raise ConfigError(f"cannot load {str(cfg.checkpoint)!r}: {str(err).splitlines()[0]}") from err
     if opts.get("inputs"):
         x = load_torch_file(Path(opts["inputs"]))  # a file that is no torch file is named as such
         if not isinstance(x, torch.Tensor):

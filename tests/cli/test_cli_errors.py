@@ -198,3 +198,23 @@ def test_a_yaml_alias_bomb_is_refused_when_read(tmp_path, capsys):
     assert main(["train", "-c", str(tmp_path / "bomb.yaml"), "--out", str(tmp_path / "r")]) == 2
     line = _one_error_line(capsys, "bomb.yaml", "expands to more than 100000 values")
     assert len(line) < 500 and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("config", [{"depth": 200000}, "array"])
+def test_layerwise_of_a_hostile_config_json_is_one_line(tmp_path, capsys, deit_dir, config):
+    """The size check refused depth=200000 before building (as eval does), but analyze layerwise let
+    its ValueError through as a traceback; so was a config.json holding a JSON array."""
+    import json
+    import shutil
+
+    d = tmp_path / "model"
+    shutil.copytree(deit_dir, d)
+    c = json.loads((d / "config.json").read_text())
+    if config == "array":
+        c = [1, 2]
+    else:
+        c["init_kwargs"].update(config)
+    (d / "config.json").write_text(json.dumps(c))
+    assert main(["analyze", "layerwise", "--checkpoint", str(d), "--out", str(tmp_path / "a")]) == 2
+    _one_error_line(capsys, "cannot load", "more than 1024 blocks" if config != "array" else "config.json")
+    assert not (tmp_path / "a").exists()
