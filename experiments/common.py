@@ -14,7 +14,6 @@ Every experiment script:
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import statistics
@@ -24,7 +23,8 @@ from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 
-from whiteformer._files import atomic_write, write_text
+from whiteformer import _files
+from whiteformer._files import write_text
 from whiteformer._utils import count_params, to_jsonable
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,20 +91,8 @@ def write_json(path: Path, obj: Any) -> None:
 
 def write_csv(path: Path, rows: List[dict]) -> None:
     """As :func:`write_json`: whole or not at all, never through a link."""
-    if not rows:
-        return
-    keys: List[str] = []
-    for r in rows:
-        keys += [k for k in r if k not in keys]
-
-    def write(tmp: str) -> None:
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            w = csv.DictWriter(f, fieldnames=keys)
-            w.writeheader()
-            for r in rows:
-                w.writerow({k: _fmt(r.get(k)) for k in keys})
-
-    atomic_write(path, write)
+    if rows:
+        _files.write_csv(path, [{k: _fmt(v) for k, v in r.items()} for r in rows])
 
 
 def _fmt(v):

@@ -194,7 +194,8 @@ def test_attention_registry_same_whatever_is_imported_first(first):
 # One copy of each small helper: the checks live in _checks.py, the module helpers in _utils.py.
 SINGLE_HOME = {"is_int": "_checks", "is_real": "_checks", "check_int": "_checks", "check_probability": "_checks",
                "eval_mode": "_utils", "count_params": "_utils", "to_jsonable": "_utils",
-               "atomic_write": "_files", "save_figure": "_files"}
+               "atomic_write": "_files", "save_figure": "_files",
+               "write_csv": "_files"}
 # local look-alikes the helpers replaced (names of the former copies)
 FORMER_COPIES = {"_check_prob", "_check_rate", "_check_dropout", "check_attn_drop", "_n_params", "_jsonable"}
 

@@ -4,13 +4,12 @@ flushed each record), ``metrics.csv`` (written at the end) and TensorBoard scala
 or evaluation (``eval_*``) values."""
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .._checks import is_real
-from .._files import atomic_write, write_text
+from .._files import write_csv, write_text
 
 __all__ = ["MetricsLogger", "read_metrics", "truncate_metrics"]
 
@@ -79,15 +78,4 @@ class MetricsLogger:
             self._tb.close()
             self._tb = None
         if self.enabled and csv_path is not None:
-            records = read_metrics(self.path)
-            keys: List[str] = []
-            for r in records:
-                keys += [k for k in r if k not in keys]
-
-            def write(tmp: str) -> None:
-                with open(tmp, "w", newline="", encoding="utf-8") as f:
-                    w = csv.DictWriter(f, fieldnames=keys)
-                    w.writeheader()
-                    w.writerows(records)
-
-            atomic_write(csv_path, write)
+            write_csv(csv_path, read_metrics(self.path))
