@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 import torch.nn as nn
 
-from .._files import atomic_write
+from .._files import atomic_write, write_text
 from .._utils import to_jsonable
 from .hf_remote import auto_map, write_remote_code
 
@@ -192,14 +192,9 @@ def save_pretrained(model: nn.Module, save_dir: PathLike) -> Path:
     metadata = {"format": "pt", _ALIAS_KEY: json.dumps(aliases)}
     atomic_write(save_dir / WEIGHTS_NAME, lambda p: save_file(tensors, p, metadata=metadata))
 
-    def write_config(p):
-        with open(p, "w", encoding="utf-8") as f:
-            json.dump(config, f, indent=2, sort_keys=True)
-            f.write("\n")
-
     if config.get("auto_map"):
         write_remote_code(save_dir)
-    atomic_write(save_dir / CONFIG_NAME, write_config)
+    write_text(save_dir / CONFIG_NAME, json.dumps(config, indent=2, sort_keys=True) + "\n")
     return save_dir
 
 
