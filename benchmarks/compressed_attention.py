@@ -1,4 +1,4 @@
-"""Compressed attention (paper 004): measured latency of TruncAtt, CP SlimAtt and IrrAtt blocks vs
+"""Compressed attention (IrrAtt paper): measured latency of TruncAtt, CP SlimAtt and IrrAtt blocks vs
 the MHSA block they compress, at the same QK FLOPs compression ratio.
 
 For a DeiT-S block (F 384, H 6) and a DeiT-B block (F 768, H 12) at N = 197 tokens, batch 8, each

@@ -1,4 +1,4 @@
-"""Context parallelism (issue 26): what a sequence split over processes costs in communication and
+"""Context parallelism: what a sequence split over processes costs in communication and
 what it buys in memory.
 
 1. **Bytes per layer against sequence length.** One ``TSSA`` and one ``CausalTSSA`` layer (GPT-2
@@ -228,7 +228,7 @@ def run(quick: bool = False, out_dir: Optional[Path] = None, budget_gib: Optiona
 # ------------------------------------------------------------------------------ report
 def section(res: Optional[Dict[str, Any]]) -> List[str]:
     """The docs/benchmarks.md section for a result of :func:`run` (None: not run yet)."""
-    out = ["## 6. Context parallelism: one sequence split over processes (issue 26)", ""]
+    out = ["## 6. Context parallelism: one sequence split over processes", ""]
     if not res:
         return out + ["`python -m benchmarks.context_parallel` has not written "
                       "`benchmarks/results/context_parallel.json` yet.", ""]

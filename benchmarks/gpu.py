@@ -1,4 +1,4 @@
-"""GPU benchmark of the TSSA operators (issue 15): the Triton kernels vs the PyTorch path vs
+"""GPU benchmark of the TSSA operators: the Triton kernels vs the PyTorch path vs
 ``torch.compile`` of the PyTorch path, and a 12-layer TSSA stack vs MHSA through
 ``F.scaled_dot_product_attention`` (FlashAttention on a recent GPU). Needs a CUDA GPU.
 

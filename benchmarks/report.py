@@ -739,7 +739,7 @@ def packed_varlen_section(result: Optional[Dict[str, Any]]) -> List[str]:
 
 
 def context_parallel_section(results: Path, suffix: str = "") -> List[str]:
-    """Context parallelism (issue 26): its own benchmark, :mod:`benchmarks.context_parallel`."""
+    """Context parallelism: its own benchmark, :mod:`benchmarks.context_parallel`."""
     from .context_parallel import section
 
     return section(_load(results, f"context_parallel{suffix}.json"))

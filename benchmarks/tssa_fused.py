@@ -1,4 +1,4 @@
-"""Fused TSSA kernels vs the plain implementations (issue 7, "Fast TSSA").
+"""Fused TSSA kernels vs the plain implementations.
 
 Measures, side by side in one process, the time of ``tssa`` forward, forward+backward and
 ``causal_tssa`` forward (and forward+backward, for information) as a ratio to ``w.clone()``

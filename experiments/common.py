@@ -1,4 +1,4 @@
-"""Shared helpers of the reproduction experiments (issue 8).
+"""Shared helpers of the reproduction experiments.
 
 Every experiment script:
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import time
 from pathlib import Path
@@ -31,8 +32,10 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "experiments" / "configs"
 RESULTS_DIR = REPO / "experiments" / "results"
 RUNS_DIR = REPO / "runs" / "experiments"
-MNIST_DIR = (REPO / ".." / "shared" / "data" / "mnist").resolve()
-SHAKESPEARE = (REPO / ".." / "shared" / "data" / "shakespeare" / "complete_works.txt.xz").resolve()
+# real data sets: $WHITEFORMER_DATA_DIR, else shared/data beside the repository
+DATA_DIR = Path(os.environ.get("WHITEFORMER_DATA_DIR", REPO.parent / "shared" / "data")).resolve()
+MNIST_DIR = DATA_DIR / "mnist"
+SHAKESPEARE = DATA_DIR / "shakespeare" / "complete_works.txt.xz"
 
 
 def parser(name: str, doc: str) -> argparse.ArgumentParser:

@@ -1,6 +1,6 @@
 """Experiment 4: TruncAtt vs CP SlimAtt vs IrrAtt (and VO TruncAtt) on a small DeiT trained on MNIST.
 
-Paper 004 Table 1 in miniature: accuracy drop without and with a short fine-tune, MHSA FLOPs
+The IrrAtt paper's Table 1 in miniature: accuracy drop without and with a short fine-tune, MHSA FLOPs
 ratio, whole-model FLOPs ratio, parameter ratio and measured latency. Claims checked: IrrAtt loses
 less accuracy than TruncAtt and matches CP at lower FLOPs. Each configuration names its comparison
 protocol (``compress(protocol=...)``): "rank" is the paper's (every method gets TruncAtt's total QK

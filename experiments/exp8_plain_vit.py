@@ -1,6 +1,6 @@
 """Experiment 8: every attention as a drop-in in a plain ViT on MNIST, with and without a readout.
 
-Issue 14 item 1. A user's own TinyViT: 4x4 patches of the 28x28 digits (49 tokens), width 64,
+A user's own TinyViT: 4x4 patches of the 28x28 digits (49 tokens), width 64,
 depth 4, 4 heads, learned absolute positions, pre-norm blocks with a GELU MLP (ratio 4,
 :class:`whiteformer.attention.ViTBlock`), then a readout and a linear head. Readouts:
 
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
 
     p = C.parser(NAME, __doc__.splitlines()[0])
     p.add_argument("--data", default=None, help="MNIST directory with the four IDX files (default: config's data_dir, "
-                                                "else ../shared/data/mnist); smoke runs use scikit-learn's digits")
+                                                "else the data folder's mnist/); smoke runs use scikit-learn's digits")
     args = p.parse_args(argv)
     setup = C.Setup(NAME, args)
     cfg = setup.cfg
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
                                                          "final_train_loss", "train_time_s")}})
         print(f"[{NAME}]   test acc {res['test_acc'] * 100:.2f} % ({res['train_time_s']:.0f} s)", flush=True)
     C.write_csv(setup.out / "runs.csv", rows)
-    command = setup.command(NAME) + ("" if setup.smoke else " --data ../shared/data/mnist")
+    command = setup.command(NAME) + ("" if setup.smoke else " --data DATA_DIR/mnist")
     C.write_json(setup.out / "results.json", {"config": cfg, "command": command, "runs": rows})
     return 0
 

@@ -410,7 +410,7 @@ def language(out, verdicts):
         return
     cfg = s["config"]
     tr = cfg["train"]
-    out.append(f"Corpus: `../shared/data/shakespeare/complete_works.txt.xz` (characters; last 10 % = validation). "
+    out.append(f"Corpus: Shakespeare's complete works, `complete_works.txt.xz` (Project Gutenberg; characters; last 10 % = validation). "
                f"{tr['steps']} steps of {tr['batch_size']} windows x {tr['block_size']} characters, AdamW lr "
                f"{tr['lr']}; validation loss on {tr['eval_batches']} x {tr['batch_size']} random windows. Equal "
                "parameters: GPT blocks have 12 D^2 weights, ToST's one-projection attention leaves 10 D^2, so ToST "
@@ -669,10 +669,10 @@ _VARIANTS = (("cls", False, "[CLS] token"), ("mean", False, "mean pooling"), ("p
 
 def plain_vit(out, verdicts):
     s = C.read_json(R / "exp8_plain_vit" / "results.json")
-    out.append("## 8. The attentions as drop-ins in a plain ViT (issue 14)\n")
-    out.append(f"Command: {cmd('exp8_plain_vit', ' --data ../shared/data/mnist')}. "
+    out.append("## 8. The attentions as drop-ins in a plain ViT\n")
+    out.append(f"Command: {cmd('exp8_plain_vit', ' --data DATA_DIR/mnist')}. "
                "Files: `experiments/results/exp8_plain_vit/runs.csv`, `results.json`.\n")
-    claim = "TSSA as a drop-in for softmax attention in a plain ViT (issue 14)"
+    claim = "TSSA as a drop-in for softmax attention in a plain ViT"
     if s is None or not s["runs"]:
         out.append(not_run("exp8_plain_vit"))
         verdicts.append((claim, "not run yet"))
@@ -719,7 +719,7 @@ def main(argv=None) -> int:
     ap.add_argument("--doc", default=str(DOC), help="markdown file to write (default: %(default)s)")
     a = ap.parse_args(argv)
     R, DOC = Path(a.results), Path(a.doc)
-    out = ["# Reproduction study (issue 8)\n",
+    out = ["# Reproduction study\n",
            "The papers trained on ImageNet-1k / OpenWebText with many GPUs; everything here ran on a 2-core CPU "
            "shared with other work, one experiment at a time with `torch.set_num_threads(1)`, at a much smaller "
            "scale (small models, MNIST subsets, a few epochs, one to three seeds). Each result is next to the "

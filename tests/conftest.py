@@ -1,5 +1,6 @@
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,3 +38,12 @@ def fused_kernel_built():
     from whiteformer.ops._kernels.build import fast_path_available
 
     fast_path_available()
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The folder of real data sets some tests read (``mnist/`` in IDX format, ``shakespeare/
+    complete_works.txt.xz``): ``$WHITEFORMER_DATA_DIR``, else ``shared/data`` beside the repository
+    (where CI puts it). A test whose data set is absent there is skipped, naming the path."""
+    default = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    return Path(os.environ.get("WHITEFORMER_DATA_DIR", default))

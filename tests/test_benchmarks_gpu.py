@@ -1,4 +1,4 @@
-"""benchmarks/gpu.py (issue 15): the command line works on any machine; without a CUDA GPU it
+"""benchmarks/gpu.py: the command line works on any machine; without a CUDA GPU it
 refuses with one ``error:`` line and exit code 2, writing nothing."""
 import os
 import subprocess

@@ -1,4 +1,4 @@
-"""Faults a killed or concurrent process can cause (issue 12): nothing left behind may hang or
+"""Faults a killed or concurrent process can cause: nothing left behind may hang or
 corrupt the next run.
 
 Kernel build lock: the fused CPU kernel is built under an OS lock (released when its owner dies);
@@ -143,7 +143,7 @@ def test_build_wait_times_out_to_the_pytorch_path(tmp_path):
 
 
 def test_stale_torch_lock_file_no_longer_hangs():
-    """The reproducer of issue 12: ``touch <cache>/<tag>/lock`` (what a build killed inside torch's
+    """The reproducer: ``touch <cache>/<tag>/lock`` (what a build killed inside torch's
     cpp_extension.load leaves) made every later process wait forever. Uses the configured kernel
     cache (where the rest of the suite builds the kernel) to avoid a second ~1 min build."""
     args = build.tssa_build_args()
@@ -171,7 +171,7 @@ def test_bad_build_timeout_is_a_clear_error(monkeypatch):
     assert build._timeout() == 2.5
 
 
-# ----------------------------------------------------------------------------- build key (issue 21, item 15)
+# ----------------------------------------------------------------------------- build key
 def test_build_key_covers_the_environment(monkeypatch):
     """Two virtual environments with the same torch read headers from different paths (written into
     build.ninja): each must get its own directory, not rebuild the other's binary in turn."""

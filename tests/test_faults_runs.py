@@ -1,4 +1,4 @@
-"""Faults around a run (issue 12, items 2, 3, 4, 6): one writer per run directory, nothing the user
+"""Faults around a run: one writer per run directory, nothing the user
 wrote is overwritten without --overwrite, corrupt checkpoints are quarantined, and every
 user-caused CLI failure is one ``error: ...`` line with exit code 2."""
 import gzip
@@ -172,7 +172,7 @@ def test_all_corrupt_checkpoints_are_quarantined_and_a_second_crash_keeps_progre
     for p in ckpts:  # every checkpoint corrupt
         with open(p / "model.safetensors", "r+b") as f:
             f.truncate(100)
-    # Resume: nothing valid; it stops naming the quarantined checkpoints (issue 21, item 6: never
+    # Resume: nothing valid; it stops naming the quarantined checkpoints (never
     # start over in place of the run to continue).
     with pytest.raises(ConfigError, match="corrupt-step_00000006, checkpoints/corrupt-step_00000008.*--overwrite"):
         train(tiny_cfg(run, resume=True))

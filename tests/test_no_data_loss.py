@@ -1,4 +1,4 @@
-"""Nothing the user has is lost (issue 21, "Data loss", items 1-7, and the invariant suite): for every
+"""Nothing the user has is lost: for every
 command that writes (``train``, ``compress``, ``analyze report``, ``analyze eca-toy``, the
 ``save_pretrained`` of the zoo and of the ``transformers`` wrappers), a directory holding a model or
 the user's files comes out unchanged, byte for byte and through symbolic links, unless

@@ -1,6 +1,6 @@
 """A padded token (attn_mask False) takes no part, in every registered attention layer: NaN or inf
 held at padded positions never reaches the real tokens' outputs, nor their gradients, nor the
-layer's parameter gradients (issue 21, item 9). The same for the functional baseline operators."""
+layer's parameter gradients. The same for the functional baseline operators."""
 import pytest
 import torch
 

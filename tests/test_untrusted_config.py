@@ -1,6 +1,5 @@
 """Model sizes and hyper-parameters from untrusted places (``create_model`` arguments, a
-``config.json``, a transformers configuration) are checked before anything is built (issue 21,
-items 8 and 11): sizes against the bounds of ``whiteformer.models.size`` (an arithmetic parameter
+``config.json``, a transformers configuration) are checked before anything is built: sizes against the bounds of ``whiteformer.models.size`` (an arithmetic parameter
 estimate), non-finite or non-positive hyper-parameters with a ValueError naming the argument."""
 import json
 import math

@@ -2,7 +2,7 @@
 evaluate it and write the run report.
 
 The configuration is the packaged ``whiteformer/configs/demo_digits.yaml``; extra arguments are
-overrides as for ``whiteformer train`` (e.g. ``python -m whiteformer.demo --out /tmp/demo
+overrides as for ``whiteformer train`` (e.g. ``python -m whiteformer.demo --out runs/my-demo
 --epochs 5``). Equivalent to::
 
     whiteformer train -c src/whiteformer/configs/demo_digits.yaml --overwrite

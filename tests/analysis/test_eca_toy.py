@@ -1,4 +1,4 @@
-"""ECA toy experiment (paper 003 Sec. 4.1) at reduced size (d=64, n=200, L=3)."""
+"""ECA toy experiment (ECAttention paper Sec. 4.1) at reduced size (d=64, n=200, L=3)."""
 import builtins
 import json
 

@@ -1,4 +1,4 @@
-"""Pictures of the run report and of whiteformer.analysis.maps (issue 14 item 9): block labels,
+"""Pictures of the run report and of whiteformer.analysis.maps: block labels,
 1-based head numbers, colour bars, the [CLS] attention maps and the coding-rate reading line.
 Contents (titles, labels, report text) are checked, not pixels."""
 import pytest

@@ -1,4 +1,4 @@
-"""What a drop-in attention needs around it in a plain ViT (issue 14): the class-attention readout,
+"""What a drop-in attention needs around it in a plain ViT: the class-attention readout,
 XCiT's local patch interaction and the ready ViT block."""
 import pytest
 import torch

@@ -1,5 +1,5 @@
 """Every user error of the ``whiteformer`` commands is one ``error: ...`` line with exit code 2,
-and options that make no sense are refused instead of silently accepted (issue 21, items 12-14)."""
+and options that make no sense are refused instead of silently accepted."""
 import pytest
 
 from whiteformer.cli import main
@@ -172,7 +172,7 @@ def test_eval_refuses_out_of_range_language_model_options(tmp_path, capsys, argv
 
 def test_layerwise_inputs_of_random_bytes_are_named_as_not_a_torch_file(tmp_path, capsys, deit_dir):
     """``options.inputs=FILE`` of random bytes was called a pickle 'which could run code' (torch's
-    weights-only preamble, the file unnamed), as issue 21 item 14 found for checkpoints."""
+    weights-only preamble, the file unnamed), as it was for checkpoints."""
     junk = tmp_path / "inputs.pt"
     junk.write_bytes(bytes(range(256)) * 4)
     rc = main(["analyze", "layerwise", "--checkpoint", deit_dir, f"options.inputs={junk}", "--out", str(tmp_path / "a")])

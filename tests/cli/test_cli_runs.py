@@ -1,4 +1,4 @@
-"""First contact with the CLI (issue 14, items 4-8): a default language model generates without
+"""First contact with the CLI: a default language model generates without
 a length limit, Ctrl-C / SIGTERM save a checkpoint, ``--out RUN --resume`` alone resumes and may
 extend a run, every command names checkpoints and options the same way, progress without a bar."""
 import json

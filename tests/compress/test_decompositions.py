@@ -1,4 +1,4 @@
-"""Decompositions of the attention compression toolkit (paper 004): TruncAtt SVD, CP-ALS + EPC,
+"""Decompositions of the attention compression toolkit (IrrAtt paper): TruncAtt SVD, CP-ALS + EPC,
 BTD-(L, L, 1), activation-aware whitening, spectral rank allocation."""
 import itertools
 import math

@@ -1,4 +1,4 @@
-"""MACs formulas of paper 004 (facts.md "IrrAtt MACs"), their agreement with
+"""MACs formulas of the IrrAtt paper (Sec. 2.2-3.4), their agreement with
 torch.utils.flop_counter on the explicit path, the QK FLOPs budget and IrrAtt vs TruncAtt at an
 equal budget."""
 import pytest
@@ -32,7 +32,7 @@ def test_formulas():
 
 
 @pytest.mark.parametrize("model,rows", [
-    # paper 004 Table 1, "MHSA FLOPs CR, %" (QK method, QK rank, VO TruncAtt rank 32), N = 197
+    # the IrrAtt paper's Table 1, "MHSA FLOPs CR, %" (QK method, QK rank, VO TruncAtt rank 32), N = 197
     ((384, 6), [("truncatt", 16, 37.5), ("truncatt", 22, 42.2), ("truncatt", 32, 50.0), ("cp", 96, 50.3),
                 ("cp", 132, 59.7), ("cp", 192, 75.5), ("irratt", 96, 38.5), ("irratt", 132, 43.1),
                 ("irratt", 192, 51.0)]),

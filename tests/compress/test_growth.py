@@ -1,4 +1,4 @@
-"""Compression never silently grows the model (issue 21, item 10): the CP rank is bounded by H p as
+"""Compression never silently grows the model: the CP rank is bounded by H p as
 TruncAtt's (p per head) and IrrAtt's (H p in total) are, and ranks whose attention (QK + VO MACs)
 or MLP cost exceeds the original's are refused unless ``allow_growth`` / ``--allow-growth``."""
 import json

@@ -1,5 +1,5 @@
 """Compressed attention layers (TruncAtt, CP SlimAtt, IrrAtt, VO TruncAtt), compress_attention on a
-timm-layout MHSA block, MLP compression and the rank-constrained head fusion (paper 004)."""
+timm-layout MHSA block, MLP compression and the rank-constrained head fusion (IrrAtt paper)."""
 import pytest
 import torch
 import torch.nn as nn

@@ -89,7 +89,7 @@ def test_flops_budget_and_ratios(qk, extra):
 
 
 def test_table1_ratios_deit_small():
-    """Paper 004, Table 1, DeiT-Small TruncAtt QK 16 / VO 32: MHSA FLOPs CR 37.5, FLOPs CR 76.2,
+    """IrrAtt paper, Table 1, DeiT-Small TruncAtt QK 16 / VO 32: MHSA FLOPs CR 37.5, FLOPs CR 76.2,
     # param CR 79.9 (%)."""
     model = create_model("deit_s_p16").eval()
     _, rep = compress(model, qk="truncatt", qk_rank=16, vo_rank=32)

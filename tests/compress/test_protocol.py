@@ -1,4 +1,4 @@
-"""IrrAtt's comparison protocols (issue 17 item 2): equal total QK rank (the paper's Table 1) and
+"""IrrAtt's comparison protocols: equal total QK rank (the paper's Table 1) and
 equal QK FLOPs (ours), and the rank allocation (cap at the head dim, re-spend what the cap frees),
 on MHSA blocks with planted per-head QK ranks."""
 import pytest

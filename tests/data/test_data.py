@@ -14,8 +14,12 @@ from whiteformer.data.listops import VOCAB, evaluate, generate_expression, token
 from whiteformer.data.mnist import read_idx
 from whiteformer.data.subspaces import sample_subspaces, subspace_bases
 
-MNIST_DIR = Path(__file__).parents[2] / ".." / "shared" / "data" / "mnist"
-SHAKESPEARE = Path(__file__).parents[2] / ".." / "shared" / "data" / "shakespeare" / "complete_works.txt.xz"
+
+
+def _existing(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"{path} not found (set WHITEFORMER_DATA_DIR to the folder holding it)")
+    return path
 
 
 # ----------------------------------------------------------------------------- registry
@@ -109,14 +113,14 @@ def test_mnist_missing_directory_and_files(tmp_path):
         build_dataset("mnist", "train", data_dir=str(tmp_path))
 
 
-@pytest.mark.skipif(not MNIST_DIR.is_dir(), reason="shared MNIST not available")
-def test_mnist_shared_copy():
-    te = build_dataset("mnist", "test", data_dir=str(MNIST_DIR))
+def test_mnist_real_copy(data_dir):
+    mnist_dir = _existing(data_dir / "mnist")
+    te = build_dataset("mnist", "test", data_dir=str(mnist_dir))
     assert len(te) == 10000
     x, y = te.get_batch(torch.arange(5))
     assert x.shape == (5, 1, 28, 28)
     assert y.tolist() == [7, 2, 1, 0, 4]  # the well-known first test labels
-    tr = build_dataset("mnist", "train", data_dir=str(MNIST_DIR), limit=1000)
+    tr = build_dataset("mnist", "train", data_dir=str(mnist_dir), limit=1000)
     assert len(tr) == 1000 and tr.get_batch([0])[1].item() == 5
 
 
@@ -229,9 +233,9 @@ def test_text_reads_xz_and_gz(tmp_path):
         build_dataset("text", data_dir=str(tmp_path))
 
 
-@pytest.mark.skipif(not SHAKESPEARE.is_file(), reason="shared Shakespeare not available")
-def test_text_full_shared_corpus():
-    va = build_dataset("text", "val", path=str(SHAKESPEARE))
+def test_text_full_corpus(data_dir):
+    corpus = _existing(data_dir / "shakespeare" / "complete_works.txt.xz")
+    va = build_dataset("text", "val", path=str(corpus))
     assert len(va) == 5057282 - int(5057282 * 0.9)
 
 

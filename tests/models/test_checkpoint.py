@@ -158,8 +158,8 @@ def test_bad_paths_raise(tmp_path):
 
 # ----------------------------------------------------------------------------- official ToST
 def _official_state_dict(seed: int = 0):
-    """Random tensors with the official ``tost_cab_*`` key layout and shapes (see
-    reference/tost_official_state_dict.md) for the TINY configuration."""
+    """Random tensors with the official ``tost_cab_*`` key layout and shapes (the
+    state_dict of github RobinWu218/ToST ``tost_vision/tost.py``) for the TINY configuration."""
     g = torch.Generator().manual_seed(seed)
 
     def r(*shape, scale=0.2):
@@ -250,7 +250,7 @@ def _official_forward(sd, x):
     pos = F.conv2d(pos, sd["pos_embeder.token_projection.weight"], sd["pos_embeder.token_projection.bias"])
     h = tokens + pos.reshape(B, -1, tokens.shape[1]).permute(0, 2, 1)
 
-    # TSSA blocks (facts.md: "TSSA as the official code computes it").
+    # TSSA blocks (as github RobinWu218/ToST ``tost_vision/tost.py`` computes them).
     for i in range(DEPTH):
         p = f"blocks.{i}"
         y = ln(h, p + ".norm1")

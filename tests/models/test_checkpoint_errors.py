@@ -1,5 +1,5 @@
 """Unreadable checkpoints and configs: the error names the file and says what is wrong, in one
-line; weights of the wrong kind are refused, not cast (issue 21, items 12 and 14)."""
+line; weights of the wrong kind are refused, not cast."""
 import os
 
 import pytest

@@ -222,7 +222,8 @@ def test_gpt_generation_past_max_len_crops_like_nanogpt():
 
 # ---------------------------------------------------------------------------- official checkpoints
 def _official_state_dict(tssa, depth=2, heads=4, d=32, vocab=61, block=64, dtype=torch.float64, seed=0):
-    """Random tensors in the official ToST / nanoGPT layout (tost_official_state_dict.md)."""
+    """Random tensors in the official ToST / nanoGPT layout (the state_dict of github
+    RobinWu218/ToST ``tost_lang/model_TSSA.py``)."""
     g = torch.Generator().manual_seed(seed)
 
     def r(*shape, scale=0.3, shift=0.0):
@@ -250,7 +251,7 @@ def _official_state_dict(tssa, depth=2, heads=4, d=32, vocab=61, block=64, dtype
 
 
 def _official_forward(sd, idx, heads, tssa):
-    """The official ``tost_lang/model_TSSA.py`` GPT forward (eval), written out from facts.md."""
+    """The official GPT forward (eval) of github RobinWu218/ToST ``tost_lang/model_TSSA.py``, written out."""
     b, t = idx.shape
     d = sd["transformer.wte.weight"].shape[1]
     depth = len({k.split(".")[2] for k in sd if k.startswith("transformer.h.")})

@@ -1,4 +1,4 @@
-"""Device hygiene (issue 15 item 4): every registered model builds on the ``meta`` device (no
+"""Device hygiene: every registered model builds on the ``meta`` device (no
 hard-coded CPU tensors, no ``.item()`` at construction), and the image models also run their
 forward there. Token models check that their ids are in the vocabulary, which needs values, so
 their forward is not run on meta."""

@@ -19,7 +19,7 @@ VISION = [
 ]
 
 # (measured count, reference count, relative tolerance). Official ToST counts within 0.5%,
-# ECA (paper 003 Table 3) at the paper's printed precision (T, S with p = 64) or within 0.5% (M, B, B+, L:
+# ECA (ECAttention paper Table 3) at the paper's printed precision (T, S with p = 64) or within 0.5% (M, B, B+, L:
 # the paper prints 14.7M/21.0M/57.7M/70M); the others are exact measured values of this shell.
 _TOST_T, _TOST_S = 5_769_328, 22_589_944
 PARAM_COUNTS = {

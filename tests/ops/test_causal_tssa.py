@@ -12,7 +12,8 @@ SHAPES = [(2, 3, 7, 5), (1, 4, 1, 3), (3, 2, 12, 8), (2, 1, 5, 1)]
 
 
 def official_causal_tssa(w, temp, bias):
-    """Independent transcription of facts.md "Causal TSSA (official language model)"."""
+    """Independent transcription of the official causal TSSA (github RobinWu218/ToST,
+    ``tost_lang/model_TSSA.py``): cumulative statistics, ``denom_bias``, ``1 / (1 + dots)``."""
     T = w.shape[2]
     w_sq = w**2
     ratio = w_sq / torch.cumsum(w_sq, dim=2).clamp_min(1e-12)

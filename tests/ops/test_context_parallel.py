@@ -1,4 +1,4 @@
-"""Context parallelism (issue 26): TSSA and causal TSSA on a sequence split over 2 and 3 CPU
+"""Context parallelism: TSSA and causal TSSA on a sequence split over 2 and 3 CPU
 processes (gloo) give exactly the rows of the unsplit op, forward and every gradient (weights
 included), with masks, packed documents (cu_seqlens) spanning ranks, uneven chunks and a chunk of
 one token; a ToST LM and a ToST vision model split the same way; the collectives' adjoints; the

@@ -1,6 +1,6 @@
-"""Every operand of an operator must be on the device of its main input (issue 12 item 5): a clear
+"""Every operand of an operator must be on the device of its main input: a clear
 ValueError naming the argument, before any kernel runs (the fused CPU kernel used to read a
-``meta`` temp as garbage and return NaN). Also sparsemax's argument checks (issue 12 item 9)."""
+``meta`` temp as garbage and return NaN). Also sparsemax's argument checks."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""ECAttention (paper 003): operators vs reference, basis, fallback, padding, sketches, layer."""
+"""ECAttention (ECAttention paper): operators vs reference, basis, fallback, padding, sketches, layer."""
 
 import pytest
 import torch
@@ -527,7 +527,7 @@ def test_sketch_rank_above_token_count_with_eps_is_a_ridge_projector():
     assert torch.isfinite(layer(torch.randn(2, 5, 16))).all()
 
 
-# ----------------------------------------------------------------------------- contract (issue 14/17)
+# ----------------------------------------------------------------------------- contract
 def test_layer_returns_the_update_and_a_prenorm_block_adds_it_once():
     layer = ECAttention(16, num_heads=2, rank=3).double()
     x = torch.randn(2, 10, 16, dtype=F64)

@@ -1,4 +1,4 @@
-"""Fused TSSA / causal TSSA kernels (issue 7, "Fast TSSA"): forward and hand-derived gradients
+"""Fused TSSA / causal TSSA kernels: forward and hand-derived gradients
 against the references (float64 tight, float32 within 1e-5), gradcheck, strides, the dispatcher
 (kernel used when available; torch path for other dtypes, devices, dropout, the environment
 variable), torch.compile and the memory kept for backward."""

@@ -1,4 +1,4 @@
-"""Chunked LM-head cross-entropy (issue 17 item 4): equal to the plain loss, forward and gradients."""
+"""Chunked LM-head cross-entropy: equal to the plain loss, forward and gradients."""
 import pytest
 import torch
 

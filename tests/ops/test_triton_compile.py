@@ -1,5 +1,5 @@
 """The Triton kernels compile for real GPUs (sm_80 A100, sm_90 H100) without register spills
-(issue 23), checked on this CPU-only machine.
+, checked on this CPU-only machine.
 
 The launches are recorded through Triton's interpreter hook without running (the ops' launchers
 and host code run; :mod:`whiteformer.ops._kernels.triton._launches`) over head dims 16-256,

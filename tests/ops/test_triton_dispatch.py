@@ -1,4 +1,4 @@
-"""The public ops on the Triton kernels (issue 15): ``WHITEFORMER_BACKEND=triton`` runs them on
+"""The public ops on the Triton kernels: ``WHITEFORMER_BACKEND=triton`` runs them on
 CPU tensors through Triton's interpreter with the same signatures, outputs and autograd as the
 PyTorch path; clear errors when they cannot run; nothing changes without the variable. A GPU
 test (skipped without CUDA) compares the compiled kernels with the PyTorch path on the GPU.

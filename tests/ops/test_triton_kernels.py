@@ -1,4 +1,4 @@
-"""Triton kernels of TSSA, causal TSSA and the causal TSSA step (issue 15), run on CPU tensors
+"""Triton kernels of TSSA, causal TSSA and the causal TSSA step, run on CPU tensors
 through Triton's interpreter: forward and every gradient against the references (float32 to
 1e-5 of the largest entry, float16/bfloat16 to their rounding), float64 gradcheck, masks, causal
 no-leakage, chunk boundaries (N not a multiple of the chunk, N < chunk, N = 1), many (b, h).

@@ -1,4 +1,4 @@
-"""The memory-traffic model of the Triton kernels (issue 23): every launch's pointers are declared,
+"""The memory-traffic model of the Triton kernels: every launch's pointers are declared,
 the grid covers the tensors it streams, and the model's totals against the ops' minimum."""
 import pytest
 import torch

@@ -12,7 +12,8 @@ SHAPES = [(2, 3, 7, 5), (1, 4, 1, 3), (3, 2, 16, 8), (2, 1, 5, 1)]
 
 
 def official_tssa(w, temp):
-    """Independent transcription of facts.md "TSSA as the official code computes it"."""
+    """Independent transcription of the official TSSA (github RobinWu218/ToST, ``tost_vision/tost.py``):
+    memberships from the token-normalised projection, statistics from the raw one."""
     w_normed = F.normalize(w, dim=-2)
     Pi = torch.softmax(temp * (w_normed**2).sum(-1), dim=1)
     dots = (Pi / (Pi.sum(-1, keepdim=True) + 1e-8)).unsqueeze(-2) @ w**2

@@ -1,6 +1,6 @@
 """``whiteformer train --context-parallel 2`` under torchrun (CPU processes, gloo): every training
 sequence split over two processes (alone, or two such groups data-parallel over 4 processes) gives
-the same model and losses as one process (issue 26)."""
+the same model and losses as one process."""
 import json
 import os
 import subprocess

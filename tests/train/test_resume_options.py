@@ -1,7 +1,7 @@
 """``--resume`` continues a run as it was configured: a change to an option that defines the run is
 refused (not silently re-planned and recorded), extending it with more steps still works; the
 files a run writes are all in its list of owned files, so ``--overwrite`` replaces every one
-(issue 21, item 12)."""
+."""
 import pytest
 import yaml
 

@@ -1,4 +1,4 @@
-"""The ECAttention toy experiment (paper 003, Sec. 4.1, Fig. 3, 4 and 13, Table 10).
+"""The ECAttention toy experiment (ECAttention paper, Sec. 4.1, Fig. 3, 4 and 13, Table 10).
 
 Data (Sec. 4.1): K = 6 mutually orthogonal subspaces of R^384 with orthonormal bases
 U_k (384 x 64); n = 1000 samples z = U_k a where only the first 20 entries of a are active
@@ -476,7 +476,7 @@ def _format_summary(res: dict) -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description="ECAttention toy experiment (paper 003, Sec. 4.1, Fig. 3/4/13, Table 10)")
+    ap = argparse.ArgumentParser(description="ECAttention toy experiment (ECAttention paper, Sec. 4.1, Fig. 3/4/13, Table 10)")
     ap.add_argument("--out", required=True, help="output directory (missing or empty unless --overwrite)")
     ap.add_argument("--overwrite", action="store_true", help="replace eca_toy.json and the figures in a non-empty --out")
     ap.add_argument("--seed", type=int, default=0)

@@ -15,7 +15,7 @@ from .baselines import MHSA, MSSA, XCA, ClassAttention  # noqa: F401
 # --- drop-in helpers: readout and ViT block (what TSSA needs around it) ---
 from .readout import ClassAttentionPool  # noqa: F401
 from .vit_block import LocalPatchInteraction, ViTBlock  # noqa: F401
-# --- compressed MHSA (paper 004): truncatt, irratt, cp_slimatt ---
+# --- compressed MHSA (IrrAtt paper): truncatt, irratt, cp_slimatt ---
 from .compressed import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt  # noqa: F401
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Compressed multi-head self-attention layers (paper 004): TruncAtt, CP SlimAtt, IrrAtt.
+"""Compressed multi-head self-attention layers (IrrAtt paper): TruncAtt, CP SlimAtt, IrrAtt.
 
 Registered like every other layer (``build("truncatt", dim, num_heads=H, qk_ranks=...)``); the
 decompositions that fill them from a pretrained MHSA live in :mod:`whiteformer.compress`.
@@ -218,7 +218,7 @@ class _LowRankQK(CompressedAttention):
 
 @register_attention("truncatt")
 class TruncAtt(_LowRankQK):
-    """TruncAtt (paper 004, Sec. 2.3): per-head low-rank query-key maps.
+    """TruncAtt (IrrAtt paper, Sec. 2.3): per-head low-rank query-key maps.
 
     ``logits_h = (x S^Q_h + b_h)(x S^K_h)^T`` with S^Q_h, S^K_h of shape (F, r_h); the softmax scale is
     folded into ``q`` and ``b`` carries the exact key-dependent query-bias term.
@@ -257,7 +257,7 @@ class TruncAtt(_LowRankQK):
 
 @register_attention("irratt")
 class IrrAtt(_LowRankQK):
-    """IrrAtt (paper 004, Sec. 3.1-3.2): BTD-(L, L, 1) query-key maps with irregular block ranks.
+    """IrrAtt (IrrAtt paper, Sec. 3.1-3.2): BTD-(L, L, 1) query-key maps with irregular block ranks.
 
     ``logits_h = sum_b C[h, b] (x S^Q_b + b_b)(x S^K_b)^T`` (Eq. 6), S^Q_b, S^K_b of shape (F, L_b).
     ``fusion="general"``: learnable head fusion ``fusion`` C (H x n_blocks, initialised to I), QK MACs
@@ -318,7 +318,7 @@ class IrrAtt(_LowRankQK):
 
 @register_attention("cp_slimatt")
 class CPSlimAtt(CompressedAttention):
-    """CP SlimAtt (paper 004, Sec. 2.4, Eqs. 3-4): shared projections and a head-fusion matrix.
+    """CP SlimAtt (IrrAtt paper, Sec. 2.4, Eqs. 3-4): shared projections and a head-fusion matrix.
 
     ``logits_h = (x S^Q + b) diag(S^H(h, :)) (x S^K)^T`` with S^Q, S^K (F x R) shared by all heads and
     ``fusion`` S^H (H x R). QK MACs ``2NFR + N(N+1)HR``.

@@ -1,4 +1,4 @@
-"""ECAttention layer (paper 003, Eq. 4; Algorithms 1-3): the update ``alpha * E(x) - beta * C(x)``.
+"""ECAttention layer (ECAttention paper, Eq. 4; Algorithms 1-3): the update ``alpha * E(x) - beta * C(x)``.
 
 Like every layer of :mod:`whiteformer.attention` it returns the update, not ``x + update``: the
 ECA model (and any pre-norm block) adds the residual, ``x + alpha E(x) - beta C(x)`` (Eq. 4).

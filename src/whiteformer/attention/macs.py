@@ -1,4 +1,4 @@
-"""Multiply-accumulate counts (MACs) of MHSA blocks and their compressed forms (paper 004, Sec. 2.2-3.4).
+"""Multiply-accumulate counts (MACs) of MHSA blocks and their compressed forms (IrrAtt paper, Sec. 2.2-3.4).
 
 Per block with N tokens, F features, H heads, head dim D (FLOPs = 2 MACs; softmax, GELU, biases and
 other elementwise work are not counted, as in the paper's Table 1):

@@ -1,4 +1,4 @@
-"""Attention compression toolkit (paper 004, "Vision Transformer with Irregular Attention").
+"""Attention compression toolkit ("Vision Transformer with Irregular Attention", the IrrAtt paper).
 
 * per-head QK / VO forms of a timm-layout MHSA block: :func:`qk_factors`, :func:`vo_factors`;
 * decompositions (typed results with ``.to_tensor()``): :func:`truncatt` (per-head truncated SVD),

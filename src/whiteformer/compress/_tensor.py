@@ -24,7 +24,7 @@ class HeadFactors:
 
     ``Y[:, :, h] = P[h] @ K[h].T`` with ``P`` of shape (H, I, p) and ``K`` of shape (H, J, p).
     For attention, ``P[h] = W_h^Q`` (F x p, the query map x -> x @ W_h^Q) and ``K[h] = W_h^K``,
-    so that ``Y[:, :, h] = W_h^Q (W_h^K)^T`` is the query-key form of paper 004, Sec. 2.3.
+    so that ``Y[:, :, h] = W_h^Q (W_h^K)^T`` is the query-key form of the IrrAtt paper, Sec. 2.3.
     """
 
     P: torch.Tensor

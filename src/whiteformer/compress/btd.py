@@ -1,4 +1,4 @@
-"""BTD-(L, L, 1) decomposition initialised from CPD-EPC (paper 004, Algorithms 1-3).
+"""BTD-(L, L, 1) decomposition initialised from CPD-EPC (IrrAtt paper, Algorithms 1-3).
 
 ``Y ~= sum_b (A_b B_b^T) o c_b`` with A_b (I x L_b), B_b (J x L_b), c_b in R^H: block b is a rank-L_b
 matrix spread over the heads by the fusion column c_b. IrrAtt (Sec. 3.1, Eq. 6) uses one block per
@@ -188,7 +188,7 @@ def btd_ll1(Y: TensorLike, rank: Optional[int] = None, *, ranks: Optional[Sequen
             cp_result: Optional[CPResult] = None, n_iter_max: int = 10, inner_iter: int = 3,
             tol: float = 1e-3, cp_kwargs: Optional[dict] = None, seed: int = 0,
             calib: Optional[Union[torch.Tensor, Whitening]] = None, max_rank: Optional[int] = None) -> BTDResult:
-    """BTD-(L, L, 1) with CPD-EPC initialisation (paper 004, Algorithm 3).
+    """BTD-(L, L, 1) with CPD-EPC initialisation (IrrAtt paper, Algorithm 3).
 
     Args:
         Y: (I, J, H) dense tensor or :class:`HeadFactors` (formed densely here).

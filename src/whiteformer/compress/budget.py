@@ -1,4 +1,4 @@
-"""Rank selection from a QK FLOPs budget (paper 004, Sec. 3.4).
+"""Rank selection from a QK FLOPs budget (IrrAtt paper, Sec. 3.4).
 
 Each block gets the largest rank whose QK MACs are at most ``qk_flops_ratio`` times those of the
 original MHSA QK part (local compression: the same ratio for every block):

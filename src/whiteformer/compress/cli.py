@@ -1,4 +1,4 @@
-"""``whiteformer compress``: compress a ViT / DeiT checkpoint's attention (paper 004) and save it.
+"""``whiteformer compress``: compress a ViT / DeiT checkpoint's attention (IrrAtt paper) and save it.
 
     whiteformer compress --checkpoint CKPT --model deit_t_p16 --qk irratt --qk-flops-ratio 0.5 \\
         --vo-rank 32 [--mlp-rank R] [--calib 64 --dataset digits] [model_args.KEY=VALUE ...] \\

@@ -1,4 +1,4 @@
-"""``compress_attention``: replace one timm-layout MHSA block by a compressed layer (paper 004).
+"""``compress_attention``: replace one timm-layout MHSA block by a compressed layer (IrrAtt paper).
 
 QK part: TruncAtt (per-head truncated SVD), CP SlimAtt (CPD-EPC) or IrrAtt (BTD-(L, L, 1) with
 Algorithm 1 rank selection, or identity fusion); VO part: TruncAtt or kept exact. Ranks are given

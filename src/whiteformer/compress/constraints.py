@@ -1,4 +1,4 @@
-"""Rank-constrained head fusion for fine-tuning CP SlimAtt (paper 004, Sec. 3.3, Eq. 7).
+"""Rank-constrained head fusion for fine-tuning CP SlimAtt (IrrAtt paper, Sec. 3.3, Eq. 7).
 
 The fusion matrix S^H (H x R) of each block is constrained to ``S^H >= 0`` and ``S^H S^H^T = I``.
 Non-negative rows that are orthonormal have disjoint supports, so every rank-1 term belongs to
@@ -101,7 +101,7 @@ def _scale_queries(layer, factors: torch.Tensor) -> None:
 @torch.no_grad()
 def apply_fusion_constraints(model: nn.Module, absorb_scale: bool = True) -> int:
     """Project every head-fusion matrix of ``model`` (IrrAtt with general fusion, C of shape
-    (H, blocks); CP SlimAtt, S^H of shape (H, R)) onto ``{S >= 0, S S^T = I}`` (paper 004, Sec. 3.3,
+    (H, blocks); CP SlimAtt, S^H of shape (H, R)) onto ``{S >= 0, S S^T = I}`` (IrrAtt paper, Sec. 3.3,
     Eq. 7) with :func:`project_fusion`: each column keeps only its head's entry, rows
     get unit norm. Call after each optimizer step (projected gradient). Returns the number of
     matrices projected (0 if the model has none).

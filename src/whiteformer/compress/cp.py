@@ -1,6 +1,6 @@
 """CP decomposition by ALS with the error-preserving correction (CPD-EPC).
 
-CP SlimAtt (paper 004, Sec. 2.4, Eq. 3) approximates the query-key tensor by
+CP SlimAtt (IrrAtt paper, Sec. 2.4, Eq. 3) approximates the query-key tensor by
 ``Y ~= sum_r S^Q(:, r) o S^K(:, r) o S^H(:, r)``; here the factors are called A (I x R), B (J x R),
 C (H x R).
 
@@ -235,7 +235,7 @@ def epc_correction(Y: TensorLike, factors, delta: float, *, n_iter_max: int = 50
 def cp(Y: TensorLike, rank: int, *, n_iter_max: int = 100, tol: float = 1e-8, init: str = "svd",
        epc: bool = True, epc_iter_max: int = 50, seed: int = 0,
        calib: Optional[Union[torch.Tensor, Whitening]] = None) -> CPResult:
-    """Rank-R CP decomposition of Y (I, J, H) by ALS, then CPD-EPC (paper 004, Sec. 2.4 / 3.2).
+    """Rank-R CP decomposition of Y (I, J, H) by ALS, then CPD-EPC (IrrAtt paper, Sec. 2.4 / 3.2).
 
     Args:
         Y: dense (I, J, H) tensor or :class:`HeadFactors` (ALS then runs from the factors).

@@ -1,4 +1,4 @@
-"""Data and fine-tuning of a compressed model (paper 004, Sec. 3.3 / Table 1's fine-tuned rows), the
+"""Data and fine-tuning of a compressed model (IrrAtt paper, Sec. 3.3 / Table 1's fine-tuned rows), the
 library side of ``whiteformer compress``: :func:`build_image_task` (a dataset's task, images resized
 to the model) and :func:`finetune_compressed` (the shared training step of :mod:`whiteformer.train.loop`
 with the head-fusion projection as its post-step hook)."""
@@ -36,7 +36,7 @@ def finetune_compressed(model: nn.Module, task, *, epochs: int = 1, lr: float = 
     """Fine-tune a compressed ``model`` in place on ``task`` with :func:`whiteformer.train.loop.finetune`
     (AdamW without decay on biases, norms and fusion matrices; constant LR). With
     ``fusion_constraints`` the fusion matrices are projected onto ``{S >= 0, S S^T = I}`` before
-    training and after every step (paper 004, Sec. 3.3, Eq. 7).
+    training and after every step (IrrAtt paper, Sec. 3.3, Eq. 7).
 
     Returns ``{"dataset", "epochs", "steps", "train_loss" (last epoch), "acc_before", "acc_after",
     "loss_before", "loss_after", "fusion_constraints", "time_s"}``.

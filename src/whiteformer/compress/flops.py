@@ -1,5 +1,5 @@
 """FLOPs of whole models and modules as counted by ``torch.utils.flop_counter``, next to the
-closed-form MACs formulas of MHSA and its compressed forms (paper 004, Sec. 2.2-3.4), which live with
+closed-form MACs formulas of MHSA and its compressed forms (IrrAtt paper, Sec. 2.2-3.4), which live with
 the layers in :mod:`whiteformer.attention.macs` and are re-exported here."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MLP compression by truncated SVD: each linear becomes two linears (paper 004, Sec. 4.7).
+"""MLP compression by truncated SVD: each linear becomes two linears (IrrAtt paper, Sec. 4.7).
 
 ``W (out x in) ~= U_r S_r V_r^T``: ``first.weight = S_r^{1/2} V_r^T``, ``second.weight = U_r S_r^{1/2}``.
 With calibration inputs X the activation-aware variant minimises ``||X (W - What)^T||_F``: with

@@ -1,4 +1,4 @@
-"""Whole-model attention compression of a ViT / DeiT (paper 004, Sec. 3.4 and Sec. 4, Table 1).
+"""Whole-model attention compression of a ViT / DeiT (IrrAtt paper, Sec. 3.4 and Sec. 4, Table 1).
 
 :func:`compress` replaces the MHSA of every block (``model.blocks[i].attn``, timm layout: ``qkv``,
 ``proj``, ``num_heads``) by a compressed layer (QK: TruncAtt, CP SlimAtt or IrrAtt; VO: TruncAtt)

@@ -1,4 +1,4 @@
-"""Per-head query-key and value-output forms of a timm-layout MHSA block (paper 004, Sec. 2.2-2.3).
+"""Per-head query-key and value-output forms of a timm-layout MHSA block (IrrAtt paper, Sec. 2.2-2.3).
 
 timm's ``Attention``: ``qkv = Linear(F, 3F)`` whose output rows are laid out as (3, H, p) (q rows
 0:F, k rows F:2F, v rows 2F:3F; head h = rows h*p:(h+1)*p within each), ``proj = Linear(F, F)``,

@@ -1,4 +1,4 @@
-"""The result of :func:`whiteformer.compress.compress`: :class:`CompressionReport` (paper 004,
+"""The result of :func:`whiteformer.compress.compress`: :class:`CompressionReport` (IrrAtt paper,
 Table 1's columns: per block the QK ranks and relative errors, for the model the FLOPs / parameter
 ratios), as a dict (:meth:`~CompressionReport.to_dict`) or markdown (:meth:`~CompressionReport.to_markdown`)."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ _METHOD_NAMES = {"truncatt": "TruncAtt", "cp": "CP SlimAtt", "irratt": "IrrAtt",
 
 @dataclass
 class CompressionReport:
-    """What :func:`compress` did (paper 004, Table 1's columns).
+    """What :func:`compress` did (IrrAtt paper, Table 1's columns).
 
     Attributes:
         config: the arguments of the call.

@@ -1,4 +1,4 @@
-"""TruncAtt: per-head truncated SVD of the query-key (or value-output) tensor (paper 004, Sec. 2.3).
+"""TruncAtt: per-head truncated SVD of the query-key (or value-output) tensor (IrrAtt paper, Sec. 2.3).
 
 ``Y[:, :, h] ~= A_h B_h^T`` with ``A_h`` (I x r_h) and ``B_h`` (J x r_h). Equal ranks give the paper's
 TruncAtt; per-head ranks give IrrAtt with identity head fusion (Sec. 3.1, Eq. 6).
@@ -107,7 +107,7 @@ def _whitening(calib, Y) -> Whitening:
 
 def truncatt(Y: TensorLike, ranks: Union[int, Sequence[int]], *,
              calib: Optional[Union[torch.Tensor, Whitening]] = None) -> TruncAttResult:
-    """Per-head truncated SVD ``Y[:, :, h] ~= A_h B_h^T`` of rank ``ranks[h]`` (paper 004, Sec. 2.3).
+    """Per-head truncated SVD ``Y[:, :, h] ~= A_h B_h^T`` of rank ``ranks[h]`` (IrrAtt paper, Sec. 2.3).
 
     Args:
         Y: (I, J, H) tensor or :class:`HeadFactors` (then no slice is formed: QR + p x p SVD).

@@ -3,7 +3,7 @@ stand-ins for LRA Text (IMDB reviews, Maas et al., 2011) and LRA Retrieval (ACL 
 Radev et al., 2013).
 
 A corpus (default: the shipped ``corpus/shakespeare_small.txt``, *Julius Caesar* and *King Lear*;
-``path`` takes any Gutenberg-style file such as ``../shared/data/shakespeare/complete_works.txt.xz``)
+``path`` takes any Gutenberg-style file such as Shakespeare's complete works, ``complete_works.txt.xz``)
 is cut into plays at their title lines (a title, a blank line, ``by William Shakespeare``) and each
 play into **speeches**: blank-line separated blocks whose first line is a speaker name ending in
 ``.`` (``BRUTUS.``, ``Kent.``). The speaker lines are dropped, so the model reads only what is said.

@@ -3,7 +3,7 @@
 The default corpus is the small public-domain text shipped with the package
 (``whiteformer/data/corpus/shakespeare_small.txt``: *Julius Caesar* and *King Lear*, see the README
 there); ``path`` (or ``data_dir``) points at any ``.txt``, ``.txt.xz`` or ``.txt.gz`` file, e.g.
-the full ``../shared/data/shakespeare/complete_works.txt.xz``.
+Shakespeare's complete works as ``complete_works.txt.xz``.
 
 The vocabulary is the sorted set of characters of the whole file (shared by the splits); the
 first ``1 - val_fraction`` of the characters form the "train" split, the rest "val" ("test" is an

@@ -1,5 +1,5 @@
 """Model surgery for compressed checkpoints: describe the compressed blocks of a model as a small
-JSON spec and rebuild them (paper 004 layers) on a fresh model before its weights are loaded.
+JSON spec and rebuild them (IrrAtt paper layers) on a fresh model before its weights are loaded.
 
 Each replaced layer is described by :func:`layer_spec` (layer type + sizes + ranks) and rebuilt
 empty by :func:`build_attention_layer`; a compressed MLP by :func:`mlp_spec` (the two ranks). A

@@ -23,16 +23,16 @@ Every entry point takes keyword overrides for any constructor argument, e.g. a s
 MNIST: ``create_model("tost_t12_p16", img_size=28, patch_size=4, depth=4, in_chans=1, num_classes=10)``.
 Parameter counts below are for 1000 classes at 224 px (measured; the tests check them).
 
-ToST (paper 001, Tables 2/5; official ``tost_cab_*``, qkv bias, eta 1.0 for 12 and 1e-5 for 24
+ToST (Wu et al., ICLR 2025, Tables 2/5; official ``tost_cab_*``, qkv bias, eta 1.0 for 12 and 1e-5 for 24
 blocks): T12 5.769M, S12 22.590M, T24 10.223M, S24 40.345M, M24 71.481M (the paper's Table 5 says
 68.1M for ToST-M; the official code builds 71.48M, which is what we match). p8 variants have the
 same counts minus the first conv stage (a little fewer parameters).
 
-DMST (paper 002): ToST-T/S with DMSA (one ``Linear(D, H)`` membership per block instead of TSSA's
+DMST (Liu et al., arXiv:2601.17042): ToST-T/S with DMSA (one ``Linear(D, H)`` membership per block instead of TSSA's
 ``temp``): 5.778M / 22.627M (the paper's Table I: 5.58M / 22.25M, with its own TSSA baselines at
 5.57M / 22.20M; the difference to ours is the baseline count, the increment ~D*H*L is the same).
 
-ECA (paper 003, Table 3): ECAttention blocks without MLP, ``x + alpha E(norm1(x)) - beta C(norm1(x))``
+ECA (ECAttention paper, Table 3): ECAttention blocks without MLP, ``x + alpha E(norm1(x)) - beta C(norm1(x))``
 (Eq. 4 on pre-normalised features; alpha, beta are the layer's learned scales, no layer scale), the
 same conv patch embedding, Fourier encoding and two class-attention blocks (with MLPs) as ToST.
 Head dimension p (the columns of each subspace basis U_k, ``ECAttention(head_dim=...)``) as the
@@ -116,7 +116,7 @@ class Block(nn.Module):
     ``mlp``: "mlp" (2-layer GELU MLP, ratio ``mlp_ratio``), "ista" (CRATE's ISTA step, ToST
     Table 8 ablation, in the same residual slot) or "none" (attention-only block, as ECA).
     A layer with its own learned scales (class attribute ``learned_scale = True``, e.g. ECAttention:
-    ``x + alpha E(norm1(x)) - beta C(norm1(x))``, paper 003 Eq. (4) on the normalised features)
+    ``x + alpha E(norm1(x)) - beta C(norm1(x))``, the ECAttention paper's Eq. (4) on the normalised features)
     gets no layer scale gamma1. ``prenorm=False`` drops norm1/norm2 (for ECA:
     ``x + alpha E(x) - beta C(x)``, Eq. (4) literally).
     Shapes: (B, N, C) -> (B, N, C).
@@ -193,7 +193,7 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
         use_pos: add the Fourier position encoding.
         prenorm: LayerNorm before the attention/MLP of each block (official: True). ECA models
             keep it by default (the ECA paper does not say; ``prenorm=False`` gives
-            ``x_{l+1} = x_l + ECAttention(x_l)``, paper 003 Eq. (4) literally).
+            ``x_{l+1} = x_l + ECAttention(x_l)``, the ECAttention paper's Eq. (4) literally).
         global_pool: what the head reads: "token" (the class token after class attention, official)
             or "avg" (the mean of the normalised patch tokens, as timm's XCiT).
 

@@ -1,6 +1,6 @@
 """ECAttention operators: feature expansion and compression by null-space projections
-("ECAttention: adaptive and principled feature expansion-compression with linear efficiency",
-paper 003; Eqs. (4)-(8), Algorithms 1, 2 and 4).
+("ECAttention: Adaptive and Principled Feature Expansion-Compression with Linear Efficiency",
+OpenReview Z6GFLePzmp; Eqs. (4)-(8), Algorithms 1, 2 and 4).
 
 With Z = [z_1 ... z_n] (C x N) the tokens of one sequence:
 

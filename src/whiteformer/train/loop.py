@@ -3,7 +3,7 @@ fine-tuning loop over a task.
 
 A step: the task's loss of the batch, backward, optional gradient-norm clipping, the optimizer
 and scheduler steps, then the ``post_step`` hooks (e.g. projecting constrained parameters back
-onto their set after each step, as IrrAtt's head-fusion matrices, paper 004 Sec. 3.3).
+onto their set after each step, as IrrAtt's head-fusion matrices, IrrAtt paper Sec. 3.3).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Plain reference of a compressed attention block from its dense QK / VO tensors (the oracle).
 
-``logits_h = [x, 1] Y_QK[:, :, h] x^T`` (paper 004, Sec. 2.3; the trailing 1 multiplies the
+``logits_h = [x, 1] Y_QK[:, :, h] x^T`` (IrrAtt paper, Sec. 2.3; the trailing 1 multiplies the
 query-bias row), ``A_h = softmax(logits_h)`` over the keys, ``y = sum_h A_h x Y_VO[:, :, h] + bias``
 (Eq. 2 with ``Y_VO[:, :, h] = W_h^V W_h^O^T``). With a (B, N) keep-mask, padded keys are excluded
 and outputs at padded positions are 0.

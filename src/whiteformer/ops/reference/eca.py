@@ -1,4 +1,4 @@
-"""Reference ECAttention operators (paper 003, Eqs. 4-8, Algorithms 1, 2 and 4), written for
+"""Reference ECAttention operators (ECAttention paper, Eqs. 4-8, Algorithms 1, 2 and 4), written for
 clarity: one sequence and one head at a time, explicit projection matrices I - Q Q^T.
 
 Padding is handled literally: each sequence is cut to its real tokens (in order) and processed

@@ -1,4 +1,4 @@
-"""Triton kernels for TSSA, causal TSSA and the causal TSSA step (the GPU path; issue 15).
+"""Triton kernels for TSSA, causal TSSA and the causal TSSA step (the GPU path).
 
 One module per operator: :mod:`.tssa`, :mod:`.causal_tssa`, :mod:`.causal_tssa_step`, each with
 its kernels, a ``torch.library`` custom op pair (forward, backward) with a fake implementation

@@ -1,5 +1,5 @@
 """Memory-traffic model of the Triton kernels: bytes each launch reads and writes, per op call,
-against the op's minimum (issue 23).
+against the op's minimum.
 
 A launch's bytes come from its recorded grid, tile constexprs and arguments
 (:mod:`._launches`), per pointer argument, by the access pattern each kernel module declares in
