@@ -209,7 +209,7 @@ def test_disk_full_while_saving_is_one_error_line(tmp_path, monkeypatch, capsys)
         raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
                               'message: "No space left on device" })')
 
-    monkeypatch.setattr(mc, "save_pretrained", full)
+    monkeypatch.setattr(mc, "write_model_files", full)
     rc = main(["train", *SUBSPACES, "--steps", "2", "--out", str(tmp_path / "run")])
     line = one_error_line(capsys, rc)
     assert "No space left on device" in line and "previous checkpoints are intact" in line

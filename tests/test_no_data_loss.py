@@ -300,9 +300,9 @@ def test_compress_refuses_a_non_empty_out_and_overwrite_keeps_the_other_files(de
 
 
 def test_compress_killed_mid_write_does_not_block_the_rerun_and_a_live_one_is_named(deit_run, tmp_path, capsys):
-    """A command killed while staging its files left ``--out/.tmp-output-PID`` (a model-sized file
-    inside): the rerun was refused ("not empty (.tmp-output-PID)") and the directory stayed for good,
-    even after ``--overwrite``. A command still writing there is named instead."""
+    """A command killed while staging its files left a model-sized file behind: the rerun was refused
+    ("not empty") and the leftover stayed for good, even after ``--overwrite``. A command still writing
+    there is named instead."""
     from whiteformer.train.outputs import check_output_dir, staged_output
 
     out = tmp_path / "out"
@@ -312,10 +312,11 @@ def test_compress_killed_mid_write_does_not_block_the_rerun_and_a_live_one_is_na
             "    os.kill(os.getpid(), signal.SIGKILL)\n")
     env = dict(_env(), PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
     assert subprocess.run([sys.executable, "-c", code, str(out)], env=env).returncode == -9
-    assert [p.name for p in out.iterdir()][0].startswith(".tmp-output-")
+    assert not out.exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.")]
     assert main(["compress", "--checkpoint", str(deit_run), *COMPRESS, "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["compression_report.json", "compression_report.md",
                                                      "config.json", "model.safetensors", "whiteformer_auto.py"]
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.")]
     busy = tmp_path / "busy"
     with staged_output(busy, overwrite=False) as stage:
         (stage / "x").write_text("being written")
@@ -434,3 +435,196 @@ def test_save_pretrained_with_a_variant_never_writes_through_links(tmp_path):
     assert snapshot(outside) == kept
     assert json.loads((folder / "model.safetensors.index.fp16.json").read_text())["weight_map"]
     assert (folder / "model.fp32.safetensors").is_symlink()  # not a name this save writes: left alone
+
+
+# ----------------------------------------------------------------------------- a model folder is one unit
+def _tiny_lm(dim, seed):
+    import torch
+
+    from whiteformer import create_model
+
+    torch.manual_seed(seed)
+    return create_model("tost_lm_base", vocab_size=16, dim=dim, depth=1, num_heads=2, max_len=8)
+
+
+def _hf_lm(dim, seed):
+    import torch
+
+    pytest.importorskip("transformers")
+    import whiteformer.hf  # noqa: F401
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model("whiteformer-tost-lm", model_name="tost_lm_base",
+                                  init_kwargs=dict(vocab_size=16, dim=dim, depth=1, num_heads=2, max_len=8))
+    return AutoModelForCausalLM.from_config(config)
+
+
+def _save_checkpoint(model, folder):
+    from whiteformer.train.checkpoint import save_checkpoint
+
+    assert folder.name == "step_00000001"
+    save_checkpoint(folder.parent, 1, model, {"optimizer": {}}, keep_last=5)
+
+
+def _compress_out(model, folder):
+    from whiteformer.models.checkpoint import write_model_files
+    from whiteformer.train.outputs import staged_output
+
+    with staged_output(folder, overwrite=True) as stage:
+        write_model_files(model, stage)
+        (stage / "compression_report.md").write_text(f"report of {model.init_kwargs['dim']}\n")
+
+
+#: every writer of a model folder: (build a model of width dim, write it into the folder)
+WRITERS = {"zoo": (_tiny_lm, lambda m, d: m.save_pretrained(d)),
+           "transformers": (_hf_lm, lambda m, d: m.save_pretrained(d)),
+           "checkpoint": (_tiny_lm, _save_checkpoint),
+           "compress": (_tiny_lm, _compress_out)}
+
+
+def _model_pair(folder):
+    """(config.json, model.safetensors) of a folder, as what a loader reads (None where missing; the
+    order of a safetensors header's entries varies from one save to the next)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config = (folder / "config.json").read_text() if (folder / "config.json").is_file() else None
+    weights = None
+    if (folder / "model.safetensors").is_file():
+        weights = sorted((k, t.numpy().tobytes()) for k, t in load_file(folder / "model.safetensors").items())
+    return config, weights
+
+
+def _in_child(fn, kill_at=None, file_limit=None):
+    """Run ``fn()`` in a forked process; it is killed (``os._exit``, no clean-up) at its ``kill_at``-th
+    rename (``os.rename``, ``os.replace`` or the atomic exchange), or writes under a file-size limit (a
+    full disk: ``EFBIG``). Returns its exit code: 0 done, 1 failed, 9 killed."""
+    import resource
+    import signal
+
+    import whiteformer._files as files
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            if kill_at is not None:
+                calls = [0]
+
+                def counting(real):
+                    def wrapper(*a, **kw):
+                        calls[0] += 1
+                        if calls[0] == kill_at:
+                            os._exit(9)
+                        return real(*a, **kw)
+                    return wrapper
+
+                os.rename, os.replace, files._exchange = (counting(f) for f in (os.rename, os.replace, files._exchange))
+            if file_limit is not None:
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
+            fn()
+            code = 0
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def _leftovers(folder):
+    """What writers left beside or inside the folder (hidden names other than the user's)."""
+    near = [p.name for p in folder.parent.iterdir() if p.name.startswith("." + folder.name)]
+    inside = [p.name for p in folder.iterdir() if p.name.startswith(".")] if folder.is_dir() else []
+    return near + inside
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_a_model_folder_is_old_or_new_whole_when_a_save_is_killed_at_any_rename(tmp_path, writer):
+    """A kill between the renames of one save left the new config.json with the old weights (the
+    folder then loaded as neither model), and safetensors' temporaries in the folder for good."""
+    build, save = WRITERS[writer]
+    old, new = build(16, 0), build(24, 1)
+    folder = tmp_path / "ref" / "step_00000001"
+    save(new, folder)
+    new_pair = _model_pair(folder)
+    k, killed = 1, 0
+    while True:
+        folder = tmp_path / f"k{k}" / "step_00000001"
+        save(old, folder)
+        (folder / "notes.txt").write_text("mine")
+        old_pair = _model_pair(folder)
+        code = _in_child(lambda: save(new, folder), kill_at=k)
+        assert _model_pair(folder) in (old_pair, new_pair), (writer, k)
+        if code == 0:
+            break
+        assert code == 9, code
+        killed += 1
+        save(new, folder)  # the next save: whole, and nothing of the killed one survives it
+        assert _model_pair(folder) == new_pair and not _leftovers(folder), (writer, k, _leftovers(folder))
+        if writer != "checkpoint":
+            assert (folder / "notes.txt").read_text() == "mine"
+        k += 1
+    assert killed >= 1
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_a_full_disk_never_breaks_the_model_already_in_the_folder(tmp_path, writer):
+    """On a full disk the transformers wrapper wrote config.json, then failed on the weights: the old
+    model no longer loaded."""
+    build, save = WRITERS[writer]
+    old, new = build(16, 0), build(96, 1)
+    folder = tmp_path / "m" / "step_00000001"
+    save(old, folder)
+    before = snapshot(folder.parent)
+    limit = (folder / "model.safetensors").stat().st_size + 4096  # the new weights do not fit
+    assert _in_child(lambda: save(new, folder), file_limit=limit) == 1
+    assert snapshot(folder.parent) == before
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_two_writers_on_one_folder_one_wins_whole_or_the_second_is_refused(tmp_path, writer, monkeypatch):
+    """Two processes saving into one folder ended with one model's config and the other's weights."""
+    import time
+
+    import whiteformer._files as files
+
+    build, save = WRITERS[writer]
+    a, b = build(16, 0), build(24, 1)
+    pairs = []
+    for m in (a, b):
+        save(m, tmp_path / "ref" / m.__class__.__name__ / str(len(pairs)) / "step_00000001")
+        pairs.append(_model_pair(tmp_path / "ref" / m.__class__.__name__ / str(len(pairs)) / "step_00000001"))
+    real = files._settle
+    monkeypatch.setattr(files, "_settle", lambda stage: (time.sleep(0.3), real(stage)))  # the writes overlap
+    folder = tmp_path / "m" / "step_00000001"
+    pids = []
+    for m in (a, b):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 1
+            try:
+                save(m, folder)
+                code = 0
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]
+    assert 0 in codes and set(codes) <= {0, 1}, codes
+    assert _model_pair(folder) in pairs and not _leftovers(folder)
+    if codes == [0, 1]:
+        assert _model_pair(folder) == pairs[0]
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_model_files_get_the_mode_of_a_new_file(tmp_path, writer):
+    """safetensors writes its file 0o600 and renames it over the project's: every model.safetensors
+    was -rw------- under umask 022."""
+    build, save = WRITERS[writer]
+    old = os.umask(0o002)
+    try:
+        save(build(16, 0), tmp_path / "m" / "step_00000001")
+    finally:
+        os.umask(old)
+    folder = tmp_path / "m" / "step_00000001"
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in folder.iterdir()} == \
+        {p.name: "0o664" for p in folder.iterdir()}

@@ -171,6 +171,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..models.checkpoint import read_config
     from ..train.distributed import resolve_device
     from ..train.evaluate import resolve_checkpoint
+    from ..models.checkpoint import write_model_files
     from ..train.outputs import staged_output
     from .model import compress
 
@@ -236,7 +237,7 @@ def _run(args: argparse.Namespace) -> int:
     out = check_out(args.out, args.checkpoint, ckpt, args.overwrite)
     md = report.to_markdown()
     with staged_output(out, overwrite=args.overwrite) as stage:  # moved into --out only once all is written
-        new.save_pretrained(stage)
+        write_model_files(new, stage)
         (stage / "compression_report.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n",
                                                        encoding="utf-8")
         (stage / "compression_report.md").write_text(md, encoding="utf-8")

@@ -40,10 +40,11 @@ from transformers.modeling_outputs import (BaseModelOutputWithPast, BaseModelOut
                                            CausalLMOutputWithPast, ImageClassifierOutput)
 
 from .._checks import is_int
+from .._files import replace_folder
 from .._import_hooks import when_imported
 from ..models import create_model
 from ..models.checkpoint import check_file_dtypes
-from ..models.hf_remote import write_remote_code
+from ..models.hf_remote import REMOTE_CODE_NAME, write_remote_code
 from .cache import WhiteformerCache
 from .generation import (check_generation_config, check_prompt_mask, check_user_cache, kept_positions,
                          refuse_continuous_batching)
@@ -160,20 +161,24 @@ class WhiteformerPreTrainedModel(PreTrainedModel):
         this package's source files into every folder saved afterwards)."""
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """``PreTrainedModel.save_pretrained``, which (as for any ``transformers`` model) replaces the
-        files it writes in an existing directory (``config.json``, ``generation_config.json``,
-        ``model*.safetensors``, the shard index) and keeps the others; a symbolic link in the place of
-        one of those is removed first, so its target is never written through. Then the folder's
-        ``whiteformer_auto.py`` (what ``auto_map`` names, so that ``trust_remote_code=True`` loads it
-        without ``import whiteformer``)."""
-        folder, written = Path(save_directory), _written(kwargs.get("variant"))
-        if folder.is_dir():
-            for p in folder.iterdir():
-                if p.is_symlink() and written.fullmatch(p.name):
-                    p.unlink()
-        out = super().save_pretrained(save_directory, *args, **kwargs)
-        write_remote_code(save_directory)
-        return out
+        """``PreTrainedModel.save_pretrained`` plus the folder's ``whiteformer_auto.py`` (what ``auto_map``
+        names, so that ``trust_remote_code=True`` loads it without ``import whiteformer``), written into a
+        new folder that then replaces the model in ``save_directory`` as one unit
+        (:func:`whiteformer._files.staged_folder`): a reader never sees one save's config with another's
+        weights, a failed save (a full disk) leaves the model already there, and a second save into the
+        folder while one is writing is refused. As for any ``transformers`` model, the files it writes
+        (``config.json``, ``generation_config.json``, ``model*.safetensors``, the shard index) are
+        replaced and the folder's other files kept; a link there is replaced, never written through."""
+        written = _written(kwargs.get("variant"))
+        out = []
+
+        def write(stage: Path) -> None:
+            out.append(super(WhiteformerPreTrainedModel, self).save_pretrained(stage, *args, **kwargs))
+            write_remote_code(stage)
+
+        replace_folder(save_directory, write,
+                       keep=lambda name: not written.fullmatch(name) and name != REMOTE_CODE_NAME)
+        return out[0]
 
     def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,
                                     every_n_layers: int = 1) -> None:

@@ -8,7 +8,10 @@ Own format (a directory)::
                                "auto_map" (transformers' remote-code entry, see models.hf_remote)}
     <dir>/whiteformer_auto.py the module auto_map names (imports whiteformer.hf; models.hf_remote)
 
-written atomically (temporary file + ``os.replace``) by ``model.save_pretrained(dir)``.
+written by ``model.save_pretrained(dir)`` as one unit: the files go into a new folder beside
+``dir`` that then takes its place in one atomic step (:func:`whiteformer._files.staged_folder`), so a
+reader never sees the new config with the old weights, and a failed or killed save (a full disk)
+leaves the model already there as it was; the folder's other files are kept.
 ``create_model(name, checkpoint_path=dir)`` uses the saved ``init_kwargs`` as defaults under the
 caller's overrides, so a small variant loads back with one call; :func:`whiteformer.from_pretrained`
 does the same from the saved ``model_name``.
@@ -40,9 +43,9 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 import torch.nn as nn
 
-from .._files import atomic_write, write_text
+from .._files import replace_folder
 from .._utils import to_jsonable
-from .hf_remote import auto_map, write_remote_code
+from .hf_remote import REMOTE_CODE_NAME, auto_map, write_remote_code
 
 __all__ = [
     "CheckpointFileError",
@@ -54,12 +57,15 @@ __all__ = [
     "read_json",
     "read_state_dict",
     "save_pretrained",
+    "write_model_files",
     "WEIGHTS_NAME",
     "CONFIG_NAME",
 ]
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
+#: the files of a model folder (a new save replaces them all; the folder's other files stay)
+MODEL_FILES = (WEIGHTS_NAME, CONFIG_NAME, REMOTE_CODE_NAME)
 FORMAT = "whiteformer-v1"
 _TORCH_EXTS = (".pth", ".pt", ".bin", ".ckpt")
 _ALIAS_KEY = "whiteformer_aliases"
@@ -166,12 +172,17 @@ def _dedup_state_dict(state_dict: Mapping[str, torch.Tensor]):
 
 
 def save_pretrained(model: nn.Module, save_dir: PathLike) -> Path:
-    """Save ``model`` in the own format (see module docstring). Returns the directory path."""
-    from safetensors.torch import save_file
-
+    """Save ``model`` in the own format (see module docstring), replacing the model in ``save_dir`` as
+    one unit and keeping the folder's other files. Returns the directory path."""
     save_dir = Path(save_dir)
     if save_dir.exists() and not save_dir.is_dir():
         raise ValueError(f"save_dir {str(save_dir)!r} exists and is not a directory")
+    _model_config(model)  # refused before anything is written
+    return replace_folder(save_dir, lambda folder: write_model_files(model, folder),
+                          keep=lambda name: name not in MODEL_FILES)
+
+
+def _model_config(model: nn.Module) -> Dict[str, Any]:
     init_kwargs = getattr(model, "init_kwargs", None)
     if init_kwargs is None:
         raise TypeError(f"{type(model).__name__} does not record init_kwargs; inherit PretrainedMixin")
@@ -187,15 +198,23 @@ def save_pretrained(model: nn.Module, save_dir: PathLike) -> Path:
     from .._version import __version__
 
     config["version"] = __version__
-    tensors, aliases = _dedup_state_dict(model.state_dict())
-    save_dir.mkdir(parents=True, exist_ok=True)
-    metadata = {"format": "pt", _ALIAS_KEY: json.dumps(aliases)}
-    atomic_write(save_dir / WEIGHTS_NAME, lambda p: save_file(tensors, p, metadata=metadata))
+    return config
 
+
+def write_model_files(model: nn.Module, folder: PathLike) -> Path:
+    """Write the model's files into the new, private ``folder`` (a stage of
+    :func:`whiteformer._files.staged_folder`, which makes them one unit): the weights, the code
+    ``auto_map`` names, then ``config.json``."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    config = _model_config(model)
+    tensors, aliases = _dedup_state_dict(model.state_dict())
+    save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt", _ALIAS_KEY: json.dumps(aliases)})
     if config.get("auto_map"):
-        write_remote_code(save_dir)
-    write_text(save_dir / CONFIG_NAME, json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return save_dir
+        write_remote_code(folder)
+    (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return folder
 
 
 # ----------------------------------------------------------------------------- reading

@@ -8,10 +8,10 @@ Layout of one checkpoint (a directory ``<run>/checkpoints/step_00001234/``)::
     trainer_state.pt     step, epoch, optimizer, scheduler and RNG states (``torch.load(weights_only)``)
     manifest.json        size and sha256 of every file above; written last
 
-Atomicity: everything is written into a hidden temporary directory ``.tmp-step_...`` in the same
-parent, flushed to disk, and only then renamed to ``step_...`` (``os.replace``/``os.rename`` are
-atomic on POSIX); a process killed at any moment leaves either the previous set of checkpoints or
-the new complete one (plus an ignored temporary directory that the next run removes). A
+Atomicity: everything is written into a hidden new directory beside ``step_...``, flushed to disk,
+and only then put in its place in one atomic step (:func:`whiteformer._files.staged_folder`); a
+process killed at any moment leaves either the previous set of checkpoints or the new complete one
+(plus an ignored temporary directory that the next run removes). A
 checkpoint whose files do not match its manifest (truncated, corrupted) raises
 :class:`CheckpointError`, and :func:`latest_checkpoint` falls back to the previous one.
 """
@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from .._files import is_stage, staged_folder
 from .outputs import remove_entry
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_training_checkpoint", "verify_checkpoint", "list_checkpoints",
@@ -90,16 +91,6 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(str(path), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover - some file systems do not support fsync on directories
-        pass
-    finally:
-        os.close(fd)
-
-
 def _step_of(path: Path) -> Optional[int]:
     name = path.name
     if not name.startswith(_PREFIX):
@@ -139,7 +130,7 @@ def remove_stale_temporaries(root) -> None:
     root = Path(root)
     if root.is_dir():
         for p in root.iterdir():
-            if p.name.startswith(".tmp-") or p.name.startswith(".trash-"):
+            if p.name.startswith(".tmp-") or p.name.startswith(".trash-") or is_stage(p.name, _PREFIX):
                 _discard(p)
 
 
@@ -150,42 +141,25 @@ def save_checkpoint(root, step: int, model: nn.Module, trainer_state: Dict[str, 
     """Write checkpoint ``step`` atomically under ``root``; keep the newest ``keep_last``."""
     from safetensors.torch import save_file
 
-    from ..models.checkpoint import _dedup_state_dict, save_pretrained
+    from ..models.checkpoint import _dedup_state_dict, write_model_files
 
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(step)
-    tmp = root / f".tmp-{final.name}-{os.getpid()}"
-    if os.path.lexists(tmp):
-        remove_entry(tmp)
-    tmp.mkdir()
     try:
-        save_pretrained(model, tmp)
-        if ema_state is not None:
-            tensors, aliases = _dedup_state_dict(ema_state)
-            save_file(tensors, str(tmp / EMA_WEIGHTS), metadata={"format": "pt",
-                                                                 "whiteformer_aliases": json.dumps(aliases)})
-        torch.save({**trainer_state, "step": step, "format": FORMAT}, str(tmp / TRAINER_STATE))
-        for name, text in (extra_files or {}).items():
-            (tmp / name).write_text(text, encoding="utf-8")
-        files = sorted(p.name for p in tmp.iterdir() if p.is_file() and not p.name.startswith("."))
-        manifest = {"format": FORMAT, "step": step,
-                    "files": {n: {"size": (tmp / n).stat().st_size, "sha256": _sha256(tmp / n)} for n in files}}
-        for n in files:
-            _fsync(tmp / n)
-        with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync(tmp)
-        if final.exists():  # e.g. a corrupt checkpoint of the same step that resume skipped
-            trash = root / f".trash-{final.name}-{os.getpid()}"
-            os.rename(final, trash)
-            _discard(trash)
-        os.rename(tmp, final)
-        _fsync(root)
+        with staged_folder(final, keep=False) as tmp:
+            write_model_files(model, tmp)
+            if ema_state is not None:
+                tensors, aliases = _dedup_state_dict(ema_state)
+                save_file(tensors, str(tmp / EMA_WEIGHTS), metadata={"format": "pt",
+                                                                     "whiteformer_aliases": json.dumps(aliases)})
+            torch.save({**trainer_state, "step": step, "format": FORMAT}, str(tmp / TRAINER_STATE))
+            for name, text in (extra_files or {}).items():
+                (tmp / name).write_text(text, encoding="utf-8")
+            files = sorted(p.name for p in tmp.iterdir() if p.is_file() and not p.name.startswith("."))
+            manifest = {"format": FORMAT, "step": step,
+                        "files": {n: {"size": (tmp / n).stat().st_size, "sha256": _sha256(tmp / n)} for n in files}}
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")  # last
     except BaseException as err:
-        _discard(tmp)
         if isinstance(err, (OSError, RuntimeError)) or type(err).__name__ == "SafetensorError":
             # Disk full, read-only, quota: the previous checkpoints are intact.
             raise CheckpointError(f"cannot write checkpoint {str(final)!r}: {err} (the previous checkpoints are "

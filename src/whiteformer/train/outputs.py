@@ -5,11 +5,11 @@
 - :func:`replace_entry`: put a freshly written file or directory in the place of an old one
   (a link there is replaced by the new entry; its target is left alone).
 - :func:`check_output_dir` / :func:`staged_output`: an ``--out`` directory of ``compress`` and
-  ``analyze`` must be missing or empty unless ``--overwrite``; the files are written into a hidden
-  directory inside it first and moved into place only when the command has succeeded, so a
-  failed command changes nothing and ``--overwrite`` replaces only the names it writes. The hidden
-  directory is locked (``flock``) while its command lives: one left by a killed command is not
-  counted as the user's and is removed by the next one; one in use is an error naming it.
+  ``analyze`` must be missing or empty unless ``--overwrite``; the files are written into a new
+  folder beside it, which replaces it as one unit only when the command has succeeded
+  (:func:`whiteformer._files.staged_folder`), so a failed or killed command changes nothing and
+  ``--overwrite`` replaces only the names it writes. A living command writing the same directory is
+  an error naming it; what a killed one left is removed by the next one.
 - :func:`say`: print a line; when stdout is a closed pipe (``whiteformer train ... | head``), stop
   printing and carry on: the run must not end because nobody reads its log.
 """
@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+from .._files import folder_writer, staged_folder
 from .configuration import ConfigError
 
 __all__ = ["remove_entry", "replace_entry", "check_output_dir", "staged_output", "say"]
@@ -59,51 +60,18 @@ def replace_entry(src, dest) -> None:
         remove_entry(trash)
 
 
-STAGE_PREFIX = ".tmp-output-"
-
-
-def _lock_stage(path: Path):
-    """An exclusive ``flock`` on the staging directory ``path``: its descriptor, or None when a living
-    command holds it (the kernel frees it when that command dies, even on SIGKILL)."""
-    import fcntl
-
-    fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def _stages(p: Path):
-    """``(left, busy)``: the staging directories in ``p`` that a killed command left, and the names of
-    those a living command is writing."""
-    left, busy = [], []
-    for e in p.iterdir():
-        if e.name.startswith(STAGE_PREFIX) and not e.is_symlink() and e.is_dir():
-            fd = _lock_stage(e)
-            if fd is None:
-                busy.append(e.name)
-            else:
-                os.close(fd)
-                left.append(e)
-    return left, busy
-
-
 def check_output_dir(out, *, overwrite: bool, flag: str = "--out") -> Path:
     """``out`` as a Path when a command may write there: missing, an empty directory, or (only with
-    ``overwrite``) a directory with files; anything else is a :class:`ConfigError` saying why. What a
-    killed command left of its staging directory does not count; one in use by a living command is
-    an error."""
+    ``overwrite``) a directory with files; anything else is a :class:`ConfigError` saying why. A living
+    command writing the same directory is an error naming it."""
     p = Path(out).expanduser()
     if os.path.lexists(p) and not p.is_dir():
         raise ConfigError(f"{flag} {str(out)!r} exists and is not a directory")
-    left, busy = _stages(p) if p.is_dir() else ([], [])
+    busy = folder_writer(p)
     if busy:
-        raise ConfigError(f"{flag} {str(out)!r} is in use by another command (writing {busy[0]}); wait for it to "
+        raise ConfigError(f"{flag} {str(out)!r} is in use by another command (writing {busy}); wait for it to "
                           f"finish, or choose another {flag}")
-    entries = sorted(e.name for e in p.iterdir() if e not in left) if p.is_dir() else []
+    entries = sorted(e.name for e in p.iterdir()) if p.is_dir() else []
     if entries and not overwrite:
         what = ", ".join(entries[:6]) + (", ..." if len(entries) > 6 else "")
         raise ConfigError(f"{flag} {str(out)!r} is not empty ({what}); choose another {flag}, or pass --overwrite to "
@@ -113,34 +81,16 @@ def check_output_dir(out, *, overwrite: bool, flag: str = "--out") -> Path:
 
 @contextlib.contextmanager
 def staged_output(out, *, overwrite: bool, flag: str = "--out") -> Iterator[Path]:
-    """Checked by :func:`check_output_dir`, then yields a hidden directory inside ``out`` to write
-    into; on success each entry written there replaces the one of the same name in ``out`` (other
-    files are kept), on failure nothing in ``out`` changes (a directory created for it is removed)."""
+    """Checked by :func:`check_output_dir`, then yields a new folder to write into; on success it
+    replaces ``out`` as one unit (:func:`whiteformer._files.staged_folder`: the entries of ``out`` not
+    written again are kept), on failure nothing in ``out`` changes."""
     p = check_output_dir(out, overwrite=overwrite, flag=flag)
-    created = not p.exists()
     try:
-        p.mkdir(parents=True, exist_ok=True)
+        p.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ConfigError(f"{flag} {str(out)!r}: cannot create the directory ({err.strerror or err})") from err
-    stage = p / f"{STAGE_PREFIX}{os.getpid()}"
-    if os.path.lexists(stage):
-        remove_entry(stage)
-    stage.mkdir()
-    fd = _lock_stage(stage)
-    try:
-        for old in _stages(p)[0]:  # what killed commands left
-            if old != stage:
-                remove_entry(old)
+    with staged_folder(p) as stage:
         yield stage
-        for entry in sorted(stage.iterdir()):
-            replace_entry(entry, p / entry.name)
-    finally:
-        if os.path.lexists(stage):
-            remove_entry(stage)
-        if fd is not None:
-            os.close(fd)
-        if created and not any(p.iterdir()):
-            p.rmdir()
 
 
 def say(msg: str) -> None:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from .._files import is_temporary
+from .._files import is_stage, is_temporary
 from ..models.factory import RUN_EMA_MODEL_DIR, RUN_MODEL_DIR
 from .checkpoint import list_checkpoints, list_quarantined
 from .configuration import ConfigError
@@ -110,7 +110,7 @@ def _is_unfinished_final(name: str) -> bool:
     """A ``final*/`` being written or replaced when the run was killed (the trainer's own names), or
     the temporary file of one of the run's files (``config.yaml``, the report, ...) it was writing."""
     return (any(name.startswith(f"{pre}{n}-") for pre in (".tmp-", ".trash-") for n in FINAL_DIRS)
-            or any(is_temporary(name, n) for n in RUN_FILES))
+            or any(is_temporary(name, n) or is_stage(name, n) for n in RUN_FILES))
 
 
 def remove_unfinished_finals(run_dir) -> None:

@@ -27,6 +27,8 @@ from typing import Any, Dict, Optional
 import torch
 import torch.nn as nn
 
+from .._files import staged_folder
+from ..models.checkpoint import write_model_files
 from ..models.factory import RUN_EMA_MODEL_DIR, RUN_MODEL_DIR
 from . import distributed as D
 from .build import build_datasets, build_model, check_names, describe, make_task
@@ -40,7 +42,7 @@ from .metrics import MetricsLogger, truncate_metrics
 from .optim import build_optimizer
 from .schedule import build_scheduler
 from .loop import train_step
-from .outputs import remove_entry, replace_entry, say as _say
+from .outputs import say as _say
 from .rundir import (LOCK_NAME, check_run_dir, drop_stashes, no_intact_checkpoint, open_run_dir,
                      remove_unfinished_finals, restore_stash, stash_run_files)
 from .schedule import extend_schedule
@@ -471,14 +473,11 @@ class Trainer:
             for name, mod in ((RUN_MODEL_DIR, self.module), (RUN_EMA_MODEL_DIR, self.ema.module if self.ema else None)):
                 if mod is None:
                     continue
-                # Written beside, then renamed into place: a link named final/ is replaced, never written through.
-                tmp = self.run_dir / f".tmp-{name}-{os.getpid()}"
-                if os.path.lexists(tmp):
-                    remove_entry(tmp)
-                out = mod.save_pretrained(tmp)
-                for fname, text in extra.items():
-                    (out / fname).write_text(text, encoding="utf-8")
-                replace_entry(tmp, self.run_dir / name)
+                # Written beside, then swapped into place: a link named final/ is replaced, never written through.
+                with staged_folder(self.run_dir / name, keep=False) as stage:
+                    write_model_files(mod, stage)
+                    for fname, text in extra.items():
+                        (stage / fname).write_text(text, encoding="utf-8")
             drop_stashes(self.run_dir, self.say)  # the replaced run goes only now that this one has its model
             info = {"model": cfg.model, "dataset": cfg.dataset, "command": self.command, "eval_split": cfg.eval_split,
                     "steps": self.total_steps, "epochs": round(self.total_steps / self.steps_per_epoch, 2),
