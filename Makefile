@@ -7,10 +7,12 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
+# the Triton whose interpreter runs the kernels in the tests (a CPU torch pins none)
+TRITON_VERSION ?= 3.9.0
 STAMP  := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.installed-test-stamp
 
-.PHONY: demo test install clean bench
+.PHONY: demo test install clean bench gpu-wheels gpu-check-dry version-matrix
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +25,7 @@ $(STAMP): $(PY) pyproject.toml
 
 # the tests also run the Triton kernels through Triton's interpreter: install the [triton] extra
 $(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install "triton==$(TRITON_VERSION)"
 	$(PY) -m pip install -e ".[all,triton]"
 	touch $(TEST_STAMP)
 
@@ -36,6 +39,22 @@ test: $(TEST_STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
+
+# pure-Python wheels the GPU check installs on a GPU machine that has torch / Triton / transformers
+# but no package index: `python -m benchmarks.gpu_check --wheels $(GPU_WHEELS) --out DIR`
+GPU_WHEELS ?= build/gpu-wheels
+gpu-wheels:
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: -d $(GPU_WHEELS) -r benchmarks/gpu_check/requirements.txt
+
+# the GPU check's whole pipeline on this CPU (Triton's interpreter, tiny sizes)
+gpu-check-dry: $(TEST_STAMP)
+	$(PY) -m benchmarks.gpu_check --dry-run --overwrite --out build/gpu-check-dry
+
+# the fast test subset under torch 2.11 and the newest torch, in scratch environments outside the
+# repository (VERSION_MATRIX_ENVS: torch2.11,torch2.15,torch2.7); results: benchmarks/results/version_matrix.json
+VERSION_MATRIX_ENVS ?= torch2.11,torch2.15
+version-matrix:
+	$(PYTHON) tools/version_matrix.py --envs $(VERSION_MATRIX_ENVS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -80,8 +80,10 @@ def backend(name: str) -> Iterator[None]:
             os.environ[ENV] = old
 
 
-def cuda_time(fn: Callable[[], Any]) -> float:
-    """Seconds of one call, measured with CUDA events."""
+def cuda_time(fn: Callable[[], Any], device: str = "cuda") -> float:
+    """Seconds of one call, measured with CUDA events (wall clock on a CPU, for dry runs)."""
+    if not device.startswith("cuda"):
+        return common.time_call(fn, device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
@@ -90,22 +92,23 @@ def cuda_time(fn: Callable[[], Any]) -> float:
     return start.elapsed_time(end) / 1e3
 
 
-def clone_ratio(op: Callable[[], Any], base: Callable[[], Any], repeats: int, warmup: int) -> Dict[str, Any]:
+def clone_ratio(op: Callable[[], Any], base: Callable[[], Any], repeats: int, warmup: int,
+                device: str = "cuda") -> Dict[str, Any]:
     for _ in range(warmup):
         base()
         op()
     t_op: List[float] = []
     t_base: List[float] = []
     for _ in range(repeats):
-        t_base.append(cuda_time(base))
-        t_op.append(cuda_time(op))
+        t_base.append(cuda_time(base, device))
+        t_op.append(cuda_time(op, device))
     return {"time_s": statistics.median(t_op), "clone_s": statistics.median(t_base),
             "ratio": statistics.median(a / b for a, b in zip(t_op, t_base)), "ratio_min": min(t_op) / min(t_base),
             "runs": repeats}
 
 
-def peak_bytes(fn: Callable[[], Any]) -> int:
-    with common.PeakMemory("cuda") as mem:
+def peak_bytes(fn: Callable[[], Any], device: str = "cuda") -> int:
+    with common.PeakMemory(device) as mem:
         fn()
     return int(mem.delta)
 
@@ -129,18 +132,18 @@ def op_functions(impl: str) -> Dict[str, Callable]:
     return fns
 
 
-def bench_ops(args, dtype: torch.dtype) -> List[Dict[str, Any]]:
+def bench_ops(args, dtype: torch.dtype, device: str = "cuda", impls: Sequence[str] = IMPLS) -> List[Dict[str, Any]]:
     from .tssa_fused import saved_bytes
 
     b, h, n, p = args.batch, args.heads, args.n, args.head_dim
-    dev = "cuda"
+    dev = device
     w = torch.randn(b, h, n, p, device=dev, dtype=dtype)
     temp = torch.rand(h, 1, device=dev) + 0.5
     g = torch.randn_like(w)
     wg, tg = w.clone().requires_grad_(True), temp.clone().requires_grad_(True)
     allowance = SAVED_PER_TOKEN_FLOATS * 4 * b * h * n
     rows = []
-    for impl in IMPLS:
+    for impl in impls:
         row: Dict[str, Any] = {"impl": impl, "status": "ok"}
         if impl == "triton" and importlib.util.find_spec("triton") is None:
             rows.append({"impl": impl, "status": "unavailable (triton is not installed)"})
@@ -160,8 +163,8 @@ def bench_ops(args, dtype: torch.dtype) -> List[Dict[str, Any]]:
             for op in OPS:
                 common.log(f"  {impl} {op}")
                 with torch.no_grad() if op.endswith("_fwd") else torch.enable_grad():
-                    row[op] = clone_ratio(ops[op], lambda: w.clone(), args.repeats, args.warmup)
-                    row[op]["peak_bytes"] = peak_bytes(ops[op])
+                    row[op] = clone_ratio(ops[op], lambda: w.clone(), args.repeats, args.warmup, dev)
+                    row[op]["peak_bytes"] = peak_bytes(ops[op], dev)
             for kind in ("tssa", "causal"):
                 saved = saved_bytes(lambda f=fns[kind]: f(wg, tg))
                 row[f"{kind}_saved_bytes"] = saved
@@ -170,25 +173,32 @@ def bench_ops(args, dtype: torch.dtype) -> List[Dict[str, Any]]:
         except Exception as e:  # noqa: BLE001 - e.g. triton missing, compile failure: record, go on
             row = {"impl": impl, "status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"}
         rows.append(row)
-        torch.cuda.empty_cache()
+        empty_cache(dev)
     return rows
 
 
-def bench_stack(args, dtype: torch.dtype) -> List[Dict[str, Any]]:
+def empty_cache(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def bench_stack(args, dtype: torch.dtype, device: str = "cuda",
+                methods: Sequence[str] = tuple(STACK_METHODS)) -> List[Dict[str, Any]]:
     from .attention_scaling import build_stack
 
     dim = args.heads * args.head_dim
     rows = []
-    for label, (method, impl) in STACK_METHODS.items():
+    for label in methods:
+        method, impl = STACK_METHODS[label]
         if impl == "triton" and importlib.util.find_spec("triton") is None:
             rows += [{"method": label, "n": n, "fwd_status": "triton not installed", "fwdbwd_status": "triton not installed"}
                      for n in args.stack_n]
             continue
-        model = build_stack(method, dim, args.heads, args.depth).to("cuda", dtype)
+        model = build_stack(method, dim, args.heads, args.depth).to(device, dtype)
         for n in args.stack_n:
             row: Dict[str, Any] = {"method": label, "n": n, "dim": dim, "depth": args.depth}
             for mode in ("fwd", "fwdbwd"):
-                x = torch.randn(1, n, dim, device="cuda", dtype=dtype, requires_grad=mode == "fwdbwd")
+                x = torch.randn(1, n, dim, device=device, dtype=dtype, requires_grad=mode == "fwdbwd")
 
                 def call(x=x, mode=mode):
                     with backend(impl):
@@ -201,18 +211,18 @@ def bench_stack(args, dtype: torch.dtype) -> List[Dict[str, Any]]:
                 common.log(f"  stack {label} n={n} {mode}")
                 try:
                     call()  # warm-up at this size
-                    times = [cuda_time(call) for _ in range(max(1, args.stack_repeats))]
+                    times = [cuda_time(call, device) for _ in range(max(1, args.stack_repeats))]
                     row[f"{mode}_s"] = statistics.median(times)
-                    row[f"{mode}_peak_bytes"] = peak_bytes(call)
+                    row[f"{mode}_peak_bytes"] = peak_bytes(call, device)
                 except torch.cuda.OutOfMemoryError:
                     row[f"{mode}_s"] = None
                     row[f"{mode}_status"] = "out of memory"
                 model.zero_grad(set_to_none=True)
                 del x
-                torch.cuda.empty_cache()
+                empty_cache(device)
             rows.append(row)
         del model
-        torch.cuda.empty_cache()
+        empty_cache(device)
     return rows
 
 
@@ -288,6 +298,16 @@ def traffic_model(args) -> Dict[str, Any]:
             "bandwidth_bytes_per_s": H100_BYTES_PER_S, "tile_budget": {
                 "tile_elems": _tiles.TILE_ELEMS, "thread_elems": _tiles.THREAD_ELEMS, "chunk": _tiles.CHUNK},
             "goals": MODEL_GOALS, "rows": rows}
+
+
+def op_model_bytes(op: str, *, batch: int, heads: int, n: int, head_dim: int, dtype: torch.dtype) -> Dict[str, Any]:
+    """The traffic model of one call of ``op`` (``tssa`` / ``causal_tssa``): bytes moved forward and
+    backward and the op's minimum each way (needs ``triton``; nothing runs)."""
+    from whiteformer.ops._kernels.triton._traffic import op_traffic
+
+    fwd, bwd = op_traffic(op, batch=batch, heads=heads, tokens=n, head_dim=head_dim, dtype=dtype)
+    return {"fwd_bytes": fwd.total, "bwd_bytes": bwd.total, "fwd_min_bytes": fwd.minimum,
+            "bwd_min_bytes": bwd.minimum}
 
 
 def model_table(rows: List[Dict[str, Any]]) -> str:
