@@ -32,7 +32,7 @@ $(TEST_STAMP): $(STAMP)
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m whiteformer.demo
+	$(PY) -m whiteformer.app.demo
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest tests

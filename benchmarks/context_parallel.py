@@ -68,7 +68,7 @@ def _bytes_worker(rank: int, store: str, lengths: List[int], out: str, threads: 
 
     from whiteformer.attention import TSSA, CausalTSSA
     from whiteformer.ops.context_parallel import count_communication
-    from whiteformer.train.distributed import cleanup
+    from whiteformer.app.train.distributed import cleanup
 
     _init(rank, store, threads)
     torch.manual_seed(0)
@@ -122,7 +122,7 @@ def _memory_worker(rank: int, world: int, store: Optional[str], n: int, repeats:
     if world > 1:
         import torch.distributed as dist
 
-        from whiteformer.train.distributed import cleanup
+        from whiteformer.app.train.distributed import cleanup
 
         _init(rank, store, threads)
     else:

@@ -129,10 +129,10 @@ def _median_throughput(run_dir: Path) -> Optional[float]:
 
 
 def train_run(run_dir: Path, **cfg_kwargs: Any) -> Dict[str, Any]:
-    """Train one configuration with :func:`whiteformer.train.train` (resumable) and return its
+    """Train one configuration with :func:`whiteformer.app.train.train` (resumable) and return its
     summary (also written to ``run_dir/result.json``; a run with that file is not trained again)."""
     from whiteformer.models import create_model  # noqa: F401  (registers the models)
-    from whiteformer.train import TrainConfig, latest_checkpoint, train
+    from whiteformer.app.train import TrainConfig, latest_checkpoint, train
 
     run_dir = Path(run_dir)
     done = read_json(run_dir / "result.json")
@@ -142,7 +142,7 @@ def train_run(run_dir: Path, **cfg_kwargs: Any) -> Dict[str, Any]:
     kw = dict(progress=False, tensorboard=False, report=False, num_threads=1, device="cpu", keep_last=1)
     kw.update(cfg_kwargs)
     cfg = TrainConfig(out=str(run_dir), resume=resume, **kw)
-    res = train(cfg, command="experiments (whiteformer.train.train)")
+    res = train(cfg, command="experiments (whiteformer.app.train.train)")
     from whiteformer.models import create_model as _cm
 
     final = Path(res["final_dir"])

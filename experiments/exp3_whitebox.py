@@ -25,7 +25,7 @@ NAME = "exp3_whitebox"
 
 def main(argv=None) -> int:
     from whiteformer.analysis import layerwise_report, membership_maps
-    from whiteformer.data import build_dataset
+    from whiteformer.app.data import build_dataset
     from whiteformer.models import create_model
 
     args = C.parser(NAME, __doc__.splitlines()[0]).parse_args(argv)

@@ -26,7 +26,7 @@ NAME = "exp4_compression"
 
 
 def datasets(cfg):
-    from whiteformer.data import build_dataset
+    from whiteformer.app.data import build_dataset
 
     kw = {}
     if cfg["dataset"] == "mnist":

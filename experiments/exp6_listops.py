@@ -19,7 +19,7 @@ NAME = "exp6_listops"
 
 
 def main(argv=None) -> int:
-    from whiteformer.data import build_dataset
+    from whiteformer.app.data import build_dataset
 
     args = C.parser(NAME, __doc__.splitlines()[0]).parse_args(argv)
     setup = C.Setup(NAME, args)

@@ -153,7 +153,7 @@ def _warm_up(cfg: dict) -> None:
 
 
 def main(argv=None) -> int:
-    from whiteformer.data import build_dataset
+    from whiteformer.app.data import build_dataset
 
     p = C.parser(NAME, __doc__.splitlines()[0])
     p.add_argument("--data", default=None, help="MNIST directory with the four IDX files (default: config's data_dir, "

@@ -37,7 +37,7 @@ NAME = "exp9_lra"
 
 
 def build_data(task_cfg: dict, mnist_dir: str):
-    from whiteformer.data import build_dataset
+    from whiteformer.app.data import build_dataset
 
     name, kw = task_cfg["dataset"], dict(task_cfg.get("data", {}))
     if name == "mnist-pixels":  # the first train_limit / test_limit images of each split
@@ -61,8 +61,8 @@ def train_run(run_dir: Path, model_name: str, model_args: dict, train_ds, test_d
     """Train one model (steps and wall-time capped), evaluate, write ``result.json``."""
     from whiteformer.models import create_model
     from whiteformer.models.lra import TABLE7_OPTIM
-    from whiteformer.train.optim import param_groups
-    from whiteformer.train.schedule import lr_multiplier
+    from whiteformer.app.train.optim import param_groups
+    from whiteformer.app.train.schedule import lr_multiplier
 
     done = C.read_json(run_dir / "result.json")
     if done is not None:

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from whiteformer.cli import main
-from whiteformer.train import ConfigError, TrainConfig, train
-from whiteformer.train.checkpoint import list_checkpoints
-from whiteformer.train.rundir import LOCK_NAME
+from whiteformer.app.cli import main
+from whiteformer.app.train import ConfigError, TrainConfig, train
+from whiteformer.app.train.checkpoint import list_checkpoints
+from whiteformer.app.train.rundir import LOCK_NAME
 
 from test_train import _one_thread  # noqa: F401  (autouse: one thread for the tiny models)
 

@@ -26,18 +26,17 @@ LAYERS = {
     "attention": 2,
     "layers": 3,
     "models": 4,
-    "data": 4,
     "analysis": 5,
-    "train": 6,
     "hf": 7,
     "compress": 7,
     "timm": 7,
-    "configs": 8,
-    "demo": 8,
-    "cli": 8,
+    "app": 8,
     "__main__": 9,
     "__init__": 9,
 }
+# The application (the command line, its configuration, training, run directories, data sets, the
+# demo, shipped configs, experiments) and its ``python -m whiteformer`` entry; the rest is the library.
+APPLICATION = ("app", "__main__")
 NO_CYCLES = tuple(sorted(p for p in LAYERS if (PKG / p).is_dir()))
 
 
@@ -113,6 +112,23 @@ def test_no_upward_imports():
                 bad.append(f"{MODULES[mod].relative_to(SRC)}:{line}: {mod} ({src}, layer {LAYERS.get(src)}) imports "
                            f"{t} ({dst}, layer {LAYERS.get(dst)})")
     assert not bad, "imports that run up (or sideways) the layering:\n" + "\n".join(sorted(bad))
+
+
+def test_the_library_never_imports_the_application():
+    """No module of the library (ops, attention, layers, models, analysis, compress, hf and the
+    top-level helpers) imports whiteformer.app, not even inside a function."""
+    bad = [f"{MODULES[mod].relative_to(SRC)}:{line}: {mod} imports {t}"
+           for mod, targets in _imports().items() if _top(mod) not in APPLICATION
+           for t, line in targets.items() if _top(t) in APPLICATION]
+    assert not bad, "the library imports the application:\n" + "\n".join(sorted(bad))
+
+
+def test_the_library_check_sees_a_lazy_import_of_the_application():
+    """The checker itself: an import of whiteformer.app inside a library function is found."""
+    tree = ast.parse("def f():\n    from ..app.train import train\n")
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom))
+    (target,) = _resolve("whiteformer.compress.model", False, node)
+    assert _top(target) in APPLICATION and _top("whiteformer.compress.model") not in APPLICATION
 
 
 def _cycles(graph, nodes):

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from whiteformer.cli import main
-from whiteformer.train import train
-from whiteformer.train.rundir import LOCK_NAME
+from whiteformer.app.cli import main
+from whiteformer.app.train import train
+from whiteformer.app.train.rundir import LOCK_NAME
 
 from test_faults_runs import SUBSPACES, Crash, _cli, _crash_after, _env, tiny_cfg
 from test_train import _one_thread  # noqa: F401  (autouse: one thread for the tiny models)
@@ -196,7 +196,7 @@ def test_a_linked_lock_file_is_never_written_through(finished, tmp_path, capsys)
 
 
 def test_no_shipped_config_says_overwrite():
-    configs = sorted((Path(__file__).resolve().parents[1] / "src" / "whiteformer" / "configs").glob("*.y*ml"))
+    configs = sorted((Path(__file__).resolve().parents[1] / "src" / "whiteformer" / "app" / "configs").glob("*.y*ml"))
     assert configs
     for path in configs:
         cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -204,7 +204,7 @@ def test_no_shipped_config_says_overwrite():
 
 
 def test_the_demo_passes_overwrite_only_for_its_own_directory():
-    from whiteformer.demo import demo_overrides
+    from whiteformer.app.demo import demo_overrides
 
     assert ("overwrite", True) in demo_overrides(["--epochs", "1"])
     for argv in (["--out", "runs/mine"], ["out=runs/mine"], ["--resume"], ["--no-overwrite"]):
@@ -303,10 +303,10 @@ def test_compress_killed_mid_write_does_not_block_the_rerun_and_a_live_one_is_na
     """A command killed while staging its files left a model-sized file behind: the rerun was refused
     ("not empty") and the leftover stayed for good, even after ``--overwrite``. A command still writing
     there is named instead."""
-    from whiteformer.train.outputs import check_output_dir, staged_output
+    from whiteformer.app.train.outputs import check_output_dir, staged_output
 
     out = tmp_path / "out"
-    code = ("import os, signal, sys; from whiteformer.train.outputs import staged_output\n"
+    code = ("import os, signal, sys; from whiteformer.app.train.outputs import staged_output\n"
             "with staged_output(sys.argv[1], overwrite=False) as st:\n"
             "    (st / 'model.safetensors').write_bytes(b'half')\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n")
@@ -353,7 +353,7 @@ def test_analyze_eca_toy_refuses_to_overwrite_without_the_flag(tmp_path, capsys)
     before = snapshot(out)
     args = ["analyze", "eca-toy", "--small", "--no-plots", "options.layers=1", "options.epochs=1", "--out", str(out)]
     refused(capsys, main(args), "is not empty", "--overwrite")
-    from whiteformer.analysis import eca_toy
+    from whiteformer.app import eca_toy
 
     with pytest.raises(SystemExit) as exc:  # the module's own command line too
         eca_toy.main(["--out", str(out), "--small", "--no-plots", "--layers", "1", "--epochs", "1"])
@@ -461,7 +461,7 @@ def _hf_lm(dim, seed):
 
 
 def _save_checkpoint(model, folder):
-    from whiteformer.train.checkpoint import save_checkpoint
+    from whiteformer.app.train.checkpoint import save_checkpoint
 
     assert folder.name == "step_00000001"
     save_checkpoint(folder.parent, 1, model, {"optimizer": {}}, keep_last=5)
@@ -469,7 +469,7 @@ def _save_checkpoint(model, folder):
 
 def _compress_out(model, folder):
     from whiteformer.models.checkpoint import write_model_files
-    from whiteformer.train.outputs import staged_output
+    from whiteformer.app.train.outputs import staged_output
 
     with staged_output(folder, overwrite=True) as stage:
         write_model_files(model, stage)

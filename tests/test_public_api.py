@@ -27,7 +27,7 @@ ROWS = _api_rows()
 
 def test_the_api_section_lists_the_main_packages():
     assert {"whiteformer", "whiteformer.ops", "whiteformer.attention", "whiteformer.layers", "whiteformer.models",
-            "whiteformer.data", "whiteformer.analysis", "whiteformer.train", "whiteformer.compress"} <= set(ROWS)
+            "whiteformer.app.data", "whiteformer.analysis", "whiteformer.app.train", "whiteformer.compress"} <= set(ROWS)
 
 
 @pytest.mark.parametrize("module", sorted(ROWS))

@@ -10,7 +10,7 @@ Layout (in the spirit of flash-linear-attention and timm; each layer imports onl
   resampling, intermediate features, low-rank linear);
 - ``whiteformer.models``: model zoo with a timm-style registry (``create_model``, ``list_models``)
   and ``from_pretrained``;
-- ``whiteformer.analysis``, ``whiteformer.train``, ``whiteformer.compress``: users of the models.
+- ``whiteformer.analysis``, ``whiteformer.app.train``, ``whiteformer.compress``: users of the models.
 """
 from ._version import __version__  # noqa: F401
 from . import ops  # noqa: F401

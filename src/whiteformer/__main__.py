@@ -1,7 +1,7 @@
 """``python -m whiteformer ...`` (and ``torchrun -m whiteformer train ...``): the ``whiteformer`` command."""
 import sys
 
-from whiteformer.cli import main
+from whiteformer.app.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

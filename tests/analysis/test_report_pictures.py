@@ -78,8 +78,8 @@ def test_report_figures_say_what_they_show(tmp_path, monkeypatch):
 def test_run_report_includes_cls_attention_maps_and_rate_reading(tmp_path):
     import matplotlib.pyplot as plt
 
-    from whiteformer.train.tasks import ReportContext
-    from whiteformer.train.tasks.classification import ImageClassificationTask
+    from whiteformer.app.train.tasks import ReportContext
+    from whiteformer.app.train.tasks.classification import ImageClassificationTask
 
     task = object.__new__(ImageClassificationTask)  # report_sections reads only its context
     x, labels = torch.randn(2, 1, 8, 8), torch.tensor([1, 2])

@@ -7,7 +7,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from whiteformer.compress import (CompressionReport, CPSlimAtt, IrrAtt, TruncAtt, apply_compression_spec,
                                   apply_fusion_constraints, compress, measure_latency, project_fusion, qk_factors)
-from whiteformer.compress.cli import main as compress_main
+from whiteformer.app.compress_cli import main as compress_main
 from whiteformer.compress.model import collect_block_inputs
 from whiteformer.models import create_model
 
@@ -315,7 +315,7 @@ def test_cli_end_to_end(tmp_path, capsys):
 
 def test_cli_calib_finetune_constraints(tmp_path):
     pytest.importorskip("sklearn")
-    from whiteformer.cli import COMMANDS, main as wf_main
+    from whiteformer.app.cli import COMMANDS, main as wf_main
 
     assert "compress" in COMMANDS
     _, ckpt = _tiny_ckpt(tmp_path)

@@ -363,7 +363,7 @@ def test_transformers_vit_converts_to_deit_with_equal_logits(tmp_path, target):
 def test_transformers_vit_directory_compresses(tmp_path, capsys):
     import json
 
-    from whiteformer.compress.cli import main as compress_main
+    from whiteformer.app.compress_cli import main as compress_main
 
     _hf_vit().save_pretrained(tmp_path / "hf")
     rc = compress_main(["--checkpoint", str(tmp_path / "hf"), "--qk", "truncatt", "--qk-rank", "4",

@@ -87,7 +87,7 @@ def test_bert_padding_is_left_out_and_folders_load(tmp_path):
 
 
 def test_whiteformer_wrappers_and_the_command(tmp_path, capsys):
-    from whiteformer.cli import main
+    from whiteformer.app.cli import main
 
     net = whiteformer.create_model("tost_t12_p16", img_size=32, patch_size=8, depth=2, num_classes=3).eval()
     config = transformers.AutoConfig.for_model("whiteformer-vision", model_name="tost_t12_p16",

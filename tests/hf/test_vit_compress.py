@@ -70,7 +70,7 @@ def hf_wrapper(net):
 
 
 def test_cli_compresses_a_transformers_folder_and_transformers_loads_the_result(tmp_path, capsys):
-    from whiteformer.compress.cli import main as compress_main
+    from whiteformer.app.compress_cli import main as compress_main
 
     hf = _hf_vit()
     hf.save_pretrained(tmp_path / "hf")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from whiteformer.cli import main
+from whiteformer.app.cli import main
 from whiteformer.models import create_model, from_pretrained
 from whiteformer.models.checkpoint import CheckpointFileError, load_checkpoint
 

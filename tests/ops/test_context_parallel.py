@@ -25,7 +25,7 @@ def _init(rank: int, world: int, store: str, **kwargs) -> None:
 def _shut_down() -> None:
     """No rank tears its connections down while another still uses them; then ``cleanup`` collects
     what still refers to the groups (autograd graphs, the tracebacks of caught errors) and destroys them."""
-    from whiteformer.train.distributed import cleanup
+    from whiteformer.app.train.distributed import cleanup
 
     dist.barrier()
     cleanup()

@@ -45,9 +45,8 @@ __all__ = [
 # --- model-level compression (compress(), report, Sec. 3.3 constraints, latency) ---
 from .latency import measure_latency  # noqa: E402
 from .constraints import apply_fusion_constraints  # noqa: E402
-from .finetune import build_image_task, finetune_compressed  # noqa: E402
 from .model import compress  # noqa: E402
 from .report import CompressionReport  # noqa: E402
 
 __all__ += ["compress", "CompressionReport", "apply_fusion_constraints", "apply_compression_spec",
-            "compression_spec", "measure_latency", "build_image_task", "finetune_compressed"]
+            "compression_spec", "measure_latency"]

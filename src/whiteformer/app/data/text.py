@@ -1,0 +1,137 @@
+"""Character-level language modelling on a text file.
+
+The default corpus is the small public-domain text shipped with the package
+(``whiteformer/app/data/corpus/shakespeare_small.txt``: *Julius Caesar* and *King Lear*, see the README
+there); ``path`` (or ``data_dir``) points at any ``.txt``, ``.txt.xz`` or ``.txt.gz`` file, e.g.
+Shakespeare's complete works as ``complete_works.txt.xz``.
+
+The vocabulary is the sorted set of characters of the whole file (shared by the splits); the
+first ``1 - val_fraction`` of the characters form the "train" split, the rest "val" ("test" is an
+alias). :class:`CharCorpus` holds the token ids; the trainer cuts windows of ``block_size + 1``.
+"""
+from __future__ import annotations
+
+import gzip
+import lzma
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .registry import check_split, register_dataset
+
+__all__ = ["CharCorpus", "CharVocab", "read_text", "default_corpus_path", "text"]
+
+
+def default_corpus_path() -> Path:
+    return Path(str(resources.files("whiteformer.app.data") / "corpus" / "shakespeare_small.txt"))
+
+
+def read_text(path) -> str:
+    """Read a (possibly .xz / .gz / .lzma compressed) UTF-8 text file."""
+    path = Path(os.path.expanduser(str(path)))
+    if not path.is_file():
+        what = "is not a regular file" if path.exists() else "does not exist"
+        raise FileNotFoundError(f"text file {str(path)!r} {what}")
+    if path.suffix in (".xz", ".lzma"):
+        opener = lzma.open
+    elif path.suffix == ".gz":
+        opener = gzip.open
+    else:
+        opener = open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return f.read()
+
+
+class CharVocab:
+    """Characters <-> ids (the sorted characters of a corpus)."""
+
+    def __init__(self, chars: Sequence[str]):
+        self.chars: List[str] = list(chars)
+        if len(set(self.chars)) != len(self.chars) or any(len(c) != 1 for c in self.chars):
+            raise ValueError("vocabulary entries must be distinct single characters")
+        self.stoi: Dict[str, int] = {c: i for i, c in enumerate(self.chars)}
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+    def encode(self, s: str) -> torch.Tensor:
+        missing = sorted({c for c in s if c not in self.stoi})
+        if missing:
+            raise ValueError(f"characters {missing!r} are not in the vocabulary of {len(self)} characters")
+        return torch.tensor([self.stoi[c] for c in s], dtype=torch.long)
+
+    def decode(self, ids) -> str:
+        return "".join(self.chars[int(i)] for i in ids)
+
+    def to_json(self) -> dict:
+        return {"type": "char", "chars": "".join(self.chars)}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "CharVocab":
+        if not isinstance(obj, dict) or obj.get("type") != "char" or not isinstance(obj.get("chars"), str):
+            raise ValueError("not a character vocabulary (expected {'type': 'char', 'chars': ...})")
+        return cls(list(obj["chars"]))
+
+
+class CharCorpus:
+    """Token ids of one split of a character corpus (``kind = "lm"``).
+
+    Attributes: ``tokens`` (T,) int64, ``vocab`` (:class:`CharVocab`), ``vocab_size``.
+    ``get_windows(starts, block_size)`` -> (x, y) of shape (B, block_size), y = x shifted by one.
+    """
+
+    kind = "lm"
+
+    def __init__(self, tokens: torch.Tensor, vocab: CharVocab, name: str = "text", source: str = ""):
+        self.tokens = tokens
+        self.vocab = vocab
+        self.vocab_size = len(vocab)
+        self.name = name
+        self.source = source
+
+    def __len__(self) -> int:
+        return int(self.tokens.numel())
+
+    def get_windows(self, starts: torch.Tensor, block_size: int):
+        starts = torch.as_tensor(starts, dtype=torch.long)
+        if len(self) < block_size + 1:
+            raise ValueError(f"{self.name}: {len(self)} tokens are fewer than block_size + 1 = {block_size + 1}")
+        offs = starts[:, None] + torch.arange(block_size + 1)
+        chunk = self.tokens[offs]
+        return chunk[:, :-1], chunk[:, 1:]
+
+
+def _encode_fast(data: str, vocab: CharVocab) -> torch.Tensor:
+    """Vectorised ``vocab.encode`` for a long string (code points -> ids via a lookup table)."""
+    codes = np.frombuffer(data.encode("utf-32-le"), dtype=np.uint32)
+    lut = np.full(int(codes.max()) + 1, -1, dtype=np.int64)
+    lut[[ord(c) for c in vocab.chars]] = np.arange(len(vocab))
+    return torch.from_numpy(lut[codes])
+
+
+@register_dataset("text", reads="file",
+                  help="character-level language modelling on a text file (default: shipped corpus)")
+def text(split: str = "train", path: Optional[str] = None, data_dir: Optional[str] = None,
+         val_fraction: float = 0.1) -> CharCorpus:
+    """Character corpus ``split`` ("train" / "val"; "test" = "val") of ``path`` (default: shipped)."""
+    split = check_split("text", split, canonical=("train", "val"), aliases={"test": "val"})
+    if path is not None and data_dir is not None and str(path) != str(data_dir):
+        raise ValueError("text: give the corpus file as path or data_dir, not both")
+    src = path or data_dir
+    if src is not None and Path(os.path.expanduser(str(src))).is_dir():
+        raise ValueError(f"text: {str(src)!r} is a directory; pass the text file itself (.txt, .txt.xz, .txt.gz)")
+    src = Path(src) if src is not None else default_corpus_path()
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+    data = read_text(src)
+    if len(data) < 100:
+        raise ValueError(f"text file {str(src)!r} is too short ({len(data)} characters)")
+    vocab = CharVocab(sorted(set(data)))
+    ids = _encode_fast(data, vocab)
+    cut = int(len(ids) * (1.0 - val_fraction))
+    part = ids[:cut] if split == "train" else ids[cut:]
+    return CharCorpus(part, vocab, name=f"text/{split}", source=str(src))

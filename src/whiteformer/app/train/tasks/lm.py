@@ -1,0 +1,129 @@
+"""Character-level language modelling: step ``s`` reads ``batch_size`` random windows of
+``block_size + 1`` characters whose starts come from a generator seeded with ``(seed, s)``;
+evaluation reads evenly spread windows of the validation split."""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.nn as nn
+
+from ....ops.context_parallel import token_chunk
+from ..distributed import DistInfo, all_reduce_sum
+from .base import CausalLMData, ReportContext, Task, seeded_generator
+
+__all__ = ["LMTask"]
+
+
+class LMTask(CausalLMData, Task):
+    """Next-character prediction on random windows (see module docstring)."""
+
+    kind = "lm"
+    epoch_based = False
+    requires_steps = True
+    metric = "ppl"
+    curve = ("eval_ppl", "perplexity")
+    holds = "text"
+    lm_hint = "; the dataset holds characters: use a causal language model (tost_lm_*, gpt_*)"
+
+    def __init__(self, train_ds, eval_ds, batch_size: int = 64, seed: int = 0, dist: Optional[DistInfo] = None,
+                 bf16: bool = False, block_size: int = 128, eval_batches: int = 10):
+        super().__init__(train_ds, eval_ds, batch_size, seed, dist, bf16)
+        self.block_size = block_size
+        self.eval_batches = eval_batches
+        for ds in (train_ds, eval_ds):
+            if len(ds) < block_size + 1:
+                raise ValueError(f"{ds.name} has {len(ds)} characters, fewer than block_size + 1 = {block_size + 1}; "
+                                 f"lower block_size")
+
+    @classmethod
+    def model_kwargs(cls, ds, *, finetune=None, block_size=None):
+        kw: Dict[str, Any] = {"vocab_size": ds.vocab_size}
+        if block_size is not None:
+            kw["max_len"] = block_size
+        return kw, {}
+
+    @classmethod
+    def optional_model_kwargs(cls, ds) -> Dict[str, Any]:
+        # A ToST LM without absolute positions (and without TSSA's position bias) has no length
+        # limit: it generates as long as asked with its constant-size state. The official
+        # configuration stays one option away (model_args.pos_emb=true model_args.pos_bias=true).
+        return {"pos_emb": False, "pos_bias": False}
+
+    @property
+    def steps_per_epoch(self) -> int:
+        # Nominal epoch: as many windows as there are characters.
+        return max(1, len(self.train_ds) // (self.batch_size * self.block_size))
+
+    def train_batch(self, step: int):
+        high = len(self.train_ds) - self.block_size
+        starts = torch.randint(0, high, (self.batch_size,), generator=seeded_generator(self.seed, 3, step))
+        return self._to(*self._chunk(*self.train_ds.get_windows(starts[self.lo:self.hi], self.block_size)))
+
+    def _chunk(self, *windows: torch.Tensor):
+        """This rank's contiguous share of the window's tokens under context parallelism (the
+        model combines the ranks' statistics; see ``--context-parallel``), else the windows."""
+        if self.dist.cp_size == 1:
+            return windows
+        part = token_chunk(windows[0].shape[1], self.dist.cp_rank, self.dist.cp_size)
+        return tuple(w[:, part] for w in windows)
+
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor):
+        with self.autocast():
+            _, loss = model(x, targets=y)
+        return loss.float(), {"count": torch.tensor(float(y.numel()), device=y.device)}
+
+    def eval_starts(self, ds) -> torch.Tensor:
+        n = self.eval_batches * self.batch_size
+        max_start = len(ds) - self.block_size - 1
+        return (torch.arange(n, dtype=torch.long) * max_start) // max(n - 1, 1)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, ds=None) -> Dict[str, float]:
+        """Mean next-character cross-entropy over evenly spread windows, and perplexity."""
+        ds = ds if ds is not None else self.eval_ds
+        was_training = model.training
+        model.eval()
+        starts = self.eval_starts(ds)[self.dist.dp_rank::self.dist.dp_size]
+        tot = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for i in range(0, len(starts), self.local_batch):
+            x, y = self._to(*self._chunk(*ds.get_windows(starts[i:i + self.local_batch], self.block_size)))
+            with self.autocast():
+                _, loss = model(x, targets=y)  # context-parallel: the mean over the group's chunks
+            tot[0] += loss.double() * y.numel()
+            tot[1] += y.numel()
+        all_reduce_sum(tot)
+        model.train(was_training)
+        loss = tot[0].item() / max(tot[1].item(), 1.0)
+        return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "n": int(tot[1].item())}
+
+    def summary(self, res: Dict[str, float]) -> str:
+        return f"loss {res['loss']:.4f} (perplexity {res['ppl']:.3f}, {res['n']} tokens)"
+
+    def report_rows(self, results: Dict[str, Any], split: str = "validation") -> List[str]:
+        final = results.get("final_eval", {})
+        return [f"| validation loss | {final.get('loss', float('nan')):.4f} nats/char |",
+                f"| validation perplexity | {final.get('ppl', float('nan')):.3f} |"]
+
+    def report_inputs(self, n: int = 16):
+        return self.eval_ds.get_windows(self.eval_starts(self.eval_ds)[:n], self.block_size)
+
+    def report_sections(self, model: nn.Module, ctx: ReportContext) -> List[str]:
+        if not hasattr(model, "generate"):
+            return []
+        try:
+            device = next(model.parameters()).device
+            vocab = self.train_ds.vocab
+            limit = getattr(model, "context_limit", None) or 10**9
+            t = max(1, min(32, limit // 4))
+            prompt = self.eval_ds.tokens[:t].unsqueeze(0).to(device)
+            g = torch.Generator(device=device).manual_seed(0)
+            # A model with a position limit cannot generate past it (needs t + new - 1 <= limit).
+            out = model.generate(prompt, min(300, limit - t + 1), temperature=0.8, generator=g)
+            sample = vocab.decode(prompt[0].cpu()) + vocab.decode(out[0, prompt.shape[1]:].cpu())
+        except Exception as err:  # noqa: BLE001 - an analysis must not fail the run
+            ctx.notes.append(f"text sample skipped: {type(err).__name__}: {err}")
+            return []
+        ctx.results["sample"] = sample
+        return ["## Sample", "", "```", sample, "```", ""]

@@ -1,0 +1,220 @@
+"""Every user error of the ``whiteformer`` commands is one ``error: ...`` line with exit code 2,
+and options that make no sense are refused instead of silently accepted."""
+import pytest
+
+from whiteformer.app.cli import main
+from whiteformer.app.compress_cli import main as compress_main
+from whiteformer.models import create_model
+
+# every train below stops before training (--num-threads left at 0: the thread count is not touched)
+TINY = ["model_args={patch_size: 2, embed_dim: 16, depth: 1, num_heads: 2}", "--no-progress", "--no-tensorboard"]
+
+
+def _one_error_line(capsys, *needles):
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and ": error: " in lines[0] and "Traceback" not in err, err
+    for n in needles:
+        assert n in lines[0], (n, err)
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def deit_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("deit") / "orig"
+    create_model("deit_t_p16", img_size=8, patch_size=4, in_chans=1, num_classes=10, depth=1, embed_dim=16,
+                 num_heads=2).save_pretrained(d)
+    return str(d)
+
+
+def test_unknown_command_prints_an_error_line(capsys):
+    assert main(["frobnicate"]) == 2
+    _one_error_line(capsys, "unknown command 'frobnicate'", "train")
+
+
+def test_list_datasets_refuses_arguments(capsys):
+    assert main(["list-datasets", "--foo"]) == 2
+    _one_error_line(capsys, "--foo")
+    assert main(["list-datasets"]) == 0
+
+
+@pytest.mark.parametrize("command", ["eval", "generate"])
+@pytest.mark.parametrize("device", ["gpu7", "tpu"])
+def test_unknown_device_is_one_line(tmp_path, capsys, command, device):
+    assert main([command, "--checkpoint", str(tmp_path), "--device", device]) == 2
+    _one_error_line(capsys, f"got {device!r}", "cuda:N")
+
+
+@pytest.mark.parametrize("device", ["gpu7", "tpu"])
+def test_compress_unknown_device_is_one_line(tmp_path, capsys, deit_dir, device):
+    assert compress_main(["--checkpoint", deit_dir, "--qk-rank", "4", "--device", device,
+                          "--out", str(tmp_path / "c")]) == 2
+    _one_error_line(capsys, f"got {device!r}")
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("device", ["meta", "mps", "xpu"])
+def test_a_device_torch_knows_but_cannot_use_here_is_one_line(tmp_path, capsys, deit_dir, device):
+    """Each was a traceback from inside a command (autocast on 'meta', 'not linked with support for
+    mps devices', 'Torch not compiled with XPU enabled')."""
+    pytest.importorskip("sklearn")
+    if device == "mps" and __import__("torch").backends.mps.is_available():
+        pytest.skip("this machine has MPS")
+    for argv in (["eval", "--checkpoint", deit_dir, "--dataset", "digits"],
+                 ["train", "--model", "deit_t_p16", "--dataset", "digits", *TINY, "--out", str(tmp_path / "r")]):
+        assert main([*argv, "--device", device]) == 2
+        _one_error_line(capsys, f"device {device!r} cannot compute in this process", "--device cpu")
+    assert compress_main(["--checkpoint", deit_dir, "--qk-rank", "4", "--device", device,
+                          "--out", str(tmp_path / "c")]) == 2
+    _one_error_line(capsys, f"device {device!r} cannot compute")
+    assert not (tmp_path / "c").exists() and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--seed", str(2 ** 70)], "seed must be an integer in [0, 2**63 - 1]"),
+    (["--report-images", "-1"], "report_images must be >= 0"),
+    (["--device", "gpu7"], "device must be"),
+    (["--num-threads", "100000"], "num_threads must be in [0, "),  # was SIGSEGV (libgomp from ~32768)
+])
+def test_train_refuses_out_of_range_options(tmp_path, capsys, argv, needle):
+    assert main(["train", *TINY, "--epochs", "1", "--out", str(tmp_path / "r"), *argv]) == 2
+    _one_error_line(capsys, needle)
+    assert not (tmp_path / "r").exists()
+
+
+def test_translate_larger_than_the_images_is_refused(tmp_path, capsys):
+    assert main(["train", *TINY, "--epochs", "1", "--translate", "100", "--out", str(tmp_path / "r")]) == 2
+    _one_error_line(capsys, "translate (100 pixels)", "(8, 8)")
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--finetune-epochs", "1", "--dataset", "digits", "--max-steps", "0"], "--max-steps must be >= 1, got 0"),
+    (["--finetune-epochs", "1", "--dataset", "digits", "--max-steps", "-3"], "--max-steps must be >= 1, got -3"),
+    (["--finetune-epochs", "1", "--dataset", "digits", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--max-steps", "3"], "add --finetune-epochs"),
+    (["--seed", str(2 ** 70)], "--seed must be an integer"),
+])
+def test_compress_refuses_nonsense_counts(tmp_path, capsys, deit_dir, argv, needle):
+    assert compress_main(["--checkpoint", deit_dir, "--qk-rank", "4", *argv, "--out", str(tmp_path / "c")]) == 2
+    _one_error_line(capsys, needle)
+    assert not (tmp_path / "c").exists()
+
+
+def test_compress_checkpoint_without_weights(tmp_path, capsys, deit_dir):
+    from pathlib import Path
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((Path(deit_dir) / "config.json").read_text())
+    assert compress_main(["--checkpoint", str(bare), "--qk-rank", "4", "--out", str(tmp_path / "c")]) == 2
+    _one_error_line(capsys, "has no model.safetensors", str(bare))
+
+
+def test_eca_toy_unknown_option(tmp_path, capsys):
+    assert main(["analyze", "eca-toy", "--small", "options.bogus=3", "--out", str(tmp_path / "a")]) == 2
+    _one_error_line(capsys, "'bogus'", "layers")
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("kind", ["dir", "device", "syntax"])
+def test_config_file_errors_say_what_is_wrong(tmp_path, capsys, kind):
+    path = {"dir": str(tmp_path), "device": "/dev/zero", "syntax": str(tmp_path / "bad.yaml")}[kind]
+    (tmp_path / "bad.yaml").write_text("a: 1\nb: [1, 2\nc: 3\n")
+    assert main(["train", "-c", path]) == 2
+    line = _one_error_line(capsys, path)
+    assert {"dir": "is a directory", "device": "not a regular file", "syntax": "line 3"}[kind] in line
+
+
+@pytest.mark.parametrize("option, needle", [
+    ("d=-1", "option d must be an integer >= 1"), ("d=abc", "option d must be an integer"),
+    ("alpha=.nan", "option alpha must be a finite number"), ("eps_sweep=[.nan]", "eps_sweep"),
+    ("d=100000000", "sizes too large"), ("n=100000000000", "sizes too large"), ("layers=100000000", "at most 1024")])
+def test_eca_toy_option_values_are_checked_before_running(tmp_path, capsys, option, needle):
+    """Values of known options reached the toy unchecked: a traceback (ValueError, TypeError, a
+    LinAlgError) or an allocation of 80 PB."""
+    assert main(["analyze", "eca-toy", "--small", f"options.{option}", "--out", str(tmp_path / "a")]) == 2
+    _one_error_line(capsys, needle)
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("option, needle", [
+    ("samples=-1", "options.samples must be an integer in [1, 4096]"), ("samples=abc", "options.samples"),
+    ("samples=100000000000", "options.samples"), ("seq_len=0", "options.seq_len"), ("eps=-1", "options.eps"),
+    ("eps=abc", "options.eps"), ("subspaces=0", "options.subspaces"), ("features=bogus", "options.features"),
+    ("inputs=5", "options.inputs"), ("subspaces=2", "subspaces and attention_mask apply to transformers models")])
+def test_layerwise_option_values_are_one_error_line(tmp_path, capsys, deit_dir, option, needle):
+    """Each was a traceback (negative dimension, int('abc'), a 25 TB allocation, the report's own
+    ValueError) or, for seq_len=0, silently accepted."""
+    rc = main(["analyze", "layerwise", "--checkpoint", deit_dir, f"options.{option}", "--out", str(tmp_path / "a")])
+    assert rc == 2
+    _one_error_line(capsys, needle)
+    assert not (tmp_path / "a").exists()
+
+
+def test_an_allocation_that_cannot_succeed_is_one_line(tmp_path, capsys, deit_dir):
+    """``compress --latency-batch 10**12`` (256 TB of example images) was a traceback from torch's
+    CPU allocator; running out of memory for the sizes asked for is the user's to fix."""
+    assert compress_main(["--checkpoint", deit_dir, "--qk-rank", "4", "--latency-batch", str(10 ** 12),
+                          "--out", str(tmp_path / "c")]) == 2
+    _one_error_line(capsys, "out of memory", "smaller batch")
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("argv, needle", [(["--eval-batches", "0"], "eval_batches must be >= 1"),
+                                          (["--eval-batches", "-2"], "eval_batches must be >= 1"),
+                                          (["--block-size", "-1"], "block_size must be >= 1 (0: the run's)")])
+def test_eval_refuses_out_of_range_language_model_options(tmp_path, capsys, argv, needle):
+    """On a language-model run, --eval-batches 0 printed 'loss 0.0000 (perplexity 1.000, 0 tokens)'
+    and -2 / --block-size -1 were tracebacks; the options are now checked before the checkpoint is read."""
+    assert main(["eval", "--checkpoint", str(tmp_path), *argv]) == 2
+    _one_error_line(capsys, needle)
+
+
+def test_layerwise_inputs_of_random_bytes_are_named_as_not_a_torch_file(tmp_path, capsys, deit_dir):
+    """``options.inputs=FILE`` of random bytes was called a pickle 'which could run code' (torch's
+    weights-only preamble, the file unnamed), as it was for checkpoints."""
+    junk = tmp_path / "inputs.pt"
+    junk.write_bytes(bytes(range(256)) * 4)
+    rc = main(["analyze", "layerwise", "--checkpoint", deit_dir, f"options.inputs={junk}", "--out", str(tmp_path / "a")])
+    assert rc == 2
+    line = _one_error_line(capsys, str(junk), "is not a valid torch checkpoint")
+    assert "could run code" not in line
+
+
+def test_a_deprecated_spelling_with_a_usage_error_is_still_one_line(tmp_path, capsys, deit_dir):
+    """``compress --model-arg bogus`` printed the deprecation note and then the usage error: two lines."""
+    assert compress_main(["--checkpoint", deit_dir, "--qk-rank", "4", "--model-arg", "bogus",
+                          "--out", str(tmp_path / "c")]) == 2
+    _one_error_line(capsys, "expected KEY=VALUE, got 'bogus'")
+
+
+def test_a_yaml_alias_bomb_is_refused_when_read(tmp_path, capsys):
+    """A config whose aliases repeat each other ('billion laughs') stalled train: with 10**9 values in
+    model_args the error message alone ran past a minute at 4.6 GB. Here 10**6 (fast either way): it used
+    to be formatted into a multi-megabyte error line."""
+    lines = ["model: deit_t_p16", "dataset: digits", "model_args:", '  x0: &x0 ["x","x","x","x","x","x","x","x","x","x"]']
+    lines += [f"  x{i}: &x{i} [" + ",".join([f"*x{i - 1}"] * 10) + "]" for i in range(1, 6)]
+    (tmp_path / "bomb.yaml").write_text("\n".join(lines) + "\n")
+    assert main(["train", "-c", str(tmp_path / "bomb.yaml"), "--out", str(tmp_path / "r")]) == 2
+    line = _one_error_line(capsys, "bomb.yaml", "expands to more than 100000 values")
+    assert len(line) < 500 and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("config", [{"depth": 200000}, "array"])
+def test_layerwise_of_a_hostile_config_json_is_one_line(tmp_path, capsys, deit_dir, config):
+    """The size check refused depth=200000 before building (as eval does), but analyze layerwise let
+    its ValueError through as a traceback; so was a config.json holding a JSON array."""
+    import json
+    import shutil
+
+    d = tmp_path / "model"
+    shutil.copytree(deit_dir, d)
+    c = json.loads((d / "config.json").read_text())
+    if config == "array":
+        c = [1, 2]
+    else:
+        c["init_kwargs"].update(config)
+    (d / "config.json").write_text(json.dumps(c))
+    assert main(["analyze", "layerwise", "--checkpoint", str(d), "--out", str(tmp_path / "a")]) == 2
+    _one_error_line(capsys, "cannot load", "more than 1024 blocks" if config != "array" else "config.json")
+    assert not (tmp_path / "a").exists()
