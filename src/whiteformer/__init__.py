@@ -5,17 +5,21 @@ Layout (in the spirit of flash-linear-attention and timm; each layer imports onl
 - ``whiteformer.ops``: functional operators, each with a plain reference version in
   ``whiteformer.ops.reference``;
 - ``whiteformer.attention``: ``nn.Module`` layers with timm's ``(B, N, C)`` contract and a
-  name registry (``build``, ``list_attention``), compressed MHSA layers included;
+  name registry (``build``, ``list_attention``);
 - ``whiteformer.layers``: building blocks shared by the models (patch grid, position-embedding
-  resampling, intermediate features, low-rank linear);
+  resampling, intermediate features);
 - ``whiteformer.models``: model zoo with a timm-style registry (``create_model``, ``list_models``)
   and ``from_pretrained``;
-- ``whiteformer.analysis``, ``whiteformer.app.train``, ``whiteformer.compress``: users of the models.
+- ``whiteformer.compress``: attention compression (IrrAtt, TruncAtt, CP SlimAtt): its layers, MACs,
+  decompositions and model surgery; imported here so that its layers and surgery are registered;
+- ``whiteformer.analysis``: white-box measurements, ``whiteformer.hf``: transformers integration;
+- ``whiteformer.app``: the ``whiteformer`` command and training, which the library never imports.
 """
 from ._version import __version__  # noqa: F401
 from . import ops  # noqa: F401
 from . import attention  # noqa: F401
 from .models import create_model, from_pretrained, list_models  # noqa: F401
+from . import compress  # noqa: F401  (registers the compressed layers and their model surgery)
 
 __all__ = ["__version__", "ops", "attention", "create_model", "from_pretrained", "list_models"]
 

@@ -15,13 +15,10 @@ from .baselines import MHSA, MSSA, XCA, ClassAttention  # noqa: F401
 # --- drop-in helpers: readout and ViT block (what TSSA needs around it) ---
 from .readout import ClassAttentionPool  # noqa: F401
 from .vit_block import LocalPatchInteraction, ViTBlock  # noqa: F401
-# --- compressed MHSA (IrrAtt paper): truncatt, irratt, cp_slimatt ---
-from .compressed import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt  # noqa: F401
 
 __all__ = [
     "build", "get_attention_class", "list_attention", "register_attention",
     "TSSA", "CausalTSSA", "CausalAttention", "CausalSelfAttention", "KVCache",
     "DMSA", "ECAttention", "MHSA", "MSSA", "XCA", "ClassAttention",
     "ClassAttentionPool", "LocalPatchInteraction", "ViTBlock",
-    "CompressedAttention", "CPSlimAtt", "IrrAtt", "TruncAtt",
 ]

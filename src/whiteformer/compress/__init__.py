@@ -4,22 +4,23 @@
 * decompositions (typed results with ``.to_tensor()``): :func:`truncatt` (per-head truncated SVD),
   :func:`cp` (CP-ALS + CPD-EPC), :func:`btd_ll1` (BTD-(L, L, 1), Algorithms 1-3), activation-aware
   through ``calib=`` (:class:`Whitening`);
-* :func:`compress_attention`, :func:`compress_mlp`, :func:`compress_linear` fill the compressed
-  layers, which live with the other layers and are re-exported here: :class:`TruncAtt`,
-  :class:`CPSlimAtt`, :class:`IrrAtt` (+ VO TruncAtt in each; :mod:`whiteformer.attention.compressed`,
-  registered as "truncatt", "cp_slimatt", "irratt") and :class:`LowRankLinear`
-  (:mod:`whiteformer.layers`);
-* MACs formulas (:mod:`whiteformer.attention.macs`, re-exported with the flop counter in
-  :mod:`.flops`), rank from a QK FLOPs budget (:func:`qk_rank_for_budget`), rank-constrained head
-  fusion (:mod:`.constraints`);
-* :func:`compress` (whole model) and its report; the spec that rebuilds compressed checkpoints is
-  model surgery (:mod:`whiteformer.models.surgery`, re-exported here).
+* the compressed layers that :func:`compress_attention`, :func:`compress_mlp`, :func:`compress_linear`
+  fill: :class:`TruncAtt`, :class:`CPSlimAtt`, :class:`IrrAtt` (+ VO TruncAtt in each; :mod:`.layers`,
+  registered with the attention registry as "truncatt", "cp_slimatt", "irratt") and
+  :class:`LowRankLinear` (:mod:`.lowrank`); their plain reference from the dense QK / VO tensors
+  (:mod:`.reference`);
+* MACs formulas and the flop counter (:mod:`.flops`), rank from a QK FLOPs budget
+  (:func:`qk_rank_for_budget`), rank-constrained head fusion (:mod:`.constraints`);
+* :func:`compress` (whole model) and its report; model surgery (:mod:`.surgery`) describes the
+  compressed blocks in the model's ``init_kwargs["compression"]`` and rebuilds them when a saved model
+  loads (registered with :func:`whiteformer.models.registry.register_structure`).
 
-Layering: compress sits above attention, layers, models (and train): nothing below imports it.
+Layering: compress sits above ops, attention, layers and models, which never import it; importing
+``whiteformer`` imports it, so its layers and its surgery are registered whatever is imported first.
 """
-from ..attention.compressed import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt
-from ..layers import LowRankLinear
-from ..models.surgery import apply_compression_spec, compression_spec
+from .layers import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt
+from .lowrank import LowRankLinear
+from .surgery import apply_compression_spec, compression_spec
 from ._tensor import HeadFactors
 from .compress_block import BlockReport, compress_attention
 from .btd import BTDResult, btd_ll1

@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from .._checks import check_int, is_int, normalize_ranks
 from .._utils import count_params
-from ..attention.compressed import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt
+from .layers import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt
 from . import flops
 from .btd import btd_ll1
 from .budget import qk_rank_for_budget, rank_for_method

@@ -13,7 +13,7 @@ from typing import List, Tuple
 import torch
 import torch.nn as nn
 
-from ..attention.compressed import CPSlimAtt, IrrAtt
+from .layers import CPSlimAtt, IrrAtt
 
 __all__ = ["project_fusion", "fusion_penalty", "fusion_head_ranks", "apply_fusion_constraints"]
 

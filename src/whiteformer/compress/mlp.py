@@ -12,7 +12,7 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
-from ..layers import LowRankLinear
+from .lowrank import LowRankLinear
 from .whitening import second_moment, whitening_factor
 from .._checks import is_int
 

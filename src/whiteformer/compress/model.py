@@ -11,7 +11,7 @@ counted, as in the paper. With ``qk_flops_ratio`` each block gets the largest ra
 at most that fraction of the original (local compression, Sec. 3.4).
 
 Compressed checkpoints: the new model records a JSON spec of its compressed blocks in
-``init_kwargs["compression"]`` (:mod:`whiteformer.models.surgery`), so ``save_pretrained`` keeps it
+``init_kwargs["compression"]`` (:mod:`whiteformer.compress.surgery`), so ``save_pretrained`` keeps it
 and ``create_model(name, checkpoint_path=dir)`` rebuilds the compressed blocks before loading the
 weights.
 
@@ -29,11 +29,11 @@ import torch.nn as nn
 
 from .._checks import check_finite, check_tensor, is_int
 from .._utils import count_params, eval_mode, to_jsonable
-from ..attention.compressed import CompressedAttention, IrrAtt
+from .layers import CompressedAttention, IrrAtt
 from ..models import create_model, from_pretrained, from_transformers_vit, resolve_model_dir
 from ..models.checkpoint import read_config
 from ..models.hf_vit import HF_VIT_MODEL_TYPES, init_kwargs_from_config, is_hf_vit_config, model_name_for
-from ..models.surgery import layer_spec, mlp_spec, record_compression_spec
+from .surgery import layer_spec, mlp_spec, record_compression_spec
 from .compress_block import BlockReport, compress_attention
 from .constraints import apply_fusion_constraints  # noqa: F401  (re-exported: whiteformer.compress.model)
 from .flops import count_flops, mhsa_qk_macs, mhsa_vo_macs

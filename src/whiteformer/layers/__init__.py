@@ -1,4 +1,4 @@
-"""Building blocks shared by the models (and by compression): timm keeps these in ``layers/``.
+"""Building blocks shared by the models: timm keeps these in ``layers/``.
 
 - :func:`to_2tuple`; :class:`PatchGrid` (non-overlapping patch geometry and image check);
 - :func:`resample_abs_pos_embed` (position embedding to another grid, as timm);
@@ -6,7 +6,6 @@
   :func:`prune_intermediate_layers`, :class:`FeatureGetterNet`, :func:`pretrained_cfg`, and
   :func:`token_states` (transformers' hidden states);
 - :class:`GradCheckpointMixin` (timm's ``set_grad_checkpointing``: activation checkpointing of the blocks);
-- :class:`LowRankLinear` (a linear through a rank-r bottleneck, the compressed MLP linears);
 - the blocks the model families share, one module each as timm: :mod:`.mlp` (:class:`Mlp`, CRATE's
   :class:`ISTA`), :mod:`.drop` (:class:`DropPath`), :mod:`.layer_scale` (:class:`LayerScale`),
   :mod:`.patch_embed` (XCiT's :class:`ConvPatchEmbed`), :mod:`.pos_embed`
@@ -24,13 +23,12 @@ from .features import (FeatureGetterNet, FeatureInfo, TimmFeatureMixin, feature_
                        pretrained_cfg, prune_intermediate_layers, token_states)
 from .helpers import to_2tuple
 from .layer_scale import LayerScale
-from .lowrank import LowRankLinear
 from .mlp import ISTA, Mlp
 from .patch import PatchGrid
 from .patch_embed import ConvPatchEmbed
 from .pos_embed import FourierPositionalEncoding, resample_abs_pos_embed
 
 __all__ = ["GradCheckpointMixin", "FeatureGetterNet", "FeatureInfo", "TimmFeatureMixin", "feature_take_indices",
-           "forward_intermediates", "pretrained_cfg", "prune_intermediate_layers", "token_states", "to_2tuple", "LowRankLinear", "PatchGrid",
+           "forward_intermediates", "pretrained_cfg", "prune_intermediate_layers", "token_states", "to_2tuple", "PatchGrid",
            "resample_abs_pos_embed", "Mlp", "ISTA", "DropPath", "drop_path", "LayerScale", "ConvPatchEmbed",
            "FourierPositionalEncoding", "ClassAttentionBlock"]

@@ -28,7 +28,7 @@ from ..layers import DropPath, LayerScale, Mlp
 from .checkpoint import PretrainedMixin
 from .size import mlp_width, num_patches, transformer_params
 from .hf_vit import convert_hf_vit_state_dict, is_hf_vit_state_dict
-from .registry import build_with_defaults, register_model
+from .registry import apply_structure, build_with_defaults, register_model
 
 __all__ = ["VisionTransformer", "PatchEmbed", "Block"]
 
@@ -137,10 +137,8 @@ class VisionTransformer(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, 
         self.fc_norm = nn.LayerNorm(embed_dim, eps=norm_eps) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        if compression is not None:  # compressed blocks (models.surgery), rebuilt before loading weights
-            from .surgery import apply_compression_spec
-
-            apply_compression_spec(self, compression)
+        if compression is not None:  # compressed blocks (whiteformer.compress), rebuilt before loading weights
+            apply_structure(self, "compression", compression)
         self._init_weights()
 
     def _init_weights(self) -> None:

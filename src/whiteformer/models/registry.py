@@ -26,6 +26,22 @@ MODELS = Registry("model", choices="see whiteformer.list_models() for the {count
 _MODELS = MODELS  # the earlier name
 
 
+#: Rewrites of a model's modules that its constructor arguments describe (a saved model's
+#: ``init_kwargs``), run by the constructor before the weights load, as transformers' quantizers do;
+#: keyed by that argument's name. :mod:`whiteformer.compress` registers "compression".
+STRUCTURES = Registry("model structure")
+
+
+def register_structure(name: str, apply: Callable[[nn.Module, Any], nn.Module]) -> None:
+    """Register ``apply(model, spec)``, the rewrite that the constructor argument ``name`` describes."""
+    STRUCTURES.register(name, apply)
+
+
+def apply_structure(model: nn.Module, name: str, spec: Any) -> nn.Module:
+    """Rewrite ``model`` as ``spec`` (its constructor argument ``name``) describes."""
+    return STRUCTURES.get(name)(model, spec)
+
+
 def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
     """Register an entry point under its function name."""
     return MODELS.register(fn.__name__, fn)

@@ -12,9 +12,7 @@ from .eca import eca_compress_reference, eca_expand_reference, orthonormal_basis
 from .baselines import class_attention_reference, mhsa_reference, mssa_reference, xca_reference  # noqa: F401
 # --- chunked LM-head cross-entropy ---
 from .linear_cross_entropy import linear_cross_entropy_reference  # noqa: F401
-# --- compressed attention (IrrAtt / TruncAtt / CP SlimAtt, from the dense QK / VO tensors) ---
-from .compressed import attention_from_tensors  # noqa: F401
 
 __all__ = ["tssa_reference", "causal_tssa_reference", "dmsa_reference", "rotary_reference", "eca_compress_reference",
            "eca_expand_reference", "orthonormal_basis_reference", "class_attention_reference", "mhsa_reference",
-           "mssa_reference", "xca_reference", "linear_cross_entropy_reference", "attention_from_tensors"]
+           "mssa_reference", "xca_reference", "linear_cross_entropy_reference"]

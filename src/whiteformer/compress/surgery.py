@@ -6,8 +6,9 @@ empty by :func:`build_attention_layer`; a compressed MLP by :func:`mlp_spec` (th
 model's ``init_kwargs["compression"]`` holds ``{"format": 1, "blocks": [{"attn": spec, "mlp": spec}
 or None, ...]}`` (:func:`record_compression_spec`), so ``save_pretrained`` records it and
 ``create_model(name, checkpoint_path=dir)`` rebuilds the compressed blocks
-(:func:`apply_compression_spec`, called by the model constructor). The decompositions that fill the
-layers with values live in :mod:`whiteformer.compress`.
+(:func:`apply_compression_spec`, registered as the models' "compression" structure, which the model
+constructor applies). The decompositions that fill the layers with values live in the rest of
+:mod:`whiteformer.compress`.
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from typing import Dict, List, Optional
 
 import torch.nn as nn
 
-from ..attention.compressed import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt
-from ..layers import LowRankLinear
+from ..models.registry import register_structure
+from .layers import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt
+from .lowrank import LowRankLinear
 
 __all__ = ["SPEC_FORMAT", "layer_spec", "build_attention_layer", "mlp_spec", "compression_spec",
            "apply_compression_spec", "record_compression_spec"]
@@ -144,3 +146,6 @@ def record_compression_spec(model: nn.Module, entries: Dict[int, dict]) -> None:
         warnings.warn(f"{type(model).__name__} has no `compression` constructor argument: the compressed model "
                       "works but its save_pretrained checkpoint will not rebuild the compressed blocks",
                       stacklevel=3)
+
+
+register_structure("compression", apply_compression_spec)

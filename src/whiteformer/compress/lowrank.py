@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..attention.macs import lowrank_linear_macs
+from .flops import lowrank_linear_macs
 from .._checks import is_int
 
 __all__ = ["LowRankLinear"]

@@ -22,7 +22,7 @@ with ``W_v`` = ``v.weight.T`` holding the per-head factors of ``Y_VO[:, :, h] = 
 
 ``fused_attn = True`` (default) runs ``F.scaled_dot_product_attention`` (irregular ranks are
 zero-padded to the largest rank); ``fused_attn = False`` runs explicit matmuls whose MACs are exactly
-the formulas of :mod:`whiteformer.attention.macs`, visible to ``torch.utils.flop_counter``
+the formulas of :mod:`whiteformer.compress.flops`, visible to ``torch.utils.flop_counter``
 (IrrAtt with general fusion always runs the explicit path). Under float16/bfloat16 (or autocast)
 logits and softmax are computed in float32; outputs are in the input dtype.
 """
@@ -38,8 +38,8 @@ from einops import rearrange
 from .._checks import (autocast_off, check_divisible, check_mask, check_probability, check_tokens_input, is_int,
                        normalize_ranks, stats_dtype)
 from .._utils import zero_padded
-from . import macs as _macs
-from .registry import register_attention
+from . import flops as _flops
+from ..attention.registry import register_attention
 
 __all__ = ["CompressedAttention", "TruncAtt", "CPSlimAtt", "IrrAtt"]
 
@@ -135,7 +135,7 @@ class CompressedAttention(nn.Module):
         return torch.stack([a @ b.T for a, b in zip(wv, wo)], dim=-1)
 
     def vo_macs(self, num_tokens: int) -> int:
-        return _macs.vo_truncatt_macs(num_tokens, self.dim, list(self.vo_ranks))
+        return _flops.vo_truncatt_macs(num_tokens, self.dim, list(self.vo_ranks))
 
     def macs(self, num_tokens: int) -> int:
         """MACs of the explicit path for N tokens (QK + VO)."""
@@ -252,7 +252,7 @@ class TruncAtt(_LowRankQK):
         return self._group_tensor()
 
     def qk_macs(self, num_tokens: int) -> int:
-        return _macs.truncatt_qk_macs(num_tokens, self.dim, list(self.qk_ranks))
+        return _flops.truncatt_qk_macs(num_tokens, self.dim, list(self.qk_ranks))
 
 
 @register_attention("irratt")
@@ -313,7 +313,7 @@ class IrrAtt(_LowRankQK):
 
     def qk_macs(self, num_tokens: int) -> int:
         fusion = "identity" if self.fusion is None else "general"
-        return _macs.irratt_qk_macs(num_tokens, self.dim, list(self.block_ranks), self.num_heads, fusion)
+        return _flops.irratt_qk_macs(num_tokens, self.dim, list(self.block_ranks), self.num_heads, fusion)
 
 
 @register_attention("cp_slimatt")
@@ -365,4 +365,4 @@ class CPSlimAtt(CompressedAttention):
         return torch.einsum("ir,jr,hr->ijh", wq, self.k.weight.T, self.fusion)
 
     def qk_macs(self, num_tokens: int) -> int:
-        return _macs.cp_qk_macs(num_tokens, self.dim, self.num_heads, self.rank)
+        return _flops.cp_qk_macs(num_tokens, self.dim, self.num_heads, self.rank)
