@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import slow_steps
+
 from whiteformer.app.cli import main
 from whiteformer.app.train import ConfigError, TrainConfig, train
 from whiteformer.app.train.checkpoint import list_checkpoints
@@ -66,8 +68,8 @@ def one_error_line(capsys, rc):
 # ----------------------------------------------------------------------------- item 2: one writer
 def test_second_writer_is_refused_naming_the_holder_and_a_killed_holder_frees_the_dir(tmp_path):
     run = tmp_path / "run"
-    first = subprocess.Popen(_cli("train", *SUBSPACES, "--steps", "2000", "--ckpt-every", "5", "--throttle", "0.25",
-                                  "--out", str(run)), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    first = subprocess.Popen(slow_steps.command(0.25, "train", *SUBSPACES, "--steps", "2000", "--ckpt-every", "5",
+                                                "--out", str(run)), env=slow_steps.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         _wait_for(lambda: len(list_checkpoints(run / "checkpoints")) >= 1, first)
         for extra in ([], ["--overwrite"], ["--resume"]):
@@ -77,7 +79,8 @@ def test_second_writer_is_refused_naming_the_holder_and_a_killed_holder_frees_th
             assert "in use by another run" in second.stderr and f"pid {first.pid}" in second.stderr
             assert "Traceback" not in second.stderr
         before = json.loads((run / LOCK_NAME).read_text())
-        assert before["pid"] == first.pid and "--throttle" in before["command"]
+        assert before["pid"] == first.pid and before["command"].startswith("whiteformer train --dataset subspaces")
+        assert "--steps 2000" in before["command"]
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)

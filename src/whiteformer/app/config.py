@@ -150,7 +150,6 @@ class TrainConfig:
     tensorboard: bool = _h("also log to TensorBoard when it is installed", default=True)
     report: bool = _h("write the run report (markdown + PNGs) at the end", default=True)
     report_images: int = _h("test images shown in the membership maps", default=4)
-    throttle: float = _h("sleep seconds after each step (fault-injection tests)", default=0.0)
 
     def validate(self) -> None:
         _check_finite(self)
@@ -188,7 +187,6 @@ class TrainConfig:
         _check(self.eval_batches >= 1, f"eval_batches must be >= 1, got {self.eval_batches}")
         _check(0 <= self.num_threads <= max_threads(), f"num_threads must be in [0, {max_threads()}] (0: torch's "
                f"default; at most 4 per CPU core, 1024 at least), got {self.num_threads}")
-        _check(self.throttle >= 0, f"throttle must be >= 0, got {self.throttle}")
         _check(self.ckpt_minutes >= 0, f"ckpt_minutes must be >= 0 (0: off), got {self.ckpt_minutes}")
         _check(not (self.resume and self.overwrite), "resume and overwrite exclude each other: pick one")
         _check(not (self.resume and self.finetune), "resume continues a run; finetune starts a new one: pick one")

@@ -12,6 +12,8 @@ import pytest
 import torch
 import yaml
 
+import slow_steps
+
 from whiteformer import create_model
 from whiteformer.app.cli import main
 from whiteformer.app.train import TrainConfig, train
@@ -53,9 +55,9 @@ def test_default_language_model_generates_past_its_training_context(tmp_path, ca
 def test_sigint_saves_a_checkpoint_and_resume_alone_reads_the_run_config(tmp_path):
     run = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "whiteformer", "train", *SUBSPACES, "--no-progress", "--steps",
-                             "2000", "--ckpt-every", "1000", "--log-every", "1", "--throttle", "0.1", "--out",
-                             str(run)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(slow_steps.command(0.1, "train", *SUBSPACES, "--no-progress", "--steps", "2000",
+                                               "--ckpt-every", "1000", "--log-every", "1", "--out", str(run)),
+                            env=slow_steps.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 180
     while time.time() < deadline:
         if (run / "metrics.jsonl").is_file() and len(_metrics(run)) >= 3:
@@ -73,7 +75,7 @@ def test_sigint_saves_a_checkpoint_and_resume_alone_reads_the_run_config(tmp_pat
     # `--out RUN --resume` alone: the model/data come from RUN/config.yaml; a larger or smaller
     # --steps changes the schedule's length.
     res = subprocess.run([sys.executable, "-m", "whiteformer", "train", "--out", str(run), "--resume", "--steps",
-                          str(step + 2), "--throttle", "0"], env=env, capture_output=True, text=True, timeout=180)
+                          str(step + 2)], env=env, capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stderr
     assert f"resumed from {saved[0]}" in res.stdout
     assert _metrics(run)[-1]["step"] == step + 2

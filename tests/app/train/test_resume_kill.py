@@ -12,6 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import slow_steps
+
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
 
 ARGS = [
@@ -45,7 +47,8 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
 
     run = tmp_path / "killed"
     ckpts = run / "checkpoints"
-    proc = subprocess.Popen(_cmd(run, "--throttle", "0.06"), env=_env(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(slow_steps.command(0.06, "train", *ARGS, "--out", str(run)), env=slow_steps.env(),
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     deadline = time.time() + 180
     try:

@@ -438,8 +438,6 @@ class Trainer:
                 raise RunInterrupted(f"stopped by {signal.Signals(signum).name} at step {done}/{self.total_steps}; "
                                      f"checkpoint saved: continue with `whiteformer train --out {self.run_dir} "
                                      f"--resume`", signum)
-            if cfg.throttle > 0:
-                time.sleep(cfg.throttle)
         return last_eval
 
     def _progress_line(self, done: int, train: Dict[str, Any], ev: Dict[str, float]) -> str:
