@@ -510,6 +510,7 @@ def gpu_section(results: Path, suffix: str = "") -> List[str]:
         "",
     ]
     out += gpu_model_section(results)
+    out += gpu_check_section(results)
     data = _load(results, f"gpu{suffix}.json")
     if not data:
         return out + [
@@ -533,6 +534,33 @@ def gpu_section(results: Path, suffix: str = "") -> List[str]:
     if data.get("stack"):
         out += [f"{data['config']['depth']}-layer stacks, batch 1:", "", gpu.stack_table(data["stack"]), ""]
     return out
+
+
+def gpu_check_section(results: Path) -> List[str]:
+    """The one-call GPU check (:mod:`benchmarks.gpu_check`): its summary tables when a GPU run's
+    ``gpu_check/gpu_check.json`` is in the results, else what it will measure and that it has not run."""
+    data = _load(results, "gpu_check/gpu_check.json")
+    out = ["### The GPU check", ""]
+    if not data or data.get("dry_run"):
+        return out + [
+            "**Not run on a GPU yet** (none was available to this work). `python -m benchmarks.gpu_check --wheels "
+            "build/gpu-wheels --out DIR` (after `make gpu-wheels`, which downloads the pure-Python wheels a machine "
+            "without a package index lacks) measures in about 8 minutes, each part in its own process with a time "
+            "limit: (a) the Triton kernels against the PyTorch path and the float64 reference (bfloat16, float32, "
+            "float16; masks, packed documents, odd sizes; forward and gradients), (b) the operators as multiples of "
+            "`w.clone()` and the 12-layer stacks against SDPA at 4k ... 64k tokens, (c) flash-linear-attention's "
+            "`chunk_simple_gla` / `chunk_retention` beside `tssa` / `causal_tssa` at its benchmark shapes, (d) a "
+            "training step of causal ToST against GPT (SDPA) at 4k and 8k tokens, (e) the copy bandwidth and each "
+            "op's achieved bandwidth next to the traffic model's prediction, and prints a summary. Its dry run (the "
+            "same pipeline on the CPU through Triton's interpreter, tiny sizes) is part of `make test`. Copy the "
+            "output folder to `benchmarks/results/gpu_check/` to render its tables here.",
+            "",
+        ]
+    from .gpu_check import summary
+
+    text = summary.markdown(data["summary"], data["parts"])
+    lines = [("##" + line) if line.startswith("#") else line for line in text.splitlines()]
+    return out + [f"Command: `{data.get('command')}` ({data.get('wall_s')} s).", ""] + lines[1:] + [""]
 
 
 def gpu_model_section(results: Path) -> List[str]:

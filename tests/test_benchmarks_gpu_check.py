@@ -108,6 +108,9 @@ def test_a_part_past_its_time_limit_is_stopped(tmp_path):
     assert all(r["status"].startswith("stopped at the time limit (0.5 s)") for r in res.values()), res
 
 
+_SUMMARY = {}
+
+
 def test_summary_targets_and_bandwidth():
     """The summary's arithmetic on hand-made part results: achieved bandwidth = modelled bytes /
     time, as a share of the copy bandwidth; the fla target needs every shape faster."""
@@ -129,6 +132,7 @@ def test_summary_targets_and_bandwidth():
                              "rows": [{"op": "tssa", **model}, {"op": "causal_tssa", **model}]},
                "fla": {"status": "ok", "rows": fla_rows}}
     s = summary.build(results, {"dry_run": False, "targets": TARGETS})["summary"]
+    _SUMMARY.update(summary=s, parts=results)
     bw = s["bandwidth"]["ops"]
     assert bw["tssa_fwd"]["model_x_clone"] == pytest.approx(1.25)
     assert bw["tssa_fwdbwd"]["achieved_bytes_per_s"] == pytest.approx(6500 / 1e-3)
@@ -138,3 +142,21 @@ def test_summary_targets_and_bandwidth():
     gla = targets["causal_tssa fwd+bwd faster than chunk_simple_gla at every shape"]
     assert gla["met"] is False and gla["value"] == pytest.approx(1.5)
     assert s["complete"]
+
+
+def test_report_renders_the_check(tmp_path):
+    """docs/benchmarks.md's GPU section: without a GPU run it says so (a dry run does not count);
+    with one, the check's summary tables under its own headings."""
+    from benchmarks import report
+
+    text = "\n".join(report.gpu_check_section(tmp_path))
+    assert "Not run on a GPU yet" in text and "python -m benchmarks.gpu_check" in text
+    if not _SUMMARY:
+        test_summary_targets_and_bandwidth()
+    (tmp_path / "gpu_check").mkdir()
+    data = {"dry_run": False, "command": "python -m benchmarks.gpu_check --out x", "wall_s": 400, **_SUMMARY}
+    (tmp_path / "gpu_check" / "gpu_check.json").write_text(json.dumps(data))
+    text = "\n".join(report.gpu_check_section(tmp_path))
+    assert "Not run on a GPU yet" not in text and "`python -m benchmarks.gpu_check --out x` (400 s)" in text
+    assert "#### Targets (bfloat16, H100)" in text and "| tssa_fwd <= 2.5x clone | 3.00x | NOT met |" in text
+    assert "| B4 T16384 H8 D64 |" in text

@@ -27,6 +27,7 @@ the counts and the failing tests.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -145,13 +146,20 @@ def merge(path: Path, runs: Dict[str, Dict[str, Any]], command: str) -> Dict[str
         if name in old and old[name]["versions"] == run["versions"]:  # the same environment: update its groups
             run["groups"] = {**old[name]["groups"], **run["groups"]}
         old[name] = run
-        run["command"] = command
+        for group in run["groups"].values():
+            group.setdefault("command", command)
     data["runs"] = dict(sorted(old.items()))
-    sys.path.insert(0, str(ROOT / "src"))
-    from whiteformer._files import write_text
-
-    write_text(path, json.dumps(data, indent=1) + "\n")
+    _files().write_text(path, json.dumps(data, indent=1) + "\n")
     return data
+
+
+def _files():
+    """whiteformer._files (standard library only) without importing the package: this script runs
+    on any Python, torch or not."""
+    spec = importlib.util.spec_from_file_location("whiteformer_files", ROOT / "src" / "whiteformer" / "_files.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def table(data: Dict[str, Any]) -> str:
@@ -188,7 +196,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     venv_dir = args.venv_dir.resolve()
     if venv_dir == ROOT or ROOT in venv_dir.parents:
         ap.error(f"--venv-dir {args.venv_dir}: must be outside the repository")
-    runs = {}
+    data: Dict[str, Any] = {}
     for name in args.envs:
         torch_version, tf_version = ENVS[name]
         venv = venv_dir / f"venv-{name}"
@@ -202,10 +210,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                "date": time.strftime("%Y-%m-%d")}
         for group in args.groups:
             print(f"{name}: {group} ...", flush=True)
-            run["groups"][group] = r = run_group(py, group, GROUPS[group])
+            r = run_group(py, group, GROUPS[group])
+            r["command"] = "python tools/version_matrix.py " + " ".join(argv)
             print(f"{name}: {group}: {r['summary']}", flush=True)
-        runs[name] = run
-        data = merge(args.out, {name: run}, "python tools/version_matrix.py " + " ".join(argv))
+            run["groups"] = {group: r}  # saved at once, merged with the environment's other groups
+            data = merge(args.out, {name: run}, "python tools/version_matrix.py " + " ".join(argv))
     print(table(data))
     return 0
 
