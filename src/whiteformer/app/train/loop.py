@@ -72,6 +72,8 @@ def finetune(model: nn.Module, task, *, epochs: int = 1, lr: float = 1e-4, weigh
     model.train()
     try:
         for epoch in range(epochs):
+            if max_steps is not None and steps >= max_steps:
+                break
             tot, done = 0.0, 0
             for j in range(task.steps_per_epoch):
                 if max_steps is not None and steps >= max_steps:
