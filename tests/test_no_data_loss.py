@@ -628,3 +628,65 @@ def test_model_files_get_the_mode_of_a_new_file(tmp_path, writer):
     folder = tmp_path / "m" / "step_00000001"
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in folder.iterdir()} == \
         {p.name: "0o664" for p in folder.iterdir()}
+
+
+# ----------------------------------------------------------------------------- --overwrite killed
+def _killed_overwrite(run, at_step):
+    """``train --overwrite`` killed (no clean-up at all) at its ``at_step``-th step."""
+    def kill(model):
+        kill.n += 1
+        if kill.n == at_step:
+            os._exit(9)
+    kill.n = 0
+    code = _in_child(lambda: train(tiny_cfg(run, steps=4, ckpt_every=2, overwrite=True, seed=5), post_step=[kill]))
+    assert code == 9
+    assert [p for p in run.iterdir() if p.name.startswith(".overwritten-")] and not (run / "final").exists()
+
+
+@pytest.mark.parametrize("at_step", [1, 3])
+def test_a_killed_overwrite_is_named_by_eval_and_put_back_by_the_next_train(finished, tmp_path, capsys, at_step):
+    """A ``train --overwrite`` killed before its final model hid the old run in ``.overwritten-*``:
+    ``eval`` said "holds no model", and the next plain ``train`` was accepted and deleted it at its end."""
+    run = _copy(finished, tmp_path / "run")
+    (run / "notes.txt").write_text("mine")
+    before = snapshot(run)
+    _killed_overwrite(run, at_step)
+    capsys.readouterr()
+    if at_step == 1:  # (later, eval reads the stopped run's own checkpoint)
+        assert main(["eval", "--checkpoint", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert ".overwritten-" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1, err
+    rc = main(["train", *SUBSPACES, "--steps", "1", "--seed", "2", "--out", str(run)])
+    out, err = capsys.readouterr()
+    assert rc == 2 and "back in" in out and "--overwrite" in err, (out, err)
+    assert snapshot(run) == before
+
+
+def test_a_killed_overwrite_is_continued_by_resume_and_the_stash_named(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path / "run")
+    _killed_overwrite(run, 3)  # after its checkpoint of step 2
+    train(tiny_cfg(run, steps=4, ckpt_every=2, resume=True, seed=5))
+    out = capsys.readouterr().out
+    assert "waits in" in out and "deleted the replaced run's files" in out, out
+    assert not [p for p in run.iterdir() if p.name.startswith(".")  and p.name != LOCK_NAME]
+    assert (run / "final" / "model.safetensors").is_file()
+
+
+def test_putting_a_replaced_run_back_survives_a_kill_at_any_rename(finished, tmp_path):
+    from whiteformer.train.rundir import recover_stash
+
+    run = _copy(finished, tmp_path / "stopped")
+    before = snapshot(finished)
+    _killed_overwrite(run, 3)
+    k = 1
+    while True:
+        again = _copy(run, tmp_path / f"k{k}")
+        code = _in_child(lambda: recover_stash(again, resume=False, say=lambda m: None), kill_at=k)
+        recover_stash(again, resume=False, say=lambda m: None)
+        assert snapshot(again) == before, k
+        assert not [p.name for p in again.iterdir() if p.name.startswith(".") and p.name != LOCK_NAME]
+        if code == 0:
+            break
+        assert code == 9
+        k += 1
+    assert k > 3

@@ -31,6 +31,8 @@ __all__ = ["create_model", "from_pretrained", "from_transformers_vit", "load_pre
 #: where a training run keeps its final model and, with EMA, the averaged one (the one place they are named)
 RUN_MODEL_DIR = "final"
 RUN_EMA_MODEL_DIR = "final_ema"
+#: prefix of the hidden folder where ``train --overwrite`` keeps the replaced run until the new one has its model
+RUN_STASH_PREFIX = ".overwritten-"
 
 
 def resolve_model_dir(path: PathLike, prefer_ema: bool = False) -> Path:
@@ -45,6 +47,12 @@ def resolve_model_dir(path: PathLike, prefer_ema: bool = False) -> Path:
     for name in ((RUN_EMA_MODEL_DIR,) if prefer_ema else ()) + (RUN_MODEL_DIR,):
         if (p / name / CONFIG_NAME).is_file():
             return p / name
+    hidden = sorted(str(e.parent.parent.name) for e in p.glob(f"{RUN_STASH_PREFIX}*/{RUN_MODEL_DIR}/{CONFIG_NAME}"))
+    if hidden:
+        raise FileNotFoundError(
+            f"{str(path)!r} holds no model: a run started there with --overwrite was stopped before writing its "
+            f"model; the run it replaces is kept in {str(p / hidden[0])!r} (`whiteformer train --out {str(path)}` "
+            f"puts it back, `--resume` continues the stopped run)")
     raise FileNotFoundError(
         f"{str(path)!r} holds no model: expected a directory saved by save_pretrained (config.json + "
         f"model.safetensors), a training run directory with {RUN_MODEL_DIR}/, or a weights file")

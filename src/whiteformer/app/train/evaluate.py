@@ -32,8 +32,10 @@ def resolve_checkpoint(path, prefer_ema: bool = True) -> Tuple[Path, Optional[Di
     if p.is_dir() and not (p / "config.json").is_file():
         try:
             p = resolve_model_dir(p, prefer_ema=prefer_ema)
-        except FileNotFoundError:
+        except FileNotFoundError as err:
             found = latest_checkpoint(p / "checkpoints", loader=verify_checkpoint)
+            if found is None and "--overwrite" in str(err):  # the replaced run is hidden: named
+                raise ConfigError(str(err)) from None
             if found is None:
                 raise ConfigError(f"{str(path)!r} holds no model: expected a run directory ({RUN_MODEL_DIR}/ or "
                                   f"checkpoints/) or a directory with config.json + model.safetensors") from None

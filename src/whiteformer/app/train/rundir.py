@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from ..._files import is_stage, is_temporary
-from ...models.factory import RUN_EMA_MODEL_DIR, RUN_MODEL_DIR
+from ...models.factory import RUN_EMA_MODEL_DIR, RUN_MODEL_DIR, RUN_STASH_PREFIX
 from .checkpoint import list_checkpoints, list_quarantined
 from ..config import ConfigError
 from .outputs import remove_entry
@@ -38,8 +38,9 @@ RUN_FILES = ("checkpoints", RUN_MODEL_DIR, RUN_EMA_MODEL_DIR, "tensorboard", "co
              LOCK_NAME)
 #: a directory holding one of these holds a finished run: a new run there needs --overwrite
 FINAL_DIRS = (RUN_MODEL_DIR, RUN_EMA_MODEL_DIR)
-#: prefix of the hidden directory where --overwrite keeps the replaced run until the new one has its model
-STASH_PREFIX = ".overwritten-"
+#: the hidden directory where --overwrite keeps the replaced run until the new one has its model, renamed
+#: ``.restoring-*`` while it is put back; the stopped run's files wait in ``.discarded-*`` meanwhile
+STASH_PREFIX, RESTORING_PREFIX, DISCARDED_PREFIX = RUN_STASH_PREFIX, ".restoring-", ".discarded-"
 
 
 class RunLock:
@@ -103,7 +104,7 @@ def run_created(run_dir) -> List[Path]:
 
 
 def _is_stash(name: str) -> bool:
-    return name.startswith(STASH_PREFIX)
+    return name.startswith((STASH_PREFIX, RESTORING_PREFIX, DISCARDED_PREFIX))
 
 
 def _is_unfinished_final(name: str) -> bool:
@@ -137,34 +138,76 @@ def stash_run_files(run_dir, say: Callable[[str], None]) -> Optional[Path]:
     return stash
 
 
-def restore_stash(run_dir, stash: Path, say: Callable[[str], None]) -> None:
-    """Undo :func:`stash_run_files` after a failed start: the new run's files go, the old come back."""
-    for p in run_created(run_dir):
-        remove_entry(p)
-    for p in sorted(stash.iterdir()):
-        os.rename(p, Path(run_dir) / p.name)
-    stash.rmdir()
-    say(f"overwrite: this run failed before its first checkpoint; the previous run's files are back in "
-        f"{str(run_dir)!r}")
+def restore_stash(run_dir, stash: Path, say: Callable[[str], None], why: str = "this run failed before its first "
+                  "checkpoint") -> None:
+    """Undo :func:`stash_run_files`: the new run's files go, the old come back. Each step can be redone
+    after a kill: the new run's files are first moved into ``.discarded-*``, then the stash is renamed
+    ``.restoring-*`` (from then on its entries only move back) and emptied, then the discarded files go."""
+    run_dir, stash = Path(run_dir), Path(stash)
+    tag = stash.name.split("-", 1)[1]
+    discarded, restoring = run_dir / f"{DISCARDED_PREFIX}{tag}", run_dir / f"{RESTORING_PREFIX}{tag}"
+    if stash.name.startswith(STASH_PREFIX):
+        discarded.mkdir(exist_ok=True)
+        for p in run_created(run_dir):
+            os.rename(p, discarded / p.name)
+        os.rename(stash, restoring)
+    for p in sorted(restoring.iterdir()):
+        if not os.path.lexists(run_dir / p.name):
+            os.rename(p, run_dir / p.name)
+    remove_entry(restoring)
+    if os.path.lexists(discarded):
+        remove_entry(discarded)
+    say(f"overwrite: {why}; the previous run's files are back in {str(run_dir)!r}")
+
+
+def recover_stash(run_dir, *, resume: bool, say: Callable[[str], None]) -> None:
+    """What a run started with ``--overwrite`` and stopped (killed) left: the replaced run, hidden in
+    ``.overwritten-*``. Without a final model of the stopped run it is put back (:func:`restore_stash`),
+    unless ``resume`` continues the stopped run's checkpoints (then it is kept, and said where); beside a
+    final model it is kept and named. Never deleted silently."""
+    p = Path(run_dir)
+    if not p.is_dir():
+        return
+    hidden = sorted(e for e in p.iterdir() if e.name.startswith((STASH_PREFIX, RESTORING_PREFIX))
+                    and e.is_dir() and not e.is_symlink())
+    finished = any(os.path.lexists(p / n) for n in FINAL_DIRS)
+    for stash in hidden:
+        if stash.name.startswith(STASH_PREFIX) and finished:
+            say(f"note: {str(stash)!r} holds the files of a run replaced under --overwrite (the run that replaced "
+                f"it finished, but was stopped before deleting them); kept: delete it yourself if you do not need "
+                f"it")
+        elif stash.name.startswith(STASH_PREFIX) and resume and list_checkpoints(p / "checkpoints"):
+            say(f"overwrite: the run replaced by the run this continues waits in {str(stash)!r}; deleted once "
+                f"this run has written its final model")
+        else:
+            restore_stash(p, stash, say, why="a run started with --overwrite was stopped before writing its final "
+                                              "model")
+    for e in p.iterdir():  # what a restore stopped after emptying its stash left
+        if e.name.startswith(DISCARDED_PREFIX) and not (p / (STASH_PREFIX + e.name[len(DISCARDED_PREFIX):])).exists():
+            remove_entry(e)
 
 
 def drop_stashes(run_dir, say: Callable[[str], None]) -> None:
-    """Delete the runs replaced under ``--overwrite`` (every ``.overwritten-*`` entry), links unlinked and
-    never followed; a failure is reported, not hidden, and does not fail the finished run."""
+    """Delete the runs replaced under ``--overwrite`` (every ``.overwritten-*`` entry), saying so; links
+    unlinked and never followed; a failure is reported, not hidden, and does not fail the finished run."""
     for p in sorted(Path(run_dir).iterdir()):
-        if _is_stash(p.name):
+        if p.name.startswith(STASH_PREFIX):
             try:
                 remove_entry(p)
+                say(f"overwrite: deleted the replaced run's files ({p.name})")
             except OSError as err:
                 say(f"warning: could not delete the replaced run's files {str(p)!r}: {err}")
 
 
-def open_run_dir(run_dir, *, resume: bool, overwrite: bool, command: str = ""):
+def open_run_dir(run_dir, *, resume: bool, overwrite: bool, command: str = "", say: Callable[[str], None] = print):
     """Lock ``run_dir`` and decide what to do with it: ``(RunLock, mode)`` (see :func:`check_run_dir`).
-    A directory locked by a live run gives an error naming it before anything else is checked."""
+    A directory locked by a live run gives an error naming it before anything else is checked; what a
+    stopped ``--overwrite`` run left is recovered first (:func:`recover_stash`)."""
     marked = (Path(run_dir) / LOCK_NAME).is_file()
     lock = RunLock(run_dir, command) if marked else None
     try:
+        if lock is not None:
+            recover_stash(run_dir, resume=resume, say=say)
         mode = check_run_dir(run_dir, resume=resume, overwrite=overwrite, marked=marked)
         if lock is None:
             lock = RunLock(run_dir, command)

@@ -72,7 +72,7 @@ class Trainer:
         self.stash = None  # where --overwrite moved the replaced run (deleted once this run has its model)
         if self.main:  # one writer per run directory, for the life of the run
             self.lock, self.dir_mode = open_run_dir(self.run_dir, resume=cfg.resume, overwrite=cfg.overwrite,
-                                                    command=command)
+                                                    command=command, say=self.say)
         else:
             self.dir_mode = check_run_dir(self.run_dir, resume=cfg.resume, overwrite=cfg.overwrite)
         try:
