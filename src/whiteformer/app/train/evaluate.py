@@ -7,6 +7,7 @@ valid checkpoint), a model directory written by ``save_pretrained`` (``final/``,
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
@@ -17,6 +18,7 @@ from ...models.checkpoint import read_json
 from ...models.factory import RUN_MODEL_DIR, resolve_model_dir
 from .build import build_task, check_names
 from .checkpoint import latest_checkpoint, verify_checkpoint
+from .loop import nonfinite_weight
 
 from ..config import ConfigError, EvalConfig, GenerateConfig
 from .distributed import DistInfo, resolve_device
@@ -82,7 +84,13 @@ def evaluate(cfg: EvalConfig) -> Dict[str, Any]:
                       dist=DistInfo(device=device), batch_size=cfg.batch_size, eval_batch_size=cfg.batch_size,
                       block_size=cfg.block_size or run.get("block_size") or 128, eval_batches=cfg.eval_batches)
     type(task).check_model(model, task.eval_ds)
+    bad = nonfinite_weight(model)
+    if bad is not None:
+        raise ConfigError(f"model {str(path)!r} cannot be evaluated: its weight {bad} holds NaN or inf")
     res = task.evaluate(model)
+    if not math.isfinite(res.get("loss", 0.0)):
+        raise ConfigError(f"model {str(path)!r} gives non-finite outputs on {dataset} (loss {res['loss']}): its "
+                          f"weights overflow (values too large for {next(model.parameters()).dtype})")
     return {"checkpoint": str(path), "dataset": dataset, "split": cfg.split, "summary": task.summary(res),
             **res}
 

@@ -16,21 +16,30 @@ import torch.nn as nn
 
 from ..._checks import check_int
 
-__all__ = ["train_step", "finetune"]
+__all__ = ["check_finite_weights", "nonfinite_weight", "train_step", "finetune"]
 
 PostStep = Callable[[nn.Module], object]
 
 
 def train_step(model: nn.Module, task, optimizer: torch.optim.Optimizer, step: int, *, clip_grad: float = 0.0,
                scheduler=None, post_step: Sequence[PostStep] = (), hook_model: Optional[nn.Module] = None,
-               scaler: Optional[torch.amp.GradScaler] = None):
+               scaler: Optional[torch.amp.GradScaler] = None, check_loss: bool = True):
     """Run optimizer step ``step`` on the task's batch of that step; returns ``(loss, stats, lr)``
     (the loss tensor, the task's summed statistics, the learning rate the step used).
     ``post_step`` hooks get ``hook_model`` (default ``model``; the plain module under DDP).
     ``scaler`` (float16 training): the loss is scaled for backward, the gradients unscaled before
-    clipping, and a step with inf/NaN gradients is skipped (the scale then shrinks)."""
+    clipping, and a step with inf/NaN gradients is skipped (the scale then shrinks). Otherwise, with
+    ``check_loss``, a non-finite loss is a :class:`FloatingPointError` naming the step, raised before
+    the step changes the weights (distributed callers check the loss of all ranks together instead)."""
     x, y = task.train_batch(step)
-    loss, stats = task.loss(model, x, y)
+    try:
+        loss, stats = task.loss(model, x, y)
+    except ValueError:  # an op's input check: NaN / inf in the weights (a previous step diverged)
+        check_finite_weights(hook_model if hook_model is not None else model, f"at step {step + 1}")
+        raise
+    if check_loss and scaler is None and not bool(torch.isfinite(loss.detach())):
+        raise FloatingPointError(f"the training loss is {float(loss.detach())} at step {step + 1} (diverged: lower the "
+                                 f"learning rate or the weight decay, or clip gradients); no step was taken with it")
     optimizer.zero_grad(set_to_none=True)
     (loss if scaler is None else scaler.scale(loss)).backward()
     if scaler is not None:
@@ -48,6 +57,23 @@ def train_step(model: nn.Module, task, optimizer: torch.optim.Optimizer, step: i
     for hook in post_step:
         hook(hook_model if hook_model is not None else model)
     return loss, stats, lr
+
+
+def nonfinite_weight(model: nn.Module) -> Optional[str]:
+    """The name of the first floating-point parameter or buffer of ``model`` holding NaN or inf, or None."""
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None
+
+
+def check_finite_weights(model: nn.Module, when: str) -> None:
+    """A :class:`FloatingPointError` when a weight of the trained ``model`` holds NaN or inf (``when``
+    says where it was found)."""
+    bad = nonfinite_weight(model)
+    if bad is not None:
+        raise FloatingPointError(f"the model's weights are not finite {when} ({bad} holds NaN or inf): training "
+                                 f"diverged; lower the learning rate or the weight decay, or clip gradients")
 
 
 def finetune(model: nn.Module, task, *, epochs: int = 1, lr: float = 1e-4, weight_decay: float = 0.05,
@@ -79,8 +105,6 @@ def finetune(model: nn.Module, task, *, epochs: int = 1, lr: float = 1e-4, weigh
                 if max_steps is not None and steps >= max_steps:
                     break
                 loss, _, _ = train_step(model, task, opt, epoch * task.steps_per_epoch + j, post_step=post_step)
-                if not torch.isfinite(loss.detach()):
-                    raise FloatingPointError(f"fine-tuning loss is {float(loss)} at step {steps}; lower the lr")
                 tot += float(loss.detach())
                 done += 1
                 steps += 1

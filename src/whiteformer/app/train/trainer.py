@@ -41,7 +41,7 @@ from .ema import ModelEMA
 from .metrics import MetricsLogger, truncate_metrics
 from .optim import build_optimizer
 from .schedule import build_scheduler
-from .loop import train_step
+from .loop import check_finite_weights, train_step
 from .outputs import say as _say
 from .rundir import (LOCK_NAME, check_run_dir, drop_stashes, no_intact_checkpoint, open_run_dir,
                      remove_unfinished_finals, restore_stash, stash_run_files)
@@ -290,6 +290,7 @@ class Trainer:
     def _save(self, step: int, train_time: float) -> None:
         rngs = D.all_gather_object(rng_state())
         self._whole()
+        check_finite_weights(self.module, f"at step {step}; the last checkpoint kept is the previous one")
         optimizer = self._optimizer_state()  # (collective under --fsdp)
         if self.main:
             state = {"optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
@@ -387,7 +388,7 @@ class Trainer:
         for step in range(self.start_step, self.total_steps):
             loss, st, lr = train_step(model, task, self.optimizer, step, clip_grad=cfg.clip_grad,
                                       scheduler=self.scheduler, post_step=self.post_step, hook_model=self.module,
-                                      scaler=self.scaler)
+                                      scaler=self.scaler, check_loss=not self.dist.enabled)
             if self.ema is not None:
                 self.ema.update(self.module)
             done = step + 1
@@ -458,7 +459,7 @@ class Trainer:
 
     def _finish(self, logger: MetricsLogger, train_time: float) -> Dict[str, Any]:
         cfg = self.cfg
-        self._whole()
+        check_finite_weights(self._whole(), "at the end of training; no final model was saved")
         final = getattr(self, "_last_eval", None) or self.task.evaluate(self._eval_model())
         results: Dict[str, Any] = {"final_eval": final, "summary": self.task.summary(final),
                                    "train_time_s": train_time}
