@@ -673,7 +673,7 @@ def test_a_killed_overwrite_is_continued_by_resume_and_the_stash_named(finished,
 
 
 def test_putting_a_replaced_run_back_survives_a_kill_at_any_rename(finished, tmp_path):
-    from whiteformer.train.rundir import recover_stash
+    from whiteformer.app.train.rundir import recover_stash
 
     run = _copy(finished, tmp_path / "stopped")
     before = snapshot(finished)

@@ -1,4 +1,4 @@
-"""whiteformer.train.loop.finetune: the loop ends at max_steps, whatever the number of epochs."""
+"""whiteformer.app.train.loop.finetune: the loop ends at max_steps, whatever the number of epochs."""
 import torch
 import torch.nn as nn
 
