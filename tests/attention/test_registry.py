@@ -11,7 +11,7 @@ def test_unknown_name_raises_with_choices():
 
 
 def test_register_conflict_raises():
-    from whiteformer.attention.registry import _ATTENTION
+    from whiteformer.attention.registry import ATTENTION
 
     @register_attention("_test_dummy")
     class Dummy(nn.Module):
@@ -28,7 +28,7 @@ def test_register_conflict_raises():
             class Other(nn.Module):
                 pass
     finally:
-        _ATTENTION.pop("_test_dummy", None)
+        ATTENTION.pop("_test_dummy", None)
     assert "_test_dummy" not in list_attention()
 
 

@@ -264,8 +264,6 @@ def test_compress_attention_report_is_consistent(qk, kw):
     if qk == "irratt":
         assert sum(rep.head_ranks) == 16 or rep.fusion == "identity"
     assert set(rep.to_dict()) >= {"qk_flops_ratio", "flops_ratio", "qk_ranks"}
-    with pytest.warns(DeprecationWarning, match="use to_dict"):
-        assert rep.as_dict() == rep.to_dict()
 
 
 @pytest.mark.parametrize("qk,fusion", [("truncatt", "general"), ("cp", "general"), ("irratt", "general"),

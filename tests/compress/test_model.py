@@ -310,7 +310,7 @@ def test_cli_end_to_end(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("whiteformer compress: error:") and "--out" in err
     assert compress_main(["--checkpoint", ckpt, "--qk-rank", "4", "--calib", "8", "--out", str(tmp_path / "b")]) == 2
-    assert "need --data" in capsys.readouterr().err
+    assert "need --dataset" in capsys.readouterr().err
 
 
 def test_cli_calib_finetune_constraints(tmp_path):
@@ -321,7 +321,7 @@ def test_cli_calib_finetune_constraints(tmp_path):
     _, ckpt = _tiny_ckpt(tmp_path)
     out = tmp_path / "ft"
     rc = wf_main(["compress", "--checkpoint", ckpt, "--qk", "irratt", "--qk-rank", "24", "--vo-rank", "8",
-                  "--data", "digits", "--calib", "32", "--finetune-epochs", "1", "--max-steps", "3",
+                  "--dataset", "digits", "--calib", "32", "--finetune-epochs", "1", "--max-steps", "3",
                   "--batch-size", "32", "--lr", "1e-3", "--fusion-constraints", "--out", str(out), "--quiet"])
     assert rc == 0
     rep = json.loads((out / "compression_report.json").read_text())

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from whiteformer import create_model
-from whiteformer.models import load_pretrained
+from whiteformer.models import from_pretrained
 from whiteformer.models.checkpoint import PretrainedMixin, load_checkpoint, read_state_dict
 
 # A tiny official-layout ToST: D 32, 4 heads, 2 blocks, p16 (4 conv stages 3->4->8->16->32), 7 classes.
@@ -52,7 +52,7 @@ def test_save_pretrained_round_trip(tmp_path):
     torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
     for k, v in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v), k
-    assert torch.equal(load_pretrained(out).eval()(x), model(x))
+    assert torch.equal(from_pretrained(out).eval()(x), model(x))
 
     # Caller overrides win over the saved ones (here a drop rate, which does not change weights).
     again = create_model("tost_t12_p16", checkpoint_path=out, drop_path_rate=0.1)

@@ -72,15 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="whiteformer compress",
         description="Compress the attention of a ViT/DeiT checkpoint (TruncAtt / CP SlimAtt / IrrAtt QK, VO TruncAtt, "
                     "SVD MLP; paper 'Vision Transformer with Irregular Attention'), optionally fine-tune, and save "
-                    "the compressed checkpoint with its report.")
+                    "the compressed checkpoint with its report.",
+        epilog="model_args.KEY=VALUE (repeatable, as in `whiteformer train`): a constructor override for "
+               "create_model; VALUE is read as JSON where it parses, else kept as text.")
     p.add_argument("--checkpoint", required=True,
                    help="a run directory, its final/, a saved model directory (own or transformers ViT/DeiT), or a "
                         ".safetensors/.pth file")
     p.add_argument("--model", default=None, help="registered model name (default: the checkpoint's model_name; "
                    "deit_b_p16 sized by its config for a transformers ViT/DeiT directory)")
-    p.add_argument("--model-arg", type=_model_arg, action="append", default=[], metavar="KEY=VALUE",
-                   help="constructor override for create_model, repeatable; written model_args.KEY=VALUE as in "
-                        "`whiteformer train` (--model-arg KEY=VALUE is the deprecated spelling)")
+    p.set_defaults(model_args=[])  # model_args.KEY=VALUE words, taken apart by main()
     p.add_argument("--qk", choices=["irratt", "cp", "truncatt", "none"], default="irratt", help="QK compression")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--qk-rank", type=_ranks, default=None,
@@ -101,13 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="IrrAtt per-head ranks: Algorithm 1 (btd) or global singular values (spectral)")
     p.add_argument("--blocks", type=_int_list, default=None, help="comma-separated block indices (default all)")
     p.add_argument("--num-tokens", type=int, default=None, help="N for the budget (default: the model's tokens)")
-    p.add_argument("--dataset", "--data", dest="data", default=None,
+    p.add_argument("--dataset", dest="data", default=None,
                    help="dataset for accuracy, calibration and fine-tuning (e.g. digits, mnist; default: the run's "
-                        "when --checkpoint is a run directory; --data is the deprecated spelling)")
+                        "when --checkpoint is a run directory)")
     p.add_argument("--data-dir", default=None, help="data directory of file-based datasets (mnist)")
     p.add_argument("--calib", type=int, default=0, metavar="N",
-                   help="activation-aware compression on N training images of --data (0: off)")
-    p.add_argument("--finetune-epochs", type=int, default=0, metavar="K", help="fine-tune K epochs on --data")
+                   help="activation-aware compression on N training images of --dataset (0: off)")
+    p.add_argument("--finetune-epochs", type=int, default=0, metavar="K", help="fine-tune K epochs on --dataset")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--weight-decay", type=float, default=0.05)
@@ -200,7 +200,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("--fusion-constraints applies to fine-tuning: add --finetune-epochs K")
     torch.manual_seed(args.seed)
     device = resolve_device(args.device)
-    model = create_model(name, checkpoint_path=str(ckpt), **dict(args.model_arg)).to(device).eval()
+    model = create_model(name, checkpoint_path=str(ckpt), **dict(args.model_args)).to(device).eval()
 
     calib = task = None
     if args.data:
@@ -252,40 +252,34 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _one_option_style(argv: List[str]) -> Tuple[List[str], List[str]]:
-    """``model_args.K=V`` / ``--model-args.K=V`` (the style of ``whiteformer train``) into the parser's
-    ``--model-arg K=V``; the old spellings ``--model-arg`` and ``--data`` still work: ``(argv, notes)``,
-    the notes saying so printed once the command line parsed (a usage error stays one line)."""
-    out: List[str] = []
-    notes: List[str] = []
+def _split_model_args(argv: List[str]) -> Tuple[List[str], List[Tuple[str, object]]]:
+    """``model_args.K=V`` / ``--model-args.K=V`` (the style of ``whiteformer train``) apart from the
+    options argparse reads: ``(other words, [(K, value), ...])``."""
+    rest: List[str] = []
+    pairs: List[Tuple[str, object]] = []
     for tok in argv:
         body = tok[2:] if tok.startswith("--") else tok
         for prefix in ("model_args.", "model-args."):
             if body.startswith(prefix) and "=" in body:
-                out += ["--model-arg", body[len(prefix):]]
+                pairs.append(_model_arg(body[len(prefix):]))
                 break
         else:
-            if tok == "--model-arg" or tok.startswith("--model-arg="):
-                notes.append("--model-arg KEY=VALUE is deprecated; write model_args.KEY=VALUE")
-            elif tok == "--data" or tok.startswith("--data="):
-                notes.append("--data is deprecated; write --dataset")
-            out.append(tok)
-    return out, list(dict.fromkeys(notes))
+            rest.append(tok)
+    return rest, pairs
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``whiteformer compress``; returns the exit code (2 for usage errors)."""
     from .train.errors import debug_requested, user_error
 
-    argv, notes = _one_option_style(list(sys.argv[1:] if argv is None else argv))
+    argv, model_args = _split_model_args(list(sys.argv[1:] if argv is None else argv))
     debug = debug_requested(argv)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as err:  # --help (0) or a usage error (2, message already printed)
         return int(err.code or 0)
-    for note in notes:
-        print(f"whiteformer compress: note: {note}", file=sys.stderr)
+    args.model_args = model_args
     try:
         return _run(args)
     except Exception as err:  # noqa: BLE001 - user errors become one line; bugs keep their traceback

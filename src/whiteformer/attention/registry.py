@@ -9,7 +9,6 @@ import torch.nn as nn
 from .._registry import Registry
 
 ATTENTION = Registry("attention")
-_ATTENTION = ATTENTION  # the earlier name
 
 
 def register_attention(name: str) -> Callable[[Type[nn.Module]], Type[nn.Module]]:

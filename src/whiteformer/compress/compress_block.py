@@ -78,13 +78,6 @@ class BlockReport:
         d["qk_total_rank"] = self.qk_total_rank
         return d
 
-    def as_dict(self) -> dict:
-        """Deprecated name of :meth:`to_dict` (every report of the package says ``to_dict``)."""
-        import warnings
-
-        warnings.warn("BlockReport.as_dict() is deprecated; use to_dict()", DeprecationWarning, stacklevel=2)
-        return self.to_dict()
-
 
 def _set_qk(layer, A, B, scale: float, has_bias: bool) -> None:
     """q <- [A_g[:F]] * scale (+ bias A_g[F] * scale), k <- [B_g] for the groups of a low-rank layer."""

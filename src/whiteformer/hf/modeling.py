@@ -392,27 +392,27 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
                 raise TypeError(f"cache must be a WhiteformerCache (from a previous forward), got "
                                 f"{type(cache).__name__}")
             cache = None  # an empty transformers cache: start ours
-        mask = None if attention_mask is None else attention_mask
         hidden = None
         if cache is None or cache.state is None:
             if use_cache or cache is not None:
-                final, state = net._prefill_hidden(input_ids, attn_mask=mask)  # (prefill without the lm_head)
+                # prefill without the lm_head
+                final, state = net._prefill_hidden(input_ids, attn_mask=attention_mask)
                 logits = net.lm_head(kept_positions(final, keep))
                 cache = cache if cache is not None else WhiteformerCache()
                 cache.update_state(state, input_ids.shape[1])
                 if output_hidden_states:  # (prefill keeps only the final states: one more pass)
-                    hidden = _lm_hidden_states(net, input_ids, mask)[1]
+                    hidden = _lm_hidden_states(net, input_ids, attention_mask)[1]
             elif output_hidden_states:
-                final, hidden = _lm_hidden_states(net, input_ids, mask)
+                final, hidden = _lm_hidden_states(net, input_ids, attention_mask)
                 logits = net.lm_head(kept_positions(final, keep))
             else:
-                logits = net.lm_head(kept_positions(net.forward_features(input_ids, attn_mask=mask), keep))
+                logits = net.lm_head(kept_positions(net.forward_features(input_ids, attn_mask=attention_mask), keep))
         else:
             if cache.batch_size != input_ids.shape[0]:
                 raise ValueError(f"the cache holds the state of {cache.batch_size} sequences, input_ids has "
                                  f"{input_ids.shape[0]} rows: pass the cache of this batch")
             new = input_ids.shape[1]
-            if mask is not None and not bool((mask[:, -new:] != 0).all()):
+            if attention_mask is not None and not bool((attention_mask[:, -new:] != 0).all()):
                 raise ValueError("tokens fed after the cached prompt must be real (attention_mask 1): padding is "
                                  "only supported in the prompt")
             state, finals, columns = cache.state, [], []

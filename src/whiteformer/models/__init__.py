@@ -2,8 +2,7 @@
 (``create_model``, ``list_models``) and transformers-style ``from_pretrained``."""
 from .registry import list_models, register_model  # noqa: F401
 from . import _load_families  # noqa: F401,E402
-from .factory import (create_model, from_pretrained, from_transformers_vit, load_pretrained,  # noqa: F401,E402
-                      resolve_model_dir)
+from .factory import create_model, from_pretrained, from_transformers_vit, resolve_model_dir  # noqa: F401,E402
 
 __all__ = ["create_model", "list_models", "register_model", "from_pretrained", "from_transformers_vit",
-           "load_pretrained", "resolve_model_dir"]
+           "resolve_model_dir"]

@@ -26,7 +26,7 @@ from .hf_vit import (HF_VIT_MODEL_TYPES, convert_hf_vit_state_dict, init_kwargs_
                      model_name_for)
 from .registry import get_model_entry, list_models
 
-__all__ = ["create_model", "from_pretrained", "from_transformers_vit", "load_pretrained", "resolve_model_dir"]
+__all__ = ["create_model", "from_pretrained", "from_transformers_vit", "resolve_model_dir"]
 
 #: where a training run keeps its final model and, with EMA, the averaged one (the one place they are named)
 RUN_MODEL_DIR = "final"
@@ -166,8 +166,6 @@ def from_pretrained(path: PathLike, **overrides: Any) -> nn.Module:
                          f"create_model(name, checkpoint_path=...) with one of {len(list_models())} names")
     return create_model(config["model_name"], checkpoint_path=model_dir, **overrides)
 
-
-load_pretrained = from_pretrained  # the earlier name, kept for callers
 
 
 def from_transformers_vit(model: nn.Module) -> nn.Module:

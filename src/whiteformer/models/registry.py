@@ -23,7 +23,6 @@ from .._registry import Registry
 from .size import check_model_size
 
 MODELS = Registry("model", choices="see whiteformer.list_models() for the {count} names")
-_MODELS = MODELS  # the earlier name
 
 
 #: Rewrites of a model's modules that its constructor arguments describe (a saved model's

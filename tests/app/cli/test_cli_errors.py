@@ -181,11 +181,17 @@ def test_layerwise_inputs_of_random_bytes_are_named_as_not_a_torch_file(tmp_path
     assert "could run code" not in line
 
 
-def test_a_deprecated_spelling_with_a_usage_error_is_still_one_line(tmp_path, capsys, deit_dir):
-    """``compress --model-arg bogus`` printed the deprecation note and then the usage error: two lines."""
-    assert compress_main(["--checkpoint", deit_dir, "--qk-rank", "4", "--model-arg", "bogus",
-                          "--out", str(tmp_path / "c")]) == 2
-    _one_error_line(capsys, "expected KEY=VALUE, got 'bogus'")
+@pytest.mark.parametrize("words,needle", [
+    (["--model-arg", "drop_rate=0.0"], "unrecognized arguments: --model-arg drop_rate=0.0"),
+    (["--data", "digits"], "ambiguous option: --data could match --dataset, --data-dir"),
+    (["model_args.bogus"], "unrecognized arguments: model_args.bogus"),
+])
+def test_compress_option_spellings_outside_the_train_style_are_one_usage_line(tmp_path, capsys, deit_dir,
+                                                                              words, needle):
+    """Constructor overrides are ``model_args.KEY=VALUE`` and the data set ``--dataset``, as in
+    ``whiteformer train``; another spelling is a one-line usage error, exit code 2."""
+    assert compress_main(["--checkpoint", deit_dir, "--qk-rank", "4", *words, "--out", str(tmp_path / "c")]) == 2
+    _one_error_line(capsys, needle)
 
 
 def test_a_yaml_alias_bomb_is_refused_when_read(tmp_path, capsys):

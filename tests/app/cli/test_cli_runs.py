@@ -136,11 +136,6 @@ def test_compress_takes_a_run_directory_the_train_option_style_and_reports_accur
     assert "digits test accuracy: original" in captured.out and " %, compressed " in captured.out
     rep = json.loads((out / "compression_report.json").read_text())
     assert 0 <= rep["extra"]["accuracy"]["compressed"] <= 1
-    # The old spellings still work, with a deprecation note.
-    rc = main(["compress", "--checkpoint", str(run / "final"), "--qk", "truncatt", "--qk-rank", "4",
-               "--model-arg", "drop_rate=0.0", "--data", "digits", "--out", str(tmp_path / "old")])
-    err = capsys.readouterr().err
-    assert rc == 0 and "--model-arg KEY=VALUE is deprecated" in err and "--data is deprecated" in err
     assert main(["eval", "--checkpoint", str(out)]) == 2  # no run config and no --dataset: one clear line
     assert "--dataset" in capsys.readouterr().err
     # --protocol rank (the paper's Table 1): IrrAtt gets TruncAtt's total QK rank at the same ratio;

@@ -39,7 +39,6 @@ __all__ = ["Task", "ReportContext", "ClassificationTask", "ImageClassificationTa
            "seeded_generator", "register_task", "task_class", "task_options", "TASKS"]
 
 TASKS = Registry("task")  # data kind -> task class
-_TASKS = TASKS  # the earlier name
 
 
 def register_task(*kinds: str) -> Callable[[Type[Task]], Type[Task]]:

@@ -149,11 +149,6 @@ def per_head(ptr, bh, idx, NI, in_h):
 
 
 @triton.jit
-def put_per_head(ptr, bh, idx, NI, in_h, value):
-    tl.store(ptr + bh * NI + idx, value, mask=in_h)
-
-
-@triton.jit
 def sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N: tl.constexpr,
               BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     """Sub-block of BLOCK_N tokens from ``start`` for every head: per-token offsets into
