@@ -9,7 +9,9 @@ and a registered autograd formula, and a function with the kernel signature of
 bfloat16, float32 and float64 (statistics in float32, float64 for float64). Which path runs is
 decided by :mod:`whiteformer.ops._kernels`:
 
-- CUDA tensors use these kernels when ``triton`` imports, else the PyTorch path;
+- CUDA tensors use these kernels when ``triton`` imports, else the PyTorch path; on a Triton the
+  kernels cannot use (older than 3.3, or a kernel that fails to compile with it), the PyTorch
+  path too, after one warning naming the Triton version (version differences: :mod:`._compat`);
   ``WHITEFORMER_DISABLE_KERNELS=1`` or ``WHITEFORMER_BACKEND=torch`` forces the PyTorch path;
 - ``WHITEFORMER_BACKEND=triton`` (read at each call) forces them on any device: CPU tensors then
   run through Triton's interpreter, which needs ``TRITON_INTERPRET=1`` in the environment before
@@ -22,9 +24,11 @@ Nothing here imports ``triton`` until a kernel runs.
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import os
 import sys
+import warnings
 
 import torch
 
@@ -53,9 +57,11 @@ def _forced() -> bool:
 
 
 def triton_available() -> bool:
-    """Whether the backend is offered: ``triton`` imports, or ``WHITEFORMER_BACKEND=triton``
-    forces it (then a kernel that cannot run raises a clear error instead of falling back)."""
-    return _forced() or not _import_error()
+    """Whether the backend is offered: ``triton`` imports and can run the kernels, or
+    ``WHITEFORMER_BACKEND=triton`` forces it (then a kernel that cannot run raises a clear error
+    instead of falling back). An installed Triton the kernels cannot use (too old, or a kernel
+    failed to compile) is not offered: the PyTorch path runs, after one warning naming it."""
+    return _forced() or not (_import_error() or _unusable())
 
 
 def _interpreted() -> bool:
@@ -88,25 +94,52 @@ def check_runnable(device: torch.device) -> None:
         )
 
 
-def _tssa(w, temp, attn_mask):
-    check_runnable(w.device)
-    from .tssa import tssa_triton
-
-    return tssa_triton(w, temp, attn_mask)
+_broken: list = []  # why the kernels failed to compile here (set once: too old, or a compile failure)
 
 
-def _causal_tssa(w, temp, logit_bias, attn_mask):
-    check_runnable(w.device)
-    from .causal_tssa import causal_tssa_triton
+def _unusable() -> str:
+    """'' when the installed Triton can run the kernels, else why not (warned once)."""
+    if not _broken:
+        from ._compat import unsupported
 
-    return causal_tssa_triton(w, temp, logit_bias, attn_mask)
+        reason = unsupported()
+        if not reason:
+            return ""
+        _broken.append(reason)
+        _warn_fallback(reason)
+    return _broken[0]
 
 
-def _causal_tssa_step(w_t, sum_sq, sum_pi, sum_sq_pi, temp, logit_bias):
-    check_runnable(w_t.device)
-    from .causal_tssa_step import causal_tssa_step_triton
+def _warn_fallback(reason: str) -> None:
+    warnings.warn(f"whiteformer: {reason}; the TSSA ops use the PyTorch path instead of the Triton kernels",
+                  RuntimeWarning, stacklevel=5)
 
-    return causal_tssa_step_triton(w_t, sum_sq, sum_pi, sum_sq_pi, temp, logit_bias)
+
+def _kernel(op: str, torch_path: str):
+    """The registered kernel of ``op``: ``<op>_triton`` of the module ``.<op>``, unless it fails to
+    compile on this Triton: then, unless the backend is forced, one warning naming the Triton
+    version and the error, and ``torch_path`` (``module:function`` in :mod:`whiteformer.ops`, the
+    PyTorch path with the kernel's signature) for this call and every later one."""
+    def run(*args):
+        check_runnable(args[0].device)
+        from ._compat import compile_errors
+
+        try:
+            return getattr(importlib.import_module(f"{__name__}.{op}"), f"{op}_triton")(*args)
+        except compile_errors() as e:
+            if _forced():
+                raise
+            import triton
+
+            last = (str(e).strip().splitlines() or [""])[-1][:300]
+            _broken.append(f"the Triton kernels do not compile with Triton {triton.__version__} "
+                           f"({type(e).__name__}: {last})")
+            _warn_fallback(_broken[0])
+        module, name = torch_path.split(":")
+        return getattr(importlib.import_module(f"whiteformer.ops.{module}"), name)(*args)
+
+    run.__name__ = f"_{op}"
+    return run
 
 
 def register() -> None:
@@ -115,4 +148,7 @@ def register() -> None:
     from ..registry import register_backend
 
     register_backend("cuda", DTYPES, triton_available, name=NAME,
-                     kernels={"tssa": _tssa, "causal_tssa": _causal_tssa, "causal_tssa_step": _causal_tssa_step})
+                     kernels={"tssa": _kernel("tssa", "tssa.parallel:tssa_parallel"),
+                              "causal_tssa": _kernel("causal_tssa", "causal_tssa.parallel:causal_tssa_parallel"),
+                              "causal_tssa_step": _kernel("causal_tssa_step",
+                                                          "causal_tssa.recurrent:causal_tssa_recurrent")})

@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from ...constants import NORM_EPS
+from ._compat import div
 
 TILE_ELEMS = 2048  # 32-bit values in one (BLOCK_H, BLOCK_N, BLOCK_P) tile
 THREAD_ELEMS = 8  # values of one tile per thread
@@ -180,17 +181,6 @@ def load_go_pi(go_ptr, pi_ptr, tok, in_tok, offs, inside, ACC: tl.constexpr):
 def add_pi_sums(q, m, pi, x2):
     """Running sums after a sub-block: q + sum_n Pi_n w_n^2 (BLOCK_H, BLOCK_P), m + sum_n Pi_n (BLOCK_H,)."""
     return q + tl.sum(pi[:, :, None] * x2, axis=1), m + tl.sum(pi, axis=1)
-
-
-@triton.jit
-def div(x, y):
-    """x / y; in float32 the hardware's approximate division (``div.approx.f32``, 2 ulp for
-    denominators in [2^-126, 2^126]: here >= 1e-24): the IEEE division's slow path is a call with a
-    stack frame (STACK > 0 in the compile check); float64 exactly."""
-    if y.dtype == tl.float32:
-        return tl.fdiv(x, y, approx=True)
-    else:
-        return x / y
 
 
 @triton.jit
