@@ -1,6 +1,14 @@
 """Packed documents (``cu_seqlens``) on the PyTorch path: the native varlen path against the
 padded layout (S, H, L, p) it replaced (and, with ``--kernel``, the C++ CPU kernel, which keeps
-that layout), for one long document and many short ones.
+that layout), for one long document and many short ones; and how exact a packed row is.
+
+Exactness (``--errors-lengths``, default one long document and 4,000 short ones, 65,536 tokens):
+``causal_tssa`` and ``tssa`` on the packed row against each document run alone
+(:func:`separate`), forward (out, Pi) and gradients (w, temp, and pos_bias for the causal op),
+as the largest error relative to the largest magnitude of the float64 result. In float64 the
+packed row is compared with the separate runs; in float32 both the packed row and the separate
+runs are compared with the float64 separate runs (a packed row is exact when its error is that
+of the separate runs).
 
 One forward + backward (float32, ``WHITEFORMER_BACKEND=torch``) of ``causal_tssa`` and ``tssa``
 on a packed row, each cell in a separate process: peak memory is the RSS high-water mark minus
@@ -9,10 +17,12 @@ padded cell is the former route: :func:`whiteformer.ops.packing.to_padded`, the 
 :func:`whiteformer.ops.packing.from_padded`. Usage::
 
     python -m benchmarks.packed_varlen [--lengths 4096,8x100] [--heads 8] [--p 64] [--kernel]
+                                       [--errors-lengths 1,3,8,12,17,24x4000+65536]
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 from typing import Any, Dict, List, Optional
@@ -29,6 +39,104 @@ def _lengths(spec: str) -> List[int]:
         n, _, times = part.partition("x")
         out += [int(n)] * (int(times) if times else 1)
     return out
+
+
+#: the exactness row: 4,000 short documents and one long one, 65,536 tokens
+ERRORS_LENGTHS = "1,3,8,12,17,24x4000+65536"
+
+
+def error_lengths(spec: str, seed: int = 0) -> List[int]:
+    """``A,B,...xCOUNT+TOTAL``: COUNT short documents drawn from the lengths A, B, ... and one long
+    document making the row TOTAL tokens, placed three quarters of the way along the row (many
+    short documents after it too); a plain :func:`_lengths` spec otherwise."""
+    if "+" not in spec:
+        return _lengths(spec)
+    shorts, _, total = spec.partition("+")
+    choices, _, count = shorts.rpartition("x")
+    pool = [int(v) for v in choices.split(",")]
+    g = torch.Generator().manual_seed(seed)
+    picks = torch.randint(len(pool), (int(count),), generator=g).tolist()
+    short = [pool[i] for i in picks]
+    long_doc = int(total) - sum(short)
+    if long_doc <= 0:
+        raise ValueError(f"--errors-lengths {spec}: the short documents alone exceed {total} tokens")
+    at = 3 * len(short) // 4
+    return short[:at] + [long_doc] + short[at:]
+
+
+def separate(fn, w: torch.Tensor, lengths: List[int]):
+    """``fn`` on each document of the packed row ``w`` (1, H, total, p) alone, the results in packed
+    order (differentiable in ``w``). Documents of one length run as one batch (B, H, L, p) without a
+    mask: a batch's rows are independent sequences. ``fn`` maps (B, H, L, p) to a tuple of tensors
+    (B, H, L, ...)."""
+    starts = [0, *itertools.accumulate(lengths)][:-1]
+    by_length: Dict[int, List[int]] = {}
+    for start, n in zip(starts, lengths):
+        if n:
+            by_length.setdefault(n, []).append(start)
+    pieces, tokens = [], []
+    for n, first in by_length.items():
+        index = (torch.tensor(first)[:, None] + torch.arange(n)).to(w.device)  # (k, n)
+        outs = fn(w[0][:, index].transpose(0, 1))  # (k, H, n, ...) each
+        pieces.append([o.transpose(0, 1).flatten(1, 2) for o in outs])  # (H, k * n, ...)
+        tokens.append(index.reshape(-1))
+    order = torch.empty(sum(lengths), dtype=torch.long, device=w.device)
+    order[torch.cat(tokens)] = torch.arange(order.numel(), device=w.device)
+    return tuple(torch.cat(parts, dim=1).index_select(1, order).unsqueeze(0) for parts in zip(*pieces))
+
+
+def packed_errors(op: str, lengths: List[int], dtype: torch.dtype, heads: int = 2, p: int = 16,
+                  seed: int = 0) -> Dict[str, Dict[str, float]]:
+    """Errors of ``op`` (``"causal_tssa"`` or ``"tssa"``) on one packed row of documents of
+    ``lengths`` in ``dtype``: {"packed": {...}, "separate": {...}}, each mapping out, pi, grad_w,
+    grad_temp (and grad_pos_bias) to the largest absolute error relative to the largest magnitude
+    of the float64 separate runs. Uses the backend the environment selects."""
+    from whiteformer.ops import causal_tssa, tssa
+
+    g = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    w = torch.randn(1, heads, total, p, generator=g, dtype=torch.float64)
+    temp = torch.rand(heads, 1, generator=g, dtype=torch.float64) + 0.5
+    args = [temp]
+    if op == "causal_tssa":
+        args.append(0.3 * torch.randn(heads, max(lengths), 1, generator=g, dtype=torch.float64))
+    cot_out = torch.randn(1, heads, total, p, generator=g, dtype=torch.float64)
+    cot_pi = torch.randn(1, heads, total, generator=g, dtype=torch.float64)
+    names = ["out", "pi", "grad_w", "grad_temp"] + (["grad_pos_bias"] if op == "causal_tssa" else [])
+
+    def run(packed: bool, dt: torch.dtype) -> List[torch.Tensor]:
+        leaves = [t.to(dt).requires_grad_() for t in (w, *args)]
+        fn = causal_tssa if op == "causal_tssa" else tssa
+        if packed:
+            cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+            out, pi = fn(leaves[0], *leaves[1:], return_pi=True, cu_seqlens=cu)
+        else:
+            out, pi = separate(lambda x: fn(x, *leaves[1:], return_pi=True), leaves[0], lengths)
+        loss = (out.double() * cot_out).sum() + (pi.double() * cot_pi).sum()
+        return [t.detach().double() for t in (out, pi, *torch.autograd.grad(loss, leaves))]
+
+    ref = run(False, torch.float64)
+
+    def errors(res: List[torch.Tensor]) -> Dict[str, float]:
+        return {k: float((a - b).abs().max() / b.abs().max().clamp_min(1e-300)) for k, a, b in zip(names, res, ref)}
+
+    return dict(packed=errors(run(True, dtype)), separate=errors(run(False, dtype)))
+
+
+def error_cell(op: str, backend: str, lengths: List[int], dtype: str, heads: int, p: int) -> Dict[str, Any]:
+    """:func:`packed_errors` on ``backend`` (``torch`` or ``cpu``), alone in this process."""
+    os.environ["WHITEFORMER_BACKEND"] = backend
+    common.setup_torch(None)
+    return dict(op=op, backend=backend, dtype=dtype,
+                **packed_errors(op, lengths, getattr(torch, dtype), heads=heads, p=p))
+
+
+def error_table(rows: List[Dict[str, Any]]) -> str:
+    body = []
+    for r in rows:
+        for k in r["packed"]:
+            body.append([r["op"], r["backend"], r["dtype"], k, f"{r['packed'][k]:.2e}", f"{r['separate'][k]:.2e}"])
+    return common.markdown_table(["op", "backend", "dtype", "quantity", "packed error", "separate error"], body)
 
 
 def cell(op: str, route: str, lengths: List[int], heads: int, p: int) -> Dict[str, Any]:
@@ -87,6 +195,24 @@ def section(result: Optional[Dict[str, Any]]) -> List[str]:
         "Hence the fused kernels keep the padded layout only while it has at most `PADDED_WASTE_MAX` (2) times "
         "the packed tokens (`whiteformer.ops.packing`); not measured on GPU.",
         "",
+    ] + _errors_section(result.get("errors"))
+
+
+def _errors_section(errors: Optional[Dict[str, Any]]) -> List[str]:
+    if not errors:
+        return []
+    return [
+        "### Packed against separate",
+        "",
+        f"One packed row of {errors['documents']} documents ({errors['tokens']} tokens; spec `{errors['lengths']}`: "
+        "short documents drawn from those lengths and one long one), H = "
+        f"{errors['heads']}, p = {errors['p']}, against each document run alone: the largest error relative to "
+        "the largest magnitude of the float64 separate runs, forward and gradients (of a random linear function "
+        "of out and Pi). In float32, \"separate\" is the separate runs' own error against float64; the packed "
+        "row should be within 4x of it. In float64 the packed row is compared with the separate runs directly.",
+        "",
+        error_table(errors["rows"]),
+        "",
     ]
 
 
@@ -96,6 +222,11 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--p", type=int, default=64)
     ap.add_argument("--kernel", action="store_true", help="also the C++ CPU kernel's route (its padded layout)")
+    ap.add_argument("--errors-lengths", default=ERRORS_LENGTHS,
+                    help="the exactness row: A,B,...xCOUNT+TOTAL (COUNT documents of lengths drawn from A, B, ... "
+                         "and one long one, TOTAL tokens) or a --lengths spec; '' skips it")
+    ap.add_argument("--errors-heads", type=int, default=2)
+    ap.add_argument("--errors-p", type=int, default=16)
     args = ap.parse_args(argv)
     lengths = _lengths(args.lengths)
     log(f"packed_varlen: {len(lengths)} documents, {sum(lengths)} tokens, padded layout "
@@ -108,6 +239,17 @@ def main(argv=None) -> int:
     result = dict(lengths=args.lengths, heads=args.heads, p=args.p, rows=rows, machine=common.machine_info("cpu"),
                   command=common.command_string("benchmarks.packed_varlen", sys.argv[1:] if argv is None else argv))
     print(table(result))
+    if args.errors_lengths:
+        exact = error_lengths(args.errors_lengths)
+        log(f"packed_varlen errors: {len(exact)} documents, {sum(exact)} tokens")
+        backends = ["torch"] + (["cpu"] if args.kernel else [])
+        result["errors"] = dict(
+            lengths=args.errors_lengths, documents=len(exact), tokens=sum(exact), heads=args.errors_heads,
+            p=args.errors_p,
+            rows=[common.run_isolated(error_cell, op, backend, exact, dtype, args.errors_heads, args.errors_p,
+                                      timeout=1800)
+                  for op in ("causal_tssa", "tssa") for backend in backends for dtype in ("float64", "float32")])
+        print(error_table(result["errors"]["rows"]))
     common.write_json(common.RESULTS_DIR / "packed_varlen.json", result)
     return 0
 

@@ -9,8 +9,10 @@ Two ways to run a packed row, chosen by the operators (``group`` None):
 - native (PyTorch path: ``WHITEFORMER_BACKEND=torch``, no kernel for the device/dtype,
   dropout, ``normalize=False``): :mod:`whiteformer.ops.tssa.varlen` and
   :mod:`whiteformer.ops.causal_tssa.varlen` work on the ``total`` tokens directly, with
-  per-document sums (:func:`segment_sum`) and per-document prefix sums
-  (:func:`segment_cumsum`); memory and time follow ``total``, whatever the lengths.
+  per-document sums (:func:`segment_sum`) and a segmented scan (:func:`segment_cumsum`): each
+  document is summed on its own row of a padded layout of documents of similar length (within
+  2x), so its statistics restart at its start exactly, and memory and time follow ``total``
+  (under 2x), whatever the lengths.
 - padded (C++ CPU kernel, Triton, when the layout wastes little: S * L <= PADDED_WASTE_MAX *
   ``total``, :func:`pads_little`): the documents are laid out as a padded batch (S, H, L, p),
   L the longest document, with a keep-mask; the masked path of the fused kernels already gives
@@ -31,7 +33,7 @@ ranks, positions included (:mod:`whiteformer.ops.context_parallel`).
 from __future__ import annotations
 
 import itertools
-from typing import List, NamedTuple
+from typing import Dict, List, NamedTuple, Tuple
 
 import torch
 
@@ -39,7 +41,8 @@ from .._checks import check_cu_seqlens
 from .context_parallel import chunk_layout, local_checks
 
 __all__ = ["Packing", "packing", "check_packed", "packed_layout", "to_padded", "from_padded", "segment_ids", "segment_positions",
-           "split_cu_seqlens", "Segments", "segments", "segment_sum", "segment_cumsum", "PADDED_WASTE_MAX", "pads_little"]
+           "split_cu_seqlens", "Segments", "segments", "segment_sum", "segment_cumsum",
+           "segment_gather", "PADDED_WASTE_MAX", "pads_little"]
 
 #: the fused kernels run a packed row on the padded layout only while S * L <= this * total
 PADDED_WASTE_MAX = 2.0
@@ -160,13 +163,19 @@ class Segments(NamedTuple):
     """The packed documents of a row of ``total`` tokens, for the native (unpadded) path.
 
     lengths: the S document lengths; ids (total,) long: each token's document; starts (S,) long:
-    each document's first token; positions (total,) long: each token's index in its document.
+    each document's first token; positions (total,) long: each token's index in its document;
+    buckets: the non-empty documents grouped by length, lengths in (2^(k-1), 2^k] for bucket k,
+    each as (docs (S_k,) long, its padded :class:`Packing`), so a bucket's layout has fewer than
+    twice its tokens in slots; order (total,) long: where each packed token lies in the
+    concatenation of the buckets' tokens (bucket by bucket, document by document).
     """
 
     lengths: List[int]
     ids: torch.Tensor
     starts: torch.Tensor
     positions: torch.Tensor
+    buckets: List[Tuple[torch.Tensor, Packing]]
+    order: torch.Tensor
 
 
 def segments(cu_seqlens: torch.Tensor, total: int, device: torch.device) -> Segments:
@@ -175,28 +184,62 @@ def segments(cu_seqlens: torch.Tensor, total: int, device: torch.device) -> Segm
     starts = cu_seqlens[:-1].to(device=device, dtype=torch.long)
     ids = torch.repeat_interleave(torch.arange(len(lengths), device=device),
                                   torch.tensor(lengths, device=device), output_size=total)
-    return Segments(lengths, ids, starts, torch.arange(total, device=device) - starts[ids])
+    by_size: Dict[int, List[int]] = {}
+    for s, n in enumerate(lengths):
+        if n:
+            by_size.setdefault((n - 1).bit_length(), []).append(s)
+    buckets = []
+    for k in sorted(by_size):
+        docs = torch.tensor(by_size[k], device=device, dtype=torch.long)
+        buckets.append((docs, _layout(starts[docs], [lengths[s] for s in by_size[k]], total, device)))
+    tokens = torch.cat([pk.index.reshape(-1)[pk.flat] for _, pk in buckets]) if buckets else ids
+    order = torch.empty_like(tokens).scatter_(0, tokens, torch.arange(total, device=device))
+    return Segments(lengths, ids, starts, torch.arange(total, device=device) - starts[ids], buckets, order)
+
+
+def _bucket_rows(x: torch.Tensor, seg: Segments) -> List[torch.Tensor]:
+    """(H, total, ...) -> each bucket's documents as padded rows (S_k, H, L_k, ...), zeros at padding."""
+    return [to_padded(x.unsqueeze(0), pk) for _, pk in seg.buckets]
 
 
 def segment_sum(x: torch.Tensor, seg: Segments) -> torch.Tensor:
-    """(H, total, ...) -> (H, S, ...): the sum over each document's tokens (0 for an empty one)."""
-    out = x.new_zeros(x.shape[0], len(seg.lengths), *x.shape[2:])
-    return out.index_add(1, seg.ids, x)
+    """(H, total, ...) -> (H, S, ...): the sum over each document's tokens (0 for an empty one),
+    each document reduced on its own row."""
+    sums = [rows.sum(dim=2) for rows in _bucket_rows(x, seg)]  # (S_k, H, ...)
+    out = x.new_zeros(len(seg.lengths), x.shape[0], *x.shape[2:])
+    if sums:
+        out = out.index_copy(0, torch.cat([docs for docs, _ in seg.buckets]), torch.cat(sums))
+    return out.transpose(0, 1)
 
 
-def segment_cumsum(x: torch.Tensor, seg: Segments) -> torch.Tensor:
-    """(H, total, ...) -> (H, total, ...): inclusive prefix sums over dim 1 restarting at each
-    document start, in ``x``'s dtype.
+def segment_cumsum(x: torch.Tensor, seg: Segments, exclusive: bool = False) -> torch.Tensor:
+    """(H, total, ...) -> (H, total, ...): prefix sums over dim 1 restarting at each document
+    start, inclusive (or ``exclusive``: the sum over the document's earlier tokens, 0 at its start).
 
-    One global cumsum in float64, minus its value just before the document's start: the
-    subtraction cancels the sums of all earlier documents, so it is done in float64 (a float32
-    running total of a long row would leave errors of ~1e-7 of that total, not of the
-    document's own sum; in float64 they are ~1e-16 of it: below float32 resolution unless the
-    earlier documents' sum is > 1e8 times a token's). It costs float64 temporaries of x's size;
-    reshaping per document would need equal lengths or a Python loop over the documents.
+    A segmented scan: each document's prefix sums run on its own row of its bucket's padded
+    layout (:class:`Segments`), so they, and their gradients (reverse prefix sums on the same
+    rows), never see another document's values: the result is the one of the document alone,
+    whatever the number, lengths and order of the documents before it. Memory is under twice
+    ``x``'s size per bucket.
     """
-    c = x.to(torch.float64).cumsum(dim=1)
-    before = (seg.starts - 1).clamp_min(0)
-    base = c.index_select(1, before)  # (H, S, ...): the cumsum just before each start
-    base = base.masked_fill((seg.starts == 0).reshape(1, -1, *([1] * (x.dim() - 2))), 0.0)
-    return (c - base.index_select(1, seg.ids)).to(x.dtype)
+    parts = []
+    for rows, (_, pk) in zip(_bucket_rows(x, seg), seg.buckets):
+        if exclusive:
+            rows = torch.cat([torch.zeros_like(rows[:, :, :1]), rows[:, :, :-1]], dim=2)
+        parts.append(from_padded(rows.cumsum(dim=2), pk)[0])
+    return torch.cat(parts, dim=1).index_select(1, seg.order)
+
+
+def segment_gather(table: torch.Tensor, seg: Segments) -> torch.Tensor:
+    """(H, T, ...) with T >= the longest document -> (H, total, ...): each token's row of ``table``
+    at its position in its document (0 at every start).
+
+    Taken through the buckets' layout, so the gradient of ``table`` sums the tokens at one
+    position as a batch reduction, as separate runs of the documents do, rather than
+    accumulating thousands of documents one by one.
+    """
+    parts = []
+    for docs, pk in seg.buckets:
+        rows = table[:, :pk.mask.shape[1]]
+        parts.append(from_padded(rows.unsqueeze(0).expand(len(docs), *rows.shape), pk)[0])
+    return torch.cat(parts, dim=1).index_select(1, seg.order)

@@ -28,7 +28,23 @@ from ..._checks import autocast_off, stats_dtype
 from ..constants import PI_EPS, RATIO_EPS
 from ..context_parallel import exclusive_prefix_sum
 
-__all__ = ["causal_tssa_parallel"]
+__all__ = ["causal_tssa_parallel", "prefix_ratio"]
+
+
+def prefix_ratio(x2: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+    """``x2 / max(E, RATIO_EPS)`` with ``E = before + x2`` the inclusive prefix energy, ``before``
+    the exclusive one (the sum over the earlier tokens, an exclusive scan, not ``E - x2``).
+
+    Written as ``1 - before / E``: the same value, but its gradient has no cancellation. In
+    ``x2 / E`` the gradient of a token's own x2 is ``1 / E - x2 / E^2``, two terms of size
+    ``1 / x2`` that cancel exactly at a sequence's first token (E = x2), leaving a rounding
+    error of that size: 1e-3 of the gradient in float32 for |w| ~ 1e-3 at any document start.
+    Here a token's own x2 gets ``before / E^2`` (0 at the first token) and the earlier tokens
+    ``-x2 / E^2`` through ``before``.
+    """
+    energy = before + x2
+    ratio = 1.0 - before / energy.clamp_min(RATIO_EPS)
+    return torch.where(energy >= RATIO_EPS, ratio, x2 / RATIO_EPS)
 
 
 def causal_tssa_parallel(
@@ -71,12 +87,12 @@ def causal_tssa_parallel(
         if attn_mask is not None:
             x = x.masked_fill(~attn_mask[:, None, :, None], 0.0)
         x2 = x * x
-        energy = x2.cumsum(dim=-2)  # (B, H, N, p)
+        before = torch.cat([torch.zeros_like(x2[:, :, :1]), x2[:, :, :-1]], dim=-2).cumsum(dim=-2)  # (B, H, N, p)
         if group is not None:
-            energy = energy + exclusive_prefix_sum(energy[:, :, -1], group).unsqueeze(-2)
+            before = before + exclusive_prefix_sum(before[:, :, -1] + x2[:, :, -1], group).unsqueeze(-2)
         if initial is not None:
-            energy = energy + initial[0].to(sd).unsqueeze(-2)
-        logits = (x2 / energy.clamp_min(RATIO_EPS)).sum(dim=-1)  # (B, H, N)
+            before = before + initial[0].to(sd).unsqueeze(-2)
+        logits = prefix_ratio(x2, before).sum(dim=-1)  # (B, H, N)
         if logit_bias is not None:
             logits = logits + logit_bias.to(sd)
         pi = torch.softmax(logits * temp.to(sd), dim=1)  # over heads
@@ -95,4 +111,4 @@ def causal_tssa_parallel(
         if drop_p > 0.0:
             gain = F.dropout(gain, p=drop_p, training=True)
         out = -(x * pi.unsqueeze(-1)) * gain
-    return out.to(w.dtype), pi.to(w.dtype), energy[:, :, -1], mass[:, :, -1], sq_pi[:, :, -1]
+    return out.to(w.dtype), pi.to(w.dtype), before[:, :, -1] + x2[:, :, -1], mass[:, :, -1], sq_pi[:, :, -1]

@@ -71,4 +71,11 @@ def position_logit_bias(
     elif start:
         pos = pos + start
     bias = pos_bias[:, pos, 0]  # (H, n) or (H, B, n)
+    if bias.dim() == 3 and isinstance(start, int) and not start:
+        # a row padded on the right (a packed document in its padded layout) has its tokens at
+        # positions 0, 1, ... in order: there the table is broadcast over the rows, so its gradient
+        # is a sum over the rows (as for rows without a mask), not accumulated row after row
+        m = min(n, pos_bias.shape[1])
+        in_order = pos[:, :m] == torch.arange(m, device=pos.device)
+        bias = torch.cat([torch.where(in_order, pos_bias[:, None, :m, 0], bias[..., :m]), bias[..., m:]], dim=-1)
     return p * (bias.transpose(0, 1) if bias.dim() == 3 else bias)

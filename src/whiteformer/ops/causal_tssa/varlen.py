@@ -2,7 +2,8 @@
 
 The formula of :func:`.parallel.causal_tssa_parallel` (ToST Eq. (28), memberships Eq. (39))
 with every prefix sum restarting at each document start (:func:`whiteformer.ops.packing.
-segment_cumsum`) and positions (for ``pos_bias``) counted from each document's first token::
+segment_cumsum`, a segmented scan) and positions (for ``pos_bias``) counted from each document's
+first token::
 
     E_t    = sum_{s<=t, s in d(t)} x_s^2,   ratio_t = x_t^2 / max(E_t, RATIO_EPS)
     Pi_t   = softmax_heads(temp * (sum_p ratio_t + p * b_{pos(t)}))
@@ -19,8 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from ..._checks import autocast_off, stats_dtype
-from ..constants import PI_EPS, RATIO_EPS
-from ..packing import Segments, segment_cumsum, segment_sum
+from ..constants import PI_EPS
+from ..packing import Segments, segment_cumsum, segment_gather, segment_sum
+from .parallel import prefix_ratio
 
 __all__ = ["causal_tssa_varlen"]
 
@@ -46,9 +48,9 @@ def causal_tssa_varlen(
     with autocast_off(w):
         x = w[0].to(sd)  # (H, total, p)
         x2 = x * x
-        logits = (x2 / segment_cumsum(x2, seg).clamp_min(RATIO_EPS)).sum(dim=-1)  # (H, total)
+        logits = prefix_ratio(x2, segment_cumsum(x2, seg, exclusive=True)).sum(dim=-1)  # (H, total)
         if pos_bias is not None:
-            logits = logits + p * pos_bias[:, seg.positions, 0].to(sd)
+            logits = logits + p * segment_gather(pos_bias[:, :, 0], seg).to(sd)
         pi = torch.softmax(logits * temp.to(sd), dim=0)  # over heads
         sq = x2 * pi.unsqueeze(-1)
         mass = segment_cumsum(pi, seg)  # (H, total)
