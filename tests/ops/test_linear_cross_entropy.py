@@ -70,6 +70,45 @@ def test_bad_input_errors():
         linear_cross_entropy(h, w, t.float())
 
 
+@pytest.mark.parametrize("case, err, match", [
+    ("negative target", ValueError, r"targets must be class ids in \[0, V = 23\).*got -5"),
+    ("target >= V", ValueError, r"targets must be class ids.*got 23"),
+    ("no classes", ValueError, r"weight has no classes \(V = 0"),
+    ("weight float64", TypeError, "weight has dtype torch.float64 but h has torch.float32"),
+    ("weight on meta", ValueError, "weight must be on h's device"),
+    ("targets on meta", ValueError, "targets must be on h's device"),
+    ("h not a tensor", TypeError, "h must be a torch.Tensor"),
+])
+def test_bad_arguments_are_named(case, err, match):
+    """Each bad argument raises an error naming it, where torch would fail without naming it, or
+    silently take a negative target as class 0, or read a weight on another device."""
+    h, w, t = _inputs(ignore=False)
+    h, w = h.detach(), w.detach()
+    args = {
+        "negative target": (h, w, torch.cat([torch.tensor([-5]), t[1:]])),
+        "target >= V": (h, w, torch.cat([torch.tensor([23]), t[1:]])),
+        "no classes": (h, w[:0], t),
+        "weight float64": (h, w.double(), t),
+        "weight on meta": (h, w.to("meta"), t),
+        "targets on meta": (h, w, t.to("meta")),
+        "h not a tensor": (h.tolist(), w, t),
+    }[case]
+    for grad in (False, True):
+        with pytest.raises(err, match=match):
+            linear_cross_entropy(args[0].requires_grad_(grad) if isinstance(args[0], torch.Tensor) else args[0],
+                                 *args[1:])
+
+
+def test_ignore_index_may_be_negative_and_meta_gives_a_meta_loss():
+    h, w, t = _inputs(ignore=False)
+    t = t.clone()
+    t[::3] = -100
+    loss = linear_cross_entropy(h, w, t, ignore_index=-100)
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(h @ w.T, t, ignore_index=-100))
+    meta = linear_cross_entropy(h.detach().to("meta"), w.detach().to("meta"), t.to("meta"))
+    assert meta.device.type == "meta" and meta.shape == ()
+
+
 @pytest.mark.parametrize("name", ["tost_lm_base", "gpt_base"])
 def test_lm_loss_chunk_equals_plain_loss(name):
     kw = dict(vocab_size=97, dim=32, depth=2, num_heads=4, max_len=64)

@@ -21,23 +21,37 @@ from typing import Optional
 
 import torch
 
-from .._checks import check_int, is_int
+from .._checks import can_read_values, check_int, check_same_device, check_tensor
 
 __all__ = ["linear_cross_entropy"]
 
 
-def _check(h, weight, targets, chunk_size: int) -> None:
-    if not isinstance(h, torch.Tensor) or h.dim() != 2:
-        raise ValueError(f"h must be a (M, D) tensor of hidden states, got {getattr(h, 'shape', type(h).__name__)}")
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != h.shape[1]:
-        got = getattr(weight, "shape", type(weight).__name__)
-        raise ValueError(f"weight must be a (V, {h.shape[1]}) tensor, got {got}")
+def _check(h, weight, targets, chunk_size: int, ignore_index: int) -> None:
+    check_tensor(h, "h", 2)
+    check_tensor(weight, "weight", 2)
+    if weight.shape[1] != h.shape[1]:
+        raise ValueError(f"weight must be a (V, {h.shape[1]}) tensor (D of h), got {tuple(weight.shape)}")
+    if weight.shape[0] == 0:
+        raise ValueError(f"weight has no classes (V = 0, shape {tuple(weight.shape)})")
     if not isinstance(targets, torch.Tensor) or targets.shape != h.shape[:1]:
         raise ValueError(f"targets must be a ({h.shape[0]},) tensor of class ids, got "
                          f"{getattr(targets, 'shape', type(targets).__name__)}")
-    if targets.dtype.is_floating_point or targets.dtype == torch.bool:
+    if targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool:
         raise TypeError(f"targets must be an integer tensor of class ids, got {targets.dtype}")
+    check_same_device(h, "h", weight=weight, targets=targets)
+    dev = h.device.type
+    if weight.dtype != h.dtype and not (torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev)):
+        raise TypeError(f"weight has dtype {weight.dtype} but h has {h.dtype}: cast one of them, or run under "
+                        "torch.autocast")
     check_int(chunk_size, "chunk_size", 1)
+    check_int(ignore_index, "ignore_index")
+    if can_read_values() and dev != "meta" and targets.numel():
+        counted = targets != ignore_index
+        bad = counted & ((targets < 0) | (targets >= weight.shape[0]))
+        if bool(bad.any()):
+            first = int(targets[bad][0])
+            raise ValueError(f"targets must be class ids in [0, V = {weight.shape[0]}) or ignore_index "
+                             f"({ignore_index}), got {first}")
 
 
 def _work_dtype(h: torch.Tensor) -> torch.dtype:
@@ -105,7 +119,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
         a float32 scalar (float64 for float64 inputs) equal to ``F.cross_entropy((h @ weight.T).float(), targets,
         ignore_index=ignore_index)``, differentiable w.r.t. ``h`` and ``weight``.
     """
-    _check(h, weight, targets, chunk_size)
+    _check(h, weight, targets, chunk_size, ignore_index)
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
         return _LinearCrossEntropy.apply(h, weight, targets, chunk_size, ignore_index)
     total = torch.zeros((), dtype=_work_dtype(h), device=h.device)
