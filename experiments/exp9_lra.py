@@ -62,7 +62,7 @@ def train_run(run_dir: Path, model_name: str, model_args: dict, train_ds, test_d
     from whiteformer.models import create_model
     from whiteformer.models.lra import TABLE7_OPTIM
     from whiteformer.app.train.optim import param_groups
-    from whiteformer.app.train.schedule import lr_multiplier
+    from whiteformer.app.schedule import lr_multiplier
 
     done = C.read_json(run_dir / "result.json")
     if done is not None:

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Un
 
 from .._checks import is_int, is_real
 from .._registry import did_you_mean
-from .train.schedule import SCHEDULES
+from .schedule import SCHEDULES
 
 __all__ = ["TrainConfig", "EvalConfig", "GenerateConfig", "AnalyzeConfig", "ConfigError", "check_seed", "check_device",
            "RUN_DEFINING", "changed_run_options", "parse_overrides", "parse_value", "build_config", "config_to_dict", "save_config", "load_yaml", "format_fields"]

@@ -18,7 +18,7 @@ from whiteformer import create_model
 from whiteformer.app.cli import main
 from whiteformer.app.train import TrainConfig, train
 from whiteformer.app.train.checkpoint import list_checkpoints
-from whiteformer.app.train.schedule import warmup_cosine
+from whiteformer.app.schedule import warmup_cosine
 
 from test_train import _one_thread  # noqa: F401  (autouse: one thread for the tiny models)
 

@@ -17,7 +17,7 @@ from whiteformer.app.data.listops import generate_expression
 from whiteformer.app.data.pathfinder import generate_pathfinder
 from whiteformer.app.data.plays import speeches, split_plays
 from whiteformer.app.data.text import default_corpus_path, read_text
-from whiteformer.app.train.schedule import lr_multiplier
+from whiteformer.app.schedule import lr_multiplier
 
 
 # ----------------------------------------------------------------------------- Pathfinder

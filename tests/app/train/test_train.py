@@ -18,7 +18,7 @@ from whiteformer.app.train.distributed import CPUSyncBatchNorm, convert_sync_bat
 from whiteformer.app.train.ema import ModelEMA
 from whiteformer.app.train.evaluate import evaluate, generate
 from whiteformer.app.train.optim import param_groups
-from whiteformer.app.train.schedule import warmup_cosine
+from whiteformer.app.schedule import warmup_cosine
 from whiteformer.app.train.tasks import ClassificationTask, seeded_generator
 from whiteformer.app.train.distributed import DistInfo
 from whiteformer.app.data import build_dataset
@@ -406,7 +406,7 @@ def test_finetune_from_a_foreign_pth_checkpoint(tmp_path):
 def test_schedule_option_sets_the_learning_rate_and_resume_keeps_it(tmp_path, schedule):
     """``schedule=`` (ToST Table 7's LRA schedules) drives the logged learning rate step by step;
     resuming the run under another schedule is refused, not silently mixed."""
-    from whiteformer.app.train.schedule import lr_multiplier
+    from whiteformer.app.schedule import lr_multiplier
 
     cfg = tiny_cfg(tmp_path, steps=8, warmup_steps=2, lr=1e-3, min_lr=1e-5, schedule=schedule, log_every=1,
                    ckpt_every=4)

@@ -40,12 +40,12 @@ from ..config import (RUN_DEFINING, ConfigError, TrainConfig, amp_precision, cha
 from .ema import ModelEMA
 from .metrics import MetricsLogger, truncate_metrics
 from .optim import build_optimizer
-from .schedule import build_scheduler
+from ..schedule import build_scheduler
 from .loop import check_finite_weights, train_step
 from .outputs import say as _say
 from .rundir import (LOCK_NAME, check_run_dir, drop_stashes, no_intact_checkpoint, open_run_dir,
                      remove_unfinished_finals, restore_stash, stash_run_files)
-from .schedule import extend_schedule
+from ..schedule import extend_schedule
 from .signals import RunInterrupted, StopRequest
 from .tasks import seeded_generator, task_class, task_options
 
