@@ -5,10 +5,11 @@
     whiteformer generate --checkpoint LM_RUN [--prompt TEXT --max-new-tokens N ...]
     whiteformer analyze  ANALYSIS [--out DIR ...]                         (eca-toy, layerwise, report)
     whiteformer compress ...                                              (whiteformer.app.compress_cli)
-    whiteformer list-models [PATTERN]        whiteformer list-datasets
+    whiteformer list-models [PATTERN]        whiteformer list-datasets        whiteformer list-configs
 
 Options come from the command's configuration dataclass (``whiteformer train --help`` lists
-them), a YAML file (``-c``) and overrides, the last winning. Data-parallel training:
+them), a YAML file (``-c FILE``, or ``-c NAME`` of a shipped config: ``whiteformer list-configs``)
+and overrides, the last winning. Data-parallel training:
 ``torchrun --nproc_per_node=N -m whiteformer train ...``.
 
 Extension points: ``@register_command(name, help)`` adds a subcommand (a function taking the
@@ -243,18 +244,33 @@ def cmd_list_models(argv: List[str]) -> int:
     return 0
 
 
+def _print_names(name: str, argv: List[str], what: str, names: Callable[[], List[str]],
+                 describe: Callable[[str], str]) -> int:
+    """``whiteformer list-NAME``: each name with its description; no arguments but ``--help``."""
+    if argv:
+        if argv[0] in ("-h", "--help"):
+            print(f"usage: whiteformer list-{name}   ({what})")
+            return 0
+        raise UsageError(f"list-{name} takes no arguments, got {' '.join(argv)!r}")
+    for n in names():
+        print(f"{n:17s} {describe(n)}")
+    return 0
+
+
+@register_command("list-configs", "shipped configurations for -c NAME")
+def cmd_list_configs(argv: List[str]) -> int:
+    from .configs import describe_config, list_configs
+
+    return _print_names("configs", argv, "the names -c takes, e.g. whiteformer train -c demo_digits",
+                        list_configs, describe_config)
+
+
 @register_command("list-datasets", "dataset names for --dataset")
 def cmd_list_datasets(argv: List[str]) -> int:
     from .data import dataset_info, list_datasets
 
-    if argv:
-        if argv[0] in ("-h", "--help"):
-            print("usage: whiteformer list-datasets   (the names --dataset takes)")
-            return 0
-        raise UsageError(f"list-datasets takes no arguments, got {' '.join(argv)!r}")
-    for n in list_datasets():
-        print(f"{n:17s} {dataset_info(n)['help']}")
-    return 0
+    return _print_names("datasets", argv, "the names --dataset takes", list_datasets,
+                        lambda n: dataset_info(n)["help"])
 
 
 # ---------------------------------------------------------------------------------- analyses

@@ -435,6 +435,21 @@ def yaml_error_line(err) -> str:
     return f"{problem}{where}" + (f" ({context})" if context else "")
 
 
+def config_file(arg) -> Path:
+    """The file of ``-c ARG``: ``ARG`` itself when it exists, else the shipped config of that name
+    (``whiteformer list-configs``); an error names both when neither is there."""
+    from .configs import list_configs, shipped_config
+
+    path = Path(arg).expanduser()
+    if path.exists() or path.is_symlink():
+        return path
+    shipped = shipped_config(str(arg))
+    if shipped is None:
+        raise ConfigError(f"config file {str(arg)!r} does not exist, and no shipped config has that name "
+                          f"(shipped: {', '.join(list_configs())}; see whiteformer list-configs)")
+    return shipped
+
+
 def load_yaml(path) -> Dict[str, Any]:
     import yaml
 
@@ -513,7 +528,7 @@ def build_config(cls: Type[T], yaml_path=None, overrides: Union[Sequence[Tuple[s
             raise _unknown(cls, key)
         values[key] = _coerce(key, value, hints[key])
 
-    for src, where in ((base or {}, "base"), (load_yaml(yaml_path) if yaml_path else {}, str(yaml_path))):
+    for src, where in ((base or {}, "base"), (load_yaml(config_file(yaml_path)) if yaml_path else {}, str(yaml_path))):
         for k, v in src.items():
             assign(str(k), v, where)
     items = overrides.items() if isinstance(overrides, dict) else (overrides or [])

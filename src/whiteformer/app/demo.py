@@ -5,7 +5,7 @@ The configuration is the packaged ``whiteformer/app/configs/demo_digits.yaml``; 
 overrides as for ``whiteformer train`` (e.g. ``python -m whiteformer.app.demo --out runs/my-demo
 --epochs 5``). Equivalent to::
 
-    whiteformer train -c src/whiteformer/app/configs/demo_digits.yaml --overwrite
+    whiteformer train -c demo_digits --overwrite
     whiteformer eval --checkpoint runs/demo
 
 ``--overwrite`` only for the demo's own ``runs/demo`` (so that ``make demo`` can be run again; the
@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import sys
 import time
-from importlib import resources
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
+
+from .configs import shipped_config
 
 TARGET_ACCURACY = 0.95
 
 
 def config_path() -> Path:
-    return Path(str(resources.files("whiteformer.app.configs") / "demo_digits.yaml"))
+    return shipped_config("demo_digits")
 
 
 def demo_overrides(argv: Sequence[str]) -> List[Tuple[str, Any]]:
