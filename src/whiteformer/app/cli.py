@@ -167,7 +167,7 @@ def cmd_train(argv: List[str]) -> int:
 @register_command("eval", "accuracy / loss of a checkpoint on a dataset split")
 def cmd_eval(argv: List[str]) -> int:
     from .train import EvalConfig
-    from .train.evaluate import evaluate
+    from .evaluate import evaluate
 
     cfg = _config(EvalConfig, argv, "eval", "--checkpoint RUN_OR_DIR [--dataset NAME] [--split test] [...]")
     if cfg is None:
@@ -183,7 +183,7 @@ def cmd_eval(argv: List[str]) -> int:
 @register_command("generate", "sample text from a language-model checkpoint")
 def cmd_generate(argv: List[str]) -> int:
     from .train import GenerateConfig
-    from .train.evaluate import generate
+    from .evaluate import generate
 
     cfg = _config(GenerateConfig, argv, "generate", "--checkpoint LM_RUN [--prompt TEXT] [...]")
     if cfg is None:
@@ -302,7 +302,7 @@ def analysis_report(cfg) -> int:
 
     from .config import ConfigError
     from .train.distributed import DistInfo, resolve_device
-    from .train.evaluate import load_model, resolve_checkpoint
+    from .evaluate import load_model, resolve_checkpoint
     from .train.outputs import check_output_dir, staged_output
     from .train.report import write_report
     from .train.build import build_task

@@ -170,7 +170,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..models import create_model
     from ..models.checkpoint import read_config
     from .train.distributed import resolve_device
-    from .train.evaluate import resolve_checkpoint
+    from .evaluate import resolve_checkpoint
     from ..models.checkpoint import write_model_files
     from .train.outputs import staged_output
     from ..compress.model import compress

@@ -44,7 +44,7 @@ def demo_overrides(argv: Sequence[str]) -> List[Tuple[str, Any]]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from .train import ConfigError, EvalConfig, TrainConfig, build_config, train
-    from .train.evaluate import evaluate
+    from .evaluate import evaluate
     from .train.outputs import say
 
     argv = list(sys.argv[1:] if argv is None else argv)

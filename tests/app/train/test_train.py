@@ -16,7 +16,7 @@ from whiteformer.app.train.checkpoint import list_checkpoints, remove_stale_temp
 from whiteformer.app.config import parse_overrides
 from whiteformer.app.train.distributed import CPUSyncBatchNorm, convert_sync_batchnorm
 from whiteformer.app.train.ema import ModelEMA
-from whiteformer.app.train.evaluate import evaluate, generate
+from whiteformer.app.evaluate import evaluate, generate
 from whiteformer.app.train.optim import param_groups
 from whiteformer.app.schedule import warmup_cosine
 from whiteformer.app.train.tasks import ClassificationTask, seeded_generator

@@ -1,8 +1,8 @@
-"""Training and evaluation: configuration dataclasses, the training loop (single process or
-DDP), fault-tolerant checkpoints, EMA, LR schedule, metrics log and run report.
+"""Training: the training loop (single process or DDP), fault-tolerant checkpoints, EMA, metrics
+log and run report; the configuration dataclasses are re-exported from :mod:`whiteformer.app.config`.
 
-``train(TrainConfig(...))`` is what ``whiteformer train`` runs; :mod:`.evaluate` holds ``eval`` and
-``generate``.
+``train(TrainConfig(...))`` is what ``whiteformer train`` runs; ``eval`` and ``generate`` load a
+trained model (:mod:`whiteformer.app.evaluate`).
 """
 from .checkpoint import CheckpointError, latest_checkpoint, load_training_checkpoint, save_checkpoint, verify_checkpoint
 from ..config import AnalyzeConfig, EvalConfig, GenerateConfig, TrainConfig

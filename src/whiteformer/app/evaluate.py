@@ -14,14 +14,14 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ...models.checkpoint import read_json
-from ...models.factory import RUN_MODEL_DIR, resolve_model_dir
-from .build import build_task, check_names
-from .checkpoint import latest_checkpoint, verify_checkpoint
-from .loop import nonfinite_weight
+from ..models.checkpoint import read_json
+from ..models.factory import RUN_MODEL_DIR, resolve_model_dir
+from .train.build import build_task, check_names
+from .train.checkpoint import latest_checkpoint, verify_checkpoint
+from .train.loop import nonfinite_weight
 
-from ..config import ConfigError, EvalConfig, GenerateConfig
-from .distributed import DistInfo, resolve_device
+from .config import ConfigError, EvalConfig, GenerateConfig
+from .train.distributed import DistInfo, resolve_device
 
 __all__ = ["resolve_checkpoint", "load_model", "evaluate", "generate"]
 
@@ -51,8 +51,8 @@ def resolve_checkpoint(path, prefer_ema: bool = True) -> Tuple[Path, Optional[Di
 
 
 def load_model(path: Path, model: Optional[str] = None, model_args: Optional[Dict[str, Any]] = None) -> nn.Module:
-    from ...models import create_model, from_pretrained
-    from ...models.checkpoint import read_config
+    from ..models import create_model, from_pretrained
+    from ..models.checkpoint import read_config
 
     try:
         if path.is_dir() and read_config(path) is not None and model is None:
@@ -98,7 +98,7 @@ def evaluate(cfg: EvalConfig) -> Dict[str, Any]:
 @torch.no_grad()
 def generate(cfg: GenerateConfig) -> list:
     """Samples (prompt + continuation) from a character-level language model."""
-    from ..data.text import CharVocab
+    from .data.text import CharVocab
 
     cfg.validate()
     path, _ = resolve_checkpoint(cfg.checkpoint)
