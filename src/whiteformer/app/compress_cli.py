@@ -27,6 +27,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from .._nesting import NestingError, parse_bounded
 from .finetune import build_image_task, finetune_compressed
 
 __all__ = ["main", "build_parser"]
@@ -53,7 +54,9 @@ def _model_arg(text: str):
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     k, v = text.split("=", 1)
     try:
-        val = json.loads(v)
+        val = parse_bounded(lambda: json.loads(v))
+    except NestingError as err:
+        raise argparse.ArgumentTypeError(f"the value of {k.strip()!r} {err}") from None
     except json.JSONDecodeError:
         val = v
     return k.strip(), val

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 from .._checks import is_int, is_real
+from .._nesting import NestingError, check_nesting, parse_bounded
 from .._registry import did_you_mean
+from ..models.lm import check_temperature
 from .schedule import SCHEDULES
 
 __all__ = ["TrainConfig", "EvalConfig", "GenerateConfig", "AnalyzeConfig", "ConfigError", "check_seed", "check_device",
@@ -270,7 +272,10 @@ class GenerateConfig:
         _check_finite(self)
         _check(bool(self.checkpoint), "give --checkpoint (a language-model run directory)")
         _check(self.max_new_tokens >= 0, "max_new_tokens must be >= 0")
-        _check(self.temperature >= 0, "temperature must be >= 0")
+        try:
+            check_temperature(self.temperature)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         _check(self.top_k >= 0, "top_k must be >= 0 (0: off)")
         _check(self.num_samples >= 1, "num_samples must be >= 1")
         check_seed(self.seed)
@@ -315,9 +320,12 @@ def parse_value(text: str) -> Any:
         import yaml
 
         try:
-            return yaml.safe_load(s)
+            return parse_bounded(lambda: yaml.safe_load(s))
         except yaml.YAMLError as err:
             raise ConfigError(f"cannot parse {text!r} as a YAML list/mapping: {yaml_error_line(err)}") from None
+        except NestingError as err:
+            shown = text if len(text) <= 40 else text[:40] + "..."
+            raise ConfigError(f"cannot parse {shown!r} as a YAML list/mapping: it {err}") from None
     return text
 
 
@@ -470,6 +478,8 @@ def load_yaml(path) -> Dict[str, Any]:
         raise ConfigError(f"config file {str(p)!r} is not valid YAML: {yaml_error_line(err)}") from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"config file {str(p)!r} is not a UTF-8 text file (YAML expected): {err}") from err
+    except RecursionError:
+        raise ConfigError(f"config file {str(p)!r} {NestingError()}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -477,6 +487,10 @@ def load_yaml(path) -> Dict[str, Any]:
     if _expanded_size(data, MAX_CONFIG_VALUES) > MAX_CONFIG_VALUES:
         raise ConfigError(f"config file {str(p)!r} expands to more than {MAX_CONFIG_VALUES} values (YAML aliases "
                           f"repeating each other, a 'billion laughs'); a configuration is a few dozen options")
+    try:
+        check_nesting(data)
+    except NestingError as err:
+        raise ConfigError(f"config file {str(p)!r} {err}") from None
     return data
 
 

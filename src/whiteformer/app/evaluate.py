@@ -106,11 +106,18 @@ def generate(cfg: GenerateConfig) -> list:
     if vocab_file is None or not vocab_file.is_file():
         raise ConfigError(f"{str(path)!r} has no vocab.json: generate needs a language model trained by "
                           f"`whiteformer train --dataset text`")
-    vocab = CharVocab.from_json(read_json(vocab_file))
+    try:
+        vocab = CharVocab.from_json(read_json(vocab_file))
+    except ValueError as err:  # not JSON (the message names the file), or not a character vocabulary
+        raise ConfigError(str(err) if str(vocab_file) in str(err) else f"{str(vocab_file)!r}: {err}") from None
     device = resolve_device(cfg.device)
     model = load_model(path).to(device).eval()
     if not hasattr(model, "generate"):
         raise ConfigError(f"{type(model).__name__} is not a language model (no generate())")
+    size = getattr(model, "vocab_size", None) or getattr(model, "init_kwargs", {}).get("vocab_size")
+    if isinstance(size, int) and len(vocab) < size:
+        raise ConfigError(f"{str(vocab_file)!r} holds {len(vocab)} characters, fewer than the model's vocabulary of "
+                          f"{size}: it is not this model's vocabulary")
     try:
         idx = vocab.encode(cfg.prompt or "\n")
     except ValueError as err:

@@ -44,6 +44,7 @@ import torch
 import torch.nn as nn
 
 from .._files import replace_folder
+from .._nesting import NestingError, parse_bounded
 from .._utils import to_jsonable
 from .hf_remote import REMOTE_CODE_NAME, auto_map, write_remote_code
 
@@ -224,7 +225,9 @@ def read_json(path: PathLike, want: Optional[type] = None) -> Any:
     :class:`CheckpointFileError` naming the file (and the line and column)."""
     try:
         with open(path, encoding="utf-8") as f:
-            value = json.load(f)
+            value = parse_bounded(lambda: json.load(f))
+    except NestingError as err:
+        raise CheckpointFileError(path, f"is not a valid file: its JSON {err}") from None
     except json.JSONDecodeError as err:
         raise CheckpointFileError(path, f"is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}") \
             from None
@@ -254,7 +257,7 @@ def _aliases(meta: Mapping[str, str], keys, path) -> Dict[str, str]:
     if raw is None:
         return {}
     try:
-        aliases = json.loads(raw)
+        aliases = parse_bounded(lambda: json.loads(raw))
     except ValueError as err:
         raise ValueError(f"{str(path)!r}: metadata {_ALIAS_KEY!r} is not valid JSON ({err})") from None
     if not isinstance(aliases, dict) or not all(isinstance(a, str) and isinstance(k, str)

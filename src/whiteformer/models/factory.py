@@ -58,26 +58,37 @@ def resolve_model_dir(path: PathLike, prefer_ema: bool = False) -> Path:
         f"model.safetensors), a training run directory with {RUN_MODEL_DIR}/, or a weights file")
 
 
-def _memory_bytes() -> Optional[int]:
+def free_memory_bytes() -> Optional[int]:
+    """The memory this machine has free for a new model: ``MemAvailable`` of ``/proc/meminfo`` (what can
+    be allocated without swapping), else the free physical pages; None where neither is known."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
         return None
 
 
 def _check_fits(entry, kwargs: dict, where: str) -> None:
-    """Build on ``meta`` and refuse a model whose tensors exceed the machine's memory."""
+    """Build on ``meta`` and refuse a model whose tensors, with the checkpoint's copy of them that
+    loading reads, exceed the memory this machine has free (:func:`free_memory_bytes`), before any
+    allocation."""
     try:
         with torch.device("meta"):
             probe = entry(**kwargs)
     except (NotImplementedError, RuntimeError):  # an op without a meta kernel: the real build decides
         return
     size = sum(t.numel() * t.element_size() for t in list(probe.parameters()) + list(probe.buffers()))
-    limit = _memory_bytes()
-    if limit is not None and size > limit:
-        raise ValueError(f"{where} asks for a model of {size / 2**30:.1f} GiB of parameters, more than this "
-                         f"machine's {limit / 2**30:.1f} GiB of memory; refusing to build it (check the sizes in "
-                         "its config.json)")
+    free = free_memory_bytes()
+    if free is not None and 2 * size > free:
+        raise ValueError(f"{where} asks for a model of {size / 2**30:.1f} GiB of parameters; with the checkpoint's "
+                         f"copy that is more than the {free / 2**30:.1f} GiB of memory this machine has free; "
+                         "refusing to build it (check the sizes in its config.json)")
 
 
 def _classifier_prefix(model: nn.Module) -> Optional[str]:

@@ -50,7 +50,45 @@ from .size import mlp_width, transformer_params
 from ..layers import GradCheckpointMixin, feature_take_indices
 from .registry import build_with_defaults, register_model
 
-__all__ = ["CausalLM", "ToSTLM", "GPTLM", "CausalSelfAttention", "KVCache", "LMState"]
+__all__ = ["CausalLM", "ToSTLM", "GPTLM", "CausalSelfAttention", "KVCache", "LMState", "MIN_TEMPERATURE",
+           "check_temperature"]
+
+
+#: the smallest positive sampling temperature: ``logits / temperature`` overflows float32 for tiny ones
+#: (1e-45 turns a logit of 1 into inf), and sampling that cold is greedy in effect (``temperature=0``)
+MIN_TEMPERATURE = 1e-6
+
+
+def check_temperature(temperature) -> None:
+    """``temperature``: 0 (greedy) or a finite number >= :data:`MIN_TEMPERATURE` (ValueError otherwise)."""
+    if not is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {temperature!r}: "
+                         f"logits / temperature would overflow; sampling that cold is greedy, pass 0")
+
+
+def _output_buffer(idx: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """The (B, T + max_new_tokens) output of generate; a ValueError naming ``max_new_tokens`` when it
+    cannot fit in the memory free on the device (checked before allocating, and on the allocator's
+    refusal)."""
+    from .factory import free_memory_bytes
+
+    B, t = idx.shape
+    need = B * (t + max_new_tokens) * idx.element_size()
+    if idx.device.type == "cuda":
+        free = torch.cuda.mem_get_info(idx.device)[0]
+    else:
+        free = free_memory_bytes() if idx.device.type == "cpu" else None
+    problem = f"max_new_tokens={max_new_tokens} asks for an output of {B} x {t + max_new_tokens} tokens " \
+              f"({need / 2**30:.3g} GiB)"
+    if free is not None and need > free:
+        raise ValueError(f"{problem}, more than the {free / 2**30:.3g} GiB free on {idx.device}; generate fewer tokens")
+    try:
+        return idx.new_empty(B, t + max_new_tokens)
+    except (RuntimeError, MemoryError) as err:  # torch.OutOfMemoryError is a RuntimeError
+        raise ValueError(f"{problem}, which cannot be allocated on {idx.device} ({str(err).splitlines()[0]}); "
+                         f"generate fewer tokens") from None
 
 
 class LMState(NamedTuple):
@@ -571,7 +609,9 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
 
         Sampling: ``logits / temperature``, optional top-k filter, optional nucleus filter
         (``top_p`` in (0, 1]: the smallest set of most likely tokens holding that much probability),
-        multinomial (with ``generator`` if given). ``temperature=0`` or ``top_k=1`` is greedy.
+        multinomial (with ``generator`` if given). ``temperature=0`` or ``top_k=1`` is greedy; a
+        positive temperature is at least :data:`MIN_TEMPERATURE`. The (B, T + max_new_tokens) output
+        must fit in the memory free on ``idx``'s device (else a ``ValueError`` naming ``max_new_tokens``).
 
         ``use_cache=True``: ToST carries the recurrent causal-TSSA state (constant memory and
         time per token, whatever the position); GPT carries a key/value cache. ``use_cache=False``
@@ -588,9 +628,7 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         self._one_process("generate")
         self._check_idx(idx)
         _check_pos_int(max_new_tokens, "max_new_tokens", 0)
-        if not is_real(temperature) \
-                or not math.isfinite(temperature) or temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+        check_temperature(temperature)
         if top_k is not None:
             _check_pos_int(top_k, "top_k")
         if top_p is not None and (not is_real(top_p)
@@ -602,7 +640,7 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         if max_new_tokens == 0:
             return idx
         B, t = idx.shape
-        out = idx.new_empty(B, t + max_new_tokens)
+        out = _output_buffer(idx, max_new_tokens)
         out[:, :t] = idx
         state = None
         if use_cache and (limit is None or t <= limit):

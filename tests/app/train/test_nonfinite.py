@@ -9,24 +9,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from whiteformer.app.cli import main
-from whiteformer.app.train import train
 from whiteformer.app.train.checkpoint import list_checkpoints
 
-from test_faults_runs import SUBSPACES, tiny_cfg
+from test_faults_runs import SUBSPACES, one_error_line
+from test_no_data_loss import finished  # noqa: F401  (fixture: a finished 2-step run)
 from test_train import _one_thread  # noqa: F401  (autouse: one thread for the tiny models)
-
-
-def error_line(capsys, rc):
-    err = capsys.readouterr().err
-    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    return err
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    run = tmp_path_factory.mktemp("nonfinite") / "run"
-    train(tiny_cfg(run, steps=2, ckpt_every=1, keep_last=2, log_every=1))
-    return run
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), 1e38])
@@ -38,7 +25,7 @@ def test_eval_of_a_model_with_non_finite_weights_or_outputs_is_one_error_line(fi
     key = "head.weight" if value == 1e38 else next(k for k in weights if k.endswith("temp"))
     weights[key] = torch.randn(weights[key].shape) * value if value == 1e38 else torch.full_like(weights[key], value)
     save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
-    err = error_line(capsys, main(["eval", "--checkpoint", str(model)]))
+    err = one_error_line(capsys, main(["eval", "--checkpoint", str(model)]))
     assert str(model) in err and ("NaN or inf" in err or "non-finite" in err), err
 
 
@@ -48,7 +35,7 @@ def test_train_stops_at_a_non_finite_loss_naming_the_step_and_saves_no_final_mod
     diverged into a traceback."""
     run = tmp_path / "run"
     rc = main(["train", *SUBSPACES, "--steps", "6", "--ckpt-every", "1", "--out", str(run), *option])
-    err = error_line(capsys, rc)
+    err = one_error_line(capsys, rc)
     assert "step" in err and ("NaN" in err or "nan" in err or "inf" in err), err
     assert not (run / "final").exists()
     for ck in list_checkpoints(run / "checkpoints"):  # the checkpoints kept hold finite weights only

@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 
 from ..._files import is_stage, staged_folder
+from ..._nesting import parse_bounded
 from .outputs import remove_entry
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_training_checkpoint", "verify_checkpoint", "list_checkpoints",
@@ -42,6 +43,7 @@ EMA_WEIGHTS = "ema.safetensors"
 FORMAT = "whiteformer-train-checkpoint-v1"
 _PREFIX = "step_"
 _CORRUPT = "corrupt-"
+_MAX_MANIFEST_BYTES = 1 << 20
 
 
 class CheckpointError(RuntimeError):
@@ -180,20 +182,36 @@ def verify_checkpoint(path) -> Dict[str, Any]:
     mpath = path / MANIFEST
     if not mpath.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: no {MANIFEST}")
+    if mpath.stat().st_size > _MAX_MANIFEST_BYTES:
+        raise CheckpointError(f"checkpoint {str(path)!r}: its {MANIFEST} has {mpath.stat().st_size} bytes, more than a "
+                              f"manifest of a few files ever holds ({_MAX_MANIFEST_BYTES}); not a whiteformer checkpoint")
     try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-        files = manifest["files"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"checkpoint {str(path)!r}: unreadable {MANIFEST} ({err})") from err
+        manifest = parse_bounded(lambda: json.loads(mpath.read_text(encoding="utf-8")))
+    except ValueError as err:  # not JSON, not UTF-8, nested too deeply
+        raise CheckpointError(f"checkpoint {str(path)!r}: unreadable {MANIFEST} ({err})") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        raise CheckpointError(f"checkpoint {str(path)!r}: {MANIFEST} must map each file name to its size and "
+                              f"sha256 under 'files' (found {type(files).__name__})")
+    # Only the checkpoint's own regular files (links are not followed), each named once and plainly.
+    present = {e.name for e in os.scandir(path) if e.is_file(follow_symlinks=False)}
+    if len(files) > len(present):
+        raise CheckpointError(f"checkpoint {str(path)!r}: {MANIFEST} lists {len(files)} files, more than the "
+                              f"{len(present)} the checkpoint holds")
     for name, meta in files.items():
-        f = path / name
-        if not f.is_file():
+        if name in (".", "..") or "/" in name or os.sep in name or "\0" in name:
+            raise CheckpointError(f"checkpoint {str(path)!r}: {MANIFEST} names {name[:100]!r}, not a file of the "
+                                  f"checkpoint directory itself")
+        if not (isinstance(meta, dict) and type(meta.get("size")) is int and isinstance(meta.get("sha256"), str)):
+            raise CheckpointError(f"checkpoint {str(path)!r}: {MANIFEST} gives no size and sha256 for {name!r}")
+        if name not in present:
             raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {name} is missing")
-        size = f.stat().st_size
+        size = (path / name).stat().st_size
         if size != meta["size"]:
             raise CheckpointError(f"checkpoint {str(path)!r} is truncated or corrupt: {name} has {size} bytes, "
                                   f"expected {meta['size']}")
-        if _sha256(f) != meta["sha256"]:
+    for name, meta in files.items():  # sizes all checked before any hashing
+        if _sha256(path / name) != meta["sha256"]:
             raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: the sha256 of {name} does not match "
                                   f"its manifest")
     for required in ("model.safetensors", TRAINER_STATE):
