@@ -18,6 +18,7 @@ PKG = SRC / "whiteformer"
 LAYERS = {
     "_checks": 0,
     "_files": 0,
+    "_nesting": 0,
     "_utils": 0,
     "_registry": 0,
     "_import_hooks": 0,

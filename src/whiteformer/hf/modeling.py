@@ -170,6 +170,8 @@ class WhiteformerPreTrainedModel(PreTrainedModel):
         (``config.json``, ``generation_config.json``, ``model*.safetensors``, the shard index) are
         replaced and the folder's other files kept; a link there is replaced, never written through."""
         written = _written(kwargs.get("variant"))
+        if kwargs.get("push_to_hub"):  # the repository is named after the folder, not its stage
+            kwargs.setdefault("repo_id", Path(save_directory).name)
         out = []
 
         def write(stage: Path) -> None:
