@@ -275,7 +275,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``whiteformer compress``; returns the exit code (2 for usage errors)."""
     from .train.errors import debug_requested, user_error
 
-    argv, model_args = _split_model_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        argv, model_args = _split_model_args(list(sys.argv[1:] if argv is None else argv))
+    except argparse.ArgumentTypeError as err:  # a model_args value nested too deeply
+        print(f"whiteformer compress: error: {err}", file=sys.stderr)
+        return 2
     debug = debug_requested(argv)
     parser = build_parser()
     try:
