@@ -1,7 +1,7 @@
 """White-box analysis tools: coding rates of the MCR² family (:mod:`.rates`), layer-wise
 capture of tokens and memberships (``with capture(model) as rec``), the layer-wise coding-rate
-report, membership / class-token attention maps (``viz`` extra), and the ECA toy experiment
-(:mod:`.eca_toy`, run with ``python -m whiteformer.app.eca_toy --out DIR``)."""
+report and membership / class-token attention maps (``viz`` extra). The ECA toy experiment that
+uses them is part of the application (``whiteformer analyze eca-toy``, :mod:`whiteformer.app.eca_toy`)."""
 from .capture import BlockRecord, Recording, capture
 from .maps import cls_attention_maps, membership_maps
 from .report import LayerwiseReport, layerwise_report
