@@ -496,10 +496,10 @@ def _model_pair(folder):
     return config, weights
 
 
-def _in_child(fn, kill_at=None, file_limit=None):
+def _in_child(fn, kill_at=None, file_limit=None, only=""):
     """Run ``fn()`` in a forked process; it is killed (``os._exit``, no clean-up) at its ``kill_at``-th
-    rename (``os.rename``, ``os.replace`` or the atomic exchange), or writes under a file-size limit (a
-    full disk: ``EFBIG``). Returns its exit code: 0 done, 1 failed, 9 killed."""
+    rename (``os.rename``, ``os.replace`` or the atomic exchange; of a path holding ``only``), or writes
+    under a file-size limit (a full disk: ``EFBIG``). Returns its exit code: 0 done, 1 failed, 9 killed."""
     import resource
     import signal
 
@@ -514,7 +514,7 @@ def _in_child(fn, kill_at=None, file_limit=None):
 
                 def counting(real):
                     def wrapper(*a, **kw):
-                        calls[0] += 1
+                        calls[0] += any(only in str(p) for p in a)
                         if calls[0] == kill_at:
                             os._exit(9)
                         return real(*a, **kw)
@@ -690,3 +690,54 @@ def test_putting_a_replaced_run_back_survives_a_kill_at_any_rename(finished, tmp
         assert code == 9
         k += 1
     assert k > 3
+
+
+def test_train_final_model_is_old_or_new_whole_when_killed_at_any_rename(finished, tmp_path):
+    """train's final/: the same staged swap (a kill at each rename touching final/)."""
+    before = _model_pair(finished / "final")
+    k = 1
+    while True:
+        run = _copy(finished, tmp_path / f"k{k}")
+        code = _in_child(lambda: train(tiny_cfg(run, steps=3, ckpt_every=1, keep_last=2, resume=True)),
+                         kill_at=k, only="final")
+        pair = _model_pair(run / "final")
+        if code == 0:
+            assert pair != before
+            break
+        assert code == 9 and pair == before, k
+        train(tiny_cfg(run, steps=3, ckpt_every=1, keep_last=2, resume=True))
+        assert _model_pair(run / "final") != before and not [p for p in run.iterdir() if ".final." in p.name]
+        k += 1
+    assert k >= 2
+
+
+@pytest.mark.parametrize("errno_name", ["ENOSYS", "EBUSY"])
+def test_a_folder_is_replaced_where_the_system_cannot_exchange_two_names(tmp_path, monkeypatch, errno_name):
+    """Without renameat2 (ENOSYS) the swap is two renames, the old folder kept as .NAME.*.old until
+    the new one is in place (a kill between them is recovered by the next save); a mount point
+    (EBUSY) has its entries replaced one by one."""
+    import errno
+
+    import whiteformer._files as files
+
+    def cannot(a, b):
+        raise OSError(getattr(errno, errno_name), "cannot exchange")
+
+    monkeypatch.setattr(files, "_exchange", cannot)
+    old, new = _tiny_lm(16, 0), _tiny_lm(24, 1)
+    folder = tmp_path / "ref"
+    new.save_pretrained(folder)
+    new_pair = _model_pair(folder)
+    folder = tmp_path / "m"
+    old.save_pretrained(folder)
+    (folder / "notes.txt").write_text("mine")
+    old_pair = _model_pair(folder)
+    if errno_name == "ENOSYS":
+        for k in (1, 2):  # killed after moving the old folder aside: the next save puts it back first
+            assert _in_child(lambda: new.save_pretrained(folder), kill_at=k) == 9
+            assert _model_pair(folder) in ((None, None), old_pair, new_pair)
+            old.save_pretrained(folder)
+            assert _model_pair(folder) == old_pair and not _leftovers(folder)
+    new.save_pretrained(folder)
+    assert _model_pair(folder) == new_pair and (folder / "notes.txt").read_text() == "mine"
+    assert not _leftovers(folder)

@@ -287,13 +287,14 @@ def _swap_in(stage: str, dest: Path) -> None:
             raise
         busy = err.errno == errno.EBUSY
     if busy:  # a mount point cannot be renamed: its entries are replaced one by one (not atomic)
+        new = set(os.listdir(stage))
         for e in sorted(os.scandir(stage), key=lambda e: e.name == "config.json"):
             target = dest / e.name
             if os.path.isdir(target) and not os.path.islink(target):
                 shutil.rmtree(target)
             os.replace(e.path, target)
-        for e in os.scandir(dest):
-            if not os.path.lexists(os.path.join(stage, e.name)):
+        for e in os.scandir(dest):  # what the new folder does not hold goes with the stage
+            if e.name not in new:
                 os.rename(e.path, os.path.join(stage, e.name))
         return
     old = stage[: -len(".tmp")] + ".old"
