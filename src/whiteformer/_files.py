@@ -235,11 +235,15 @@ def folder_writer(dest: Union[str, Path]) -> Optional[str]:
 
 def _clear_leftovers(dest: Path, own: str, keep: Callable[[str], bool]) -> None:
     """Remove what killed writers of ``dest`` left (their user entries the folder lacks moved back in
-    first: nothing of the user's goes with them); a stage a living writer holds is an error."""
+    first: nothing of the user's goes with them). A stage a living writer holds is an error, unless
+    that writer will refuse itself when it sees this one (the names decide, so that of two writers
+    starting together one goes on); two that both go on each swap in a whole folder, the last wins."""
     for path in _leftovers(dest):
         if path == own:
             continue
         fd = _lock(path)
+        if fd is None and os.path.basename(path) > os.path.basename(own):
+            continue
         if fd is None:
             raise FolderInUseError(f"{str(dest)!r} is being written by another process (its new files are in "
                                    f"{os.path.basename(path)!r}); wait for it to finish, or write elsewhere")
@@ -335,14 +339,16 @@ def staged_folder(dest: Union[str, Path], *, keep: Union[bool, Callable[[str], b
         _swap_in(stage, dest)
         if here:
             os.chdir(dest)
-        if real_dir and os.path.isdir(stage):  # what came into the old folder meanwhile (not linkable)
-            _carry(stage, str(dest), carried, move=True)
+        with contextlib.suppress(FileNotFoundError):  # (a writer starting now may clear the old folder too)
+            if real_dir and os.path.isdir(stage):  # what came into the old folder meanwhile (not linkable)
+                _carry(stage, str(dest), carried, move=True)
         _fsync(str(dest.parent))
     finally:
         if fd is not None:
             os.close(fd)
-        if os.path.lexists(stage):
-            _remove(stage)
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.lexists(stage):
+                _remove(stage)
 
 
 def _is_cwd(path: Path) -> bool:
