@@ -12,7 +12,7 @@ TRITON_VERSION ?= 3.9.0
 STAMP  := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.installed-test-stamp
 
-.PHONY: demo test install clean bench gpu-wheels gpu-check-dry version-matrix
+.PHONY: demo test lint install clean bench gpu-wheels gpu-check-dry version-matrix
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,8 +34,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m whiteformer.app.demo
 
-test: $(TEST_STAMP)
+test: lint
 	$(PY) -m pytest tests
+
+# ruff (pinned in the [test] extra; rules in pyproject.toml): `$(PY) -m ruff check --fix .` sorts imports
+lint: $(TEST_STAMP)
+	$(PY) -m ruff check .
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run

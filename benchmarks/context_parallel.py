@@ -66,9 +66,9 @@ def _init(rank: int, store: str, threads: int) -> None:
 def _bytes_worker(rank: int, store: str, lengths: List[int], out: str, threads: int) -> None:
     import torch.distributed as dist
 
+    from whiteformer.app.train.distributed import cleanup
     from whiteformer.attention import TSSA, CausalTSSA
     from whiteformer.ops.context_parallel import count_communication
-    from whiteformer.app.train.distributed import cleanup
 
     _init(rank, store, threads)
     torch.manual_seed(0)

@@ -200,7 +200,7 @@ def bench_stack(args, dtype: torch.dtype, device: str = "cuda",
             for mode in ("fwd", "fwdbwd"):
                 x = torch.randn(1, n, dim, device=device, dtype=dtype, requires_grad=mode == "fwdbwd")
 
-                def call(x=x, mode=mode):
+                def call(x=x, mode=mode, model=model):
                     with backend(impl):
                         if mode == "fwd":
                             with torch.no_grad():

@@ -131,8 +131,8 @@ def _median_throughput(run_dir: Path) -> Optional[float]:
 def train_run(run_dir: Path, **cfg_kwargs: Any) -> Dict[str, Any]:
     """Train one configuration with :func:`whiteformer.app.train.train` (resumable) and return its
     summary (also written to ``run_dir/result.json``; a run with that file is not trained again)."""
-    from whiteformer.models import create_model  # noqa: F401  (registers the models)
     from whiteformer.app.train import TrainConfig, latest_checkpoint, train
+    from whiteformer.models import create_model  # noqa: F401  (registers the models)
 
     run_dir = Path(run_dir)
     done = read_json(run_dir / "result.json")

@@ -59,10 +59,10 @@ def evaluate(model, ds, batch_size: int = 64) -> float:
 
 def train_run(run_dir: Path, model_name: str, model_args: dict, train_ds, test_ds, tr: dict, seed: int) -> dict:
     """Train one model (steps and wall-time capped), evaluate, write ``result.json``."""
+    from whiteformer.app.schedule import lr_multiplier
+    from whiteformer.app.train.optim import param_groups
     from whiteformer.models import create_model
     from whiteformer.models.lra import TABLE7_OPTIM
-    from whiteformer.app.train.optim import param_groups
-    from whiteformer.app.schedule import lr_multiplier
 
     done = C.read_json(run_dir / "result.json")
     if done is not None:

@@ -443,7 +443,7 @@ def language(out, verdicts):
         big = max(r["position"] for r in gen)
         gt = {r["name"]: r for r in gen if r["position"] == big}
         if "tost" in gt and "gpt" in gt:
-            verdicts.append((f"Causal ToST generates with less time and memory at long positions (ToST Fig. 8)",
+            verdicts.append(("Causal ToST generates with less time and memory at long positions (ToST Fig. 8)",
                              f"at P = {big}: ToST {gt['tost']['ms_per_token_median']:.2f} ms/token, "
                              f"{gt['tost']['state_bytes'] / 1024:.1f} KiB vs GPT {gt['gpt']['ms_per_token_median']:.2f} "
                              f"ms/token, {gt['gpt']['state_bytes'] / 1024:.1f} KiB"))

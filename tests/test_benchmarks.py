@@ -12,8 +12,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import attention_scaling, attention_target, common, compressed_attention, generation  # noqa: E402
-from benchmarks import report  # noqa: E402
+from benchmarks import (  # noqa: E402
+    attention_scaling,
+    attention_target,
+    common,
+    compressed_attention,
+    generation,
+    report,  # noqa: E402
+)
 from benchmarks import run as bench_run  # noqa: E402
 
 TINY_ATTN = dict(tokens=[256, 512], dims=[192], dim_sweep_tokens=256, dim_modes=["fwd"], depth=1, repeats=1,

@@ -3,6 +3,7 @@ as one graph (no graph break: input checks that read values are skipped while tr
 ``aot_eager`` backend (no C compiler), and give the eager results."""
 import pytest
 import torch
+
 from tiny_models import FAMILIES, tiny
 
 pytestmark = pytest.mark.compile

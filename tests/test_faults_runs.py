@@ -14,13 +14,11 @@ import pytest
 import torch
 
 import slow_steps
-
+from test_train import _one_thread  # noqa: F401  (autouse: one thread for the tiny models)
 from whiteformer.app.cli import main
 from whiteformer.app.train import ConfigError, TrainConfig, train
 from whiteformer.app.train.checkpoint import list_checkpoints
 from whiteformer.app.train.rundir import LOCK_NAME
-
-from test_train import _one_thread  # noqa: F401  (autouse: one thread for the tiny models)
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX locks and signals")
 

@@ -243,6 +243,17 @@ def test_attention_registry_same_whatever_is_imported_first(first):
     assert {"truncatt", "irratt", "cp_slimatt", "tssa", "mhsa"} <= set(names)
 
 
+@pytest.mark.parametrize("module", ["whiteformer.app.config", "whiteformer.app.train", "whiteformer.app.cli"])
+def test_an_application_module_imports_first(module):
+    """A fresh interpreter can import ``module`` before anything else (``app.config`` used to import
+    the ``app.train`` package, whose modules import ``app.config``: an ImportError unless something
+    else had imported the train package first)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
 # One copy of each small helper: the checks live in _checks.py, the module helpers in _utils.py.
 SINGLE_HOME = {"is_int": "_checks", "is_real": "_checks", "check_int": "_checks", "check_probability": "_checks",
                "eval_mode": "_utils", "count_params": "_utils", "to_jsonable": "_utils",

@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from test_faults_runs import SUBSPACES, Crash, _cli, _crash_after, _env, tiny_cfg
+from test_train import _one_thread  # noqa: F401  (autouse: one thread for the tiny models)
 from whiteformer.app.cli import main
 from whiteformer.app.train import train
 from whiteformer.app.train.rundir import LOCK_NAME
-
-from test_faults_runs import SUBSPACES, Crash, _cli, _crash_after, _env, tiny_cfg
-from test_train import _one_thread  # noqa: F401  (autouse: one thread for the tiny models)
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX links and pipes")
 
@@ -390,8 +389,9 @@ def test_save_pretrained_keeps_other_files_and_never_writes_through_links(tmp_pa
     (outside / "config.json").write_text("{}")
     models = [("zoo", create_model("tost_lm_base", vocab_size=16, dim=16, depth=1, num_heads=2, max_len=8))]
     try:
-        import whiteformer.hf  # noqa: F401
         from transformers import AutoConfig, AutoModelForCausalLM
+
+        import whiteformer.hf  # noqa: F401
     except ImportError:  # the `hf` extra is not installed: the zoo's own save_pretrained only
         AutoConfig = None
     if AutoConfig is not None:
@@ -417,8 +417,9 @@ def test_save_pretrained_with_a_variant_never_writes_through_links(tmp_path):
     ``model.safetensors.index.fp16.json`` through a link of that name into the link's target
     (``transformers`` opens the index with ``open(path, "w")``)."""
     pytest.importorskip("transformers")
-    import whiteformer.hf  # noqa: F401
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    import whiteformer.hf  # noqa: F401
 
     config = AutoConfig.for_model("whiteformer-tost-lm", model_name="tost_lm_base",
                                   init_kwargs=dict(vocab_size=16, dim=16, depth=1, num_heads=2, max_len=8))
@@ -451,8 +452,9 @@ def _hf_lm(dim, seed):
     import torch
 
     pytest.importorskip("transformers")
-    import whiteformer.hf  # noqa: F401
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    import whiteformer.hf  # noqa: F401
 
     torch.manual_seed(seed)
     config = AutoConfig.for_model("whiteformer-tost-lm", model_name="tost_lm_base",
@@ -468,8 +470,8 @@ def _save_checkpoint(model, folder):
 
 
 def _compress_out(model, folder):
-    from whiteformer.models.checkpoint import write_model_files
     from whiteformer.app.train.outputs import staged_output
+    from whiteformer.models.checkpoint import write_model_files
 
     with staged_output(folder, overwrite=True) as stage:
         write_model_files(model, stage)

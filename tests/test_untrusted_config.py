@@ -1,6 +1,7 @@
 """Model sizes and hyper-parameters from untrusted places (``create_model`` arguments, a
-``config.json``, a transformers configuration) are checked before anything is built: sizes against the bounds of ``whiteformer.models.size`` (an arithmetic parameter
-estimate), non-finite or non-positive hyper-parameters with a ValueError naming the argument."""
+``config.json``, a transformers configuration) are checked before anything is built: sizes against
+the bounds of ``whiteformer.models.size`` (an arithmetic parameter estimate), non-finite or
+non-positive hyper-parameters with a ValueError naming the argument."""
 import json
 import math
 
@@ -9,8 +10,7 @@ import torch
 import torch.nn as nn
 
 from whiteformer import ops
-from whiteformer.models import create_model, from_pretrained, list_models
-from whiteformer.models import registry, size
+from whiteformer.models import create_model, from_pretrained, list_models, registry, size
 
 TINY_VISION = dict(img_size=16, patch_size=8, depth=1, embed_dim=32, num_heads=4, num_classes=3)
 TINY_LM = dict(vocab_size=61, dim=32, depth=1, num_heads=4, max_len=16)

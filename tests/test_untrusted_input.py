@@ -9,14 +9,13 @@ import shutil
 import pytest
 import torch
 
+from test_faults_runs import SUBSPACES, one_error_line, tiny_cfg
+from test_no_data_loss import finished  # noqa: F401  (fixture: a finished 2-step run)
+from test_train import _one_thread  # noqa: F401  (autouse: one thread for the tiny models)
 from whiteformer.app.cli import main
 from whiteformer.app.train import train
 from whiteformer.app.train.checkpoint import CheckpointError, list_checkpoints, verify_checkpoint
 from whiteformer.models import create_model, from_pretrained
-
-from test_faults_runs import SUBSPACES, one_error_line, tiny_cfg
-from test_no_data_loss import finished  # noqa: F401  (fixture: a finished 2-step run)
-from test_train import _one_thread  # noqa: F401  (autouse: one thread for the tiny models)
 
 DEEP = 100_000  # far past the interpreter's recursion limit
 

@@ -25,8 +25,8 @@ import stat
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Union
 
-__all__ = ["FolderInUseError", "atomic_write", "folder_writer", "is_stage", "is_temporary", "new_file_mode", "replace_folder", "save_figure",
-           "staged_folder", "write_csv", "write_text"]
+__all__ = ["FolderInUseError", "atomic_write", "folder_writer", "is_stage", "is_temporary", "new_file_mode",
+           "replace_folder", "save_figure", "staged_folder", "write_csv", "write_text"]
 
 
 def _temporary(path: Path) -> str:

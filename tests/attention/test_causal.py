@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from whiteformer.attention import CausalAttention, CausalSelfAttention, CausalTSSA, KVCache, build
-from whiteformer.models.lm import CausalSelfAttention as LMCausalSelfAttention, KVCache as LMKVCache
+from whiteformer.models.lm import CausalSelfAttention as LMCausalSelfAttention
+from whiteformer.models.lm import KVCache as LMKVCache
 
 DIM, HEADS = 24, 3
 

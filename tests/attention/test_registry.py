@@ -35,12 +35,12 @@ def test_register_conflict_raises():
 def test_one_registry_class_behind_every_extension_point():
     """attention, models, datasets, tasks, CLI commands and kernel backends share whiteformer._registry.Registry."""
     from whiteformer._registry import Registry
-    from whiteformer.attention.registry import ATTENTION
     from whiteformer.app.cli import ANALYSES, COMMANDS
     from whiteformer.app.data import DATASETS
+    from whiteformer.app.train.tasks import TASKS
+    from whiteformer.attention.registry import ATTENTION
     from whiteformer.models.registry import MODELS
     from whiteformer.ops._kernels import BACKENDS
-    from whiteformer.app.train.tasks import TASKS
 
     for reg in (ATTENTION, MODELS, DATASETS, TASKS, COMMANDS, ANALYSES, BACKENDS):
         assert isinstance(reg, Registry) and len(reg) > 0

@@ -4,10 +4,26 @@ equal budget."""
 import pytest
 import torch
 
-from whiteformer.compress import (CPSlimAtt, HeadFactors, IrrAtt, LowRankLinear, TruncAtt, allocate_ranks_spectral,
-                                  btd_ll1, count_flops, cp_qk_macs, head_spectra, irratt_qk_macs, mhsa_macs,
-                                  mhsa_qk_macs, mhsa_vo_macs, qk_rank_for_budget, truncatt, truncatt_qk_macs,
-                                  vo_truncatt_macs)
+from whiteformer.compress import (
+    CPSlimAtt,
+    HeadFactors,
+    IrrAtt,
+    LowRankLinear,
+    TruncAtt,
+    allocate_ranks_spectral,
+    btd_ll1,
+    count_flops,
+    cp_qk_macs,
+    head_spectra,
+    irratt_qk_macs,
+    mhsa_macs,
+    mhsa_qk_macs,
+    mhsa_vo_macs,
+    qk_rank_for_budget,
+    truncatt,
+    truncatt_qk_macs,
+    vo_truncatt_macs,
+)
 from whiteformer.compress.cp import cp
 
 DT = torch.float64

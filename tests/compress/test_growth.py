@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from whiteformer.compress import compress, compress_attention
 from whiteformer.app.compress_cli import main as compress_main
+from whiteformer.compress import compress, compress_attention
 from whiteformer.models import create_model
 
 DIM, HEADS = 32, 4  # a 32-wide DeiT, head dim 8: H p = 32

@@ -5,9 +5,20 @@ import torch
 import torch.nn as nn
 
 from whiteformer.attention import build, list_attention
-from whiteformer.compress import (CPSlimAtt, IrrAtt, LowRankLinear, TruncAtt, compress_attention, compress_linear,
-                                  compress_mlp, fusion_head_ranks, fusion_penalty, project_fusion, qk_factors,
-                                  vo_factors)
+from whiteformer.compress import (
+    CPSlimAtt,
+    IrrAtt,
+    LowRankLinear,
+    TruncAtt,
+    compress_attention,
+    compress_linear,
+    compress_mlp,
+    fusion_head_ranks,
+    fusion_penalty,
+    project_fusion,
+    qk_factors,
+    vo_factors,
+)
 from whiteformer.compress.reference import attention_from_tensors
 
 DT = torch.float64

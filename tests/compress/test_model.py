@@ -5,9 +5,19 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from whiteformer.compress import (CompressionReport, CPSlimAtt, IrrAtt, TruncAtt, apply_compression_spec,
-                                  apply_fusion_constraints, compress, measure_latency, project_fusion, qk_factors)
 from whiteformer.app.compress_cli import main as compress_main
+from whiteformer.compress import (
+    CompressionReport,
+    CPSlimAtt,
+    IrrAtt,
+    TruncAtt,
+    apply_compression_spec,
+    apply_fusion_constraints,
+    compress,
+    measure_latency,
+    project_fusion,
+    qk_factors,
+)
 from whiteformer.compress.model import collect_block_inputs
 from whiteformer.models import create_model
 
@@ -315,7 +325,8 @@ def test_cli_end_to_end(tmp_path, capsys):
 
 def test_cli_calib_finetune_constraints(tmp_path):
     pytest.importorskip("sklearn")
-    from whiteformer.app.cli import COMMANDS, main as wf_main
+    from whiteformer.app.cli import COMMANDS
+    from whiteformer.app.cli import main as wf_main
 
     assert "compress" in COMMANDS
     _, ckpt = _tiny_ckpt(tmp_path)

@@ -15,8 +15,9 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"
 transformers = pytest.importorskip("transformers", reason="needs the hf extra: pip install whiteformer[hf]")
 
-import whiteformer  # noqa: E402
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForImageClassification  # noqa: E402
+
+import whiteformer  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 TINY = dict(vocab_size=61, dim=32, depth=2, num_heads=4, max_len=64)

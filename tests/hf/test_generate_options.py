@@ -8,8 +8,9 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("transformers", reason="needs the hf extra: pip install whiteformer[hf]")
 
-import whiteformer.hf  # noqa: E402,F401
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig  # noqa: E402
+
+import whiteformer.hf  # noqa: E402,F401
 
 TINY = dict(vocab_size=61, dim=32, depth=2, num_heads=4, max_len=32)
 LM = {"whiteformer-tost-lm": "tost_lm_base", "whiteformer-gpt": "gpt_base"}
@@ -85,6 +86,7 @@ def test_caches_of_other_kinds_are_refused():
     """A StaticCache / offloading DynamicCache passed in was silently replaced (offloading) or failed on
     position_ids (static); an empty plain DynamicCache is replaced by the model's WhiteformerCache."""
     from transformers import DynamicCache, StaticCache
+
     from whiteformer.hf import WhiteformerCache
 
     model, idx = _lm("whiteformer-tost-lm"), torch.randint(1, 61, (2, 4))

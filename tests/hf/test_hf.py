@@ -12,10 +12,10 @@ import torch.nn.functional as F
 os.environ["HF_HUB_OFFLINE"] = "1"
 transformers = pytest.importorskip("transformers", reason="needs the hf extra: pip install whiteformer[hf]")
 
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageClassification, Trainer, TrainingArguments  # noqa: E402
+
 import whiteformer  # noqa: E402
 import whiteformer.hf  # noqa: E402,F401
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageClassification,  # noqa: E402
-                          Trainer, TrainingArguments)
 from whiteformer.hf import WhiteformerCache  # noqa: E402
 
 TINY = dict(vocab_size=61, dim=32, depth=2, num_heads=4, max_len=64)

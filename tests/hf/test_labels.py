@@ -9,8 +9,9 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("transformers", reason="needs the hf extra: pip install whiteformer[hf]")
 
-import whiteformer.hf  # noqa: E402,F401
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForImageClassification  # noqa: E402
+
+import whiteformer.hf  # noqa: E402,F401
 
 TINY = dict(vocab_size=61, dim=32, depth=2, num_heads=4, max_len=16)
 LM = {"whiteformer-tost-lm": "tost_lm_base", "whiteformer-gpt": "gpt_base"}

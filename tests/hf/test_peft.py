@@ -9,9 +9,10 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 pytest.importorskip("transformers", reason="needs the hf extra: pip install whiteformer[hf]")
 peft = pytest.importorskip("peft", reason="needs the hf extra: pip install whiteformer[hf]")
 
-import whiteformer  # noqa: E402,F401
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageClassification  # noqa: E402
+
+import whiteformer  # noqa: E402,F401
 from whiteformer.hf import LORA_TARGET_MODULES  # noqa: E402
 
 TINY = dict(vocab_size=61, dim=32, depth=2, num_heads=4, max_len=64, init_values=1.0)  # (blocks count from the start)

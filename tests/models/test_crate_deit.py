@@ -7,9 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from whiteformer.attention.baselines import MHSA
-from whiteformer.models import create_model, list_models
 from whiteformer.layers import resample_abs_pos_embed
-
+from whiteformer.models import create_model, list_models
 
 # ---------------------------------------------------------------------------- parameter counts
 # CRATE: official CRATE_tiny/small/base/large (paper: 6.09M/13.12M/22.80M/77.64M);

@@ -2,6 +2,7 @@
 and the blocks really recomputed in backward."""
 import pytest
 import torch
+
 from tiny_models import FAMILIES, tiny
 
 

@@ -282,7 +282,7 @@ def _one_rank_fails(group, rank: int, timeout: float) -> None:
     naming rank 1 and its message, promptly (not after ``timeout``, waiting in a collective)."""
     import time
 
-    from whiteformer.attention import CausalTSSA, ClassAttention, TSSA
+    from whiteformer.attention import TSSA, CausalTSSA, ClassAttention
     from whiteformer.models import create_model
     from whiteformer.models.lm import ToSTLM
     from whiteformer.ops import causal_tssa, class_attention, tssa

@@ -4,8 +4,23 @@ ValueError naming the argument, before any kernel runs (the fused CPU kernel use
 import pytest
 import torch
 
-from whiteformer.ops import (CausalTSSAState, causal_tssa, causal_tssa_step, class_attention, dmsa, eca_compress,
-                             eca_expand, eca_omega, mhsa, mhsa_explicit, mssa, rotary, sparsemax, tssa, xca)
+from whiteformer.ops import (
+    CausalTSSAState,
+    causal_tssa,
+    causal_tssa_step,
+    class_attention,
+    dmsa,
+    eca_compress,
+    eca_expand,
+    eca_omega,
+    mhsa,
+    mhsa_explicit,
+    mssa,
+    rotary,
+    sparsemax,
+    tssa,
+    xca,
+)
 
 B, H, N, P = 2, 3, 6, 4
 

@@ -8,13 +8,12 @@ import torch
 
 from whiteformer.attention import TSSA, CausalTSSA
 from whiteformer.ops import causal_tssa, tssa
-from whiteformer.ops._kernels import ENV_DISABLE, fused_supported, kernels_disabled
+from whiteformer.ops._kernels import ENV_DISABLE, fused, fused_supported, kernels_disabled
 from whiteformer.ops._kernels import build as kcpu
-from whiteformer.ops._kernels import fused
-from whiteformer.ops.reference import causal_tssa_reference, tssa_reference
 
 # the dispatcher modules
 from whiteformer.ops.causal_tssa import dispatch as causal_mod  # noqa: E402
+from whiteformer.ops.reference import causal_tssa_reference, tssa_reference
 from whiteformer.ops.tssa import dispatch as tssa_mod  # noqa: E402
 
 

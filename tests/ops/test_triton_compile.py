@@ -19,8 +19,7 @@ import torch
 pytest.importorskip("triton", reason="triton is not installed (pip install 'whiteformer[triton]')")
 
 from whiteformer.ops._kernels.triton import _tiles  # noqa: E402
-from whiteformer.ops._kernels.triton._compile_check import (CCS, compile_specialisations,  # noqa: E402
-                                                            specialisations)
+from whiteformer.ops._kernels.triton._compile_check import CCS, compile_specialisations, specialisations  # noqa: E402
 from whiteformer.ops._kernels.triton._launches import OPS, op_calls, record_launches  # noqa: E402
 
 HEAD_DIMS = (16, 32, 64, 128, 256)

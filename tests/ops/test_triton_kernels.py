@@ -14,11 +14,11 @@ import torch
 pytest.importorskip("triton", reason="triton is not installed (pip install 'whiteformer[triton]')")
 
 from whiteformer.ops import CausalTSSAState, causal_tssa_step  # noqa: E402
-from whiteformer.ops.causal_tssa.state import position_logit_bias  # noqa: E402
 from whiteformer.ops._kernels.triton import _tiles  # noqa: E402
 from whiteformer.ops._kernels.triton.causal_tssa import causal_tssa_triton  # noqa: E402
 from whiteformer.ops._kernels.triton.causal_tssa_step import causal_tssa_step_triton  # noqa: E402
 from whiteformer.ops._kernels.triton.tssa import tssa_triton  # noqa: E402
+from whiteformer.ops.causal_tssa.state import position_logit_bias  # noqa: E402
 from whiteformer.ops.reference import causal_tssa_reference, tssa_reference  # noqa: E402
 
 if not _tiles.kernels_interpreted() and not torch.cuda.is_available():

@@ -26,8 +26,8 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import torch
 import torch.nn as nn
 
-from . import rates
 from .._checks import is_int
+from . import rates
 
 __all__ = ["is_transformers_model", "load_for_analysis", "split_bases", "hidden_state_rows", "example_inputs"]
 

@@ -23,10 +23,10 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from ._viz import new_figure, require_matplotlib
-from .capture import _default_attn_types, capture, eval_mode, supports_pi
 from .._checks import is_int, is_real
 from .._files import save_figure
+from ._viz import new_figure, require_matplotlib
+from .capture import _default_attn_types, capture, eval_mode, supports_pi
 
 __all__ = ["membership_maps", "cls_attention_maps", "class_attention_weights", "patch_grid", "grid_figure",
            "has_class_attention", "has_memberships"]

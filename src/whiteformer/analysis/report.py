@@ -45,11 +45,11 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 import torch.nn as nn
 
+from .._checks import is_real
+from .._files import save_figure, write_text
 from . import hidden_states, rates
 from ._viz import new_figure, require_matplotlib
 from .capture import BlockRecord, attention_basis, capture, eval_mode
-from .._checks import is_real
-from .._files import save_figure, write_text
 
 __all__ = ["LayerwiseReport", "layerwise_report", "layer_bases", "simplex_memberships", "coding_rate_figure", "COLUMNS",
            "RATE_READING"]

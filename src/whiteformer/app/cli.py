@@ -166,8 +166,8 @@ def cmd_train(argv: List[str]) -> int:
 
 @register_command("eval", "accuracy / loss of a checkpoint on a dataset split")
 def cmd_eval(argv: List[str]) -> int:
-    from .train import EvalConfig
     from .evaluate import evaluate
+    from .train import EvalConfig
 
     cfg = _config(EvalConfig, argv, "eval", "--checkpoint RUN_OR_DIR [--dataset NAME] [--split test] [...]")
     if cfg is None:
@@ -182,8 +182,8 @@ def cmd_eval(argv: List[str]) -> int:
 
 @register_command("generate", "sample text from a language-model checkpoint")
 def cmd_generate(argv: List[str]) -> int:
-    from .train import GenerateConfig
     from .evaluate import generate
+    from .train import GenerateConfig
 
     cfg = _config(GenerateConfig, argv, "generate", "--checkpoint LM_RUN [--prompt TEXT] [...]")
     if cfg is None:
@@ -214,8 +214,8 @@ def cmd_analyze(argv: List[str]) -> int:
 
 
 def _analyze_usage() -> None:
-    from .train import AnalyzeConfig
     from .config import format_fields
+    from .train import AnalyzeConfig
 
     print("usage: whiteformer analyze ANALYSIS [--out DIR] [...]\n\nanalyses:")
     for n, (h, _) in sorted(ANALYSES.items()):
@@ -301,11 +301,11 @@ def analysis_report(cfg) -> int:
     from pathlib import Path
 
     from .config import ConfigError
-    from .train.distributed import DistInfo, resolve_device
     from .evaluate import load_model, resolve_checkpoint
+    from .train.build import build_task
+    from .train.distributed import DistInfo, resolve_device
     from .train.outputs import check_output_dir, staged_output
     from .train.report import write_report
-    from .train.build import build_task
 
     if not cfg.checkpoint:
         raise ConfigError("analyze report needs --checkpoint RUN_DIR")
@@ -334,12 +334,12 @@ def analysis_report(cfg) -> int:
                                 "transformers one (--checkpoint DIR --out DIR; options.inputs=FILE.pt, options.eps, "
                                 "options.subspaces=K, options.samples, options.seq_len)")
 def analysis_layerwise(cfg) -> int:
+    from pathlib import Path
+
     import torch
 
     from ..analysis import layerwise_report
     from ..analysis.hidden_states import example_inputs, load_for_analysis
-    from pathlib import Path
-
     from ..models import resolve_model_dir
     from ..models.checkpoint import load_torch_file
     from .config import ConfigError

@@ -170,13 +170,12 @@ def _sizes(model) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..models import create_model
-    from ..models.checkpoint import read_config
-    from .train.distributed import resolve_device
-    from .evaluate import resolve_checkpoint
-    from ..models.checkpoint import write_model_files
-    from .train.outputs import staged_output
     from ..compress.model import compress
+    from ..models import create_model
+    from ..models.checkpoint import read_config, write_model_files
+    from .evaluate import resolve_checkpoint
+    from .train.distributed import resolve_device
+    from .train.outputs import staged_output
 
     say = (lambda _m: None) if args.quiet else (lambda m: print(m, flush=True))
     ckpt, run = resolve_checkpoint(args.checkpoint, prefer_ema=True)  # run dir, final/ or a model dir/file

@@ -26,7 +26,8 @@ from ..models.lm import check_temperature
 from .schedule import SCHEDULES
 
 __all__ = ["TrainConfig", "EvalConfig", "GenerateConfig", "AnalyzeConfig", "ConfigError", "check_seed", "check_device",
-           "RUN_DEFINING", "changed_run_options", "parse_overrides", "parse_value", "build_config", "config_to_dict", "save_config", "load_yaml", "format_fields"]
+           "RUN_DEFINING", "changed_run_options", "parse_overrides", "parse_value", "build_config", "config_to_dict",
+           "save_config", "load_yaml", "format_fields"]
 
 T = TypeVar("T")
 
@@ -459,9 +460,9 @@ def config_file(arg) -> Path:
 
 
 def load_yaml(path) -> Dict[str, Any]:
-    import yaml
-
     import stat
+
+    import yaml
 
     p = Path(path)
     if not p.exists():

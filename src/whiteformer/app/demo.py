@@ -43,8 +43,8 @@ def demo_overrides(argv: Sequence[str]) -> List[Tuple[str, Any]]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from .train import ConfigError, EvalConfig, TrainConfig, build_config, train
     from .evaluate import evaluate
+    from .train import ConfigError, EvalConfig, TrainConfig, build_config, train
     from .train.outputs import say
 
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -41,6 +41,9 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
+from .._files import save_figure, write_text
+from ..analysis._viz import new_figure, require_matplotlib
+from ..analysis.rates import coding_rate, subspace_compression_rate
 from ..ops.eca import (
     cholesky_stats,
     eca_compress,
@@ -49,9 +52,6 @@ from ..ops.eca import (
     orthonormal_basis,
     reset_cholesky_fallback_count,
 )
-from .._files import save_figure, write_text
-from ..analysis._viz import new_figure, require_matplotlib
-from ..analysis.rates import coding_rate, subspace_compression_rate
 
 __all__ = ["ToyConfig", "SMALL", "run", "make_data", "main", "check_overrides"]
 

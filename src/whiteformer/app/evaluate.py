@@ -16,12 +16,11 @@ import torch.nn as nn
 
 from ..models.checkpoint import read_json
 from ..models.factory import RUN_MODEL_DIR, resolve_model_dir
+from .config import ConfigError, EvalConfig, GenerateConfig
 from .train.build import build_task, check_names
 from .train.checkpoint import latest_checkpoint, verify_checkpoint
-from .train.loop import nonfinite_weight
-
-from .config import ConfigError, EvalConfig, GenerateConfig
 from .train.distributed import DistInfo, resolve_device
+from .train.loop import nonfinite_weight
 
 __all__ = ["resolve_checkpoint", "load_model", "evaluate", "generate"]
 

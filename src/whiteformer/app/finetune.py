@@ -17,10 +17,10 @@ def build_image_task(model: nn.Module, data: str, data_dir: Optional[str] = None
     """The training task of the registered dataset ``data`` (:func:`whiteformer.app.train.build.build_task`),
     images resized to the model's ``img_size``; a clear error when the model cannot read the data
     (other kind of data, channels or classes)."""
-    from .data import dataset_info
-    from .train.distributed import DistInfo
-    from .train.build import build_task
     from ..compress.latency import image_input_shape
+    from .data import dataset_info
+    from .train.build import build_task
+    from .train.distributed import DistInfo
 
     _, h, w = image_input_shape(model)
     data_args = {"img_size": h if h == w else (h, w)} if "img_size" in dataset_info(data)["arguments"] else {}
@@ -41,8 +41,8 @@ def finetune_compressed(model: nn.Module, task, *, epochs: int = 1, lr: float = 
     Returns ``{"dataset", "epochs", "steps", "train_loss" (last epoch), "acc_before", "acc_after",
     "loss_before", "loss_after", "fusion_constraints", "time_s"}``.
     """
-    from .train.loop import finetune as run_finetune
     from ..compress.constraints import apply_fusion_constraints
+    from .train.loop import finetune as run_finetune
 
     if fusion_constraints and apply_fusion_constraints(model) == 0:
         raise ValueError("fusion_constraints: the model has no head-fusion matrix (compress with qk='irratt' and "

@@ -18,8 +18,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import (check_divisible, check_input_device, check_mask, check_probability, check_tensor,
-                       check_tokens_input)
+from .._checks import (
+    check_divisible,
+    check_input_device,
+    check_mask,
+    check_probability,
+    check_tensor,
+    check_tokens_input,
+)
 from .._utils import zero_padded
 from ..ops.baselines import mhsa, mhsa_explicit
 from ..ops.packing import from_padded, packing, to_padded

@@ -13,8 +13,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .._checks import (autocast_off, check_divisible, check_eps, check_input_device, check_mask, check_sketch_rank,
-                       check_tokens_input, is_int, is_real, stats_dtype)
+from .._checks import (
+    autocast_off,
+    check_divisible,
+    check_eps,
+    check_input_device,
+    check_mask,
+    check_sketch_rank,
+    check_tokens_input,
+    is_int,
+    is_real,
+    stats_dtype,
+)
 from .._utils import zero_padded
 from ..ops.eca import eca_compress, eca_expand, eca_omega
 from .registry import register_attention

@@ -15,12 +15,18 @@ import torch
 import torch.nn as nn
 from einops import rearrange
 
-from .._checks import (check_divisible, check_input_device, check_mask, check_probability, check_tensor,
-                       check_tokens_input)
+from .._checks import (
+    check_divisible,
+    check_input_device,
+    check_mask,
+    check_probability,
+    check_tensor,
+    check_tokens_input,
+)
 from .._utils import zero_padded
 from ..ops.causal_tssa import CausalTSSAState, causal_tssa, causal_tssa_step
-from ..ops.tssa import tssa
 from ..ops.context_parallel import local_checks
+from ..ops.tssa import tssa
 from .context_parallel import ContextParallel
 from .registry import register_attention
 

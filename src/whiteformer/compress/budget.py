@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .flops import cp_qk_macs, irratt_qk_macs, mhsa_qk_macs, truncatt_qk_macs
 from .._checks import is_int, is_real
+from .flops import cp_qk_macs, irratt_qk_macs, mhsa_qk_macs, truncatt_qk_macs
 
 __all__ = ["qk_rank_for_budget", "rank_for_method"]
 

@@ -15,11 +15,11 @@ import torch.nn as nn
 
 from .._checks import check_int, is_int, normalize_ranks
 from .._utils import count_params
-from .layers import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt
 from . import flops
 from .btd import btd_ll1
 from .budget import qk_rank_for_budget, rank_for_method
 from .cp import cp
+from .layers import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt
 from .qk_vo import MHSASpec, mhsa_spec, qk_factors, vo_factors
 from .truncatt import allocate_ranks_spectral, head_spectra, truncatt
 from .whitening import Whitening
@@ -131,9 +131,10 @@ def compress_attention(attn: nn.Module, *, qk: Optional[str] = "truncatt",
         attn: the MHSA module (not modified).
         qk: "truncatt", "cp", "irratt", or None/"none" (QK kept exact).
         qk_rank: with ``protocol="flops"``: truncatt: per-head rank (int or H ints, <= F/H); cp: R
-            (<= H p = F: R = H p already represents the QK map exactly); irratt: the total rank (int, split over heads by ``rank_allocation``) or explicit
-            per-head ranks (H ints, each <= F/H). With ``protocol="rank"``: the total QK rank (int)
-            for every method (truncatt: total / H per head; cp: R = total; irratt: sum of L_h).
+            (<= H p = F: R = H p already represents the QK map exactly); irratt: the total rank (int,
+            split over heads by ``rank_allocation``) or explicit per-head ranks (H ints, each <= F/H).
+            With ``protocol="rank"``: the total QK rank (int) for every method (truncatt: total / H
+            per head; cp: R = total; irratt: sum of L_h).
         qk_flops_ratio: instead of ``qk_rank``. ``protocol="flops"`` (ours): each method gets its
             largest rank with QK MACs <= ratio x original (Sec. 3.4) for ``num_tokens`` tokens.
             ``protocol="rank"`` (the paper's Table 1): TruncAtt's rank r at that ratio fixes the

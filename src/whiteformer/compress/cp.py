@@ -28,9 +28,9 @@ from typing import Optional, Union
 
 import torch
 
+from .._checks import check_int
 from ._tensor import TensorLike, as_float64, check_tensor_like, mttkrp, norm_sq, unfolding_gram
 from .whitening import Whitening
-from .._checks import check_int
 
 __all__ = ["CPResult", "cp", "cp_als", "epc_correction", "cp_sensitivity", "cp_norm_sq"]
 

@@ -35,11 +35,19 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import (autocast_off, check_divisible, check_mask, check_probability, check_tokens_input, is_int,
-                       normalize_ranks, stats_dtype)
+from .._checks import (
+    autocast_off,
+    check_divisible,
+    check_mask,
+    check_probability,
+    check_tokens_input,
+    is_int,
+    normalize_ranks,
+    stats_dtype,
+)
 from .._utils import zero_padded
-from . import flops as _flops
 from ..attention.registry import register_attention
+from . import flops as _flops
 
 __all__ = ["CompressedAttention", "TruncAtt", "CPSlimAtt", "IrrAtt"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .flops import lowrank_linear_macs
 from .._checks import is_int
+from .flops import lowrank_linear_macs
 
 __all__ = ["LowRankLinear"]
 

@@ -12,9 +12,9 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
+from .._checks import is_int
 from .lowrank import LowRankLinear
 from .whitening import second_moment, whitening_factor
-from .._checks import is_int
 
 __all__ = ["compress_linear", "compress_mlp"]
 

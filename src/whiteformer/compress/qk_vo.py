@@ -23,8 +23,8 @@ from typing import Tuple
 import torch
 import torch.nn as nn
 
-from ._tensor import HeadFactors
 from .._checks import is_int
+from ._tensor import HeadFactors
 
 __all__ = ["MHSASpec", "mhsa_spec", "qk_factors", "vo_factors"]
 

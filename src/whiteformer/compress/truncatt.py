@@ -14,8 +14,8 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ._tensor import HeadFactors, TensorLike, as_float64, check_tensor_like, head_slice, norm_sq
 from .._checks import check_int, normalize_ranks
+from ._tensor import HeadFactors, TensorLike, as_float64, check_tensor_like, head_slice, norm_sq
 from .whitening import Whitening
 
 __all__ = ["TruncAttResult", "truncatt", "head_spectra", "allocate_ranks_spectral"]

@@ -18,8 +18,8 @@ from transformers import PretrainedConfig
 
 from .._checks import is_int
 from ..models import list_models
-from ..models.size import max_params
 from ..models.hf_remote import auto_map, write_remote_code
+from ..models.size import max_params
 
 __all__ = ["WhiteformerConfig", "ToSTLMConfig", "WhiteformerGPTConfig", "WhiteformerVisionConfig"]
 

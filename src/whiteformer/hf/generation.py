@@ -13,7 +13,8 @@ import torch
 
 from .._checks import is_int
 
-__all__ = ["check_generation_config", "check_prompt_mask", "check_user_cache", "kept_positions", "refuse_cache_implementation", "refuse_continuous_batching"]
+__all__ = ["check_generation_config", "check_prompt_mask", "check_user_cache", "kept_positions",
+           "refuse_cache_implementation", "refuse_continuous_batching"]
 
 #: the ``cache_implementation`` values a whiteformer model honours (``None``: the default)
 SUPPORTED_CACHE_IMPLEMENTATIONS = (None, "dynamic")

@@ -36,8 +36,12 @@ import torch
 import torch.nn as nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import (BaseModelOutputWithPast, BaseModelOutputWithPooling,
-                                           CausalLMOutputWithPast, ImageClassifierOutput)
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    BaseModelOutputWithPooling,
+    CausalLMOutputWithPast,
+    ImageClassifierOutput,
+)
 
 from .._checks import is_int
 from .._files import replace_folder
@@ -46,11 +50,16 @@ from ..models import create_model
 from ..models.checkpoint import check_file_dtypes
 from ..models.hf_remote import REMOTE_CODE_NAME, write_remote_code
 from .cache import WhiteformerCache
-from .generation import (check_generation_config, check_prompt_mask, check_user_cache, kept_positions,
-                         refuse_continuous_batching)
+from .configuration import ToSTLMConfig, WhiteformerConfig, WhiteformerGPTConfig, WhiteformerVisionConfig
+from .generation import (
+    check_generation_config,
+    check_prompt_mask,
+    check_user_cache,
+    kept_positions,
+    refuse_continuous_batching,
+)
 from .labels import check_classification_labels, check_lm_labels
 from .packing import mask_document_starts, packed_cu_seqlens
-from .configuration import ToSTLMConfig, WhiteformerConfig, WhiteformerGPTConfig, WhiteformerVisionConfig
 
 __all__ = ["WhiteformerPreTrainedModel", "ToSTModel", "ToSTForCausalLM", "WhiteformerGPTModel",
            "WhiteformerGPTForCausalLM", "WhiteformerVisionModel", "WhiteformerForImageClassification"]

@@ -21,13 +21,13 @@ import torch
 import torch.nn as nn
 from einops import rearrange
 
+from .._checks import check_finite_real, check_int, check_probability
 from ..attention.baselines import MSSA
+from ..layers import GradCheckpointMixin, PatchGrid, TimmFeatureMixin, resample_abs_pos_embed
 from ..layers.mlp import ISTA
 from .checkpoint import PretrainedMixin
-from ..layers import GradCheckpointMixin, PatchGrid, TimmFeatureMixin, resample_abs_pos_embed
 from .registry import build_with_defaults, register_model
 from .size import num_patches
-from .._checks import check_finite_real, check_int, check_probability
 
 __all__ = ["CRATE", "CRATEBlock", "CRATEPatchEmbed"]
 

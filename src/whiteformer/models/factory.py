@@ -22,8 +22,13 @@ import torch.nn as nn
 
 from ..layers import FeatureGetterNet
 from .checkpoint import CONFIG_NAME, PathLike, load_checkpoint, read_config
-from .hf_vit import (HF_VIT_MODEL_TYPES, convert_hf_vit_state_dict, init_kwargs_from_config, is_hf_vit_config,
-                     model_name_for)
+from .hf_vit import (
+    HF_VIT_MODEL_TYPES,
+    convert_hf_vit_state_dict,
+    init_kwargs_from_config,
+    is_hf_vit_config,
+    model_name_for,
+)
 from .registry import get_model_entry, list_models
 
 __all__ = ["create_model", "from_pretrained", "from_transformers_vit", "resolve_model_dir"]

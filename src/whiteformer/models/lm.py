@@ -36,19 +36,29 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .._checks import (can_read_values, check_cu_seqlens, check_divisible, check_finite_real, check_mask,
-                       check_positive_real, check_probability, is_int, is_real, stats_dtype)
+from .._checks import (
+    can_read_values,
+    check_cu_seqlens,
+    check_divisible,
+    check_finite_real,
+    check_mask,
+    check_positive_real,
+    check_probability,
+    is_int,
+    is_real,
+    stats_dtype,
+)
 from .._utils import apply_layer_scale, layer_scale_param
 from ..attention.causal import CausalAttention, CausalSelfAttention, KVCache
 from ..attention.context_parallel import ContextParallel
 from ..attention.tssa import CausalTSSA
+from ..layers import GradCheckpointMixin, feature_take_indices
 from ..ops.context_parallel import all_reduce_sum, chunk_layout, local_checks
 from ..ops.linear_cross_entropy import linear_cross_entropy
 from ..ops.packing import segment_positions, split_cu_seqlens
 from .checkpoint import PretrainedMixin
-from .size import mlp_width, transformer_params
-from ..layers import GradCheckpointMixin, feature_take_indices
 from .registry import build_with_defaults, register_model
+from .size import mlp_width, transformer_params
 
 __all__ = ["CausalLM", "ToSTLM", "GPTLM", "CausalSelfAttention", "KVCache", "LMState", "MIN_TEMPERATURE",
            "check_temperature"]

@@ -41,11 +41,10 @@ import torch.nn as nn
 
 from .. import attention as _attention
 from .._checks import as_keep_mask, can_read_values, check_divisible, check_mask, check_probability, is_int
-from ..layers import GradCheckpointMixin
-from ..layers import Mlp
+from ..layers import GradCheckpointMixin, Mlp
 from .checkpoint import PretrainedMixin
-from .size import transformer_params
 from .registry import build_with_defaults, register_model
+from .size import transformer_params
 from .vision import _attention_kwargs, check_attn_args
 
 __all__ = ["LRABlock", "LRAClassifier", "TABLE7", "TABLE7_OPTIM", "LRA_TASKS"]

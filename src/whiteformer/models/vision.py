@@ -56,13 +56,32 @@ import torch
 import torch.nn as nn
 
 from .. import attention as _attention
-from ..attention.context_parallel import ContextParallel
+from .._checks import (
+    check_divisible,
+    check_finite_real,
+    check_int,
+    check_positive_real,
+    check_probability,
+    check_tensor,
+    check_tokens_input,
+    is_int,
+)
 from .._utils import apply_layer_scale, layer_scale_param
-from .._checks import (check_divisible, check_finite_real, check_int, check_positive_real, check_probability,
-                       check_tensor, check_tokens_input, is_int)
-from ..layers import GradCheckpointMixin, TimmFeatureMixin, feature_take_indices, forward_intermediates, to_2tuple
+from ..attention.context_parallel import ContextParallel
+from ..layers import (
+    ISTA,
+    ClassAttentionBlock,
+    ConvPatchEmbed,
+    DropPath,
+    FourierPositionalEncoding,
+    GradCheckpointMixin,
+    Mlp,
+    TimmFeatureMixin,
+    feature_take_indices,
+    forward_intermediates,
+    to_2tuple,
+)
 from ..ops.context_parallel import group_chunk, local_checks
-from ..layers import ISTA, ClassAttentionBlock, ConvPatchEmbed, DropPath, FourierPositionalEncoding, Mlp
 from .checkpoint import PretrainedMixin
 from .registry import build_with_defaults, register_model
 from .size import mlp_width, transformer_params

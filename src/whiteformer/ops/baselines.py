@@ -11,13 +11,21 @@ float32 (also inside ``torch.autocast``); outputs are returned in the input dtyp
 """
 from __future__ import annotations
 
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .._checks import (autocast_off, check_finite_real, check_mask, check_nonempty, check_probability,
-                       check_same_device, check_tensor, is_real, stats_dtype)
+from .._checks import (
+    autocast_off,
+    check_finite_real,
+    check_mask,
+    check_nonempty,
+    check_probability,
+    check_same_device,
+    check_tensor,
+    is_real,
+    stats_dtype,
+)
 from .._utils import zero_padded
 from .context_parallel import all_reduce_max, all_reduce_sum, chunk_layout, local_checks
 

@@ -41,8 +41,15 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from .._checks import (autocast_off, check_mask, check_nonempty, check_probability, check_same_device, check_tensor,
-                       is_int)
+from .._checks import (
+    autocast_off,
+    check_mask,
+    check_nonempty,
+    check_probability,
+    check_same_device,
+    check_tensor,
+    is_int,
+)
 from .constants import PI_EPS  # added to the membership mass sum_n Pi_n (as TSSA)
 
 __all__ = ["dmsa", "sparsemax", "SPARSITY", "ACTIVATIONS", "GATE_ACTIVATIONS", "MODES", "check_dmsa_options"]

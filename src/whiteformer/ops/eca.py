@@ -35,8 +35,17 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import (autocast_off, check_eps, check_mask, check_nonempty, check_same_device, check_sketch_rank,
-                       check_tensor, is_int, stats_dtype)
+from .._checks import (
+    autocast_off,
+    check_eps,
+    check_mask,
+    check_nonempty,
+    check_same_device,
+    check_sketch_rank,
+    check_tensor,
+    is_int,
+    stats_dtype,
+)
 
 __all__ = [
     "orthonormal_basis",

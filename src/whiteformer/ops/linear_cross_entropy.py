@@ -17,8 +17,6 @@ the same three matmuls as the plain path (no recomputation). Softmax statistics 
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from .._checks import can_read_values, check_int, check_same_device, check_tensor

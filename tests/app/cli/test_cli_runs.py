@@ -9,18 +9,14 @@ import sys
 import time
 
 import pytest
-import torch
-import yaml
 
 import slow_steps
-
+from test_train import _one_thread  # noqa: F401  (autouse: one thread for the tiny models)
 from whiteformer import create_model
 from whiteformer.app.cli import main
+from whiteformer.app.schedule import warmup_cosine
 from whiteformer.app.train import TrainConfig, train
 from whiteformer.app.train.checkpoint import list_checkpoints
-from whiteformer.app.schedule import warmup_cosine
-
-from test_train import _one_thread  # noqa: F401  (autouse: one thread for the tiny models)
 
 SUBSPACES = ["--dataset", "subspaces", "data_args={num_train: 128, num_test: 32}", "--model", "tost_t12_p16",
              "model_args={patch_size: 2, embed_dim: 16, depth: 2, num_heads: 2, cls_attn_layers: 1}",

@@ -15,7 +15,6 @@ from whiteformer.app.data.mnist import read_idx
 from whiteformer.app.data.subspaces import sample_subspaces, subspace_bases
 
 
-
 def _existing(path: Path) -> Path:
     if not path.exists():
         pytest.skip(f"{path} not found (set WHITEFORMER_DATA_DIR to the folder holding it)")

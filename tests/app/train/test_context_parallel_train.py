@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
-from test_ddp import cli_args
 
-from whiteformer.app.train import TrainConfig, train
+from test_ddp import cli_args
 from whiteformer.app.config import ConfigError
+from whiteformer.app.train import TrainConfig, train
 
 pytestmark = [pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available"),
               pytest.mark.usefixtures("fused_kernel_built")]

@@ -72,9 +72,9 @@ def test_two_cpu_processes_match_one_process(tmp_path):
 
 
 def test_batch_must_split_evenly(tmp_path, monkeypatch):
+    from whiteformer.app.data import build_dataset
     from whiteformer.app.train.distributed import DistInfo
     from whiteformer.app.train.tasks import ClassificationTask
-    from whiteformer.app.data import build_dataset
 
     ds = build_dataset("subspaces", "train", num_train=64)
     with pytest.raises(ValueError, match="divisible by the number of processes 3"):

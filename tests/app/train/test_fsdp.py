@@ -11,11 +11,12 @@ import pytest
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
-from test_context_parallel_train import COMMON as CP_COMMON, MODEL_ARGS, SRC
-from test_ddp import cli_args
 
-from whiteformer.app.train import TrainConfig, train
+from test_context_parallel_train import COMMON as CP_COMMON
+from test_context_parallel_train import MODEL_ARGS, SRC
+from test_ddp import cli_args
 from whiteformer.app.config import ConfigError
+from whiteformer.app.train import TrainConfig, train
 
 pytestmark = [pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available"),
               pytest.mark.usefixtures("fused_kernel_built")]
@@ -125,8 +126,8 @@ def test_train_frees_the_sharded_model_before_the_process_group_goes(tmp_path):
 def test_fsdp_refuses_a_model_with_scalar_parameters_by_name():
     """FSDP2 cannot shard 0-dim parameters (ECAttention's alpha_raw / beta_raw): a ConfigError that names
     them and the way out, before any sharding (it was a ValueError from inside fully_shard)."""
-    from whiteformer.models import create_model
     from whiteformer.app.train.distributed import shard_model
+    from whiteformer.models import create_model
 
     model = create_model("eca_t", img_size=16, patch_size=4, depth=1, num_classes=3, embed_dim=32)
     with pytest.raises(ConfigError, match=r"--fsdp cannot shard .*blocks\.0\.attn\.alpha_raw.*without --fsdp"):

@@ -8,12 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from whiteformer.app.cli import main
-from whiteformer.app.train.checkpoint import list_checkpoints
-
 from test_faults_runs import SUBSPACES, one_error_line
 from test_no_data_loss import finished  # noqa: F401  (fixture: a finished 2-step run)
 from test_train import _one_thread  # noqa: F401  (autouse: one thread for the tiny models)
+from whiteformer.app.cli import main
+from whiteformer.app.train.checkpoint import list_checkpoints
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), 1e38])

@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from whiteformer.app.cli import main
-from whiteformer.app.train import TrainConfig, train
 from whiteformer.app.config import RUN_DEFINING, ConfigError
+from whiteformer.app.train import TrainConfig, train
 from whiteformer.app.train.rundir import LOCK_NAME, RUN_FILES
 
 RUN = ["--dataset", "subspaces", "data_args={num_train: 64, num_test: 16}", "--model", "tost_t12_p16",

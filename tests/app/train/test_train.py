@@ -9,19 +9,30 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
-from whiteformer.app.train import (CheckpointError, ConfigError, EvalConfig, GenerateConfig, TrainConfig, build_config,
-                               latest_checkpoint, load_training_checkpoint, save_checkpoint, train, verify_checkpoint)
+from whiteformer.app.config import parse_overrides
+from whiteformer.app.data import build_dataset
+from whiteformer.app.evaluate import evaluate, generate
+from whiteformer.app.schedule import warmup_cosine
+from whiteformer.app.train import (
+    CheckpointError,
+    ConfigError,
+    EvalConfig,
+    GenerateConfig,
+    TrainConfig,
+    build_config,
+    latest_checkpoint,
+    load_training_checkpoint,
+    save_checkpoint,
+    train,
+    verify_checkpoint,
+)
 from whiteformer.app.train.build import build_model
 from whiteformer.app.train.checkpoint import list_checkpoints, remove_stale_temporaries, rng_state, set_rng_state
-from whiteformer.app.config import parse_overrides
-from whiteformer.app.train.distributed import CPUSyncBatchNorm, convert_sync_batchnorm
+from whiteformer.app.train.distributed import CPUSyncBatchNorm, DistInfo, convert_sync_batchnorm
 from whiteformer.app.train.ema import ModelEMA
-from whiteformer.app.evaluate import evaluate, generate
 from whiteformer.app.train.optim import param_groups
-from whiteformer.app.schedule import warmup_cosine
 from whiteformer.app.train.tasks import ClassificationTask, seeded_generator
-from whiteformer.app.train.distributed import DistInfo
-from whiteformer.app.data import build_dataset
+
 
 @pytest.fixture(autouse=True)
 def _one_thread():

@@ -12,8 +12,8 @@ from typing import Optional
 
 import torch
 
-from .registry import check_split, register_dataset
 from .base import ArrayDataset, stratified_split
+from .registry import check_split, register_dataset
 
 __all__ = ["load_digits_arrays", "digits"]
 

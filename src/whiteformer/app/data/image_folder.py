@@ -14,10 +14,9 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .registry import register_dataset
 from .base import FileImageDataset, stratified_split
 from .images import read_image
-from .registry import check_data_dir
+from .registry import check_data_dir, register_dataset
 
 __all__ = ["image_folder", "read_image", "IMAGE_EXTENSIONS"]
 

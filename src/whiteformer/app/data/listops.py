@@ -24,8 +24,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .registry import check_split, register_dataset
 from .base import SequenceDataset
+from .registry import check_split, register_dataset
 
 __all__ = ["VOCAB", "OPS", "generate_expression", "evaluate", "tokenize", "listops"]
 

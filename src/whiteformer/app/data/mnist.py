@@ -10,15 +10,14 @@ usual MNIST statistics (mean 0.1307, std 0.3081); ``img_size`` resizes (e.g. 32 
 from __future__ import annotations
 
 import gzip
-import os
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import torch
 
-from .registry import check_data_dir, check_split, register_dataset
 from .base import ArrayDataset
+from .registry import check_data_dir, check_split, register_dataset
 
 __all__ = ["read_idx", "find_idx_file", "mnist"]
 

@@ -22,9 +22,9 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 
-from .registry import check_split, register_dataset
-from .base import SequenceDataset
 from ..._checks import is_int
+from .base import SequenceDataset
+from .registry import check_split, register_dataset
 
 __all__ = ["random_path", "generate_pathfinder", "pathfinder"]
 

@@ -26,10 +26,10 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from .registry import check_split, register_dataset
-from .base import SequenceDataset
-from .text import default_corpus_path, read_text
 from ..._checks import is_int
+from .base import SequenceDataset
+from .registry import check_split, register_dataset
+from .text import default_corpus_path, read_text
 
 __all__ = ["split_plays", "speeches", "plays", "play_pairs", "BYTE_VOCAB"]
 

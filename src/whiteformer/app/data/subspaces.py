@@ -17,8 +17,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from .registry import check_split, register_dataset
 from .base import ArrayDataset
+from .registry import check_split, register_dataset
 
 __all__ = ["subspace_bases", "sample_subspaces", "subspaces"]
 

@@ -6,8 +6,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch.nn as nn
 
-from ..data import build_dataset, check_dataset_args
 from ..config import ConfigError
+from ..data import build_dataset, check_dataset_args
 from .distributed import DistInfo
 from .tasks import Task, task_class
 

@@ -14,8 +14,8 @@ def user_error(err: BaseException) -> Optional[str]:
     import pickle
 
     from ...models.checkpoint import CheckpointFileError
-    from .checkpoint import CheckpointError
     from ..config import ConfigError
+    from .checkpoint import CheckpointError
 
     if isinstance(err, (ConfigError, CheckpointError, CheckpointFileError, ImportError, FloatingPointError)):
         return str(err)

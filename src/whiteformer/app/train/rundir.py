@@ -24,8 +24,8 @@ from typing import Callable, List, Optional
 
 from ..._files import is_stage, is_temporary
 from ...models.factory import RUN_EMA_MODEL_DIR, RUN_MODEL_DIR, RUN_STASH_PREFIX
-from .checkpoint import list_checkpoints, list_quarantined
 from ..config import ConfigError
+from .checkpoint import list_checkpoints, list_quarantined
 from .outputs import remove_entry
 
 __all__ = ["RunLock", "LOCK_NAME", "RUN_FILES", "FINAL_DIRS", "open_run_dir", "check_run_dir", "run_created",

@@ -4,12 +4,13 @@ evaluate and report; checkpoints resume across the three).
 
 One optimizer step: fetch the global batch of the step (this process's slice), forward (optional
 ``--precision`` bf16 / fp16 autocast, fp16 with gradient scaling), cross-entropy (label smoothing)
-or the LM loss, backward, gradient clipping, AdamW, warm-up + cosine LR, optional EMA. Every ``log_every`` steps the metrics go to the log; the
-model is evaluated every epoch (or ``eval_every`` steps) and checkpointed every ``ckpt_every``
-steps (or every epoch) and at the end. ``resume`` restores model, optimizer, scheduler, EMA, RNG
-states and the step from the newest valid checkpoint: since the data of a step depends only on
-``(seed, step)`` (see :mod:`.tasks`), a run killed at any moment and resumed ends with the same
-weights as an uninterrupted one (same seed, same number of processes, deterministic kernels).
+or the LM loss, backward, gradient clipping, AdamW, warm-up + cosine LR, optional EMA. Every
+``log_every`` steps the metrics go to the log; the model is evaluated every epoch (or
+``eval_every`` steps) and checkpointed every ``ckpt_every`` steps (or every epoch) and at the
+end. ``resume`` restores model, optimizer, scheduler, EMA, RNG states and the step from the
+newest valid checkpoint: since the data of a step depends only on ``(seed, step)`` (see
+:mod:`.tasks`), a run killed at any moment and resumed ends with the same weights as an
+uninterrupted one (same seed, same number of processes, deterministic kernels).
 
 Rank 0 alone writes logs, checkpoints, the final model and the report.
 """
@@ -30,22 +31,42 @@ import torch.nn as nn
 from ..._files import staged_folder
 from ...models.checkpoint import write_model_files
 from ...models.factory import RUN_EMA_MODEL_DIR, RUN_MODEL_DIR
+from ..config import (
+    RUN_DEFINING,
+    ConfigError,
+    TrainConfig,
+    amp_precision,
+    changed_run_options,
+    config_to_dict,
+    save_config,
+)
+from ..schedule import build_scheduler, extend_schedule
 from . import distributed as D
 from .build import build_datasets, build_model, check_names, describe, make_task
-from .checkpoint import (latest_checkpoint, list_checkpoints, list_quarantined, remove_stale_temporaries, rng_state,
-                         save_checkpoint, set_rng_state)
-
-from ..config import (RUN_DEFINING, ConfigError, TrainConfig, amp_precision, changed_run_options, config_to_dict,
-                            save_config)
+from .checkpoint import (
+    latest_checkpoint,
+    list_checkpoints,
+    list_quarantined,
+    remove_stale_temporaries,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from .ema import ModelEMA
+from .loop import check_finite_weights, train_step
 from .metrics import MetricsLogger, truncate_metrics
 from .optim import build_optimizer
-from ..schedule import build_scheduler
-from .loop import check_finite_weights, train_step
 from .outputs import say as _say
-from .rundir import (LOCK_NAME, check_run_dir, drop_stashes, no_intact_checkpoint, open_run_dir,
-                     remove_unfinished_finals, restore_stash, stash_run_files)
-from ..schedule import extend_schedule
+from .rundir import (
+    LOCK_NAME,
+    check_run_dir,
+    drop_stashes,
+    no_intact_checkpoint,
+    open_run_dir,
+    remove_unfinished_finals,
+    restore_stash,
+    stash_run_files,
+)
 from .signals import RunInterrupted, StopRequest
 from .tasks import seeded_generator, task_class, task_options
 
@@ -250,8 +271,12 @@ class Trainer:
         """The optimizer state of a checkpoint, written by one process (ids of the parameters) or
         under --fsdp (their names, ``torch.distributed.checkpoint``'s full state dict): either
         resumes either way. Under --fsdp the model's shards are set from the loaded whole model."""
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
-                                                             set_model_state_dict, set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         full = StateDictOptions(full_state_dict=True)
         by_name = any(isinstance(p, str) for g in saved.get("param_groups", []) for p in g.get("params", []))

@@ -61,8 +61,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .registry import fused_supported
 from .build import load_extension
+from .registry import fused_supported
 
 __all__ = ["tssa_fused", "causal_tssa_fused", "fused_supported"]
 

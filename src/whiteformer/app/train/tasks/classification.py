@@ -12,8 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...data.augment import Augment
 from ...config import ConfigError
+from ...data.augment import Augment
 from ..distributed import DistInfo, all_reduce_sum
 from .base import ReportContext, Task, seeded_generator
 

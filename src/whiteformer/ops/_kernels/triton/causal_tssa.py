@@ -45,8 +45,21 @@ from torch import Tensor
 
 from ...constants import PI_EPS, RATIO_EPS
 from . import _tiles
-from ._tiles import (acc_dtype, add_pi_sums, chunk_energy, chunk_program, div, load_go_pi, mask_u8, per_head,
-                     put_rows, rows, softmax_heads, sub_block, tl_acc)
+from ._tiles import (
+    acc_dtype,
+    add_pi_sums,
+    chunk_energy,
+    chunk_program,
+    div,
+    load_go_pi,
+    mask_u8,
+    per_head,
+    put_rows,
+    rows,
+    softmax_heads,
+    sub_block,
+    tl_acc,
+)
 
 __all__ = ["causal_tssa_triton"]
 
