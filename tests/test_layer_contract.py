@@ -116,6 +116,34 @@ def test_attn_mask_honoured_or_refused(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_padded_tokens_output_zero(name):
+    """A padded token's output is 0 (NaN in its input included), class attention's passed-through
+    tokens too; left, right and middle padding."""
+    layer = _build(name).double()
+    keep = torch.tensor([[1, 1, 1, 1, 0, 0, 0], [1, 0, 0, 1, 1, 1, 1], [1, 1, 0, 1, 0, 1, 1]], dtype=torch.bool)
+    x = torch.randn(3, 7, DIM, dtype=torch.float64).masked_fill(~keep[..., None], float("nan"))
+    y = layer(x, attn_mask=keep)
+    assert torch.isfinite(y).all() and not y[~keep].any()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_mask_on_another_device_is_named(name):
+    layer = _build(name)
+    x = torch.randn(2, 5, DIM)
+    with pytest.raises(ValueError, match="attn_mask must be on the input's device"):
+        layer(x, attn_mask=torch.ones(2, 5, dtype=torch.bool, device="meta"))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_empty_batch(name):
+    """B = 0, with and without a mask: an empty output."""
+    layer = _build(name)
+    x = torch.randn(0, 5, DIM)
+    assert layer(x).shape == (0, 5, DIM)
+    assert layer(x, attn_mask=torch.ones(0, 5, dtype=torch.bool)).shape == (0, 5, DIM)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_dim_not_divisible_by_heads(name):
     with pytest.raises(ValueError, match="num_heads"):
         build(name, 30, num_heads=HEADS, **LAYER_KWARGS.get(name, {}))

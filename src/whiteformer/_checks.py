@@ -69,13 +69,17 @@ def as_keep_mask(attn_mask, name: str = "attn_mask") -> torch.Tensor | None:
     return attn_mask != 0
 
 
-def check_mask(attn_mask, batch: int, tokens: int, name: str = "attn_mask") -> torch.Tensor | None:
+def check_mask(attn_mask, batch: int, tokens: int, name: str = "attn_mask",
+               device: torch.device | None = None) -> torch.Tensor | None:
     """Validate a (B, N) keep-mask (True / 1 = real token: bool, or 0/1 integers as ``transformers``
-    passes them, see :func:`as_keep_mask`); returns it as bool, or None."""
+    passes them, see :func:`as_keep_mask`), on ``device`` when given (the input's); returns it as
+    bool, or None."""
     if attn_mask is None:
         return None
     if not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"{name} must be a bool tensor of shape (B, N), got {type(attn_mask).__name__}")
+    if device is not None and attn_mask.device != device:
+        raise ValueError(f"{name} must be on the input's device ({device}), got {attn_mask.device}")
     attn_mask = as_keep_mask(attn_mask, name)
     if attn_mask.shape != (batch, tokens):
         raise ValueError(

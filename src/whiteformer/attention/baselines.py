@@ -69,7 +69,7 @@ class MHSA(nn.Module):
         """x (B, N, C), attn_mask (B, N) bool keep-mask (True = real token; padded keys are
         excluded, combined with ``causal``) -> y (B, N, C), 0 at padded tokens."""
         check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
-        keep = check_mask(attn_mask, x.shape[0], x.shape[1])
+        keep = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
         q, k, v = _split_qkv(self.qkv(zero_padded(x, keep)), self.num_heads)
         q, k = self.q_norm(q), self.k_norm(k)
         op = mhsa if self.fused_attn else mhsa_explicit
@@ -104,7 +104,7 @@ class XCA(nn.Module):
         """x (B, N, C), attn_mask (B, N) bool keep-mask (True = real token; padded tokens are left
         out of the p x p cross-covariance) -> y (B, N, C), 0 at padded tokens."""
         check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
-        keep = check_mask(attn_mask, x.shape[0], x.shape[1])
+        keep = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
         q, k, v = _split_qkv(self.qkv(zero_padded(x, keep)), self.num_heads)
         drop = self.attn_drop.p if self.training else 0.0
         y = xca(q, k, v, self.temperature, keep, dropout_p=drop)
@@ -154,7 +154,7 @@ class MSSA(nn.Module):
         """x (B, N, C), attn_mask (B, N) bool keep-mask (True = real token; padded keys are
         excluded) -> y (B, N, C), 0 at padded tokens."""
         check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
-        keep = check_mask(attn_mask, x.shape[0], x.shape[1])
+        keep = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
         w = rearrange(self.qkv(zero_padded(x, keep)), "b n (h p) -> b h n p", h=self.num_heads)
         drop = self.attn_drop.p if self.training else 0.0
         y = mssa(w, keep, scale=self.scale, dropout_p=drop)
@@ -167,7 +167,8 @@ class ClassAttention(ContextParallel, nn.Module):
     """Class attention of CaiT/XCiT (used by ToST's head): only the class token (token 0) queries.
 
     ``cls' = proj(softmax(q_0 k^T / sqrt(p)) v)`` over all N tokens; the output is
-    ``cat([cls', x[:, 1:]])``: tokens 1: are passed through unchanged. Not a token mixer.
+    ``cat([cls', x[:, 1:]])``: tokens 1: are passed through unchanged (a padded token's output is 0,
+    as for every layer). Not a token mixer.
     Parameter names as XCiT/ToST: ``qkv`` (3C, C) (bias ``qkv_bias``), ``proj`` (C, C) with bias.
     Shapes: x (B, N, C) -> (B, N, C). Context-parallel (``set_context_parallel(group)``): x is the
     class token followed by this rank's chunk of the tokens; the class token's output is the
@@ -187,13 +188,13 @@ class ClassAttention(ContextParallel, nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
         """x (B, N, C) with the class token at index 0, attn_mask (B, N) bool keep-mask (padded
-        keys excluded) -> (B, N, C): the updated class token, tokens 1: unchanged."""
+        keys excluded) -> (B, N, C): the updated class token, tokens 1: unchanged (0 at padded tokens)."""
         group = self.context_parallel_group
         with local_checks(group, x):  # split: a rank failing these stops every rank
             check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
-            keep = check_mask(attn_mask, x.shape[0], x.shape[1])
+            keep = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
         C = self.dim
-        tokens, x = x, zero_padded(x, keep)  # padded tokens take no part (tokens 1: pass through as given)
+        x = zero_padded(x, keep)  # padded tokens take no part, and their output is 0 (NaN included)
         # Only the class token needs a query: project it with the q rows of qkv, all tokens with k, v.
         w, b = self.qkv.weight, self.qkv.bias
         q = F.linear(x[:, :1], w[:C], None if b is None else b[:C])
@@ -205,4 +206,4 @@ class ClassAttention(ContextParallel, nn.Module):
         cls = self.proj_drop(self.proj(rearrange(cls, "b h n p -> b n (h p)")))
         if keep is not None:
             cls = zero_padded(cls, keep[:, :1])
-        return torch.cat([cls, tokens[:, 1:]], dim=1)
+        return torch.cat([cls, x[:, 1:]], dim=1)

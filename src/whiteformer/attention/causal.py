@@ -115,7 +115,7 @@ class CausalSelfAttention(nn.Module):
                 ) -> Tuple[torch.Tensor, KVCache]:
         """Like :meth:`forward`, also returning the key/value cache of the N tokens."""
         check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
-        attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
+        attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
         q, k, v = self._qkv(zero_padded(x, attn_mask))  # a padded token takes no part, NaN/inf included
         y = self._out(self._attend(q, k, v, attn_mask))
         return zero_padded(y, attn_mask), KVCache(k, v, attn_mask)

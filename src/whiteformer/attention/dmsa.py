@@ -69,7 +69,7 @@ class DMSA(nn.Module):
         gets the result of its sequence alone.
         """
         check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
-        attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
+        attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
         x = zero_padded(x, attn_mask)  # padded tokens take no part (NaN/inf there reach nothing)
         s = rearrange(self.qkv(x), "b n (h d) -> b h n d", h=self.num_heads)
         positions = None if attn_mask is None else (attn_mask.long().cumsum(dim=1) - 1).clamp_min(0)

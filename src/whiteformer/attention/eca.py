@@ -271,7 +271,7 @@ class ECAttention(nn.Module):
         check_tokens_input(x, "x", self.dim)
         check_input_device(x, next(self.parameters(), None))  # half inputs are fine (float32 statistics)
         B, N, _ = x.shape
-        attn_mask = check_mask(attn_mask, B, N)
+        attn_mask = check_mask(attn_mask, B, N, device=x.device)
         x = zero_padded(x, attn_mask)  # padded tokens take no part (NaN/inf there reach nothing)
         if return_pi and not self.use_compress:
             raise ValueError("return_pi=True needs the compression module (compress=False has no memberships)")

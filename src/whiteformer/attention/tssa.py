@@ -87,7 +87,7 @@ class TSSA(ContextParallel, nn.Module):
         with local_checks(self.context_parallel_group, x):  # split: a rank failing these stops every rank
             check_tokens_input(x, "x", self.dim, like=self.qkv.weight,
                                allow_no_tokens=self.context_parallel_group is not None)  # split: a chunk may be empty
-            attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
+            attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
         # padded tokens take no part: zeroed inputs (NaN/inf reach nothing), outputs 0 (not the bias)
         w = rearrange(self.qkv(zero_padded(x, attn_mask)), "b n (h d) -> b h n d", h=self.num_heads)
         out, pi = tssa(w, self.temp, attn_mask, return_pi=True, attn_drop=self.attn_drop, training=self.training,
@@ -140,7 +140,7 @@ class CausalTSSA(ContextParallel, nn.Module):
         with local_checks(self.context_parallel_group, x):  # split: a rank failing these stops every rank
             check_tokens_input(x, "x", self.dim, like=self.qkv.weight,
                                allow_no_tokens=self.context_parallel_group is not None)  # split: a chunk may be empty
-            attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
+            attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
         w = rearrange(self.qkv(zero_padded(x, attn_mask)), "b n (h d) -> b h n d", h=self.num_heads)
         out, pi, state = causal_tssa(w, self.temp, self.pos_bias, attn_mask, return_pi=True, return_state=True,
                                      attn_drop=self.attn_drop, training=self.training,

@@ -163,7 +163,7 @@ class CompressedAttention(nn.Module):
         (see the module docstring) applied to the low-rank values."""
         check_tokens_input(x, "x", self.dim, like=self.v.weight)
         B, N, _ = x.shape
-        keep = check_mask(attn_mask, B, N)
+        keep = check_mask(attn_mask, B, N, device=x.device)
         x = zero_padded(x, keep)  # padded tokens take no part (NaN/inf there reach nothing)
         sd = stats_dtype(x)
         proj = self._project(x)

@@ -294,7 +294,7 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         every sequence needs at least one real token (``whole=False``: checked by the caller)."""
         if attn_mask is None:
             return None
-        attn_mask = check_mask(attn_mask, idx.shape[0], idx.shape[1])
+        attn_mask = check_mask(attn_mask, idx.shape[0], idx.shape[1], device=idx.device)
         if whole and can_read_values() and not bool(attn_mask.any(dim=1).all()):
             raise ValueError("attn_mask has a sequence without any real token (an all-False row)")
         return attn_mask

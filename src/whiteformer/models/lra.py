@@ -235,7 +235,7 @@ class LRAClassifier(GradCheckpointMixin, PretrainedMixin, nn.Module):
         x = self.pos_drop(x + self.pos_embed[:, : x.shape[1]])
         if attn_mask is not None and can_read_values() and bool(attn_mask.all()):
             attn_mask = None  # nothing to hide: the layers' unmasked (fast) path
-        check_mask(attn_mask, b, x.shape[1])
+        check_mask(attn_mask, b, x.shape[1], device=x.device)
         for blk in self.blocks:
             x = self.run_block(blk, x, attn_mask=attn_mask)
         x = self.norm(x)

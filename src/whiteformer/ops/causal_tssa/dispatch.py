@@ -122,9 +122,10 @@ def causal_tssa(
         start, total, real = chunk_layout(w, group, attn_mask, same=[0 if pos_bias is None else pos_bias.shape[1]],
                                           same_name="cu_seqlens and pos_bias (its length T_max)")
         if isinstance(real, torch.Tensor):  # split rows: the limit is on each sequence's real tokens
-            total = int(real.max())
+            total = int(real.max()) if real.numel() else 0
     elif pos_bias is not None and attn_mask is not None and can_read_values():
-        total = int(attn_mask.sum(dim=-1).max())  # padding has no position: the limit is on the real tokens
+        # padding has no position: the limit is on the real tokens (none in an empty batch)
+        total = int(attn_mask.sum(dim=-1).max()) if attn_mask.shape[0] else 0
     if pos_bias is not None and total > pos_bias.shape[1]:
         raise ValueError(
             f"sequence length N = {total} exceeds the positional bias table length T_max = "
