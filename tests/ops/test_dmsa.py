@@ -81,6 +81,21 @@ def test_sparsemax_mask_equals_kept_entries_alone():
     assert torch.isfinite(z.grad).all() and (z.grad[~mask] == 0).all()
 
 
+def test_sparsemax_integer_mask_and_mask_errors_name_mask():
+    """A 0/1 integer mask means the bool one; a mask that does not broadcast to z, one holding
+    other values, or a float one is an error naming ``mask``."""
+    z = torch.randn(3, 7, dtype=torch.float64)
+    mask = torch.tensor([[1, 0, 1, 1, 0, 1, 1], [0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1]])
+    expected = sparsemax(z, mask=mask.bool())
+    for m in (mask, mask.int(), mask.to(torch.uint8)):
+        torch.testing.assert_close(sparsemax(z, mask=m), expected)
+    torch.testing.assert_close(sparsemax(z, mask=mask[:1].bool()), sparsemax(z, mask=mask[:1].bool().expand(3, 7)))
+    for bad, err in ((mask.bool()[:, :5], ValueError), (mask.bool()[:, :, None], ValueError),
+                     (mask * 2, ValueError), (mask.float(), TypeError)):
+        with pytest.raises(err, match="mask"):
+            sparsemax(z, mask=bad)
+
+
 # ----------------------------------------------------------------------------- operator vs reference
 
 

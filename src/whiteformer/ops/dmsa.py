@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from .._checks import (
+    as_keep_mask,
     autocast_off,
     check_mask,
     check_nonempty,
@@ -91,7 +92,7 @@ def sparsemax(z: torch.Tensor, dim: int = -1, mask: Optional[torch.Tensor] = Non
     Args:
         z: floating tensor.
         dim: the axis to normalise over.
-        mask: optional bool tensor broadcastable to z, True = entry takes part. Masked entries get
+        mask: optional bool (or 0/1 integer) tensor broadcastable to z, True / 1 = entry takes part. Masked entries get
             0 and do not affect the others (the result on the kept entries equals sparsemax of the
             kept entries alone); an axis with no kept entry gives all zeros.
     """
@@ -105,10 +106,17 @@ def sparsemax(z: torch.Tensor, dim: int = -1, mask: Optional[torch.Tensor] = Non
         raise ValueError(f"sparsemax over an empty dimension: z has size 0 along dim {dim} (shape "
                          f"{tuple(z.shape)}); the simplex of 0 entries is empty")
     if mask is not None:
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-            raise TypeError(f"mask must be a bool tensor broadcastable to z, got "
-                            f"{mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__}")
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(f"mask must be a bool (or 0/1 integer) tensor broadcastable to z, got "
+                            f"{type(mask).__name__}")
         check_same_device(z, "z", mask=mask)
+        mask = as_keep_mask(mask, "mask")
+        try:
+            fits = torch.broadcast_shapes(mask.shape, z.shape) == z.shape
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to z's shape {tuple(z.shape)}")
     z = z.movedim(dim, -1)
     n = z.shape[-1]
     # sparsemax is shift invariant: subtracting the (constant) max only improves rounding
