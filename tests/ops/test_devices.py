@@ -112,6 +112,6 @@ def test_sparsemax_arguments():
         sparsemax(torch.tensor(1.0))
     with pytest.raises(TypeError, match="z must be a floating tensor"):
         sparsemax(torch.ones(3, dtype=torch.long))
-    with pytest.raises(TypeError, match="mask must be a bool tensor"):
+    with pytest.raises(TypeError, match="mask must be a bool"):
         sparsemax(torch.randn(2, 3), mask=torch.ones(2, 3))
     torch.testing.assert_close(sparsemax(torch.tensor([2.0, 0.0, -1.0])), torch.tensor([1.0, 0.0, 0.0]))

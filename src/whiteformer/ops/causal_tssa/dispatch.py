@@ -22,6 +22,7 @@ from .._kernels import fused_supported, has_kernel, kernel_for
 from .._kernels.fused import causal_tssa_fused
 from ..context_parallel import chunk_layout, local_checks
 from ..packing import check_packed, from_padded, packed_layout, pads_little, segments, to_padded
+from ..scaling import beyond_kernel_range
 from .parallel import causal_tssa_parallel
 from .recurrent import causal_tssa_recurrent
 from .state import CausalTSSAState, check_state, position_logit_bias
@@ -78,7 +79,8 @@ def causal_tssa(
             of the unsplit op, forward and backward. Positions (``pos_bias``, the ``T_max`` limit
             on the whole length; with a mask, on each sequence's real tokens) are global. The sums of the earlier ranks'
             tokens come from an exclusive prefix over ranks of the per-rank totals (all-gathers
-            of (B, H, p) and (B, H, 1 + p) sums, independent of N;
+            of (B, H, p) and (B, H, 1 + p) sums and an all-reduce of the (B, H) input scales,
+            independent of N;
             :mod:`whiteformer.ops.context_parallel`). ``return_state`` gives
             the state after this rank's last token. Always the PyTorch path: the fused kernels
             (C++ CPU, Triton) start their prefix sums at zero and take no combined statistics.
@@ -95,6 +97,11 @@ def causal_tssa(
 
     Returns:
         out (B, H, N, p) in ``w``'s dtype, or a tuple ``(out, [pi], [state])`` in that order.
+
+    Any finite ``w`` gives a finite result: heads whose largest |w| exceeds 2^32 are rescaled by a
+    power of two before squaring (:mod:`whiteformer.ops.scaling`; on CPU such inputs take the
+    PyTorch path). The state's sums are in ``w``'s units and overflow the statistics dtype
+    (float32 for float32/half inputs) when they exceed its range (|w| ~ 1.8e19).
     """
     with local_checks(group, w):  # split: a rank failing these stops every rank (no wait in a collective)
         check_heads_input(w, allow_no_tokens=group is not None)  # split: a rank may hold no tokens
@@ -140,6 +147,8 @@ def causal_tssa(
         kernel = kernel_for("causal_tssa", w)
         if kernel is None and fused_supported(w):
             kernel = causal_tssa_fused
+        if kernel is not None and beyond_kernel_range(w):
+            kernel = None
     if kernel is not None:
         out, pi, *sums = kernel(w, temp, bias, attn_mask)
     else:

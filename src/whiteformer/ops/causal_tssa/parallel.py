@@ -19,7 +19,7 @@ rank's prefix sums, so every rank gets exactly its rows of the unsplit op.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -27,12 +27,13 @@ import torch.nn.functional as F
 from ..._checks import autocast_off, stats_dtype
 from ..constants import PI_EPS, RATIO_EPS
 from ..context_parallel import exclusive_prefix_sum
+from ..scaling import head_scale, scaled_eps
 
 __all__ = ["causal_tssa_parallel", "prefix_ratio"]
 
 
-def prefix_ratio(x2: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
-    """``x2 / max(E, RATIO_EPS)`` with ``E = before + x2`` the inclusive prefix energy, ``before``
+def prefix_ratio(x2: torch.Tensor, before: torch.Tensor, eps: Union[float, torch.Tensor] = RATIO_EPS) -> torch.Tensor:
+    """``x2 / max(E, eps)`` with ``E = before + x2`` the inclusive prefix energy, ``before``
     the exclusive one (the sum over the earlier tokens, an exclusive scan, not ``E - x2``).
 
     Written as ``1 - before / E``: the same value, but its gradient has no cancellation. In
@@ -43,8 +44,8 @@ def prefix_ratio(x2: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
     ``-x2 / E^2`` through ``before``.
     """
     energy = before + x2
-    ratio = 1.0 - before / energy.clamp_min(RATIO_EPS)
-    return torch.where(energy >= RATIO_EPS, ratio, x2 / RATIO_EPS)
+    ratio = 1.0 - before / energy.clamp_min(eps)
+    return torch.where(energy >= eps, ratio, x2 / eps)
 
 
 def causal_tssa_parallel(
@@ -86,13 +87,18 @@ def causal_tssa_parallel(
         x = w.to(sd)
         if attn_mask is not None:
             x = x.masked_fill(~attn_mask[:, None, :, None], 0.0)
+        # scaled by c (B, H, 1, 1), earlier tokens' energy included (whiteformer.ops.scaling)
+        earlier = None if initial is None else initial[0].to(sd).amax(dim=-1, keepdim=True).sqrt().unsqueeze(-1)
+        c = head_scale(x, (-2, -1), earlier, group)
+        x = x / c
+        c2 = (c * c).squeeze(-1)  # (B, H, 1)
         x2 = x * x
         before = torch.cat([torch.zeros_like(x2[:, :, :1]), x2[:, :, :-1]], dim=-2).cumsum(dim=-2)  # (B, H, N, p)
         if group is not None:
             before = before + exclusive_prefix_sum(before[:, :, -1] + x2[:, :, -1], group).unsqueeze(-2)
         if initial is not None:
-            before = before + initial[0].to(sd).unsqueeze(-2)
-        logits = prefix_ratio(x2, before).sum(dim=-1)  # (B, H, N)
+            before = before + (initial[0].to(sd) / c2).unsqueeze(-2)
+        logits = prefix_ratio(x2, before, scaled_eps(RATIO_EPS, c)).sum(dim=-1)  # (B, H, N)
         if logit_bias is not None:
             logits = logits + logit_bias.to(sd)
         pi = torch.softmax(logits * temp.to(sd), dim=1)  # over heads
@@ -106,9 +112,10 @@ def causal_tssa_parallel(
             sq_pi = sq_pi + prior[..., 1:].unsqueeze(-2)
         if initial is not None:
             mass = mass + initial[1].to(sd).unsqueeze(-1)
-            sq_pi = sq_pi + initial[2].to(sd).unsqueeze(-2)
-        gain = (1.0 + sq_pi / (mass + PI_EPS).unsqueeze(-1)).reciprocal()
+            sq_pi = sq_pi + (initial[2].to(sd) / c2).unsqueeze(-2)
+        gain = (c.reciprocal() + c * (sq_pi / (mass + PI_EPS).unsqueeze(-1))).reciprocal()  # c / (1 + dots)
         if drop_p > 0.0:
             gain = F.dropout(gain, p=drop_p, training=True)
         out = -(x * pi.unsqueeze(-1)) * gain
-    return out.to(w.dtype), pi.to(w.dtype), before[:, :, -1] + x2[:, :, -1], mass[:, :, -1], sq_pi[:, :, -1]
+    return (out.to(w.dtype), pi.to(w.dtype), (before[:, :, -1] + x2[:, :, -1]) * c2, mass[:, :, -1],
+            sq_pi[:, :, -1] * c2)

@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from ..._checks import autocast_off, stats_dtype
-from ..constants import PI_EPS
+from ..constants import PI_EPS, RATIO_EPS
 from ..packing import Segments, segment_cumsum, segment_gather, segment_sum
+from ..scaling import head_scale, scaled_eps
 from .parallel import prefix_ratio
 
 __all__ = ["causal_tssa_varlen"]
@@ -47,16 +48,20 @@ def causal_tssa_varlen(
     p = w.shape[-1]
     with autocast_off(w):
         x = w[0].to(sd)  # (H, total, p)
+        c = head_scale(x, (1, 2))  # (H, 1, 1), see whiteformer.ops.scaling
+        x = x / c
         x2 = x * x
-        logits = prefix_ratio(x2, segment_cumsum(x2, seg, exclusive=True)).sum(dim=-1)  # (H, total)
+        logits = prefix_ratio(x2, segment_cumsum(x2, seg, exclusive=True), scaled_eps(RATIO_EPS, c)).sum(dim=-1)
         if pos_bias is not None:
             logits = logits + p * segment_gather(pos_bias[:, :, 0], seg).to(sd)
         pi = torch.softmax(logits * temp.to(sd), dim=0)  # over heads
         sq = x2 * pi.unsqueeze(-1)
         mass = segment_cumsum(pi, seg)  # (H, total)
-        gain = (1.0 + segment_cumsum(sq, seg) / (mass + PI_EPS).unsqueeze(-1)).reciprocal()
+        gain = (c.reciprocal() + c * (segment_cumsum(sq, seg) / (mass + PI_EPS).unsqueeze(-1))).reciprocal()
         if drop_p > 0.0:
             gain = F.dropout(gain, p=drop_p, training=True)
         out = -(x * pi.unsqueeze(-1)) * gain
-        sums = tuple(segment_sum(v, seg).transpose(0, 1) for v in (x2, pi, sq))
+        c2 = c * c
+        sums = tuple(v.transpose(0, 1) for v in (segment_sum(x2, seg) * c2, segment_sum(pi, seg),
+                                                 segment_sum(sq, seg) * c2))
     return (out.unsqueeze(0).to(w.dtype), pi.unsqueeze(0).to(w.dtype)) + sums

@@ -10,6 +10,7 @@ from .._kernels import fused_supported, has_kernel, kernel_for
 from .._kernels.fused import tssa_fused
 from ..context_parallel import chunk_layout, local_checks
 from ..packing import check_packed, from_padded, packed_layout, pads_little, segments, to_padded
+from ..scaling import beyond_kernel_range
 from .parallel import tssa_parallel
 from .varlen import tssa_varlen
 
@@ -63,7 +64,9 @@ def tssa(
         out (B, H, N, p) in ``w``'s dtype; with ``return_pi``, ``(out, pi)`` with pi (B, H, N)
         (softmax over heads; 0 at padded tokens).
 
-    Under float16/bfloat16 (or autocast) all statistics are computed in float32. The formula is
+    Under float16/bfloat16 (or autocast) all statistics are computed in float32. Any finite ``w``
+    gives a finite result: heads whose largest |w| exceeds 2^32 are rescaled by a power of two
+    before squaring (:mod:`whiteformer.ops.scaling`; on CPU such inputs take the PyTorch path). The formula is
     :func:`.parallel.tssa_parallel`; :func:`whiteformer.ops.reference.tssa_reference` is the literal
     one.
     """
@@ -97,6 +100,8 @@ def tssa(
         kernel = kernel_for("tssa", w)
         if kernel is None and fused_supported(w):
             kernel = tssa_fused
+        if kernel is not None and beyond_kernel_range(w):
+            kernel = None
         out, pi = kernel(w, temp, attn_mask) if kernel is not None else tssa_parallel(w, temp, attn_mask)
     else:
         out, pi = tssa_parallel(w, temp, attn_mask, drop_p, normalize=normalize)

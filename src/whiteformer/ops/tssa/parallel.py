@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from ..._checks import autocast_off, stats_dtype
 from ..constants import NORM_EPS, PI_EPS
 from ..context_parallel import all_reduce_sum, broadcast_from_first
+from ..scaling import head_scale, scaled_eps
 
 __all__ = ["tssa_parallel"]
 
@@ -46,15 +47,18 @@ def tssa_parallel(
         if attn_mask is not None:
             # padded tokens: zero entries contribute nothing to any token sum below
             x = x.masked_fill(~attn_mask[:, None, :, None], 0.0)
+        c = head_scale(x, (-2, -1), group=group)  # (B, H, 1, 1), see whiteformer.ops.scaling
+        x = x / c
+        c = c.squeeze(-1)  # (B, H, 1)
         x2 = x * x  # (B, H, N, p)
         if normalize:
             energy = x2.sum(dim=-2)  # (B, H, p)
             if group is not None:
                 energy = all_reduce_sum(energy, group)
-            inv_energy = energy.clamp_min(NORM_EPS * NORM_EPS).reciprocal()
+            inv_energy = energy.clamp_min(scaled_eps(NORM_EPS * NORM_EPS, c)).reciprocal()
             logits = torch.einsum("bhnp,bhp->bhn", x2, inv_energy)
         else:
-            logits = x2.sum(dim=-1)
+            logits = x2.sum(dim=-1) * (c * c)
         pi = torch.softmax(logits * temp.to(sd), dim=1)  # over heads
         if attn_mask is not None:
             pi = pi.masked_fill(~attn_mask[:, None, :], 0.0)
@@ -64,7 +68,7 @@ def tssa_parallel(
             moments = all_reduce_sum(torch.cat([torch.einsum("bhn,bhnp->bhp", pi, x2), pi.sum(-1, keepdim=True)],
                                                dim=-1), group)
             dots = moments[..., :-1] / (moments[..., -1:] + PI_EPS)
-        gain = (1.0 + dots).reciprocal()
+        gain = (c.reciprocal() + c * dots).reciprocal()  # c / (1 + dots in w's units)
         if drop_p > 0.0 and group is None:
             gain = F.dropout(gain, p=drop_p, training=True)
         elif drop_p > 0.0:  # one mask for the tokens of every rank, as the unsplit op

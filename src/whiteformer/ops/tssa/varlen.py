@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from ..._checks import autocast_off, stats_dtype
 from ..constants import NORM_EPS, PI_EPS
 from ..packing import Segments, segment_sum
+from ..scaling import head_scale, scaled_eps
 
 __all__ = ["tssa_varlen"]
 
@@ -38,16 +39,18 @@ def tssa_varlen(
     sd = stats_dtype(w)
     with autocast_off(w):
         x = w[0].to(sd)  # (H, total, p)
+        c = head_scale(x, (1, 2))  # (H, 1, 1), see whiteformer.ops.scaling
+        x = x / c
         x2 = x * x
         if normalize:
-            inv_energy = segment_sum(x2, seg).clamp_min(NORM_EPS * NORM_EPS).reciprocal()  # (H, S, p)
+            inv_energy = segment_sum(x2, seg).clamp_min(scaled_eps(NORM_EPS * NORM_EPS, c)).reciprocal()  # (H, S, p)
             logits = (x2 * inv_energy.index_select(1, seg.ids)).sum(dim=-1)  # (H, total)
         else:
-            logits = x2.sum(dim=-1)
+            logits = x2.sum(dim=-1) * (c * c)[..., 0]
         pi = torch.softmax(logits * temp.to(sd), dim=0)  # over heads
         mass = segment_sum(pi, seg)  # (H, S)
         dots = segment_sum(x2 * pi.unsqueeze(-1), seg) / (mass + PI_EPS).unsqueeze(-1)  # (H, S, p)
-        gain = (1.0 + dots).reciprocal()
+        gain = (c.reciprocal() + c * dots).reciprocal()  # c / (1 + dots in w's units)
         if drop_p > 0.0:
             gain = F.dropout(gain, p=drop_p, training=True)
         out = -(x * pi.unsqueeze(-1)) * gain.index_select(1, seg.ids)

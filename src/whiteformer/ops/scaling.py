@@ -1,0 +1,56 @@
+"""Power-of-two rescaling of the TSSA statistics, so that squares of large inputs stay finite.
+
+The TSSA operators sum squares of ``w``; in float32 (the statistics dtype of bfloat16/float16
+too) ``w^2`` overflows for |w| > ~1.8e19 and the ratio inf / inf of the normalisation is NaN,
+although the operator is finite there. The memberships depend on ratios of energies only (scale
+invariant); with ``x = c x'`` the sums of squares are ``dots = c^2 dots'``, so::
+
+    out = -x Pi / (1 + dots) = -x' Pi / (1 / c + c dots')
+
+``c`` is a power of two (exact division) per batch row and head, 1 unless the head's largest
+|w| exceeds :data:`SAFE_MAX`: ordinary inputs run the unscaled formula unchanged.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+__all__ = ["SAFE_MAX", "beyond_kernel_range", "head_scale", "scaled_eps"]
+
+#: largest |w| left unscaled: sums of up to 2^60 squares of it stay below float32's range (2^128)
+SAFE_MAX = 2.0 ** 32
+
+
+def head_scale(x: torch.Tensor, dims: Sequence[int], extra: Optional[torch.Tensor] = None, group=None) -> torch.Tensor:
+    """The scale ``c`` of ``x`` (its reductions over ``dims`` kept as size-1 dims), detached: the
+    power of two at or below the largest |x|, or 1 when that is at most :data:`SAFE_MAX` (or not
+    finite). ``extra``: a magnitude of the same shape to include (e.g. the square root of earlier
+    tokens' sum of squares); ``group``: the largest over the ranks of a split sequence."""
+    if all(x.shape[d] for d in dims):
+        m = x.detach().abs().amax(dim=tuple(dims), keepdim=True)
+    else:  # no tokens (a rank's empty chunk): nothing to scale
+        m = x.new_zeros([1 if d in {i % x.dim() for i in dims} else n for d, n in enumerate(x.shape)])
+    if extra is not None:
+        m = torch.maximum(m, extra.detach())
+    if group is not None:
+        from .context_parallel import all_reduce_max
+
+        m = all_reduce_max(m, group)
+    big = torch.isfinite(m) & (m > SAFE_MAX)
+    return torch.where(big, torch.exp2(torch.floor(torch.log2(torch.where(big, m, torch.ones_like(m))))),
+                       torch.ones_like(m))
+
+
+def scaled_eps(eps: float, c: torch.Tensor) -> torch.Tensor:
+    """A clamp ``eps`` on sums of squares in the scaled units (``eps / c^2``), at least the dtype's
+    smallest normal number (so that its reciprocal stays finite)."""
+    return (eps / (c * c)).clamp_min(torch.finfo(c.dtype).tiny)
+
+
+def beyond_kernel_range(w: torch.Tensor) -> bool:
+    """Whether ``w`` is a CPU tensor holding some |w| > :data:`SAFE_MAX`: the fused CPU kernels
+    square ``w`` unscaled, so such inputs take the (rescaled) PyTorch path. Read in eager mode on
+    CPU only (elsewhere it would synchronise the device)."""
+    return (w.device.type == "cpu" and w.numel() > 0 and not torch.compiler.is_compiling()
+            and bool(w.detach().abs().amax() > SAFE_MAX))
