@@ -1,5 +1,5 @@
 """The package's layering, read from the source (ast, no imports run): no module imports a package of
-a higher layer (README "Layout"), no import cycles inside any package, and the attention
+a higher layer (docs/architecture.md), no import cycles inside any package, and the attention
 registry does not depend on what was imported first."""
 import ast
 import os
@@ -13,7 +13,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 PKG = SRC / "whiteformer"
 
-# Layer of each top-level package/module of whiteformer (README "Layout"): a module may import its
+# Layer of each top-level package/module of whiteformer (docs/architecture.md): a module may import its
 # own package and packages of a strictly lower layer only. Function-level (lazy) imports count too.
 LAYERS = {
     "_checks": 0,
@@ -109,7 +109,7 @@ def test_every_package_has_a_layer():
     tops = {_top(m) for m in MODULES}
     missing = sorted(tops - set(LAYERS))
     assert not missing, (f"whiteformer.{missing} have no layer in tests/test_import_layers.py LAYERS; add them "
-                         "(and to the README's Layout section)")
+                         "(and to docs/architecture.md)")
 
 
 def test_no_upward_imports():

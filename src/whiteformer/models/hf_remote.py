@@ -34,7 +34,7 @@ AUTO_CLASSES: Dict[str, Dict[str, str]] = {
 }
 
 _SOURCE = '''"""transformers entry point of a whiteformer model folder (written by whiteformer; see its
-README, "Using whiteformer from transformers"). The classes are whiteformer's own: this file runs
+docs/transformers.md). The classes are whiteformer's own: this file runs
 nothing else."""
 try:
     from whiteformer.hf import (  # noqa: F401
