@@ -48,7 +48,7 @@ ENVS: Dict[str, tuple] = {
 }
 DEFAULT_ENVS = ["torch2.11", "torch2.15"]
 OTHER = ["accelerate", "peft", "einops", "entmax", "numpy", "safetensors", "pyyaml", "tqdm", "ninja", "pytest",
-         "hypothesis", "tensorly"]
+         "hypothesis", "tensorly", "matplotlib"]
 GROUPS: Dict[str, List[str]] = {
     "ops": ["tests/ops/test_tssa.py", "tests/ops/test_causal_tssa.py", "tests/ops/test_dmsa.py",
             "tests/ops/test_eca.py", "tests/ops/test_baselines.py", "tests/ops/test_packing.py",
@@ -58,7 +58,12 @@ GROUPS: Dict[str, List[str]] = {
     "models": ["tests/models/test_lm.py", "tests/models/test_vision.py", "tests/models/test_lra.py",
                "-k", "build_and_forward or builds_and_forward or prefill_and_step or train_step or lra"],
     "hf": ["tests/hf/test_hf.py", "tests/hf/test_auto.py", "tests/hf/test_peft.py", "tests/hf/test_labels.py",
-           "tests/hf/test_generate_options.py", "tests/hf/test_lens.py"],
+           "tests/hf/test_generate_options.py", "tests/hf/test_lens.py", "tests/hf/test_training.py"],
+}
+# failures that come from running a CUDA build of torch on a machine without a GPU driver, not from whiteformer
+KNOWN = {
+    "test_caches_of_other_kinds_are_refused": "transformers' offloading DynamicCache creates a CUDA stream at "
+    "construction in some versions: a CUDA torch without a GPU driver fails there, before whiteformer runs",
 }
 GROUP_TIMEOUT_S = 1800
 
@@ -127,7 +132,9 @@ def parse_junit(path: Path) -> Dict[str, Any]:
         bad = case.find("failure") if case.find("failure") is not None else case.find("error")
         if bad is not None:
             msg = (bad.get("message") or "").splitlines()[0][:200] if bad.get("message") else ""
-            failing.append(f"{case.get('classname')}::{case.get('name')}: {msg}")
+            name = case.get("name") or ""
+            note = next((f" [{v}]" for k, v in KNOWN.items() if name.startswith(k)), "")
+            failing.append(f"{case.get('classname')}::{name}: {msg}{note}")
     passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
     return {"passed": passed, "failed": counts["failures"], "errors": counts["errors"], "skipped": counts["skipped"],
             "failing": failing}

@@ -148,7 +148,8 @@ def autocast_off(x: torch.Tensor):
     the dtype they are computed in (``stats_dtype``) under bf16/fp16 autocast; a no-op context
     on devices without autocast."""
     dev = x.device.type
-    if torch.amp.is_autocast_available(dev):
+    # cpu and cuda first: torch.compile of torch 2.11 cannot trace is_autocast_available
+    if dev in ("cpu", "cuda") or torch.amp.is_autocast_available(dev):
         return torch.autocast(device_type=dev, enabled=False)
     return contextlib.nullcontext()
 

@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers", reason="needs the hf extra: p
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForImageClassification  # noqa: E402
 
 import whiteformer  # noqa: E402
+from hf_versions import cache_of  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 TINY = dict(vocab_size=61, dim=32, depth=2, num_heads=4, max_len=64)
@@ -147,7 +148,7 @@ def test_lm_hidden_states_and_headless_model(model_type, name):
     torch.testing.assert_close(cached.hidden_states[1], lm(idx, use_cache=False, output_hidden_states=True)
                                .hidden_states[1])
     with torch.no_grad():  # tokens stepped from the cache: the columns of the whole sequence's states
-        step = lm(idx[:, :2], cache=cached.cache, output_hidden_states=True)
+        step = lm(idx[:, :2], cache=cache_of(cached), output_hidden_states=True)
         whole = lm(torch.cat([idx, idx[:, :2]], 1), use_cache=False, output_hidden_states=True)
     assert len(step.hidden_states) == TINY["depth"] + 1
     for h_step, h_whole in zip(step.hidden_states, whole.hidden_states):

@@ -11,6 +11,7 @@ pytest.importorskip("transformers", reason="needs the hf extra: pip install whit
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig  # noqa: E402
 
 import whiteformer.hf  # noqa: E402,F401
+from hf_versions import cache_of  # noqa: E402
 
 TINY = dict(vocab_size=61, dim=32, depth=2, num_heads=4, max_len=32)
 LM = {"whiteformer-tost-lm": "tost_lm_base", "whiteformer-gpt": "gpt_base"}
@@ -50,7 +51,7 @@ def test_prompt_cache_with_beams_and_several_return_sequences(model_type):
     model = _lm(model_type).double()
     idx = torch.randint(1, 61, (2, 6))
     with torch.no_grad():
-        cached = model(idx[:, :4], use_cache=True).cache
+        cached = cache_of(model(idx[:, :4], use_cache=True))
     for kw in (dict(num_beams=3, num_return_sequences=2), dict(do_sample=True, num_return_sequences=2)):
         kw = {**GREEDY, "max_new_tokens": 4, **kw}
         torch.manual_seed(0)
@@ -112,7 +113,7 @@ def test_logits_to_keep(model_type):
         torch.testing.assert_close(model(idx, logits_to_keep=2, **kw).logits, full[:, -2:])
     torch.testing.assert_close(model(idx, logits_to_keep=torch.tensor([0, 3])).logits, full[:, [0, 3]])
     torch.testing.assert_close(model(idx, logits_to_keep=0).logits, full)
-    cache = model(idx[:, :4], use_cache=True).cache  # tokens stepped from a cache
+    cache = cache_of(model(idx[:, :4], use_cache=True))  # tokens stepped from a cache
     torch.testing.assert_close(model(idx[:, 4:], cache=cache, logits_to_keep=1).logits, full[:, -1:],
                                rtol=1e-5, atol=1e-5)
     packed = model(idx[:1], position_ids=torch.tensor([[0, 1, 2, 0, 1, 2, 3]]), use_cache=False, logits_to_keep=3)
@@ -152,11 +153,11 @@ def test_prompt_cache_holding_the_whole_prompt_is_refused(model_type):
 
     model, idx = _lm(model_type), torch.randint(1, 61, (2, 6))
     with torch.no_grad():
-        whole = model(idx, use_cache=True).cache
-        longer = model(torch.cat([idx, idx], 1), use_cache=True).cache
+        whole = cache_of(model(idx, use_cache=True))
+        longer = cache_of(model(torch.cat([idx, idx], 1), use_cache=True))
     for cache, n in ((whole, 6), (longer, 12)):
         with pytest.raises(ValueError, match=rf"already holds {n} positions of this 6-position prompt"):
             model.generate(idx, cache=copy.deepcopy(cache), **GREEDY)
     with torch.no_grad():
-        prefix = model(idx[:, :5], use_cache=True).cache  # all but the last token: reused
+        prefix = cache_of(model(idx[:, :5], use_cache=True))  # all but the last token: reused
     assert torch.equal(model.generate(idx, cache=prefix, **GREEDY), model.generate(idx, **GREEDY))

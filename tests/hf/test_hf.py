@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageClas
 
 import whiteformer  # noqa: E402
 import whiteformer.hf  # noqa: E402,F401
+from hf_versions import cache_of  # noqa: E402
 from whiteformer.hf import WhiteformerCache  # noqa: E402
 
 TINY = dict(vocab_size=61, dim=32, depth=2, num_heads=4, max_len=64)
@@ -40,7 +41,7 @@ def test_forward_loss_is_shifted_cross_entropy(model_type):
     torch.testing.assert_close(out.logits, logits)
     want = F.cross_entropy(logits[:, :-1].reshape(-1, 61), labels[:, 1:].reshape(-1), ignore_index=-100)
     torch.testing.assert_close(out.loss, want)
-    assert isinstance(out.cache, WhiteformerCache) and out.cache.get_seq_length() == 9
+    assert isinstance(cache_of(out), WhiteformerCache) and cache_of(out).get_seq_length() == 9
 
 
 @pytest.mark.parametrize("model_type", list(LM))
@@ -95,7 +96,7 @@ def test_generate_restarts_from_a_prompt_cache(model_type):
     prefix[1, :2] = 0
     full = torch.cat([prefix, torch.randint(1, 61, (2, 3))], 1)
     with torch.no_grad():
-        cached = model(prefix, attention_mask=mask[:, :5], use_cache=True).cache
+        cached = cache_of(model(prefix, attention_mask=mask[:, :5], use_cache=True))
     want = model.generate(full, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
     got = model.generate(full, attention_mask=mask, past_key_values=copy.deepcopy(cached), max_new_tokens=4,
                          do_sample=False, pad_token_id=0)
@@ -107,7 +108,7 @@ def test_tost_cache_size_does_not_grow_gpt_cache_does():
     for model_type in LM:
         model = _lm(model_type, pos_emb=False, **({"pos_bias": False} if "tost" in model_type else {}))
         out = model(torch.randint(0, 61, (2, 5)), use_cache=True)
-        cache, first = out.cache, out.cache.nbytes()
+        cache, first = cache_of(out), cache_of(out).nbytes()
         for _ in range(40):  # (past_key_values is the older name of the cache argument)
             out = model(torch.randint(0, 61, (2, 1)), past_key_values=cache, use_cache=True)
         assert cache.get_seq_length() == 45
@@ -117,8 +118,8 @@ def test_tost_cache_size_does_not_grow_gpt_cache_does():
     first, last = sizes["whiteformer-gpt"]
     assert last == first * 45 // 5
     model, idx = _lm("whiteformer-tost-lm"), torch.randint(0, 61, (2, 5))
-    caches = [model.generate(idx, max_new_tokens=n, do_sample=False, pad_token_id=0,
-                             return_dict_in_generate=True).cache for n in (3, 30)]
+    caches = [cache_of(model.generate(idx, max_new_tokens=n, do_sample=False, pad_token_id=0,
+                                      return_dict_in_generate=True)) for n in (3, 30)]
     assert caches[1].get_seq_length() == 34 and caches[0].nbytes() == caches[1].nbytes()
 
 
@@ -236,7 +237,7 @@ def test_bad_input():
         model(torch.tensor([[1]]), cache=object())
     out = model(torch.tensor([[1, 2]]), use_cache=True)
     with pytest.raises(ValueError, match="must be real"):
-        model(torch.tensor([[3]]), attention_mask=torch.tensor([[1, 1, 0]]), cache=out.cache)
+        model(torch.tensor([[3]]), attention_mask=torch.tensor([[1, 1, 0]]), cache=cache_of(out))
     code = ("import sys; sys.modules['transformers'] = None\n"
             "try:\n    import whiteformer.hf\nexcept ImportError as e:\n    print(e)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}

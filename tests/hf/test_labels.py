@@ -12,6 +12,7 @@ pytest.importorskip("transformers", reason="needs the hf extra: pip install whit
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForImageClassification  # noqa: E402
 
 import whiteformer.hf  # noqa: E402,F401
+from hf_versions import cache_of  # noqa: E402
 
 TINY = dict(vocab_size=61, dim=32, depth=2, num_heads=4, max_len=16)
 LM = {"whiteformer-tost-lm": "tost_lm_base", "whiteformer-gpt": "gpt_base"}
@@ -47,7 +48,7 @@ def test_token_ids_outside_the_vocabulary_name_input_ids(model_type):
         with pytest.raises(TypeError, match="input_ids must be an integer tensor"):
             model(torch.tensor([[0.0, 1.0]]))
     model = AutoModelForCausalLM.from_config(config).eval()
-    cache = model(torch.tensor([[1, 2]]), use_cache=True).cache
+    cache = cache_of(model(torch.tensor([[1, 2]]), use_cache=True))
     with pytest.raises(ValueError, match=r"input_ids has token ids in \[61, 61\]"):  # a token stepped from a cache
         model(torch.tensor([[61]]), cache=cache)
 

@@ -12,6 +12,8 @@ saved either way loads either way. One ``model_type`` per family:
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Dict, Optional
 
 from transformers import PretrainedConfig
@@ -25,6 +27,14 @@ __all__ = ["WhiteformerConfig", "ToSTLMConfig", "WhiteformerGPTConfig", "Whitefo
 
 # keys of whiteformer's own config.json that are not configuration
 _OWN_FORMAT_KEYS = ("format", "architecture", "version")
+
+
+def _local_config_json(path) -> Any:
+    """The parsed ``config.json`` of a local model folder; None when there is none or it is not JSON."""
+    try:
+        return json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, TypeError, ValueError):
+        return None
 
 
 class WhiteformerConfig(PretrainedConfig):
@@ -55,7 +65,12 @@ class WhiteformerConfig(PretrainedConfig):
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
         """``PretrainedConfig.get_config_dict``; a ``config.json`` that is not a JSON object (an array,
         a number) is a ``ValueError`` naming it, not a ``TypeError`` from ``cls(**config)``."""
-        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+        try:
+            config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+        except TypeError:  # older transformers (5.17) index the loaded JSON before returning it
+            config_dict = _local_config_json(pretrained_model_name_or_path)
+            if config_dict is None or isinstance(config_dict, dict):
+                raise
         if not isinstance(config_dict, dict):
             raise ValueError(f"the config.json of {str(pretrained_model_name_or_path)!r} must hold a JSON object "
                              f"(model_name, init_kwargs, ...), got a {type(config_dict).__name__}")
