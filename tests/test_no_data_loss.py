@@ -670,7 +670,7 @@ def test_a_killed_overwrite_is_continued_by_resume_and_the_stash_named(finished,
     train(tiny_cfg(run, steps=4, ckpt_every=2, resume=True, seed=5))
     out = capsys.readouterr().out
     assert "waits in" in out and "deleted the replaced run's files" in out, out
-    assert not [p for p in run.iterdir() if p.name.startswith(".")  and p.name != LOCK_NAME]
+    assert not [p for p in run.iterdir() if p.name.startswith(".") and p.name != LOCK_NAME]
     assert (run / "final" / "model.safetensors").is_file()
 
 

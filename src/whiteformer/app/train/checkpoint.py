@@ -183,8 +183,9 @@ def verify_checkpoint(path) -> Dict[str, Any]:
     if not mpath.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: no {MANIFEST}")
     if mpath.stat().st_size > _MAX_MANIFEST_BYTES:
-        raise CheckpointError(f"checkpoint {str(path)!r}: its {MANIFEST} has {mpath.stat().st_size} bytes, more than a "
-                              f"manifest of a few files ever holds ({_MAX_MANIFEST_BYTES}); not a whiteformer checkpoint")
+        raise CheckpointError(f"checkpoint {str(path)!r}: its {MANIFEST} has {mpath.stat().st_size} bytes, more than "
+                              f"a manifest of a few files ever holds ({_MAX_MANIFEST_BYTES}); not a whiteformer "
+                              f"checkpoint")
     try:
         manifest = parse_bounded(lambda: json.loads(mpath.read_text(encoding="utf-8")))
     except ValueError as err:  # not JSON, not UTF-8, nested too deeply
