@@ -500,7 +500,7 @@ def _model_pair(folder):
 
 def _in_child(fn, kill_at=None, file_limit=None, only=""):
     """Run ``fn()`` in a forked process; it is killed (``os._exit``, no clean-up) at its ``kill_at``-th
-    rename (``os.rename``, ``os.replace`` or the atomic exchange; of a path holding ``only``), or writes
+    rename (``os.rename``, ``os.replace`` or the atomic exchange; of a name holding ``only``), or writes
     under a file-size limit (a full disk: ``EFBIG``). Returns its exit code: 0 done, 1 failed, 9 killed."""
     import resource
     import signal
@@ -516,7 +516,7 @@ def _in_child(fn, kill_at=None, file_limit=None, only=""):
 
                 def counting(real):
                     def wrapper(*a, **kw):
-                        calls[0] += any(only in str(p) for p in a)
+                        calls[0] += any(only in os.path.basename(str(p)) for p in a)
                         if calls[0] == kill_at:
                             os._exit(9)
                         return real(*a, **kw)
