@@ -403,7 +403,7 @@ def fused_section(results: Path, suffix: str = "") -> List[str]:
         "`w.clone()` runs at cache speed and the ratios measure passes and arithmetic, not DRAM traffic):",
         "",
         "* **TSSA forward**: 3 passes over w (feature energies; logits + softmax over heads + Pi-weighted "
-        "moments; output) and 1 write, about the minimum the issue names; ~2x a clone.",
+        "moments; output) and 1 write, about the minimum for this computation; ~2x a clone.",
         "* **Causal forward**: one scan per sequence, or (batch smaller than the thread count) chunks of 256 "
         "tokens in parallel with an extra pass for the chunk prefix sums. It was bound by two float divisions "
         "per element (prefix-energy ratio, output gain); AVX-512 float rows now use a reciprocal estimate + "

@@ -591,7 +591,7 @@ def _efficiency_row(f) -> tuple:
         text = ", ".join(f"{v:.1f}x ({k} allocator)" for k, v in sp.items())
         text += f"; multiply-add ratio 2 + n/d = {m['mac_ratio']:.1f}x"
         best = max(sp.values()) if sp else 0.0
-        return text, f"much faster: yes; the issue's 50x {'met' if best >= 50 else 'not met'} (best {best:.1f}x)"
+        return text, f"much faster: yes; the 50x target {'met' if best >= 50 else 'not met'} (best {best:.1f}x)"
     if fig == "DMSA Fig. 4":
         d = m["dmsa"]
         ok = d.get("memory") and d["memory"]["slope"] < 1.3
@@ -682,7 +682,7 @@ def plain_vit(out, verdicts):
     out.append(f"A user's own TinyViT: {m['patch_size']}x{m['patch_size']} patches of {m['img_size']}x{m['img_size']} "
                f"MNIST, width {m['dim']}, depth {m['depth']}, {m['num_heads']} heads, learned positions, pre-norm "
                f"`ViTBlock`s with MLP ratio 4; seed {c['seed']}, AdamW lr {t['lr']}, batch {t['batch_size']}, "
-               f"**first {c['train_limit']} training images, {t['epochs']} epochs** (the issue's setting was 10k images "
+               f"**first {c['train_limit']} training images, {t['epochs']} epochs** (the planned setting was 10k images "
                f"and 5 epochs; reduced for the shared 2-core CPU), tested on the first {c['test_limit']} test images. "
                "Readouts: a [CLS] token carried through the blocks, mean pooling, or "
                "`whiteformer.attention.ClassAttentionPool` after the blocks; LPI: XCiT's local patch interaction "
