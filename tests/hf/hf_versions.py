@@ -13,3 +13,11 @@ def activation_checkpointing(model) -> bool:
     if hasattr(type(model), "is_activation_checkpointing"):
         return model.is_activation_checkpointing
     return model.is_gradient_checkpointing
+
+
+def cache_arg(cache) -> dict:
+    """A prompt cache for ``generate``, under the name the installed ``transformers`` gives it:
+    ``cache=`` in recent versions, ``past_key_values=`` before (5.17 leaves ``cache=`` to the model)."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return {"cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values": cache}

@@ -11,7 +11,7 @@ pytest.importorskip("transformers", reason="needs the hf extra: pip install whit
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig  # noqa: E402
 
 import whiteformer.hf  # noqa: E402,F401
-from hf_versions import cache_of  # noqa: E402
+from hf_versions import cache_arg, cache_of  # noqa: E402
 
 TINY = dict(vocab_size=61, dim=32, depth=2, num_heads=4, max_len=32)
 LM = {"whiteformer-tost-lm": "tost_lm_base", "whiteformer-gpt": "gpt_base"}
@@ -57,7 +57,7 @@ def test_prompt_cache_with_beams_and_several_return_sequences(model_type):
         torch.manual_seed(0)
         want = model.generate(idx, **kw)
         torch.manual_seed(0)
-        got = model.generate(idx, cache=copy.deepcopy(cached), **kw)
+        got = model.generate(idx, **cache_arg(copy.deepcopy(cached)), **kw)
         assert got.shape == (4, 10) and torch.equal(got, want)
     with pytest.raises(ValueError, match="the cache holds the state of 2 sequences, input_ids has 3 rows"):
         model(torch.randint(1, 61, (3, 1)), cache=copy.deepcopy(cached))
@@ -93,13 +93,13 @@ def test_caches_of_other_kinds_are_refused():
     model, idx = _lm("whiteformer-tost-lm"), torch.randint(1, 61, (2, 4))
     for cache in (StaticCache(config=model.config, max_cache_len=16), DynamicCache(offloading=True)):
         with pytest.raises(ValueError, match=rf"cache={type(cache).__name__}.* is not supported.*WhiteformerCache"):
-            model.generate(idx, cache=cache, **GREEDY)
+            model.generate(idx, **cache_arg(cache), **GREEDY)
         with pytest.raises(ValueError, match=rf"cache={type(cache).__name__}.* is not supported"):
             model(idx, cache=cache)
     want = model.generate(idx, **GREEDY)
     mine = WhiteformerCache()
-    assert torch.equal(model.generate(idx, cache=mine, **GREEDY), want) and mine.get_seq_length() == 6
-    assert torch.equal(model.generate(idx, cache=DynamicCache(), **GREEDY), want)
+    assert torch.equal(model.generate(idx, **cache_arg(mine), **GREEDY), want) and mine.get_seq_length() == 6
+    assert torch.equal(model.generate(idx, **cache_arg(DynamicCache()), **GREEDY), want)
 
 
 @pytest.mark.parametrize("model_type", list(LM))
@@ -157,7 +157,7 @@ def test_prompt_cache_holding_the_whole_prompt_is_refused(model_type):
         longer = cache_of(model(torch.cat([idx, idx], 1), use_cache=True))
     for cache, n in ((whole, 6), (longer, 12)):
         with pytest.raises(ValueError, match=rf"already holds {n} positions of this 6-position prompt"):
-            model.generate(idx, cache=copy.deepcopy(cache), **GREEDY)
+            model.generate(idx, **cache_arg(copy.deepcopy(cache)), **GREEDY)
     with torch.no_grad():
         prefix = cache_of(model(idx[:, :5], use_cache=True))  # all but the last token: reused
-    assert torch.equal(model.generate(idx, cache=prefix, **GREEDY), model.generate(idx, **GREEDY))
+    assert torch.equal(model.generate(idx, **cache_arg(prefix), **GREEDY), model.generate(idx, **GREEDY))
