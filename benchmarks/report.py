@@ -20,8 +20,15 @@ from .attention_scaling import layer_macs
 from .common import fmt_bytes, fmt_time, fmt_tokens
 
 DOC = common.REPO_ROOT / "docs" / "benchmarks.md"
-# the page's prose, with ${placeholders} for the machine, the commands and the generated sections
-TEMPLATE = common.REPO_ROOT / "docs" / "templates" / "benchmarks.md"
+# the page's prose: markdown with ${placeholders} that this module fills (page.md: the frame, the others a
+# section's fixed paragraphs)
+TEMPLATES = common.REPO_ROOT / "docs" / "templates" / "benchmarks"
+
+
+def prose(name: str, **values: Any) -> List[str]:
+    """The lines of ``docs/templates/benchmarks/<name>.md`` with its placeholders filled, then a blank line."""
+    text = string.Template((TEMPLATES / f"{name}.md").read_text(encoding="utf-8")).substitute(values)
+    return text.rstrip("\n").split("\n") + [""]
 
 
 def _load(results: Path, name: str) -> Optional[Dict[str, Any]]:
@@ -85,28 +92,9 @@ def attention_section(att: Dict[str, Any], results: Path, suffix: str = "") -> L
 
     rows = att["rows"]
     cfg = att["config"]
-    out = [
-        "## 1. Attention scaling (ToST Fig. 1/6/7, DMST Fig. 4, ECA Fig. 2)",
-        "",
-        f"A stack of {cfg['depth']} attention layers (nothing else: no MLP, no norm; a residual `x + attn(x)` joins "
-        f"them, ECA layers contain theirs), batch 1, K = {cfg['heads']} heads, d = {cfg['dim']}; the token sweep "
-        f"n = {fmt_tokens(cfg['tokens'][0])} ... {fmt_tokens(cfg['tokens'][-1])} and the width sweep "
-        f"d = {', '.join(map(str, cfg['dims']))} at n = {cfg['dim_sweep_tokens']} (forward only; explicit-softmax MHSA "
-        "left out there: its n^2 softmax dominates at every d). Layers are built with "
-        "`whiteformer.attention.build(name, d, K)`; forward under `torch.no_grad()`, forward+backward = forward, "
-        "`mean().backward()`.",
-        "",
-        "Methods: `tssa` (ToST; dispatches to the fused C++ kernel when available, marked [fused kernel]), "
-        "`tssa_torch` (same layer with `WHITEFORMER_DISABLE_KERNELS=1`: the pure-PyTorch operator), `causal_tssa` "
-        "(`pos_bias=False`, so any length), `dmsa`, `eca` (paper defaults: rank 20, expansion and compression), "
-        "`eca_nochol` (ECA with the Cholesky orthonormalisation removed, the paper's Fig. 2 'w/o Cholesky' timing "
-        "ablation: the basis is the column-normalised sketch, skipping Gram matrix, Cholesky factor and triangular "
-        "solve; `whiteformer.ops.eca` has no option for this, so the benchmark replaces its `_basis` in that "
-        "child process only), `xca`, `mssa` (CRATE), `mhsa_sdpa` (`fused_attn = True`: "
-        "`F.scaled_dot_product_attention`, a flash-attention kernel on CPU, O(n) memory) and `mhsa_explicit` "
-        "(`fused_attn = False`: `softmax(q k^T) v`, materialises the n x n map).",
-        "",
-    ]
+    out = prose("attention", depth=cfg["depth"], heads=cfg["heads"], dim=cfg["dim"],
+                first_tokens=fmt_tokens(cfg["tokens"][0]), last_tokens=fmt_tokens(cfg["tokens"][-1]),
+                dims=", ".join(map(str, cfg["dims"])), dim_sweep_tokens=cfg["dim_sweep_tokens"])
     for m in att.get("merged", []):
         out += [f"Rows of {', '.join(f'`{x}`' for x in m['methods'])} ({', '.join(m['sweeps'])}) were re-measured "
                 f"after a change to that operator and merged into this run's table: `{m['command']}`, load "
@@ -280,30 +268,7 @@ def generation_section(gen: Dict[str, Any], results: Path, suffix: str = "") -> 
     from . import generation as G
 
     rows, summary = gen["rows"], gen["summary"]
-    out = [
-        "## 2. Causal generation (ToST Fig. 8)",
-        "",
-        "Per-token latency and memory of `tost_lm` recurrent generation (constant-size state: three (B, H, p) "
-        "running sums per layer) vs the softmax GPT baseline with a key/value cache, batch 1, at positions P = "
-        "1k ... 16k. Models: `tost_lm_base` / `gpt_base` with GPT-2-base dims (12 layers, 12 heads, D 768, "
-        "vocabulary 50304) and a small config (6 layers, 6 heads, D 384, same vocabulary), `pos_emb=False` (and "
-        "`pos_bias=False` for ToST) so that no length limit applies. The vocabulary projection (D x 50304) is "
-        "part of every step.",
-        "",
-        "Reaching position P: `real` = one parallel `prefill` of P random tokens; `extend` = a real prefill of 1024 "
-        "tokens, then the state is extended to P without computing it (GPT's KV cache tiled along time, ToST's "
-        "running sums scaled by P/1024 and its count set to P): a step then performs exactly the operations, on "
-        "the same shapes, as after a real prefill (timing does not depend on the values; denormals are flushed). "
-        "The small config uses `real`; GPT-2-base uses `extend` (a real 16k prefill of GPT-2-base takes minutes "
-        "here; `--prefill real` does it).",
-        "",
-        "All states (every position, both models) are held at once and the single-token steps run round-robin "
-        "over them (2 untimed rounds, then the timed ones), so **the ratios in the tables are measured side by "
-        "side**. Memory: the exact size of the generation state, and the peak RSS delta of one step.",
-        "",
-        G.tables(rows, summary),
-        "",
-    ]
+    out = prose("generation") + [G.tables(rows, summary), ""]
     p = results / f"generation{suffix}.png"
     if p.exists():
         out += [f"![generation](../{_rel(p)})", ""]
@@ -337,20 +302,8 @@ def compression_section(comp: Optional[Dict[str, Any]]) -> List[str]:
         return out + ["Pending the compression toolkit (`whiteformer.compress` has no layers yet).", ""]
     rows = comp["rows"]
     plan = comp["plan"]
-    out += [
-        "TruncAtt, CP SlimAtt and IrrAtt blocks (`whiteformer.compress`) vs the MHSA block they compress, at the "
-        f"target QK FLOPs ratios {', '.join(map(str, plan['ratios']))} (ranks from "
-        "`qk_rank_for_budget`, the paper's Sec. 3.4; IrrAtt's total rank split into irregular, linearly decreasing "
-        f"block ranks), DeiT-S and DeiT-B blocks, N = {plan['tokens']}, batch {plan['batch']}, forward, random "
-        "weights (latency does not depend on the values). VO is left uncompressed so that only QK differs. Both "
-        "execution paths: SDPA (`fused_attn = True`; IrrAtt with general head fusion has none) and explicit "
-        "matmuls (`fused_attn = False`, whose MACs are exactly the `whiteformer.compress.flops` counts). **All "
-        f"layers of a block were timed side by side** ({plan['rounds']} interleaved rounds, median), so the ratios "
-        "to MHSA share the same load.",
-        "",
-        C.tables(rows),
-        "",
-    ]
+    out += prose("compression", ratios=", ".join(map(str, plan["ratios"])), tokens=plan["tokens"],
+                 batch=plan["batch"], rounds=plan["rounds"]) + [C.tables(rows), ""]
     ex = [r for r in rows if r["path"] == "explicit" and r["layer"] != "mhsa"]
     irr_parts = []
     for path in ("sdpa", "explicit"):
@@ -398,24 +351,7 @@ def fused_section(results: Path, suffix: str = "") -> List[str]:
         out += [mod.table(data["results"]), ""]
     except Exception as e:  # noqa: BLE001 - the other benchmark's format may change
         out += [f"(table not rendered: {type(e).__name__}: {e}; see the JSON)", ""]
-    out += [
-        "Where the kernels' time goes (w of 16k x 8 x 48 floats is 25 MB, inside this CPU's 32 MB L3, so "
-        "`w.clone()` runs at cache speed and the ratios measure passes and arithmetic, not DRAM traffic):",
-        "",
-        "* **TSSA forward**: 3 passes over w (feature energies; logits + softmax over heads + Pi-weighted "
-        "moments; output) and 1 write, about the minimum for this computation; ~2x a clone.",
-        "* **Causal forward**: one scan per sequence, or (batch smaller than the thread count) chunks of 256 "
-        "tokens in parallel with an extra pass for the chunk prefix sums. It was bound by two float divisions "
-        "per element (prefix-energy ratio, output gain); AVX-512 float rows now use a reciprocal estimate + "
-        "one Newton step, which took it from ~4x to ~2x a clone. Double keeps exact division.",
-        "* **Backwards**: recompute from w, Pi and O(B H p) statistics (causal: from prefix sums saved every "
-        "256 tokens). The causal backward reads w 4 times and the output gradient 3 times and keeps a "
-        "per-chunk scratch of 1/E and d (256 tokens x 8 heads x 48 x 2 floats = 786 KB, near the 1 MB L2); "
-        "a `perf annotate` of it puts most samples right after the loads of those rows, and replacing its "
-        "divisions the same way as the forward gained only 5-10 % (so it was not kept). Fewer passes would "
-        "need a restructured backward.",
-        "",
-    ]
+    out += prose("fused_notes")
     return out
 
 
@@ -736,8 +672,8 @@ def render(results: Path, suffix: str = "") -> str:
     lines += gpu_section(results, suffix)
     lines += context_parallel_section(results, suffix)
     sections = "".join(line + "\n" for line in lines)
-    return string.Template(TEMPLATE.read_text(encoding="utf-8")).substitute(page_values(att, gen, comp),
-                                                                            sections=sections)
+    return string.Template((TEMPLATES / "page.md").read_text(encoding="utf-8")).substitute(
+        page_values(att, gen, comp), sections=sections)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Path:
