@@ -118,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fusion-constraints", action="store_true",
                    help="project head-fusion matrices onto {S >= 0, S S^T = I} after each step (Sec. 3.3)")
     p.add_argument("--latency-batch", type=int, default=None, help="measure latency before/after at this batch")
-    p.add_argument("--latency-runs", type=int, default=10)
+    p.add_argument("--latency-runs", type=int, default=10, help="timed runs of each model (interleaved)")
+    p.add_argument("--latency-threads", type=int, default=None,
+                   help="CPU threads while timing (default: torch's current count)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--out", required=True, help="output directory (compressed checkpoint + report): missing or "
@@ -137,6 +139,7 @@ def _check_counts(args: argparse.Namespace) -> None:
     for flag, v, low in (("--calib", args.calib, 0), ("--finetune-epochs", args.finetune_epochs, 0),
                          ("--batch-size", args.batch_size, 1), ("--latency-runs", args.latency_runs, 1),
                          ("--max-steps", args.max_steps, 1), ("--latency-batch", args.latency_batch, 1),
+                         ("--latency-threads", args.latency_threads, 1),
                          ("--num-tokens", args.num_tokens, 1)):
         if v is not None and v < low:
             raise ValueError(f"{flag} must be >= {low}, got {v}")
@@ -224,7 +227,7 @@ def _run(args: argparse.Namespace) -> int:
         vo_rank=args.vo_rank, mlp_rank=args.mlp_rank, calib=calib, fusion=args.fusion,
         rank_allocation=args.rank_allocation, protocol=args.protocol, blocks=args.blocks, num_tokens=args.num_tokens,
         seed=args.seed, latency_batch=args.latency_batch, latency_runs=args.latency_runs,
-        allow_growth=args.allow_growth)
+        latency_threads=args.latency_threads, allow_growth=args.allow_growth, progress=not args.quiet)
     report.extra["compression_time_s"] = time.perf_counter() - t0
     if task is not None:
         report.extra["accuracy"] = {"original": task.evaluate(model)["acc"], "compressed": task.evaluate(new)["acc"]}
@@ -245,10 +248,9 @@ def _run(args: argparse.Namespace) -> int:
         (stage / "compression_report.md").write_text(md, encoding="utf-8")
     say(md)
     lat = report.latency or {}
-    if lat.get("after_ms") and lat.get("before_ms") and lat["after_ms"] > lat["before_ms"]:
-        say(f"note: the compressed model is slower than the original here ({lat['after_ms']:.2f} ms vs "
-            f"{lat['before_ms']:.2f} ms at batch {lat.get('batch_size')}, {lat['before_ms'] / lat['after_ms']:.2f}x): "
-            f"fewer multiply-adds do not always mean less time")
+    if lat.get("speedup") is not None and lat["speedup"] < 1:
+        say(f"note: the compressed model is slower than the original here (x{lat['speedup']:.2f} at batch "
+            f"{lat.get('batch_size')}): fewer multiply-adds do not always mean less time")
     say(f"compressed checkpoint: {out} (load with create_model({name!r}, checkpoint_path={str(out)!r})); report: "
         f"{out / 'compression_report.md'}")
     return 0

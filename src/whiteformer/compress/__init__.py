@@ -44,10 +44,10 @@ __all__ = [
 ]
 
 # --- model-level compression (compress(), report, Sec. 3.3 constraints, latency) ---
-from .latency import measure_latency  # noqa: E402
+from .latency import compare_latency, measure_latency  # noqa: E402
 from .constraints import apply_fusion_constraints  # noqa: E402
 from .model import compress  # noqa: E402
 from .report import CompressionReport  # noqa: E402
 
 __all__ += ["compress", "CompressionReport", "apply_fusion_constraints", "apply_compression_spec",
-            "compression_spec", "measure_latency"]
+            "compression_spec", "measure_latency", "compare_latency"]

@@ -15,7 +15,7 @@ from typing import Sequence, Tuple, Union
 import torch
 
 __all__ = ["HeadFactors", "TensorLike", "check_tensor_like", "as_float64", "tensor_shape", "to_dense",
-           "norm_sq", "mttkrp", "unfolding_gram", "head_slice"]
+           "norm_sq", "mttkrp", "unfolding_gram", "head_slice", "StackedSlices"]
 
 
 @dataclass
@@ -150,3 +150,60 @@ def head_slice(Y: TensorLike, h: int) -> torch.Tensor:
     if isinstance(Y, HeadFactors):
         return Y.P[h] @ Y.K[h].T
     return Y[:, :, h]
+
+
+class StackedSlices:
+    """The contractions of one ALS sweep with all heads stacked, so that each is one GEMM.
+
+    Every slice is written ``Y[:, :, h] = P_h K_h^T``: thin factors (P_h (I x p), K_h (J x p)) for
+    :class:`HeadFactors`, ``P_h = Y[:, :, h]`` and ``K_h = I_J`` for a dense tensor. For CP factors
+    A (I x R), B (J x R), C (H x R) the three MTTKRPs of :func:`mttkrp` are then
+
+        mode 0: sum_h P_h ((K_h^T B) * c_h),  mode 1: sum_h K_h ((P_h^T A) * c_h),
+        mode 2: [h, r] -> sum_p (P_h^T A)[p, r] (K_h^T B)[p, r],
+
+    and the projections ``P^T A``, ``K^T B`` (H, p, R) are shared between the modes of a sweep.
+    """
+
+    def __init__(self, Y: TensorLike):
+        if isinstance(Y, HeadFactors):
+            H, I, p = Y.P.shape
+            J = Y.K.shape[1]
+            self.dense = None
+            self.Pf = Y.P.permute(1, 0, 2).reshape(I, H * p)  # (I, H p): [P_1, ..., P_H]
+            self.Kf = Y.K.permute(1, 0, 2).reshape(J, H * p)
+        else:
+            H = Y.shape[2]
+            self.dense = Y.permute(2, 0, 1).contiguous()  # (H, I, J)
+        self.H = H
+
+    def project_p(self, A: torch.Tensor) -> torch.Tensor:
+        """P_h^T A for every head: (H, p, R)."""
+        if self.dense is not None:
+            return self.dense.transpose(1, 2) @ A
+        return (self.Pf.T @ A).reshape(self.H, -1, A.shape[1])
+
+    def project_k(self, B: torch.Tensor) -> torch.Tensor:
+        """K_h^T B for every head: (H, p, R) (B itself, broadcast, for a dense tensor)."""
+        if self.dense is not None:
+            return B.expand(self.H, *B.shape)
+        return (self.Kf.T @ B).reshape(self.H, -1, B.shape[1])
+
+    def mttkrp0(self, KB: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
+        """sum_h P_h ((K_h^T B) * c_h): (I, R)."""
+        W = KB * C[:, None, :]
+        if self.dense is not None:
+            return (self.dense @ W).sum(0)
+        return self.Pf @ W.reshape(-1, W.shape[2])
+
+    def mttkrp1(self, PA: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
+        """sum_h K_h ((P_h^T A) * c_h): (J, R)."""
+        W = PA * C[:, None, :]
+        if self.dense is not None:
+            return W.sum(0)
+        return self.Kf @ W.reshape(-1, W.shape[2])
+
+    @staticmethod
+    def mttkrp2(PA: torch.Tensor, KB: torch.Tensor) -> torch.Tensor:
+        """sum_p (P_h^T A)[p, r] (K_h^T B)[p, r]: (H, R)."""
+        return (PA * KB).sum(1)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -35,8 +36,9 @@ from ..models.hf_vit import HF_VIT_MODEL_TYPES, init_kwargs_from_config, is_hf_v
 from .compress_block import BlockReport, compress_attention
 from .constraints import apply_fusion_constraints  # noqa: F401  (re-exported: whiteformer.compress.model)
 from .flops import count_flops, mhsa_qk_macs, mhsa_vo_macs
-from .latency import example_images, measure_latency
+from .latency import compare_latency, example_images
 from .layers import CompressedAttention
+from .progress import BlockProgress
 from .mlp import compress_mlp
 from .qk_vo import mhsa_spec
 from .report import CompressionReport
@@ -232,8 +234,9 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
              protocol: str = "flops",
              blocks: Optional[Sequence[int]] = None, num_tokens: Optional[int] = None, seed: int = 0,
              cp_kwargs: Optional[dict] = None, btd_kwargs: Optional[dict] = None,
-             latency_batch: Optional[int] = None, latency_runs: int = 5, latency_warmup: int = 1,
-             allow_growth: bool = False) -> Tuple[nn.Module, CompressionReport]:
+             latency_batch: Optional[int] = None, latency_runs: int = 10, latency_warmup: int = 2,
+             latency_threads: Optional[int] = None,
+             allow_growth: bool = False, progress: bool = True) -> Tuple[nn.Module, CompressionReport]:
     """Compress the attention (and optionally the MLPs) of a ViT / DeiT; ``model`` is left untouched.
 
     Args:
@@ -261,8 +264,13 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
         fusion, rank_allocation, seed, cp_kwargs, btd_kwargs: see :func:`compress_attention`.
         blocks: indices of the blocks to compress (default all).
         num_tokens: N for the rank budget and the MACs (default: the model's patches + prefix tokens).
-        latency_batch: if given, measure the latency before/after (median of ``latency_runs`` runs
-            after ``latency_warmup``) on a random batch of that size.
+        latency_batch: if given, measure the latency of the original and the compressed model on a
+            random batch of that size, interleaved (:func:`~.latency.compare_latency`: ``latency_warmup``
+            untimed runs of each, then ``latency_runs`` timed pairs, on ``latency_threads`` CPU threads,
+            default the current count): medians and interquartile ranges, and the speed-up only when
+            the ranges do not overlap.
+        progress: show progress, one step per compressed block (block i/n, QK rank, QK relative
+            error): a tqdm bar when stderr is a terminal, else one line per block on stderr.
         allow_growth: accept ranks that make a block's attention (QK + VO MACs at ``num_tokens``) or
             an MLP linear cost more than the original (e.g. a large CP rank, whose head expansion
             costs ``N H R``); by default such a compression raises ``ValueError`` naming the block.
@@ -316,9 +324,12 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
     new = copy.deepcopy(model)
     reports: Dict[int, BlockReport] = {}
     entries: Dict[int, dict] = {}
+    seconds: Dict[int, float] = {}
+    bar = BlockProgress(len(idx), enabled=bool(progress))
     for i in idx:
         blk = new.blocks[i]
         entry: dict = {}
+        t0 = time.perf_counter()
         try:
             if do_attn:
                 layer, rep = compress_attention(
@@ -334,8 +345,14 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
                 blk.mlp = compress_mlp(blk.mlp, r, calib=inputs.get(i, {}).get("mlp"), allow_growth=allow_growth)
                 entry["mlp"] = mlp_spec(blk.mlp)
         except (TypeError, ValueError) as err:
+            bar.close()
             raise type(err)(f"block {i}: {err}") from err
         entries[i] = entry
+        seconds[i] = time.perf_counter() - t0
+        rep = reports.get(i)
+        bar.update(i, rep.method if rep else None, rep.qk_total_rank if rep else None,
+                   rep.qk_rel_error if rep and rep.method != "none" else None, seconds[i])
+    bar.close()
     record_compression_spec(new, entries)
 
     flops_new, attn_new = model_flops(new, x)
@@ -344,6 +361,7 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
         row = _block_entry(i, model.blocks[i].attn, reports.get(i), N)
         row["attn_flops"], row["attn_flops_orig"] = attn_new[i], attn_orig[i]
         row["mlp_rank"] = None
+        row["seconds"] = seconds.get(i)
         if "mlp" in entries.get(i, {}):
             row["mlp_rank"] = [entries[i]["mlp"]["fc1_rank"], entries[i]["mlp"]["fc2_rank"]]
             row["compressed"] = True
@@ -352,11 +370,7 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
     latency = None
     if latency_batch is not None:
         xb = example_images(model, latency_batch)
-        before = measure_latency(model, xb, runs=latency_runs, warmup=latency_warmup)
-        after = measure_latency(new, xb, runs=latency_runs, warmup=latency_warmup)
-        latency = {"batch_size": latency_batch, "device": before["device"], "runs": latency_runs,
-                   "before_ms": before["median_ms"], "after_ms": after["median_ms"],
-                   "speedup": before["median_ms"] / max(after["median_ms"], 1e-12)}
+        latency = compare_latency(model, new, xb, runs=latency_runs, warmup=latency_warmup, threads=latency_threads)
 
     config = {"qk": qk, "qk_rank": qk_rank, "qk_flops_ratio": qk_flops_ratio, "vo": vo, "vo_rank": vo_rank,
               "mlp_rank": mlp_rank, "calib": None if calib is None else list(calib.shape), "fusion": fusion,

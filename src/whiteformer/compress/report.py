@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
+from .latency import latency_verdict
 from .._utils import to_jsonable
 
 __all__ = ["CompressionReport"]
@@ -26,7 +27,8 @@ class CompressionReport:
         params, params_orig: parameters of the whole model after / before.
         flops, flops_orig: FLOPs of one image through the whole model (flop counter).
         mhsa_flops, mhsa_flops_orig: FLOPs of the attention modules only (summed over blocks).
-        latency: optional ``{"batch_size", "before_ms", "after_ms", "speedup", ...}``.
+        latency: optional :func:`~.latency.compare_latency` result (``before_ms``/``after_ms`` medians,
+            ``*_iqr_ms`` interquartile ranges, ``speedup`` or None when the ranges overlap, ...).
         extra: free-form results added by callers (e.g. fine-tuning accuracies).
     """
 
@@ -126,8 +128,7 @@ class CompressionReport:
                  f"{100 * self.qk_macs_ratio:.1f} %."]
         if self.latency:
             lat = self.latency
-            lines += ["", f"Latency (batch {lat['batch_size']}, {lat['device']}, median of {lat['runs']} runs): "
-                          f"{lat['before_ms']:.2f} ms -> {lat['after_ms']:.2f} ms (x{lat['speedup']:.2f})."]
+            lines += ["", latency_line(lat)]
         for k, v in self.extra.items():
             if isinstance(v, Mapping):
                 items = ", ".join(f"{a} = {b:.4g}" if isinstance(b, float) else f"{a} = {b}" for a, b in v.items())
@@ -145,3 +146,14 @@ class CompressionReport:
 
 def _fmt_err(v) -> str:
     return "n/a" if v is None else f"{v:.4f}"
+
+
+def latency_line(lat: dict) -> str:
+    """The latency sentence of the report: both medians with their IQRs, then the verdict."""
+    def ms(key: str) -> str:
+        lo, hi = lat[f"{key}_iqr_ms"]
+        return f"{lat[f'{key}_ms']:.2f} ms (IQR {lo:.2f}-{hi:.2f})"
+
+    return (f"Latency (batch {lat['batch_size']}, {lat['device']}, {lat['threads']} threads, {lat['runs']} runs of "
+            f"each interleaved after {lat['warmup']} warm-up): original {ms('before')}, compressed {ms('after')}; "
+            f"{latency_verdict(lat)}.")
