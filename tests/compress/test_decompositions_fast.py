@@ -7,14 +7,13 @@ import math
 import pytest
 import torch
 
+from test_decompositions import planted_btd  # the planted BTD tensor of the reference tests
 from whiteformer.compress import HeadFactors, Whitening, btd_ll1, compress, cp
 from whiteformer.compress._tensor import StackedSlices, mttkrp
 from whiteformer.compress.cp_fast import grid_lambda
 from whiteformer.compress.cp_reference import bisect_lambda
 from whiteformer.compress.progress import BlockProgress
 from whiteformer.models import create_model
-
-from test_decompositions import planted_btd  # the planted BTD tensor of the reference tests
 
 DT = torch.float64
 

@@ -38,8 +38,8 @@ from .constraints import apply_fusion_constraints  # noqa: F401  (re-exported: w
 from .flops import count_flops, mhsa_qk_macs, mhsa_vo_macs
 from .latency import compare_latency, example_images
 from .layers import CompressedAttention
-from .progress import BlockProgress
 from .mlp import compress_mlp
+from .progress import BlockProgress
 from .qk_vo import mhsa_spec
 from .report import CompressionReport
 from .surgery import layer_spec, mlp_spec, record_compression_spec

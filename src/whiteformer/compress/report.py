@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-from .latency import latency_verdict
 from .._utils import to_jsonable
+from .latency import latency_verdict
 
 __all__ = ["CompressionReport"]
 
