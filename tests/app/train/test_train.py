@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -322,6 +323,26 @@ def test_language_model_training_eval_and_generate(tmp_path):
     # past the context limit the context is cropped (as GPT), so long generations work
     (long,) = generate(GenerateConfig(checkpoint=str(run), prompt="KING", max_new_tokens=200))
     assert long.startswith("KING") and len(long) == 204
+
+
+def test_progress_line_shows_the_loss_of_its_own_window(tmp_path, capsys):
+    # Evaluating every 2 steps while logging every 10: each line's train loss is the mean of the
+    # steps since the previous line, not the last 10-step log record repeated.
+    lm = dict(model="tost_lm_base", model_args={"dim": 16, "depth": 1, "num_heads": 2}, dataset="text", steps=14,
+              batch_size=4, block_size=16, eval_batches=1, eval_every=2)
+    train(tiny_cfg(tmp_path, out=str(tmp_path / "per_step"), log_every=1, **lm))
+    from whiteformer.app.train.metrics import read_metrics
+
+    per_step = {r["step"]: r["train_loss"] for r in read_metrics(tmp_path / "per_step" / "metrics.jsonl")
+                if "train_loss" in r}
+    capsys.readouterr()
+    train(tiny_cfg(tmp_path, out=str(tmp_path / "windowed"), log_every=10, **lm))
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("step ")]
+    shown = {int(m.group(1)): float(m.group(2)) if m.group(2) else None
+             for m in (re.match(r"step (\d+)/\d+(?: \| train loss ([\d.]+))?", ln) for ln in lines)}
+    assert sorted(shown) == list(range(2, 15, 2))
+    want = {step: round((per_step[step - 1] + per_step[step]) / 2, 4) for step in shown}
+    assert shown == pytest.approx(want, abs=2e-4)
 
 
 # ----------------------------------------------------------------------------- BatchNorm conversion

@@ -406,10 +406,11 @@ class Trainer:
     def _loop(self, logger, pbar, stop, t_seg: float, t_ckpt: float) -> Dict[str, float]:
         cfg, task, dev = self.cfg, self.task, self.dist.device
         model = self.model
-        acc = torch.zeros(3, dtype=torch.float64, device=dev)  # loss * n, correct, n
+        acc = torch.zeros(3, dtype=torch.float64, device=dev)  # loss * n, correct, n since the last log record
+        line_acc = torch.zeros(3, dtype=torch.float64, device=dev)  # the same since the last progress line
         t_int, n_int = time.perf_counter(), 0
+        t_line, n_line = t_int, 0
         last_eval: Dict[str, float] = {}
-        train_line: Dict[str, Any] = {}
         for step in range(self.start_step, self.total_steps):
             loss, st, lr = train_step(model, task, self.optimizer, step, clip_grad=cfg.clip_grad,
                                       scheduler=self.scheduler, post_step=self.post_step, hook_model=self.module,
@@ -418,10 +419,12 @@ class Trainer:
                 self.ema.update(self.module)
             done = step + 1
             cnt = st["count"].double()
-            acc[0] += loss.detach().double() * cnt
-            acc[1] += st.get("correct", torch.zeros((), device=dev)).double()
-            acc[2] += cnt
+            stats = torch.stack([loss.detach().double() * cnt, st.get("correct", torch.zeros((), device=dev)).double(),
+                                 cnt])
+            acc += stats
+            line_acc += stats
             n_int += cfg.batch_size
+            n_line += cfg.batch_size
             if pbar is not None:
                 pbar.update(1)
             if done % cfg.log_every == 0 or self._epoch_end(done) or done == self.total_steps:
@@ -432,10 +435,8 @@ class Trainer:
                                              f"enable gradient clipping (--clip-grad 1.0)")
                 now = time.perf_counter()
                 rec = {"step": done, "epoch": round(done / self.steps_per_epoch, 4), "lr": lr,
-                       "train_loss": mean_loss, "samples_per_s": n_int / max(now - t_int, 1e-9)}
-                rec.update(task.train_metrics({"correct": tot[1].item(), "count": tot[2].item()}))
+                       "train_loss": mean_loss, **self._window_metrics(tot, n_int / max(now - t_int, 1e-9))}
                 logger.log(rec)
-                train_line = rec
                 if pbar is not None:
                     post = {"loss": f"{mean_loss:.3f}"}
                     if "train_acc" in rec:
@@ -447,6 +448,10 @@ class Trainer:
                 acc.zero_()
                 t_int, n_int = now, 0
             if self._should_eval(done):
+                tot, now = D.all_reduce_sum(line_acc.clone()), time.perf_counter()
+                train_line = self._window_metrics(tot, n_line / max(now - t_line, 1e-9))
+                line_acc.zero_()
+                t_line, n_line = now, 0
                 last_eval = task.evaluate(self._eval_model())
                 logger.log({"step": done, "epoch": round(done / self.steps_per_epoch, 4),
                             **{f"eval_{k}": v for k, v in last_eval.items()}})
@@ -466,8 +471,17 @@ class Trainer:
                                      f"--resume`", signum)
         return last_eval
 
+    def _window_metrics(self, tot: torch.Tensor, samples_per_s: float) -> Dict[str, Any]:
+        """Training metrics of a window from its summed ``(loss * n, correct, n)`` (empty when it has no step)."""
+        if tot[2].item() <= 0:
+            return {}
+        rec = {"train_loss": (tot[0] / tot[2]).item(), "samples_per_s": samples_per_s}
+        rec.update(self.task.train_metrics({"correct": tot[1].item(), "count": tot[2].item()}))
+        return rec
+
     def _progress_line(self, done: int, train: Dict[str, Any], ev: Dict[str, float]) -> str:
-        """One line per evaluation (every epoch by default) when there is no progress bar."""
+        """One line per evaluation (every epoch by default) when there is no progress bar; ``train``
+        holds the training metrics of the steps since the previous line."""
         parts = [f"epoch {done / self.steps_per_epoch:.4g}" if self.task.epoch_based else "",
                  f"step {done}/{self.total_steps}"]
         if "train_loss" in train:
