@@ -182,20 +182,8 @@ def allocator_section(results: Path) -> List[str]:
     k = _load(results / "allocator_keep", "attention_scaling.json")
     if not (d and k):
         return []
-    out = [
-        "### Large n: allocator page faults",
-        "",
-        "From 32k tokens on, the linear methods' forward time grows faster than n in the tables above. At d = 384 "
-        "a float32 activation of 32k tokens is 48 MiB, above glibc's largest mmap threshold (32 MiB): every such "
-        "tensor is a fresh `mmap`, returned to the OS when freed, so each allocation page-faults on first touch, "
-        "which costs a lot on this VM (smaller blocks can hit the same path while glibc's dynamic threshold has "
-        "not risen yet). With `--allocator keep` (glibc `mallopt`: mmap and trim thresholds raised to 1 GiB, so "
-        "freed blocks are reused) the time is proportional to n again. The table measures both settings (a "
-        "process-wide option, so two runs): "
-        f"`{d['command']}` and `{k['command']}` (run one after the other on a quieter machine, load "
-        f"{_loads(d['rows'] + k['rows'])}; forward, median or single run):",
-        "",
-    ]
+    out = prose("allocator", default_command=d["command"], keep_command=k["command"],
+                loads=_loads(d["rows"] + k["rows"]))
     header = ["method", "n", "default allocator", "keep freed blocks", "default / keep"]
     body = []
     for r in d["rows"]:
