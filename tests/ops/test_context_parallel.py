@@ -3,6 +3,7 @@ processes (gloo) give exactly the rows of the unsplit op, forward and every grad
 included), with masks, packed documents (cu_seqlens) spanning ranks, uneven chunks and a chunk of
 one token; a ToST LM and a ToST vision model split the same way; the collectives' adjoints; the
 checks. Each test spawns its processes once and runs all its cases in them (slow start-up)."""
+import itertools
 import os
 
 import pytest
@@ -198,6 +199,10 @@ def _check_vision(group, img_size: int = 16) -> None:
         create_model("xcit_s12_p16", **tiny).set_context_parallel(group)
 
 
+# one packed row of 1,500 tokens: 200 short documents, one of 300 tokens (600..900), 300 short ones
+MANY_BOUNDS = [0, *itertools.accumulate([2, 1, 3] * 100 + [300] + [1, 2, 3] * 100)]
+
+
 def _worker(rank: int, world: int, store: str) -> None:
     _init(rank, world, store)
     group = dist.group.WORLD
@@ -212,6 +217,8 @@ def _worker(rank: int, world: int, store: str) -> None:
         for masked in (False, True):
             _check_split(op, sizes, masked, group, seed=11)
         _check_split(op, sizes, False, group, seed=13, bounds=bounds)
+        # 500 short documents and a long one spanning a rank boundary
+        _check_split(op, [1500 // world] * world, False, group, seed=14, bounds=MANY_BOUNDS)
     if world == 3:  # a subgroup: group ranks (0, 1) are global ranks (1, 2)
         sub = dist.new_group([1, 2])
         if rank in (1, 2):
