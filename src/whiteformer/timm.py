@@ -7,7 +7,8 @@ itself -- so ``timm.create_model("whiteformer_tost_s12_p16", num_classes=10)`` a
 them, ``features_only=True, out_indices=...`` included. The models implement timm's model API
 (``forward_features`` / ``forward_head`` / ``forward_intermediates`` / ``prune_intermediate_layers``
 / ``set_grad_checkpointing`` / ``group_matcher`` / ``pretrained_cfg`` / ``reset_classifier``);
-there are no pretrained weights (``pretrained=True`` raises).
+``pretrained=True`` with ``pretrained_cfg_overlay=dict(file=...)`` or ``dict(hf_hub_id=...)`` loads
+weights as :func:`whiteformer.create_model` does (none are published: without an overlay it raises).
 """
 from __future__ import annotations
 
@@ -35,11 +36,10 @@ def vision_model_names() -> List[str]:
 
 def _entry(name: str, timm_name: str) -> Callable:
     def entry(pretrained: bool = False, pretrained_cfg=None, pretrained_cfg_overlay=None, **kwargs):
-        if pretrained:
-            raise ValueError(f"whiteformer has no pretrained weights for {name!r}; build it with pretrained=False "
-                             "and load a checkpoint with whiteformer.create_model(..., checkpoint_path=...)")
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        return create_model(name, **kwargs)
+        if isinstance(pretrained_cfg, dict):
+            kwargs["pretrained_cfg"] = pretrained_cfg
+        return create_model(name, pretrained=bool(pretrained), pretrained_cfg_overlay=pretrained_cfg_overlay, **kwargs)
 
     entry.__name__ = entry.__qualname__ = timm_name
     entry.__module__ = __name__

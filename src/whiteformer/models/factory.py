@@ -29,7 +29,8 @@ from .hf_vit import (
     is_hf_vit_config,
     model_name_for,
 )
-from .registry import get_model_entry, list_models
+from .pretrained import merge_pretrained_cfg, pretrained_source
+from .registry import MODELS, get_model_entry, list_models
 
 __all__ = ["create_model", "from_pretrained", "from_transformers_vit", "resolve_model_dir"]
 
@@ -110,7 +111,8 @@ def _classifier_prefix(model: nn.Module) -> Optional[str]:
 def create_model(name: str, num_classes: Optional[int] = None, img_size: Optional[int] = None,
                  checkpoint_path: Optional[PathLike] = None, features_only: bool = False,
                  out_indices: Optional[Union[int, Sequence[int]]] = None, feature_cfg: Optional[dict] = None,
-                 **overrides: Any) -> nn.Module:
+                 pretrained: bool = False, pretrained_cfg: Optional[dict] = None,
+                 pretrained_cfg_overlay: Optional[dict] = None, **overrides: Any) -> nn.Module:
     """Build a registered model (timm-style), optionally loading a checkpoint.
 
     ``num_classes`` (default 1000) and ``img_size`` (default 224) go to vision models; models that
@@ -122,6 +124,12 @@ def create_model(name: str, num_classes: Optional[int] = None, img_size: Optiona
     ``name``. With ``num_classes`` different from the checkpoint's head, the head is left freshly
     initialised and everything else is loaded (as timm).
 
+    ``pretrained=True`` (as timm) loads the weights that the model's ``pretrained_cfg``, updated by
+    the ``pretrained_cfg`` and ``pretrained_cfg_overlay`` dicts, names: ``file`` (a local file or
+    saved folder), ``hf_hub_id`` (a Hugging Face Hub repository, through ``huggingface_hub``'s cache
+    and offline mode) or ``url``; see :mod:`whiteformer.models.pretrained`. A model with none
+    published raises a ``ValueError`` saying how to load a local file.
+
     ``features_only=True`` (vision models, as timm): returns a
     :class:`~whiteformer.layers.FeatureGetterNet` whose forward gives the feature maps (B, D, Hp, Wp)
     of the blocks ``out_indices`` (int n: the last n, default 3; list: those), the model pruned
@@ -131,7 +139,16 @@ def create_model(name: str, num_classes: Optional[int] = None, img_size: Optiona
         raise TypeError(f"features_only must be a bool, got {type(features_only).__name__}")
     if not features_only and (out_indices is not None or feature_cfg is not None):
         raise ValueError("out_indices and feature_cfg go with features_only=True")
+    if not isinstance(pretrained, bool):
+        raise TypeError(f"pretrained must be a bool, got {type(pretrained).__name__}")
     entry = get_model_entry(name)
+    cfg = None
+    if pretrained or pretrained_cfg is not None or pretrained_cfg_overlay is not None:
+        cfg = merge_pretrained_cfg(MODELS.metadata(name).get("pretrained_cfg"), pretrained_cfg, pretrained_cfg_overlay)
+    if pretrained:
+        if checkpoint_path is not None:
+            raise ValueError("give pretrained=True (weights named by pretrained_cfg) or checkpoint_path, not both")
+        checkpoint_path = pretrained_source(name, cfg)
     kwargs = dict(overrides)
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
@@ -160,6 +177,9 @@ def create_model(name: str, num_classes: Optional[int] = None, img_size: Optiona
     if path is not None:
         head = _classifier_prefix(model) if num_classes is not None else None
         load_checkpoint(model, path, reset_prefix=head)
+    if cfg is not None:
+        own = getattr(model, "pretrained_cfg", None)
+        model.pretrained_cfg = {**(own if isinstance(own, dict) else {}), **cfg}
     if features_only:
         if not callable(getattr(model, "prune_intermediate_layers", None)):
             raise ValueError(f"features_only=True needs a vision model with timm's feature API; {name!r} is a "
