@@ -535,28 +535,13 @@ def lm_model_section(lm: Optional[Dict[str, Any]]) -> List[str]:
     if not lm:
         return out + ["Not run yet: `python -m benchmarks.lm_model` (see its docstring for the options).", ""]
     plan = lm["plan"]
-    out += [
-        "The paper: causal ToST-Base / GPT2-Base at context 4k 0.60x time and 0.41x memory, at 8k 0.46x and 0.24x "
-        "(it does not say whether training or inference). Here: one training step (forward with the loss + "
-        "backward) and the evaluation forward, batch 1, `tost_lm_base` vs `gpt_base` with SDPA and with the "
-        "explicit softmax, with " + " and with ".join(
-            {"plain": "the plain loss (all logits formed)",
-             "chunked": "the chunked loss (`model(idx, targets, loss_chunk=...)`, `whiteformer.ops.linear_cross_entropy`: "
-                        "the (T, 50304) logits are never formed whole; tested equal to the plain loss, forward and "
-                        "gradient)"}[k] for k in plan["losses"])
-        + ", the same for both models. Time: all models in one process, side by side (one timed step per cell); "
-        "peak memory: a separate process per cell (RSS high-water mark of the step minus the RSS before it: "
-        "weights excluded, gradients and activations included).",
-        "",
-        f"Command (on {lm['machine']['logical_cpus']} shared CPUs, load {lm['machine']['loadavg'][0]:.1f} at the "
-        f"start):",
-        "",
-        "```",
-        lm.get("command") or "python -m benchmarks.lm_model",
-        "```",
-        "",
-        L.tables(lm),
-    ]
+    losses = {"plain": "the plain loss (all logits formed)",
+              "chunked": "the chunked loss (`model(idx, targets, loss_chunk=...)`, "
+                         "`whiteformer.ops.linear_cross_entropy`: the (T, 50304) logits are never formed whole; "
+                         "tested equal to the plain loss, forward and gradient)"}
+    out += prose("lm_model", losses=" and with ".join(losses[k] for k in plan["losses"]),
+                 cpus=lm["machine"]["logical_cpus"], load=f"{lm['machine']['loadavg'][0]:.1f}",
+                 command=lm.get("command") or "python -m benchmarks.lm_model") + [L.tables(lm)]
     out += _lm_model_reading(lm)
     prof = [r for r in lm["rows"] if r["kind"] == "profile"]
     if prof:
