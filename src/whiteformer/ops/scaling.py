@@ -12,7 +12,7 @@ invariant); with ``x = c x'`` the sums of squares are ``dots = c^2 dots'``, so::
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
@@ -22,15 +22,12 @@ __all__ = ["SAFE_MAX", "beyond_kernel_range", "head_scale", "scaled_eps"]
 SAFE_MAX = 2.0 ** 32
 
 
-def head_scale(x: torch.Tensor, dims: Sequence[int], extra: Optional[torch.Tensor] = None, group=None) -> torch.Tensor:
-    """The scale ``c`` of ``x`` (its reductions over ``dims`` kept as size-1 dims), detached: the
-    power of two at or below the largest |x|, or 1 when that is at most :data:`SAFE_MAX` (or not
-    finite). ``extra``: a magnitude of the same shape to include (e.g. the square root of earlier
-    tokens' sum of squares); ``group``: the largest over the ranks of a split sequence."""
-    if all(x.shape[d] for d in dims):
-        m = x.detach().abs().amax(dim=tuple(dims), keepdim=True)
-    else:  # no tokens (a rank's empty chunk): nothing to scale
-        m = x.new_zeros([1 if d in {i % x.dim() for i in dims} else n for d, n in enumerate(x.shape)])
+def head_scale(x: torch.Tensor, trailing: int = 2, extra: Optional[torch.Tensor] = None, group=None) -> torch.Tensor:
+    """The scale ``c`` of ``x`` over its last ``trailing`` dims (kept as size-1 dims), detached:
+    the power of two at or below the largest |x|, or 1 when that is at most :data:`SAFE_MAX` (or
+    not finite). ``extra``: a magnitude of the same shape to include (e.g. the square root of
+    earlier tokens' sum of squares); ``group``: the largest over the ranks of a split sequence."""
+    m = _max_abs(x, trailing)
     if extra is not None:
         m = torch.maximum(m, extra.detach())
     if group is not None:
@@ -40,6 +37,16 @@ def head_scale(x: torch.Tensor, dims: Sequence[int], extra: Optional[torch.Tenso
     big = torch.isfinite(m) & (m > SAFE_MAX)
     return torch.where(big, torch.exp2(torch.floor(torch.log2(torch.where(big, m, torch.ones_like(m))))),
                        torch.ones_like(m))
+
+
+def _max_abs(x: torch.Tensor, trailing: int) -> torch.Tensor:
+    """max |x| over the last ``trailing`` dims, kept as size-1 dims (0 where they hold nothing):
+    the larger of ``amax`` and ``-amin`` (no |x| temporary: ~3x faster than ``abs().amax()`` on CPU)."""
+    dims = tuple(range(-trailing, 0))
+    if any(x.shape[d] == 0 for d in dims):  # no tokens (a rank's empty chunk): nothing to scale
+        return x.new_zeros(*x.shape[:-trailing], *([1] * trailing))
+    x = x.detach()
+    return torch.maximum(x.amax(dim=dims, keepdim=True), -x.amin(dim=dims, keepdim=True))
 
 
 def scaled_eps(eps: float, c: torch.Tensor) -> torch.Tensor:
@@ -53,4 +60,4 @@ def beyond_kernel_range(w: torch.Tensor) -> bool:
     square ``w`` unscaled, so such inputs take the (rescaled) PyTorch path. Read in eager mode on
     CPU only (elsewhere it would synchronise the device)."""
     return (w.device.type == "cpu" and w.numel() > 0 and not torch.compiler.is_compiling()
-            and bool(w.detach().abs().amax() > SAFE_MAX))
+            and bool(_max_abs(w, w.dim()) > SAFE_MAX))

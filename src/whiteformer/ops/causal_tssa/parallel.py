@@ -89,7 +89,7 @@ def causal_tssa_parallel(
             x = x.masked_fill(~attn_mask[:, None, :, None], 0.0)
         # scaled by c (B, H, 1, 1), earlier tokens' energy included (whiteformer.ops.scaling)
         earlier = None if initial is None else initial[0].to(sd).amax(dim=-1, keepdim=True).sqrt().unsqueeze(-1)
-        c = head_scale(x, (-2, -1), earlier, group)
+        c = head_scale(x, 2, earlier, group)
         x = x / c
         c2 = (c * c).squeeze(-1)  # (B, H, 1)
         x2 = x * x

@@ -48,7 +48,7 @@ def causal_tssa_varlen(
     p = w.shape[-1]
     with autocast_off(w):
         x = w[0].to(sd)  # (H, total, p)
-        c = head_scale(x, (1, 2))  # (H, 1, 1), see whiteformer.ops.scaling
+        c = head_scale(x, 2)  # (H, 1, 1), see whiteformer.ops.scaling
         x = x / c
         x2 = x * x
         logits = prefix_ratio(x2, segment_cumsum(x2, seg, exclusive=True), scaled_eps(RATIO_EPS, c)).sum(dim=-1)

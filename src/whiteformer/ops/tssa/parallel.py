@@ -47,7 +47,7 @@ def tssa_parallel(
         if attn_mask is not None:
             # padded tokens: zero entries contribute nothing to any token sum below
             x = x.masked_fill(~attn_mask[:, None, :, None], 0.0)
-        c = head_scale(x, (-2, -1), group=group)  # (B, H, 1, 1), see whiteformer.ops.scaling
+        c = head_scale(x, 2, group=group)  # (B, H, 1, 1), see whiteformer.ops.scaling
         x = x / c
         c = c.squeeze(-1)  # (B, H, 1)
         x2 = x * x  # (B, H, N, p)

@@ -39,7 +39,7 @@ def tssa_varlen(
     sd = stats_dtype(w)
     with autocast_off(w):
         x = w[0].to(sd)  # (H, total, p)
-        c = head_scale(x, (1, 2))  # (H, 1, 1), see whiteformer.ops.scaling
+        c = head_scale(x, 2)  # (H, 1, 1), see whiteformer.ops.scaling
         x = x / c
         x2 = x * x
         if normalize:
