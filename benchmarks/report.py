@@ -618,6 +618,20 @@ def packed_varlen_section(result: Optional[Dict[str, Any]]) -> List[str]:
     return section(result)
 
 
+def compressed_latency_section(result: Optional[Dict[str, Any]]) -> List[str]:
+    """Whole compressed models against the original, interleaved (:mod:`benchmarks.compressed_latency`)."""
+    from .compressed_latency import section
+
+    return section(result)
+
+
+def irratt_decomposition_section(result: Optional[Dict[str, Any]]) -> List[str]:
+    """IrrAtt's decomposition, fast path against the reference (:mod:`benchmarks.irratt_decomposition`)."""
+    from .irratt_decomposition import section
+
+    return section(result)
+
+
 def context_parallel_section(results: Path, suffix: str = "") -> List[str]:
     """Context parallelism: its own benchmark, :mod:`benchmarks.context_parallel`."""
     from .context_parallel import section
@@ -638,6 +652,8 @@ def render(results: Path, suffix: str = "") -> str:
     if gen:
         lines += generation_section(gen, results, suffix)
     lines += compression_section(comp)
+    lines += compressed_latency_section(_load(results, f"compressed_latency{suffix}.json"))
+    lines += irratt_decomposition_section(_load(results, f"irratt_decomposition{suffix}.json"))
     lines += lm_model_section(_load(results, f"lm_model{suffix}.json"))
     lines += grad_checkpointing_section(_load(results, f"grad_checkpointing{suffix}.json"))
     lines += packed_varlen_section(_load(results, f"packed_varlen{suffix}.json"))
