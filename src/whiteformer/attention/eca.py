@@ -247,6 +247,8 @@ class ECAttention(nn.Module):
         if kind not in ("expand", "compress"):
             raise ValueError(f"kind must be 'expand' or 'compress', got {kind!r}")
         cols, stream = (self.expand_rank, _EXPAND_STREAM) if kind == "expand" else (self.rank, _COMPRESS_STREAM)
+        if isinstance(num_tokens, torch.Tensor) and torch.jit.is_tracing():
+            num_tokens = int(num_tokens)  # a traced size (TorchScript ONNX export): the sketch is a constant
         device = torch.device("cpu") if device is None else torch.device(device)
         dtype = torch.get_default_dtype() if dtype is None else dtype
         if self.resample_omega and self.training:

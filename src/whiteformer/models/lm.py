@@ -430,7 +430,7 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         return self._run_blocks(idx, attn_mask, cu_seqlens, states), states
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
-                attn_mask: Optional[torch.Tensor] = None, loss_chunk: Optional[int] = None, *,
+                attn_mask: Optional[torch.Tensor] = None, loss_chunk: Optional[int] = None,
                 cu_seqlens: Optional[torch.Tensor] = None
                 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """idx (B, T) -> ``(logits (B, T, V), loss)``; ``attn_mask`` (B, T) keep-mask for padded

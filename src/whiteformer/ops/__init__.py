@@ -29,6 +29,10 @@ implementations (kernels) has its own folder, the others are one module each.
   ``whiteformer::causal_tssa_fused_fwd`` / ``_bwd`` (hand-derived backward, fake tensors,
   ``torch.compile``); ``build.py`` builds and loads the C++/OpenMP CPU kernel ``tssa_cpu.cpp``.
 
+While a graph is exported (``torch.export``, ``torch.onnx.export``) the TSSA operators take their
+PyTorch path and ECA's basis uses matrix products only, so exported programs hold standard
+operators (:func:`whiteformer.ops._kernels.exporting`).
+
 Environment variables (read at each call in eager mode; fixed when a graph is compiled):
 
 * ``WHITEFORMER_DISABLE_KERNELS=1``: always the PyTorch path.

@@ -46,6 +46,7 @@ from .._checks import (
     is_int,
     stats_dtype,
 )
+from ._kernels.registry import exporting
 
 __all__ = [
     "orthonormal_basis",
@@ -199,6 +200,36 @@ def _basis(y: torch.Tensor, eps: float) -> torch.Tensor:
     return _basis_with_fallback(yn, gram, eye, failed)
 
 
+def _projector(y: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Factors (A, B) of the projector ``Q Q^T = A B^T`` onto range(y) of :func:`orthonormal_basis`
+    (``z - (z @ A) @ B^T`` is the null-space part of z): (Q, Q) with Q from :func:`_basis`; while a
+    graph is exported with eps > 0, :func:`_ridge_projector` (ONNX has no Cholesky)."""
+    if eps > 0 and exporting():
+        return _ridge_projector(y, eps)
+    q = _basis(y, eps)
+    return q, q
+
+
+def _ridge_projector(y: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(Yn G^{-1}, Yn) with ``G = Yn^T Yn + eps I``: the same projector as the Cholesky basis
+    (``Q Q^T = Yn G^{-1} Yn^T``, App. B.1), from matrix products only, so an exported graph holds
+    standard operators. G^{-1} by the Newton-Schulz iteration ``X <- X (2 I - G X)`` from
+    ``X = I / tr(G)``: the residual ``I - G X`` squares at each step, and its eigenvalues start in
+    [0, 1 - eps / tr(G)] (G's eigenvalues lie in [eps, tr(G)], ``tr(G) = r (1 + eps)`` for unit
+    columns), so a fixed number of steps, set by r and eps, reaches the dtype's rounding level
+    (about 20 for r = 80, eps = 1e-2; each two (r, r) products)."""
+    r = y.shape[-1]
+    yn = F.normalize(y, p=2.0, dim=-2)
+    eye = torch.eye(r, dtype=y.dtype, device=y.device)
+    gram = yn.transpose(-1, -2) @ yn + eps * eye
+    trace = r * (1.0 + eps)
+    steps = math.ceil(math.log2(-math.log(torch.finfo(y.dtype).eps) * trace / eps)) + 2
+    inv = eye / trace
+    for _ in range(steps):
+        inv = inv @ (2.0 * eye - gram @ inv)
+    return yn @ inv, yn
+
+
 def _basis_with_fallback(yn, gram, eye, failed) -> torch.Tensor:
     """Per matrix: Cholesky basis where it succeeded, QR where it failed. The inputs of the
     unselected branch are replaced by well-conditioned ones (I) so that no NaN/inf can reach the
@@ -281,7 +312,7 @@ def _sketch(z: torch.Tensor, omega_t: torch.Tensor) -> torch.Tensor:
     """Y = Z Omega for tokens-last features: z (B, [H,] N, F) -> (B, [H,] F, R)."""
     if omega_t.dim() == 3 and z.dim() == 4:
         omega_t = omega_t.unsqueeze(1)  # per-sequence rows, shared by the heads
-    return z.mT @ omega_t
+    return z.transpose(-1, -2) @ omega_t
 
 
 # --------------------------------------------------------------------------------------------
@@ -320,8 +351,8 @@ def _expand(x: torch.Tensor, omega: torch.Tensor, eps: float, attn_mask: Optiona
     """Validated, same-dtype version of :func:`eca_expand` (B, N, C) -> (B, N, C)."""
     if attn_mask is not None:
         x = x.masked_fill(~attn_mask.unsqueeze(-1), 0.0)
-    q = _basis(_sketch(x, _token_omega(omega, attn_mask)), eps)  # (B, C, R)
-    return x - (x @ q) @ q.mT
+    qa, qb = _projector(_sketch(x, _token_omega(omega, attn_mask)), eps)  # (B, C, R) each
+    return x - (x @ qa) @ qb.transpose(-1, -2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -412,13 +443,13 @@ def _compress(
     if attn_mask is not None:
         x = x.masked_fill(~attn_mask.unsqueeze(-1), 0.0)
     codes = rearrange(x @ U, "b n (h p) -> b h n p", h=num_heads)  # a_kn, tokens as rows
-    q = _basis(_sketch(codes, _token_omega(omega, attn_mask)), eps)  # (B, H, p, r)
-    col = (codes @ q) @ q.mT  # Q_k Q_k^T a_kn
+    qa, qb = _projector(_sketch(codes, _token_omega(omega, attn_mask)), eps)  # (B, H, p, r) each
+    col = (codes @ qa) @ qb.transpose(-1, -2)  # Q_k Q_k^T a_kn
     null = codes - col  # (I - Q_k Q_k^T) a_kn
     temp = temperature.reshape(-1, 1) if temperature.dim() == 1 else temperature  # (H or 1, 1)
     logits = col.square().sum(dim=-1) / (2.0 * temp)  # (B, H, N), Eq. 7
     pi = torch.softmax(logits, dim=1)
     if attn_mask is not None:
         pi = pi.masked_fill(~attn_mask.unsqueeze(1), 0.0)
-    out = rearrange(null * pi.unsqueeze(-1), "b h n p -> b n (h p)") @ U.mT
+    out = rearrange(null * pi.unsqueeze(-1), "b h n p -> b n (h p)") @ U.t()
     return out, pi

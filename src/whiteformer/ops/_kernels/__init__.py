@@ -3,7 +3,8 @@ one place that decides which implementation runs.
 
 Order of choice, at every call (eager; fixed when a graph is compiled):
 
-1. ``WHITEFORMER_DISABLE_KERNELS=1`` (or ``WHITEFORMER_BACKEND=torch``): the PyTorch path
+1. ``WHITEFORMER_DISABLE_KERNELS=1`` (or ``WHITEFORMER_BACKEND=torch``), or a graph being exported
+   (``torch.export``, ``torch.onnx.export``: :func:`~.registry.exporting`): the PyTorch path
    (:mod:`whiteformer.ops.tssa.parallel`, :mod:`whiteformer.ops.causal_tssa.parallel`).
 2. ``WHITEFORMER_BACKEND=<name>``: the kernels of the backend registered under that name, on
    any device (e.g. ``triton`` on CPU tensors with ``TRITON_INTERPRET=1``), for the ops it
@@ -45,11 +46,11 @@ from __future__ import annotations
 
 import torch
 
-from .registry import (BACKENDS, ENV_BACKEND, ENV_DISABLE, OPS, Backend, fused_supported, has_kernel,
+from .registry import (BACKENDS, ENV_BACKEND, ENV_DISABLE, OPS, Backend, exporting, fused_supported, has_kernel,
                        kernel_for, kernels_disabled, register_backend)
 
-__all__ = ["BACKENDS", "ENV_BACKEND", "ENV_DISABLE", "OPS", "Backend", "fused_supported", "has_kernel", "kernel_for",
-           "kernels_disabled", "register_backend"]
+__all__ = ["BACKENDS", "ENV_BACKEND", "ENV_DISABLE", "OPS", "Backend", "exporting", "fused_supported", "has_kernel",
+           "kernel_for", "kernels_disabled", "register_backend"]
 
 
 def _cpu_ready() -> bool:

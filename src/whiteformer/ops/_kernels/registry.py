@@ -1,12 +1,13 @@
 """The kernel-backend registry: :class:`Backend`, :data:`BACKENDS`, :func:`register_backend`, the
-environment switches (``WHITEFORMER_DISABLE_KERNELS``, ``WHITEFORMER_BACKEND``) and the choice of a
-kernel at each call (:func:`kernel_for`, :func:`fused_supported`). It imports no backend: the
+environment switches (``WHITEFORMER_DISABLE_KERNELS``, ``WHITEFORMER_BACKEND``), the export switch
+(:func:`exporting`) and the choice of a kernel at each call (:func:`kernel_for`, :func:`fused_supported`). It imports no backend: the
 plug (:mod:`whiteformer.ops._kernels`, whose docstring describes the order of choice and the
 kernel signatures), the C++ build and the Triton package all import it, never each other.
 """
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional
@@ -15,8 +16,8 @@ import torch
 
 from ..._registry import Registry
 
-__all__ = ["BACKENDS", "ENV_BACKEND", "ENV_DISABLE", "OPS", "Backend", "fused_supported", "has_kernel", "kernel_for",
-           "kernels_disabled", "register_backend"]
+__all__ = ["BACKENDS", "ENV_BACKEND", "ENV_DISABLE", "OPS", "Backend", "exporting", "fused_supported", "has_kernel",
+           "kernel_for", "kernels_disabled", "register_backend"]
 
 ENV_DISABLE = "WHITEFORMER_DISABLE_KERNELS"
 ENV_BACKEND = "WHITEFORMER_BACKEND"
@@ -57,10 +58,22 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
+def exporting() -> bool:
+    """True while a graph is being exported: ``torch.export`` (also under ``torch.onnx.export(...,
+    dynamo=True)``) or the TorchScript-based ``torch.onnx.export``. The ops then take their PyTorch
+    path, so an exported program holds standard operators only: ONNX needs no custom-op
+    translation, and a saved ``.pt2`` loads and runs where whiteformer is not installed."""
+    if torch.compiler.is_exporting():
+        return True
+    onnx = sys.modules.get("torch.onnx")  # not imported: no ONNX export is running
+    return onnx is not None and onnx.is_in_onnx_export()
+
+
 def kernels_disabled() -> bool:
     """True when ``WHITEFORMER_DISABLE_KERNELS`` is set to anything but ``""``/``0``/``false``/``no``/``off``,
-    or ``WHITEFORMER_BACKEND=torch``."""
-    return _env_flag(ENV_DISABLE) or os.environ.get(ENV_BACKEND, "").strip().lower() == "torch"
+    or ``WHITEFORMER_BACKEND=torch``, or while a graph is being exported (:func:`exporting`)."""
+    return (_env_flag(ENV_DISABLE) or os.environ.get(ENV_BACKEND, "").strip().lower() == "torch"
+            or exporting())
 
 
 _warned = set()

@@ -223,7 +223,10 @@ def causal_tssa_step(
     bias = None
     if pos_bias is not None:
         t_max = pos_bias.shape[1]
-        too_long = bool((t >= t_max).any()) if isinstance(t, torch.Tensor) else t >= t_max
+        if isinstance(t, torch.Tensor):  # not read while a graph is traced (an exported step)
+            too_long = can_read_values() and bool((t >= t_max).any())
+        else:
+            too_long = t >= t_max
         if too_long:
             raise ValueError(
                 f"position t = {t} reached the positional bias table length T_max = {t_max}; "

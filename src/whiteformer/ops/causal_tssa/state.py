@@ -60,9 +60,7 @@ def position_logit_bias(
     index among the real tokens of its sequence (``attn_mask`` (B, n), True = real; ``start`` an
     int or a (B,) tensor). Returns (H, n) when every sequence has the same positions, else (B, H, n).
     """
-    if attn_mask is None and isinstance(start, int):
-        return p * pos_bias[:, start:start + n, 0]
-    if attn_mask is None:
+    if attn_mask is None:  # a gather, not a slice: an exported graph keeps n dynamic up to T_max
         pos = torch.arange(n, device=pos_bias.device)
     else:
         pos = (attn_mask.long().cumsum(dim=-1) - 1).clamp_min(0)  # (B, n)
