@@ -270,6 +270,29 @@ def test_layerwise_report_lm_and_no_pi_models(tmp_path):
     assert all(r["R_c_U"] is not None and r["R_c"] is None for r in rep.rows)  # MSSA: U, no Pi
 
 
+@pytest.mark.parametrize("make,panels", [
+    (lambda: _vision("tssa"), ["variational compression", "rates", "subspace compression"]),
+    (lambda: whiteformer.create_model("crate_t", **TINY).eval(), ["rates", "subspace compression"]),
+    (lambda: whiteformer.create_model("deit_t_p16", **TINY).eval(), ["rates"]),
+], ids=["tost", "crate", "deit"])
+def test_layerwise_figure_of_own_models(make, panels, tmp_path):
+    """Titled with the registry name; one panel per group of columns the model gives, each with
+    labelled axes (no empty "not available" panel); rows are the blocks, numbered from 1."""
+    model = make()
+    rep = layerwise_report(model, _images(2), out_dir=tmp_path)
+    assert rep.model == model.model_name and [r["layer"] for r in rep.rows] == [1, 2]
+    fig = rep.figure()
+    assert fig._suptitle.get_text() == model.model_name
+    assert [ax.get_title() for ax in fig.axes] == panels
+    for ax in fig.axes:
+        assert ax.get_xlabel() == "layer" and ax.get_ylabel() and ax.lines
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2"]
+    assert not [t for ax in fig.axes for t in ax.texts]
+    import matplotlib.image
+
+    assert matplotlib.image.imread(str(tmp_path / "layerwise_report.png")).shape[:2] == (400, 500 * len(panels))
+
+
 def test_layerwise_report_bad_args():
     model, x = _vision("tssa"), _images(1)
     with pytest.raises(ValueError, match="features"):

@@ -12,10 +12,13 @@ rows, (N, d); padded tokens left out when an ``attention_mask`` is given):
   int K, or bases (K, d, p));
 - ``delta_R_U``: R - R_c_U, the rate reduction against that split (CRATE's objective).
 
-Z^l is ``hidden_states[l]`` as ``transformers`` reports it (l = 1..L: the output of layer l; GPT-2
-and Llama report the last one after the final norm) with ``features="output"``, and
-``hidden_states[l - 1]`` (the layer's input) with ``features="input"``. The model has no
-memberships Pi, so R_c, delta_R and the variational columns are None.
+Z^l is the output of layer l (l = 1..L) with ``features="output"``, and its input with
+``features="input"``: ``hidden_states[l]`` and ``hidden_states[l - 1]`` as ``transformers`` reports
+them, except where the model reports its last state after the final norm (GPT-2, Llama: their
+``hidden_states[-1]`` is ``ln_f`` of the last layer's output). Then layer L's own output is read
+from that layer (a forward hook on the last module of the model's list of L layers), and the
+normalised state is one more row, named "final norm" (``layer`` None), whose input is layer L's
+output. The model has no memberships Pi, so R_c, delta_R and the variational columns are None.
 """
 from __future__ import annotations
 
@@ -29,7 +32,11 @@ import torch.nn as nn
 from .._checks import is_int
 from . import rates
 
-__all__ = ["is_transformers_model", "load_for_analysis", "split_bases", "hidden_state_rows", "example_inputs"]
+__all__ = ["is_transformers_model", "load_for_analysis", "split_bases", "hidden_state_rows", "example_inputs",
+           "FINAL_NORM"]
+
+#: the name of the row of a final normalised hidden state
+FINAL_NORM = "final norm"
 
 
 def is_transformers_model(model: Any) -> bool:
@@ -85,41 +92,80 @@ def _heads(config) -> Optional[int]:
     return None
 
 
+def _last_layer(model: nn.Module) -> Optional[nn.Module]:
+    """The last module of the model's list of ``config.num_hidden_layers`` layers (GPT-2's ``h``,
+    Llama's ``layers``, ``encoder.layer`` ...), or None when it has no such list."""
+    num_layers = getattr(model.config, "num_hidden_layers", None)
+    if not is_int(num_layers) or num_layers < 1:
+        return None
+    for m in model.modules():
+        if isinstance(m, nn.ModuleList) and len(m) == num_layers:
+            return m[-1]
+    return None
+
+
+def _layer_states(model: nn.Module, kwargs: Dict[str, Any]
+                  ) -> Tuple[List[torch.Tensor], List[torch.Tensor], Optional[torch.Tensor]]:
+    """One call of the model -> (inputs of layers 1..L, outputs of layers 1..L, the final normalised
+    state or None when ``hidden_states[-1]`` is the last layer's own output)."""
+    seen: Dict[str, Any] = {}
+    last = _last_layer(model)
+    handle = None
+    if last is not None:
+        handle = last.register_forward_hook(lambda m, args, out: seen.__setitem__("out", out))
+    try:
+        states = getattr(model(**kwargs), "hidden_states", None)
+    finally:
+        if handle is not None:
+            handle.remove()
+    if not states or len(states) < 2:
+        raise ValueError(f"{type(model).__name__} returned no hidden_states for output_hidden_states=True")
+    states = list(states)
+    own = seen.get("out")
+    own = own[0] if isinstance(own, (tuple, list)) and own else own
+    final = None
+    if isinstance(own, torch.Tensor) and own.shape == states[-1].shape and not torch.equal(own, states[-1]):
+        final, states[-1] = states[-1], own  # hidden_states[-1] is the final norm of the last layer's output
+    return states[:-1], states[1:], final
+
+
+def _row(name: str, layer: Optional[int], kind: str, z_all: torch.Tensor, keep: Optional[torch.Tensor], eps: float,
+         dtype: torch.dtype, U: torch.Tensor, k: int) -> Dict[str, Any]:
+    samples = [z_all[b][keep[b]] for b in range(z_all.shape[0])] if keep is not None else [z_all]
+    R, Rc = [], []
+    for z in samples:
+        z = z.to(dtype)
+        R.append(rates.coding_rate(z, eps, dtype=dtype).reshape(-1))
+        Rc.append(rates.subspace_compression_rate(z, U.to(z.device, dtype), eps, num_heads=k, dtype=dtype).reshape(-1))
+    R, Rc = torch.cat(R), torch.cat(Rc)
+    tokens = z_all.shape[-2] if keep is None else round(float(keep.sum(1).float().mean()))  # (mean real tokens)
+    return {"layer": layer, "name": name, "attn": kind, "tokens": tokens, "dim": z_all.shape[-1], "heads": k,
+            "R": float(R.mean()), "R_c": None, "delta_R": None, "R_c_var": None, "delta_R_var": None,
+            "R_c_U": float(Rc.mean()), "delta_R_U": float((R - Rc).mean())}
+
+
 def hidden_state_rows(model: nn.Module, inputs: torch.Tensor, eps: float, features: str, dtype: torch.dtype,
                       subspaces: Any = None, attention_mask: Optional[torch.Tensor] = None) -> List[Dict[str, Any]]:
-    """One row per layer (keys of :data:`whiteformer.analysis.report.COLUMNS`) from the model's hidden
-    states (see the module docstring)."""
+    """One row per layer (keys of :data:`whiteformer.analysis.report.COLUMNS`), and one for the final
+    norm where the model reports it, from the model's hidden states (see the module docstring)."""
     kwargs = {model.main_input_name: inputs, "output_hidden_states": True}
     if attention_mask is not None:
         kwargs["attention_mask"] = attention_mask
-    out = model(**kwargs)
-    states = getattr(out, "hidden_states", None)
-    if not states or len(states) < 2:
-        raise ValueError(f"{type(model).__name__} returned no hidden_states for output_hidden_states=True")
-    dim = states[0].shape[-1]
+    layer_in, layer_out, final = _layer_states(model, kwargs)
+    dim = layer_in[0].shape[-1]
     U, k = split_bases(subspaces, dim, _heads(model.config))
     keep = None
     if attention_mask is not None:
-        if attention_mask.shape != states[0].shape[:2]:
-            raise ValueError(f"attention_mask must have shape {tuple(states[0].shape[:2])} (B, T), got "
+        if attention_mask.shape != layer_in[0].shape[:2]:
+            raise ValueError(f"attention_mask must have shape {tuple(layer_in[0].shape[:2])} (B, T), got "
                              f"{tuple(attention_mask.shape)}")
         keep = attention_mask.bool()
-    rows = []
-    for layer in range(1, len(states)):
-        Z = states[layer] if features == "output" else states[layer - 1]
-        samples = [Z[b][keep[b]] for b in range(Z.shape[0])] if keep is not None else [Z]
-        R, Rc = [], []
-        for z in samples:
-            z = z.to(dtype)
-            R.append(rates.coding_rate(z, eps, dtype=dtype).reshape(-1))
-            Rc.append(rates.subspace_compression_rate(z, U.to(z.device, dtype), eps, num_heads=k,
-                                                      dtype=dtype).reshape(-1))
-        R, Rc = torch.cat(R), torch.cat(Rc)
-        tokens = Z.shape[-2] if keep is None else round(float(keep.sum(1).float().mean()))  # (mean real tokens)
-        rows.append({"layer": layer, "name": f"hidden_states[{layer}]", "attn": model.config.model_type,
-                     "tokens": tokens, "dim": dim, "heads": k, "R": float(R.mean()), "R_c": None,
-                     "delta_R": None, "R_c_var": None, "delta_R_var": None, "R_c_U": float(Rc.mean()),
-                     "delta_R_U": float((R - Rc).mean())})
+    kind = model.config.model_type
+    zs = layer_out if features == "output" else layer_in
+    rows = [_row(f"layer {i}", i, kind, z, keep, eps, dtype, U, k) for i, z in enumerate(zs, start=1)]
+    if final is not None:
+        rows.append(_row(FINAL_NORM, None, kind, final if features == "output" else layer_out[-1], keep, eps, dtype,
+                         U, k))
     return rows
 
 

@@ -15,6 +15,12 @@ delta_R_var R - R_c_var (DMSA Eq. 16)
 R_c_U      subspace compression term R_c(Z^l | U^l_[K]) (ECA Eq. 2, CRATE)
 ========== ==================================================================================
 
+Rows: ``layer`` numbers the blocks from 1 (as ``transformers``' ``hidden_states``), ``name`` is the
+block's module name; a transformers model that reports its last state after the final norm
+(GPT-2, Llama) gets one more row, "final norm", with ``layer`` None
+(:mod:`whiteformer.analysis.hidden_states`). The figure (:meth:`LayerwiseReport.figure`) is titled
+with the model's name and draws only the panels whose columns the model gives.
+
 Choices (the papers do not pin them down beyond "the outputs of each layer"):
 
 * Z^l: ``features="output"`` (default) is the block's output tokens, as ToST Fig. 4a ("the TSSA
@@ -52,7 +58,7 @@ from ._viz import new_figure, require_matplotlib
 from .capture import BlockRecord, attention_basis, capture, eval_mode
 
 __all__ = ["LayerwiseReport", "layerwise_report", "layer_bases", "simplex_memberships", "coding_rate_figure", "COLUMNS",
-           "RATE_READING"]
+           "RATE_READING", "model_title"]
 
 COLUMNS = ("layer", "name", "attn", "tokens", "dim", "heads", "R", "R_c", "delta_R", "R_c_var", "delta_R_var",
            "R_c_U", "delta_R_U")
@@ -102,7 +108,7 @@ def _layer_row(r: BlockRecord, features: str, eps: float, dtype: torch.dtype) ->
     U = None if U is None else U.to(device=Z.device, dtype=dtype)
     Pi = r.memberships
     K = r.num_heads if U is None or U.dim() == 2 else U.shape[-3]
-    row: Dict[str, Any] = {"layer": r.index, "name": r.name, "attn": type(r.attn).__name__,
+    row: Dict[str, Any] = {"layer": r.index + 1, "name": r.name, "attn": type(r.attn).__name__,
                            "tokens": Z.shape[-2], "dim": Z.shape[-1], "heads": r.num_heads}
     row.update({k: None for k in _RATES})
     mean = lambda t: float(t.mean().item())  # noqa: E731 (average over the samples of the batch)
@@ -195,35 +201,75 @@ class LayerwiseReport:
         return files
 
     def plot(self, path: Union[str, Path], dpi: int = 100) -> None:
-        """Three panels over the layers: R_c_var (ToST Fig. 4a / DMSA Fig. 5); R, R_c, delta_R;
-        R_c(Z|U)."""
-        fig = new_figure((15, 4), dpi, "layerwise_report's plot")
-        from matplotlib.ticker import MaxNLocator
+        """Save :meth:`figure` to ``path`` (PNG)."""
+        save_figure(self.figure(dpi), path, dpi=dpi)
 
-        axes = fig.subplots(1, 3)
-        x = [row["layer"] for row in self.rows]
-        panels = [
-            ("variational compression R_c^var(Z, Pi | U)", [("R_c_var", "o-")]),
-            ("rates", [("R", "o-"), ("R_c", "s--"), ("delta_R", "^:"), ("delta_R_U", "v-.")]),
-            ("subspace compression R_c(Z | U)", [("R_c_U", "o-")]),
-        ]
-        for ax, (title, curves) in zip(axes, panels):
-            drawn = False
+    def figure(self, dpi: int = 100):
+        """The figure (not saved): up to three panels over the layers, each drawn only when the model
+        gives its columns: R_c^var (ToST Fig. 4a / DMSA Fig. 5); R, R_c, delta_R, delta_R_U;
+        R_c(Z|U). Titled with the model's name; a final-norm row (transformers models that report
+        one) is a point of its own after the blocks, labelled "final norm" on the x axis."""
+        panels = []
+        for title, ylabel, curves in _PANELS:
+            curves = [(key, style) for key, style in curves if any(v is not None for v in self.column(key))]
+            if curves:
+                panels.append((title, ylabel, curves))
+        fig = new_figure((5 * max(len(panels), 1), 4), dpi, "layerwise_report's plot")
+        axes = fig.subplots(1, max(len(panels), 1), squeeze=False)[0]
+        xs, labels = _layer_positions(self.rows)
+        for ax, (title, ylabel, curves) in zip(axes, panels):
             for key, style in curves:
-                pts = [(xi, v) for xi, v in zip(x, self.column(key)) if v is not None]
-                if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=key)
-                    drawn = True
-            if drawn:
-                ax.legend()
-            else:
-                ax.text(0.5, 0.5, "not available for this model", ha="center", va="center", transform=ax.transAxes)
+                pts = [(xi, v, row["layer"] is None) for xi, v, row in zip(xs, self.column(key), self.rows)
+                       if v is not None]
+                line, = ax.plot([p[0] for p in pts if not p[2]], [p[1] for p in pts if not p[2]], style, label=key)
+                named = [p for p in pts if p[2]]  # the final norm: a point of its own, not joined to the blocks
+                if named:
+                    ax.plot([p[0] for p in named], [p[1] for p in named], style[0], color=line.get_color())
+            ax.legend()
             ax.set_title(title)
             ax.set_xlabel("layer")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        fig.suptitle(f"{self.model}: {self.features} tokens, eps={self.eps:g}, {self.num_samples} samples")
-        fig.tight_layout()
-        save_figure(fig, path, dpi=dpi)
+            ax.set_ylabel(ylabel)
+            ax.set_xticks(xs, labels, rotation=30 if len(xs) > 12 else 0)
+        fig.suptitle(self.model or "model")
+        fig.text(0.5, 0.01, f"{self.features} tokens, eps {self.eps:g}, {self.num_samples} samples", ha="center",
+                 va="bottom", fontsize=8)
+        fig.tight_layout(rect=(0, 0.04, 1, 1))
+        return fig
+
+
+#: the figure's panels: (title, y-axis label, [(column, line style)])
+_PANELS = (
+    ("variational compression", "R_c^var(Z, Pi | U) (nats)", [("R_c_var", "o-")]),
+    ("rates", "coding rate (nats)", [("R", "o-"), ("R_c", "s--"), ("delta_R", "^:"), ("delta_R_U", "v-.")]),
+    ("subspace compression", "R_c(Z | U) (nats)", [("R_c_U", "o-")]),
+)
+
+
+def _layer_positions(rows: List[Dict[str, Any]]):
+    """x positions and tick labels of the rows: the layer numbers, then one more position for a row
+    without a layer number (the final norm), labelled with its name."""
+    xs, labels = [], []
+    for row in rows:
+        x = row["layer"] if row["layer"] is not None else (xs[-1] + 1 if xs else 0)
+        xs.append(x)
+        labels.append(str(row["layer"]) if row["layer"] is not None else str(row["name"]))
+    if len(xs) > 24:  # thin the integer labels of deep models, keep the named ones
+        step = math.ceil(len(xs) / 12)
+        labels = [lab if not lab.isdigit() or i % step == 0 else "" for i, lab in enumerate(labels)]
+    return xs, labels
+
+
+def model_title(model: nn.Module) -> str:
+    """The name a report shows for ``model``: whiteformer's registry name; a transformers model's
+    ``name_or_path`` (a local folder: its last component, never the path), else its class name."""
+    name = getattr(model, "model_name", None)
+    if isinstance(name, str) and name:
+        return name
+    config = getattr(model, "config", None)
+    name = str(getattr(config, "name_or_path", "") or "")
+    if name and (Path(name).is_absolute() or Path(name).exists() or name.startswith(".")):
+        name = Path(name).resolve().name
+    return name or type(model).__name__
 
 
 def layerwise_report(
@@ -283,8 +329,7 @@ def layerwise_report(
         with torch.no_grad(), eval_mode(model):
             rows = hidden_states.hidden_state_rows(model, images_or_tokens, float(eps), features, dtype, subspaces,
                                                    attention_mask)
-        report = LayerwiseReport(rows, float(eps), features, int(images_or_tokens.shape[0]),
-                                 str(getattr(model.config, "name_or_path", "") or type(model).__name__))
+        report = LayerwiseReport(rows, float(eps), features, int(images_or_tokens.shape[0]), model_title(model))
         if out_dir is not None:
             report.save(out_dir, plot=plot)
         return report
@@ -298,8 +343,7 @@ def layerwise_report(
     if not ran:
         raise ValueError("no attention block ran during model(images_or_tokens)")
     rows = [_layer_row(r, features, float(eps), dtype) for r in ran]
-    name = getattr(model, "model_name", None) or type(model).__name__
-    report = LayerwiseReport(rows, float(eps), features, int(images_or_tokens.shape[0]), str(name))
+    report = LayerwiseReport(rows, float(eps), features, int(images_or_tokens.shape[0]), model_title(model))
     if out_dir is not None:
         report.save(out_dir, plot=plot)
     return report
