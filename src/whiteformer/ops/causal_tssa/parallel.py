@@ -93,7 +93,9 @@ def causal_tssa_parallel(
         x = x / c
         c2 = (c * c).squeeze(-1)  # (B, H, 1)
         x2 = x * x
-        before = torch.cat([torch.zeros_like(x2[:, :, :1]), x2[:, :, :-1]], dim=-2).cumsum(dim=-2)  # (B, H, N, p)
+        # exclusive prefix (each token's sum of the earlier ones) with no (N - 1)-long tensor, which would
+        # tie an exported graph's dynamic N to N - 1 != 1
+        before = torch.cat([torch.zeros_like(x2[:, :, :1]), x2], dim=-2).cumsum(dim=-2)[:, :, :-1]  # (B, H, N, p)
         if group is not None:
             before = before + exclusive_prefix_sum(before[:, :, -1] + x2[:, :, -1], group).unsqueeze(-2)
         if initial is not None:
