@@ -111,7 +111,7 @@ def _figure_checks(rep, title, panels):
 
 
 def test_figure_of_a_saved_gpt2_has_its_name_labels_and_no_empty_panel(tmp_path, capsys):
-    from whiteformer.cli import main
+    from whiteformer.app.cli import main
 
     _gpt2().save_pretrained(tmp_path / "tiny-gpt2")
     rep = layerwise_report(str(tmp_path / "tiny-gpt2"), torch.randint(0, 50, (2, 8)), plot=False)
