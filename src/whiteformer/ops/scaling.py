@@ -35,7 +35,8 @@ def head_scale(x: torch.Tensor, trailing: int = 2, extra: Optional[torch.Tensor]
 
         m = all_reduce_max(m, group)
     big = torch.isfinite(m) & (m > SAFE_MAX)
-    return torch.where(big, torch.exp2(torch.floor(torch.log2(torch.where(big, m, torch.ones_like(m))))),
+    # 2 ** floor(log2 m), exact; pow rather than exp2, which the TorchScript ONNX exporter lacks
+    return torch.where(big, torch.pow(2.0, torch.floor(torch.log2(torch.where(big, m, torch.ones_like(m))))),
                        torch.ones_like(m))
 
 
