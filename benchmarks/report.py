@@ -587,27 +587,8 @@ def grad_checkpointing_section(gc: Optional[Dict[str, Any]]) -> List[str]:
     out = ["## Activation checkpointing of the language models", ""]
     if not gc:
         return out + ["Not run yet: `python -m benchmarks.grad_checkpointing`.", ""]
-    out += [
-        "One training step (forward with the chunked next-token loss + backward, batch 1) without and with "
-        "`model.set_grad_checkpointing(True)` (each block run under `torch.utils.checkpoint`, "
-        "`use_reentrant=False`, and recomputed in backward). Peak memory: a separate process per cell, the RSS "
-        "high-water mark of the step minus the RSS before it (weights excluded; gradients, saved activations and "
-        "the temporaries of forward and backward included); time: that one step.",
-        "",
-        f"Command (on {gc['machine']['logical_cpus']} shared CPUs, load {gc['machine']['loadavg'][0]:.1f} at the "
-        "start):",
-        "",
-        "```",
-        gc.get("command") or "python -m benchmarks.grad_checkpointing",
-        "```",
-        "",
-        G.tables(gc),
-        "The memory columns are the measurement. Each time is a single step on a shared machine (load "
-        f"{gc['machine']['loadavg'][0]:.1f} on {gc['machine']['logical_cpus']} CPUs at the start): the recomputation "
-        "adds one more forward of every block to a step, so a time ratio below 1 can only come from the load "
-        "changing between the separate processes.",
-        "",
-    ]
+    out += prose("grad_checkpointing", cpus=gc["machine"]["logical_cpus"], load=f"{gc['machine']['loadavg'][0]:.1f}",
+                 command=gc.get("command") or "python -m benchmarks.grad_checkpointing", tables=G.tables(gc))
     return out
 
 
