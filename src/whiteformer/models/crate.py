@@ -27,7 +27,6 @@ from ..layers import GradCheckpointMixin, PatchGrid, TimmFeatureMixin, resample_
 from ..layers.mlp import ISTA
 from .checkpoint import PretrainedMixin
 from .registry import build_with_defaults, register_model
-from .size import num_patches
 
 __all__ = ["CRATE", "CRATEBlock", "CRATEPatchEmbed"]
 
@@ -100,18 +99,6 @@ class CRATE(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, nn.Module):
     """
 
     hf_model_type = "whiteformer-vision"
-
-    @staticmethod
-    def estimate_num_params(args: dict) -> int:
-        """Parameters from the constructor arguments alone (arithmetic, nothing built; see
-        :mod:`whiteformer.models.size`): MSSA (``qkv`` and ``to_out``) and ISTA per block,
-        patch projection, position embedding, head."""
-        dim, heads = args["embed_dim"], args["num_heads"]
-        inner = heads * (args["dim_head"] or dim // heads)
-        patches = num_patches(args["img_size"], args["patch_size"])
-        patch_dim = num_patches(args["patch_size"], 1) * args["in_chans"]
-        return (args["depth"] * (2 * dim * inner + dim * dim + 4 * dim)
-                + (patch_dim + patches + 1) * dim + dim * args["num_classes"])
 
     def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, num_classes: int = 1000,
                  embed_dim: int = 384, depth: int = 12, num_heads: int = 6, dim_head: Optional[int] = None,

@@ -27,7 +27,6 @@ from ..layers import DropPath, GradCheckpointMixin, LayerScale, Mlp, PatchGrid, 
 from .checkpoint import PretrainedMixin
 from .hf_vit import convert_hf_vit_state_dict, is_hf_vit_state_dict
 from .registry import apply_structure, build_with_defaults, register_model
-from .size import mlp_width, num_patches, transformer_params
 
 __all__ = ["VisionTransformer", "PatchEmbed", "Block"]
 
@@ -88,15 +87,6 @@ class VisionTransformer(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, 
 
     hf_model_type = "whiteformer-vision"
     head_modules = ("fc_norm",)
-
-    @staticmethod
-    def estimate_num_params(args: dict) -> int:
-        """Parameters from the constructor arguments alone (arithmetic, nothing built; see
-        :mod:`whiteformer.models.size`): blocks, patch projection, position embedding, head."""
-        dim, patches = args["embed_dim"], num_patches(args["img_size"], args["patch_size"])
-        patch_area = num_patches(args["patch_size"], 1)
-        return (transformer_params(args["depth"], dim, mlp_width(dim, args["mlp_ratio"]), extra_per_block=2 * dim)
-                + (patch_area * args["in_chans"] + patches + 1) * dim + dim * args["num_classes"])
 
     def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, num_classes: int = 1000,
                  global_pool: str = "token", embed_dim: int = 768, depth: int = 12, num_heads: int = 12,

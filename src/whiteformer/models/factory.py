@@ -7,7 +7,7 @@ that run's ``final/`` itself; a single weights file (``.safetensors``, ``.pth``,
 with :func:`create_model` when the model name is given.
 
 Sizes read from a ``config.json`` are not trusted: every build first checks the bounds of
-:mod:`whiteformer.models.size` (blocks and a parameter estimate, arithmetic on the arguments); a
+:mod:`whiteformer.models.size` (blocks, then parameters counted on the ``meta`` device); a
 checkpoint's model is then built on the ``meta`` device (no memory) and refused when its parameters
 and buffers would not fit in this machine's memory.
 """

@@ -58,7 +58,6 @@ from ..ops.linear_cross_entropy import linear_cross_entropy
 from ..ops.packing import segment_positions, split_cu_seqlens
 from .checkpoint import PretrainedMixin
 from .registry import build_with_defaults, register_model
-from .size import mlp_width, transformer_params
 
 __all__ = ["CausalLM", "ToSTLM", "GPTLM", "CausalSelfAttention", "KVCache", "LMState", "MIN_TEMPERATURE",
            "check_temperature"]
@@ -171,17 +170,6 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
     once (the tied ``wte`` / ``lm_head`` weight counted once), position embedding included:
     ``get_num_params()``.
     """
-
-    @staticmethod
-    def estimate_num_params(args: Dict[str, Any]) -> int:
-        """Parameters from the constructor arguments alone (arithmetic, nothing built; see
-        :mod:`whiteformer.models.size`): tied embedding, position embedding, blocks (with causal
-        TSSA's (H, max_len) position bias when ``pos_bias``)."""
-        dim, max_len = args["dim"], args["max_len"]
-        pos_bias = args["num_heads"] * max_len if args.get("pos_bias") else 0
-        return (args["vocab_size"] * dim + (max_len * dim if args["pos_emb"] else 0)
-                + transformer_params(args["depth"], dim, mlp_width(dim, args["mlp_ratio"]),
-                                     extra_per_block=2 * dim + pos_bias, attn_maps=2 if "pos_bias" in args else 4))
 
     def __init__(self, vocab_size: int, dim: int, depth: int, num_heads: int, max_len: int,
                  pos_emb: bool, mlp_ratio: float, bias: bool, dropout: float, init_values: float,

@@ -44,7 +44,6 @@ from .._checks import as_keep_mask, can_read_values, check_divisible, check_mask
 from ..layers import GradCheckpointMixin, Mlp
 from .checkpoint import PretrainedMixin
 from .registry import build_with_defaults, register_model
-from .size import transformer_params
 from .vision import _attention_kwargs, check_attn_args
 
 __all__ = ["LRABlock", "LRAClassifier", "TABLE7", "TABLE7_OPTIM", "LRA_TASKS"]
@@ -131,17 +130,6 @@ class LRAClassifier(GradCheckpointMixin, PretrainedMixin, nn.Module):
     attn_mask bool of the same shape (True = real token) -> logits (B, num_classes).
     ``forward_features(tokens, attn_mask)`` -> pooled codes (B, D) of (B, N) tokens.
     """
-
-    @staticmethod
-    def estimate_num_params(args: Dict[str, Any]) -> int:
-        """Parameters from the constructor arguments alone (arithmetic, nothing built; see
-        :mod:`whiteformer.models.size`): token and position embeddings, blocks, the MLP head."""
-        dim, hidden = args["embed_dim"], args["mlp_dim"]
-        head_in = 4 * dim if args["dual"] else dim
-        maps = 2 if args["attn"] in ("tssa", "dmsa") else 4
-        return ((args["vocab_size"] + args["max_len"] + 1) * dim + transformer_params(args["depth"], dim, hidden,
-                                                                                        attn_maps=maps)
-                + head_in * hidden + hidden * args["num_classes"])
 
     def __init__(self, vocab_size: int = 256, num_classes: int = 2, max_len: int = 1024, embed_dim: int = 64,
                  depth: int = 2, num_heads: int = 2, mlp_dim: int = 128, prenorm: bool = True, attn: str = "tssa",

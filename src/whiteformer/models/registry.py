@@ -17,8 +17,10 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Dict, List, Optional
 
+import torch
 import torch.nn as nn
 
+from .._checks import is_int
 from .._registry import Registry
 from .size import check_model_size
 
@@ -55,24 +57,38 @@ def is_model(name: str) -> bool:
     return name in MODELS
 
 
-def _estimate(cls: type, args: Dict[str, Any]) -> Optional[float]:
-    """``cls.estimate_num_params(args)`` (arithmetic on the sizes), None when the class has none or
-    an argument is not a number (the constructor then reports it), inf when a size overflows."""
-    estimate = getattr(cls, "estimate_num_params", None)
-    if estimate is None:
-        return None
-    try:
-        return estimate(args)
-    except OverflowError:
+#: an integer argument this large cannot size any tensor (torch's sizes are int64)
+_UNBUILDABLE = 2**62
+
+
+def _count_on_meta(cls: type, args: Dict[str, Any], depth_keys) -> Optional[float]:
+    """Parameters of ``cls(**args)``, counted on models built on the ``meta`` device (nothing is
+    allocated) with at most two blocks per depth argument, then extended linearly to the asked
+    depths: ``count(1) + (depth - 1) * (count(2) - count(1))``. None when the constructor refuses
+    the arguments (it says why when the model is built), inf for a size no tensor can have."""
+    if any(is_int(v) and abs(v) >= _UNBUILDABLE for v in args.values()):
         return float("inf")
-    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError):
+    depths = {k: args.get(k) for k in depth_keys if k in args}
+    if not all(is_int(d) and d >= 0 for d in depths.values()):
+        return None
+    base = {k: min(d, 1) for k, d in depths.items()}
+
+    def count(**depth) -> int:
+        with torch.device("meta"):
+            model = cls(**{**args, **base, **depth})
+        return sum(p.numel() for p in model.parameters())
+
+    try:
+        first = count()
+        return first + sum((d - 1) * (count(**{k: 2}) - first) for k, d in depths.items() if d >= 2)
+    except (TypeError, ValueError):
         return None
 
 
 def build_with_defaults(cls: type, defaults: Dict[str, Any], overrides: Dict[str, Any]) -> nn.Module:
     """``cls(**{**defaults, **overrides})`` with a clear error for unknown override names, after the
-    size bounds of :mod:`whiteformer.models.size` (blocks, estimated parameters) are checked from
-    the arguments alone."""
+    size bounds of :mod:`whiteformer.models.size` (blocks, then parameters counted on the ``meta``
+    device) are checked."""
     params = inspect.signature(cls.__init__).parameters
     accepts_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     if not accepts_var_kw:
@@ -82,7 +98,9 @@ def build_with_defaults(cls: type, defaults: Dict[str, Any], overrides: Dict[str
             raise TypeError(f"{cls.__name__} got unknown argument(s) {unknown}; valid arguments: {valid}")
     kwargs = {**defaults, **overrides}
     args = {**{k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}, **kwargs}
-    check_model_size(cls.__name__, args, _estimate(cls, args), getattr(cls, "depth_args", ("depth",)))
+    depth_keys = getattr(cls, "depth_args", ("depth",))
+    check_model_size(cls.__name__, args, None, depth_keys)  # the depth first: the count below builds blocks
+    check_model_size(cls.__name__, args, _count_on_meta(cls, args, depth_keys), ())
     return cls(**kwargs)
 
 

@@ -2,10 +2,10 @@
 
 Sizes may come from an untrusted ``config.json`` (``from_pretrained``, ``eval --checkpoint``,
 ``AutoModel*.from_config``): ``depth: 200000`` or ``dim: 2**20`` must be refused at once, not after
-minutes of building or at the allocator. Each model class estimates its parameter count with
-arithmetic on its arguments (``estimate_num_params``, no module is built, not even on ``meta``);
-:func:`whiteformer.models.registry.build_with_defaults` refuses a model above :func:`max_params`
-parameters or :func:`max_depth` blocks with a ``ValueError`` naming the sizes.
+minutes of building or at the allocator. :func:`whiteformer.models.registry.build_with_defaults`
+refuses a model of more than :func:`max_depth` blocks, then counts its parameters on models built on
+the ``meta`` device with one or two blocks (nothing is allocated; the count grows linearly with the
+depth) and refuses one above :func:`max_params` parameters, with a ``ValueError`` naming the sizes.
 
 Limits: :data:`MAX_PARAMS` (10 billion) and :data:`MAX_DEPTH` (1024 blocks), raised or lowered by the
 environment variables ``WHITEFORMER_MAX_PARAMS`` / ``WHITEFORMER_MAX_DEPTH`` (positive integers).
@@ -15,10 +15,9 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional, Sequence
 
-from .._checks import check_positive_real, is_int, is_real
+from .._checks import is_int, is_real
 
-__all__ = ["MAX_PARAMS", "MAX_DEPTH", "max_params", "max_depth", "check_model_size", "transformer_params",
-           "mlp_width", "num_patches"]
+__all__ = ["MAX_PARAMS", "MAX_DEPTH", "max_params", "max_depth", "check_model_size"]
 
 MAX_PARAMS = 10_000_000_000
 MAX_DEPTH = 1024
@@ -49,44 +48,10 @@ def max_depth() -> int:
     return _env_limit(ENV_MAX_DEPTH, MAX_DEPTH)
 
 
-def _size(value) -> Optional[int]:
-    """A non-negative integer size, or None for anything else (the constructor reports it)."""
-    return int(value) if is_int(value) and value >= 0 else None
-
-
-def num_patches(img_size: Any, patch_size: Any) -> Optional[int]:
-    """Patches of an ``img_size`` image (int or (h, w)) cut in ``patch_size`` squares (int or (ph, pw));
-    None when either is not a valid size."""
-    def pair(v) -> Optional[Sequence[int]]:
-        v = (v, v) if not isinstance(v, (tuple, list)) else tuple(v)
-        return v if len(v) == 2 and all(_size(s) for s in v) else None
-
-    img, patch = pair(img_size), pair(patch_size)
-    if img is None or patch is None:
-        return None
-    return (img[0] // patch[0]) * (img[1] // patch[1])
-
-
-def mlp_width(dim: int, mlp_ratio: Any) -> int:
-    """Hidden width ``int(dim * mlp_ratio)`` of an MLP; a ``mlp_ratio`` that is not a finite number
-    > 0 raises ``ValueError`` (the estimate is then skipped and the constructor names it)."""
-    return int(dim * check_positive_real(mlp_ratio, "mlp_ratio"))
-
-
-def transformer_params(depth: int, dim: int, mlp_hidden: int, attn_width: Optional[int] = None,
-                       extra_per_block: int = 0, attn_maps: int = 4) -> int:
-    """Parameters of ``depth`` blocks of width ``dim``: attention (``attn_maps`` maps between ``dim``
-    and ``attn_width`` channels, default ``dim``: 4 for q, k, v and output, 2 for TSSA's one
-    projection and output), MLP (``2 dim mlp_hidden``), two LayerNorms (``4 dim``) and
-    ``extra_per_block`` (biases, layer scales, position biases)."""
-    attn_width = dim if attn_width is None else attn_width
-    return depth * (attn_maps * dim * attn_width + 2 * dim * mlp_hidden + 4 * dim + extra_per_block)
-
-
 def check_model_size(model: str, args: Dict[str, Any], estimate: Optional[int],
                      depth_keys: Sequence[str] = ("depth",)) -> None:
     """Refuse (``ValueError``) a model whose blocks (the sum of ``args[k]`` over ``depth_keys``)
-    exceed :func:`max_depth` or whose ``estimate`` of parameters exceeds :func:`max_params`.
+    exceed :func:`max_depth` or whose ``estimate`` (its parameter count, None: not known) exceeds :func:`max_params`.
     Sizes that are not numbers are left to the constructor's own checks."""
     blocks = [args.get(k) for k in depth_keys]
     depth = sum(b for b in blocks if is_int(b) and b > 0)

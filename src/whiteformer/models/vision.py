@@ -84,14 +84,11 @@ from ..layers import (
 from ..ops.context_parallel import group_chunk, local_checks
 from .checkpoint import PretrainedMixin
 from .registry import build_with_defaults, register_model
-from .size import mlp_width, transformer_params
 
 __all__ = ["Block", "ToSTVision"]
 
 _MLP_KINDS = ("mlp", "ista", "none")
 _NO_DECAY_SUFFIXES = ("temp", "temperature", "pos_bias", "cls_token", "pos_embed")
-# (dim, width) maps of an attention layer, for the size estimate (default 4: q, k, v, output)
-_ATTN_MAPS = {"tssa": 2, "dmsa": 2, "eca": 1}
 
 
 def _check_pool(global_pool: Any) -> None:
@@ -242,23 +239,6 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
     fixed_input_size = False  # Fourier positions: any multiple of the patch size
 
     depth_args = ("depth", "cls_attn_layers")
-
-    @staticmethod
-    def estimate_num_params(args: Dict[str, Any]) -> int:
-        """Parameters from the constructor arguments alone (arithmetic, nothing built), for the
-        size bounds of :mod:`whiteformer.models.size`: blocks, class-attention blocks, the conv
-        patch embedding (about ``12 D^2``, its first 3x3 conv ``9 in_chans D / (patch / 2)``) and
-        the head."""
-        dim, hidden = args["embed_dim"], mlp_width(args["embed_dim"], args["mlp_ratio"])
-        mlp = {"mlp": hidden, "ista": dim // 2, "none": 0}[args["mlp"]]  # ISTA: one (D, D) dictionary
-        head_dim = (args["attn_kwargs"] or {}).get("head_dim")
-        width = args["num_heads"] * head_dim if head_dim else dim
-        maps = _ATTN_MAPS.get(args["attn"], 4)
-        patch = args["patch_size"][0] if isinstance(args["patch_size"], (tuple, list)) else args["patch_size"]
-        return (transformer_params(args["depth"], dim, mlp, width, 2 * dim, maps)
-                + transformer_params(args["cls_attn_layers"], dim, hidden, extra_per_block=2 * dim)
-                + 12 * dim * dim + 9 * args["in_chans"] * dim // max(1, patch // 2)
-                + 64 * dim + dim * args["num_classes"])
 
     def __init__(
         self,
