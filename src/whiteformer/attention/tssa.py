@@ -24,13 +24,25 @@ from .._checks import (
     check_tokens_input,
 )
 from .._utils import zero_padded
-from ..ops.causal_tssa import CausalTSSAState, causal_tssa, causal_tssa_step
+from ..ops.causal_tssa import CausalTSSAState, causal_tssa_step
+from ..ops.causal_tssa.dispatch import causal_tssa_impl
 from ..ops.context_parallel import local_checks
-from ..ops.tssa import tssa
+from ..ops.packing import check_packed
+from ..ops.tssa.dispatch import tssa_impl
 from .context_parallel import ContextParallel
 from .registry import register_attention
 
 __all__ = ["TSSA", "CausalTSSA"]
+
+
+def _heads(qkv: torch.Tensor, num_heads: int, attn_mask, cu_seqlens, group) -> torch.Tensor:
+    """(B, N, H p) -> w (B, H, N, p), the operator's input; with ``cu_seqlens``, the operator's checks
+    of a packed row (the layer's forward checked everything else: the operator runs unchecked)."""
+    w = rearrange(qkv, "b n (h d) -> b h n d", h=num_heads)
+    if cu_seqlens is not None:
+        with local_checks(group, w):
+            check_packed(w, attn_mask, cu_seqlens)
+    return w
 
 
 @register_attention("tssa")
@@ -89,9 +101,9 @@ class TSSA(ContextParallel, nn.Module):
                                allow_no_tokens=self.context_parallel_group is not None)  # split: a chunk may be empty
             attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
         # padded tokens take no part: zeroed inputs (NaN/inf reach nothing), outputs 0 (not the bias)
-        w = rearrange(self.qkv(zero_padded(x, attn_mask)), "b n (h d) -> b h n d", h=self.num_heads)
-        out, pi = tssa(w, self.temp, attn_mask, return_pi=True, attn_drop=self.attn_drop, training=self.training,
-                       normalize=self.normalize, group=self.context_parallel_group, cu_seqlens=cu_seqlens)
+        w = _heads(self.qkv(zero_padded(x, attn_mask)), self.num_heads, attn_mask, cu_seqlens, self.context_parallel_group)
+        out, pi = tssa_impl(w, self.temp, attn_mask, True, self.attn_drop, self.training, self.normalize,
+                            self.context_parallel_group, cu_seqlens)
         y = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
         y = zero_padded(y, attn_mask)
         return (y, {"pi": pi}) if return_pi else y
@@ -141,10 +153,9 @@ class CausalTSSA(ContextParallel, nn.Module):
             check_tokens_input(x, "x", self.dim, like=self.qkv.weight,
                                allow_no_tokens=self.context_parallel_group is not None)  # split: a chunk may be empty
             attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
-        w = rearrange(self.qkv(zero_padded(x, attn_mask)), "b n (h d) -> b h n d", h=self.num_heads)
-        out, pi, state = causal_tssa(w, self.temp, self.pos_bias, attn_mask, return_pi=True, return_state=True,
-                                     attn_drop=self.attn_drop, training=self.training,
-                                     group=self.context_parallel_group, cu_seqlens=cu_seqlens)
+        w = _heads(self.qkv(zero_padded(x, attn_mask)), self.num_heads, attn_mask, cu_seqlens, self.context_parallel_group)
+        out, pi, state = causal_tssa_impl(w, self.temp, self.pos_bias, attn_mask, True, True, self.attn_drop,
+                                          self.training, self.context_parallel_group, cu_seqlens)
         y = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
         return zero_padded(y, attn_mask), pi, state
 

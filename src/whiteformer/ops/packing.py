@@ -101,9 +101,8 @@ def pads_little(cu_seqlens: torch.Tensor, total: int) -> bool:
 
 
 def packed_layout(w: torch.Tensor, attn_mask, cu_seqlens, group=None) -> Packing:
-    """:func:`check_packed`, then the padded layout (with a ``group``: of this rank's chunk, see
-    the module docstring)."""
-    check_packed(w, attn_mask, cu_seqlens)
+    """The padded layout of checked arguments (:func:`check_packed`; with a ``group``: of this
+    rank's chunk, see the module docstring)."""
     if group is None:
         return packing(cu_seqlens, w.shape[2], w.device)
     return _chunk_packing(w, cu_seqlens, group)

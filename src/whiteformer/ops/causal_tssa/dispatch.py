@@ -28,7 +28,7 @@ from .recurrent import causal_tssa_recurrent
 from .state import CausalTSSAState, check_state, position_logit_bias
 from .varlen import causal_tssa_varlen
 
-__all__ = ["causal_tssa", "causal_tssa_step"]
+__all__ = ["causal_tssa", "causal_tssa_impl", "causal_tssa_step"]
 
 
 def causal_tssa(
@@ -112,16 +112,23 @@ def causal_tssa(
         attn_mask = check_mask(attn_mask, w.shape[0], w.shape[2])
         check_same_device(w, temp=temp, pos_bias=pos_bias, attn_mask=attn_mask)
         drop = check_probability(attn_drop, "attn_drop")
+    return causal_tssa_impl(w, temp, pos_bias, attn_mask, return_pi, return_state, drop, training, group, cu_seqlens)
+
+
+def causal_tssa_impl(w, temp, pos_bias, attn_mask, return_pi, return_state, attn_drop, training, group, cu_seqlens):
+    """:func:`causal_tssa` on arguments already checked (``temp`` (H, 1), ``attn_mask`` bool or None,
+    the shapes of ``cu_seqlens``' row; its values and the length limit are checked here): the entry
+    of the layers, which check their own input."""
     # packed: the fused kernels run the padded layout when it wastes little, else the PyTorch path
     if cu_seqlens is not None and (group is not None or has_kernel("causal_tssa", w, training and attn_drop)
                                    and pads_little(cu_seqlens, w.shape[2])):
         pk = packed_layout(w, attn_mask, cu_seqlens, group)
-        out, pi, *state = causal_tssa(to_padded(w, pk), temp, pos_bias, pk.mask, True, return_state=return_state,
-                                      attn_drop=attn_drop, training=training, group=group)
+        out, pi, *state = causal_tssa_impl(to_padded(w, pk), temp, pos_bias, pk.mask, True, return_state, attn_drop,
+                                           training, group, None)
         res = (from_padded(out, pk),) + ((from_padded(pi, pk),) if return_pi else ()) + tuple(state)
         return res if len(res) > 1 else res[0]
     n, p = w.shape[2], w.shape[3]
-    drop_p = drop if training else 0.0
+    drop_p = attn_drop if training else 0.0
     if cu_seqlens is not None:  # the PyTorch path on the packed tokens, no padded layout
         return _causal_varlen(w, temp, pos_bias, cu_seqlens, drop_p, return_pi, return_state)
     start, total = 0, n

@@ -14,7 +14,7 @@ from ..scaling import beyond_kernel_range
 from .parallel import tssa_parallel
 from .varlen import tssa_varlen
 
-__all__ = ["tssa"]
+__all__ = ["tssa", "tssa_impl"]
 
 
 def tssa(
@@ -80,16 +80,22 @@ def tssa(
         drop = check_probability(attn_drop, "attn_drop")
         if not isinstance(normalize, bool):
             raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
+    return tssa_impl(w, temp, attn_mask, return_pi, drop, training, normalize, group, cu_seqlens)
+
+
+def tssa_impl(w, temp, attn_mask, return_pi, attn_drop, training, normalize, group, cu_seqlens):
+    """:func:`tssa` on arguments already checked (``temp`` (H, 1), ``attn_mask`` bool or None, the
+    shapes of ``cu_seqlens``' row; its values are read once here): the entry of the layers, which
+    check their own input."""
     # packed: the fused kernels run the padded layout when it wastes little, else the PyTorch path
     torch_only = not normalize or training and attn_drop
     if cu_seqlens is not None and (group is not None or has_kernel("tssa", w, torch_only)
                                    and pads_little(cu_seqlens, w.shape[2])):
         pk = packed_layout(w, attn_mask, cu_seqlens, group)
-        out, pi = tssa(to_padded(w, pk), temp, pk.mask, True, attn_drop=attn_drop, training=training,
-                       normalize=normalize, group=group)
+        out, pi = tssa_impl(to_padded(w, pk), temp, pk.mask, True, attn_drop, training, normalize, group, None)
         out, pi = from_padded(out, pk), from_padded(pi, pk)
         return (out, pi) if return_pi else out
-    drop_p = drop if training else 0.0
+    drop_p = attn_drop if training else 0.0
     if cu_seqlens is not None:  # the PyTorch path on the packed tokens, no padded layout
         out, pi = tssa_varlen(w, temp, segments(cu_seqlens, w.shape[2], w.device), drop_p, normalize=normalize)
     elif group is not None:
