@@ -41,7 +41,7 @@ def test_save_pretrained_round_trip(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     out = model.save_pretrained(tmp_path / "ckpt")
     assert out == tmp_path / "ckpt"
-    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "whiteformer_auto.py"]  # no temp files
+    assert sorted(os.listdir(out)) == ["README.md", "config.json", "model.safetensors", "whiteformer_auto.py"]  # no temp
     config = json.loads((out / "config.json").read_text())
     assert config["model_name"] == "tost_t12_p16"
     assert config["init_kwargs"]["embed_dim"] == 48 and config["init_kwargs"]["img_size"] == 32
@@ -67,7 +67,7 @@ def test_save_pretrained_round_trip(tmp_path):
     # Saving again over the same directory replaces the files atomically.
     model.head.bias.data.add_(1.0)
     model.save_pretrained(out)
-    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "whiteformer_auto.py"]
+    assert sorted(os.listdir(out)) == ["README.md", "config.json", "model.safetensors", "whiteformer_auto.py"]
     assert torch.equal(create_model("tost_t12_p16", checkpoint_path=out).head.bias, model.head.bias)
 
 

@@ -1,6 +1,7 @@
 """create_model(pretrained=True): weights named by pretrained_cfg (file, hf_hub_id), read offline
 from a Hugging Face cache laid out as huggingface_hub lays it out, through the real huggingface_hub."""
 import hashlib
+import json
 import os
 import sys
 
@@ -140,3 +141,26 @@ def test_missing_huggingface_hub_is_a_clear_import_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)
     with pytest.raises(ImportError, match=r"pip install 'whiteformer\[hf\]'"):
         create_model("tost_t12_p16", pretrained=True, pretrained_cfg_overlay=dict(hf_hub_id="org/name"))
+
+
+def test_save_pretrained_writes_timm_fields_and_a_model_card(tmp_path):
+    model, saved = _saved(tmp_path)
+    cfg = json.loads((saved / "config.json").read_text())
+    assert cfg["architecture"] == "tost_t12_p16" and cfg["num_classes"] == 3
+    assert cfg["model_args"] == cfg["init_kwargs"] and cfg["model_args"]["embed_dim"] == 32
+    assert cfg["pretrained_cfg"]["input_size"] == [3, 32, 32] and cfg["pretrained_cfg"]["num_classes"] == 3
+    card = (saved / "README.md").read_text()
+    front = card.split("---")[1]
+    assert "library_name: whiteformer" in front and "pipeline_tag: image-classification" in front
+    assert "Token Statistics Transformer" in card and "arXiv:2412.17810" in card and "Ziyang Wu" in card
+    # a later save replaces its own card; a README of the user's is kept
+    model.save_pretrained(saved)
+    assert (saved / "README.md").read_text() == card
+    (saved / "README.md").write_text("my notes\n")
+    model.save_pretrained(saved)
+    assert (saved / "README.md").read_text() == "my notes\n"
+
+
+def test_dmst_card_cites_its_paper(tmp_path):
+    _, saved = _saved(tmp_path, "dmst_t12_p16")
+    assert "arXiv:2601.17042" in (saved / "README.md").read_text()

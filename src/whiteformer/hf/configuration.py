@@ -26,7 +26,7 @@ from ..models.size import max_params
 __all__ = ["WhiteformerConfig", "ToSTLMConfig", "WhiteformerGPTConfig", "WhiteformerVisionConfig"]
 
 # keys of whiteformer's own config.json that are not configuration
-_OWN_FORMAT_KEYS = ("format", "architecture", "version")
+_OWN_FORMAT_KEYS = ("format", "architecture", "model_class", "version", "num_classes", "model_args", "pretrained_cfg")
 
 
 def _local_config_json(path) -> Any:

@@ -3,10 +3,13 @@
 Own format (a directory)::
 
     <dir>/model.safetensors   weights (tensors sharing storage, e.g. tied embeddings, stored once)
-    <dir>/config.json         {"format", "model_name", "architecture", "init_kwargs", "version",
+    <dir>/config.json         {"format", "model_name", "model_class", "init_kwargs", "version",
                                "model_type" (the family's name in transformers, see whiteformer.hf),
-                               "auto_map" (transformers' remote-code entry, see models.hf_remote)}
+                               "auto_map" (transformers' remote-code entry, see models.hf_remote),
+                               timm's fields: "architecture" (the model name), "num_classes",
+                               "model_args" (= init_kwargs), "pretrained_cfg"}
     <dir>/whiteformer_auto.py the module auto_map names (imports whiteformer.hf; models.hf_remote)
+    <dir>/README.md           the model card (models.model_card; a README.md of the user's is kept)
 
 written by ``model.save_pretrained(dir)`` as one unit: the files go into a new folder beside
 ``dir`` that then takes its place in one atomic step (:func:`whiteformer._files.staged_folder`), so a
@@ -47,6 +50,7 @@ from .._files import replace_folder
 from .._nesting import NestingError, parse_bounded
 from .._utils import to_jsonable
 from .hf_remote import REMOTE_CODE_NAME, auto_map, write_remote_code
+from .model_card import CARD_MARK, CARD_NAME, model_card
 
 __all__ = [
     "CheckpointFileError",
@@ -179,20 +183,42 @@ def save_pretrained(model: nn.Module, save_dir: PathLike) -> Path:
     if save_dir.exists() and not save_dir.is_dir():
         raise ValueError(f"save_dir {str(save_dir)!r} exists and is not a directory")
     _model_config(model)  # refused before anything is written
-    return replace_folder(save_dir, lambda folder: write_model_files(model, folder),
-                          keep=lambda name: name not in MODEL_FILES)
+    ours = _card_is_ours(save_dir / CARD_NAME)
+    return replace_folder(save_dir, lambda folder: write_model_files(model, folder, card=ours),
+                          keep=lambda name: name not in MODEL_FILES and not (ours and name == CARD_NAME))
+
+
+def _card_is_ours(path: Path) -> bool:
+    """Whether a save may write the model card at ``path``: there is none, or one written here
+    (a user's README.md, or a link, is kept)."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        return False
+    if not path.exists():
+        return True
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return CARD_MARK in f.read(4096)
 
 
 def _model_config(model: nn.Module) -> Dict[str, Any]:
     init_kwargs = getattr(model, "init_kwargs", None)
     if init_kwargs is None:
         raise TypeError(f"{type(model).__name__} does not record init_kwargs; inherit PretrainedMixin")
+    name = getattr(model, "model_name", None)
+    args = to_jsonable(dict(init_kwargs), "init_kwargs")
     config = {
         "format": FORMAT,
-        "model_name": getattr(model, "model_name", None),
-        "architecture": f"{type(model).__module__}.{type(model).__qualname__}",
-        "init_kwargs": to_jsonable(dict(init_kwargs), "init_kwargs"),
+        "model_name": name,
+        "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "init_kwargs": args,
+        # timm's fields (timm.create_model reads a Hub folder's config.json by them)
+        "architecture": name or type(model).__name__,
+        "model_args": args,
     }
+    if isinstance(getattr(model, "num_classes", None), int):
+        config["num_classes"] = model.num_classes
+    cfg = getattr(model, "pretrained_cfg", None)
+    if isinstance(cfg, dict):
+        config["pretrained_cfg"] = to_jsonable({k: v for k, v in cfg.items() if v is not None}, "pretrained_cfg")
     if getattr(model, "hf_model_type", None):
         config["model_type"] = model.hf_model_type
         config["auto_map"] = auto_map(model.hf_model_type)  # transformers loads the folder with trust_remote_code
@@ -202,10 +228,10 @@ def _model_config(model: nn.Module) -> Dict[str, Any]:
     return config
 
 
-def write_model_files(model: nn.Module, folder: PathLike) -> Path:
+def write_model_files(model: nn.Module, folder: PathLike, card: bool = False) -> Path:
     """Write the model's files into the new, private ``folder`` (a stage of
     :func:`whiteformer._files.staged_folder`, which makes them one unit): the weights, the code
-    ``auto_map`` names, then ``config.json``."""
+    ``auto_map`` names, with ``card`` the model card ``README.md``, then ``config.json``."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -214,6 +240,9 @@ def write_model_files(model: nn.Module, folder: PathLike) -> Path:
     save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt", _ALIAS_KEY: json.dumps(aliases)})
     if config.get("auto_map"):
         write_remote_code(folder)
+    if card:
+        n = sum(t.numel() for t in tensors.values())
+        (folder / CARD_NAME).write_text(model_card(config, n), encoding="utf-8")
     (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return folder
 

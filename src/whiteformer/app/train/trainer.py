@@ -513,7 +513,7 @@ class Trainer:
                     continue
                 # Written beside, then swapped into place: a link named final/ is replaced, never written through.
                 with staged_folder(self.run_dir / name, keep=False) as stage:
-                    write_model_files(mod, stage)
+                    write_model_files(mod, stage, card=True)
                     for fname, text in extra.items():
                         (stage / fname).write_text(text, encoding="utf-8")
             drop_stashes(self.run_dir, self.say)  # the replaced run goes only now that this one has its model
