@@ -24,8 +24,8 @@ from .._checks import (
     check_tokens_input,
 )
 from .._utils import zero_padded
-from ..ops.causal_tssa import CausalTSSAState, causal_tssa_step
-from ..ops.causal_tssa.dispatch import causal_tssa_impl
+from ..ops.causal_tssa import CausalTSSAState
+from ..ops.causal_tssa.dispatch import causal_tssa_impl, causal_tssa_step_impl
 from ..ops.context_parallel import local_checks
 from ..ops.packing import check_packed
 from ..ops.tssa.dispatch import tssa_impl
@@ -186,7 +186,6 @@ class CausalTSSA(ContextParallel, nn.Module):
             raise ValueError(f"x_t must have shape (B, {self.dim}), got {tuple(x_t.shape)}")
         check_input_device(x_t, self.qkv.weight, "x_t")
         w_t = rearrange(self.qkv(x_t), "b (h d) -> b h d", h=self.num_heads)
-        out, state = causal_tssa_step(w_t, state, self.temp, self.pos_bias,
-                                      attn_drop=self.attn_drop, training=self.training)
+        out, state = causal_tssa_step_impl(w_t, state, self.temp, self.pos_bias, False, self.attn_drop, self.training)
         y = self.proj_drop(self.proj(rearrange(out, "b h d -> b (h d)")))
         return y, state

@@ -28,7 +28,7 @@ from .recurrent import causal_tssa_recurrent
 from .state import CausalTSSAState, check_state, position_logit_bias
 from .varlen import causal_tssa_varlen
 
-__all__ = ["causal_tssa", "causal_tssa_impl", "causal_tssa_step"]
+__all__ = ["causal_tssa", "causal_tssa_impl", "causal_tssa_step", "causal_tssa_step_impl"]
 
 
 def causal_tssa(
@@ -214,12 +214,19 @@ def causal_tssa_step(
     check_tensor(w_t, "w_t", 3)
     check_nonempty(w_t, "w_t", 1, "heads")
     check_nonempty(w_t, "w_t", 2, "features (head dim p)")
-    b, h, p = w_t.shape
-    temp = check_temp(temp, h, w_t)
-    check_pos_bias(pos_bias, h)
+    temp = check_temp(temp, w_t.shape[1], w_t)
+    check_pos_bias(pos_bias, w_t.shape[1])
     check_same_device(w_t, "w_t", temp=temp, pos_bias=pos_bias)
     drop = check_probability(attn_drop, "attn_drop")
-    drop_p = drop if training else 0.0
+    return causal_tssa_step_impl(w_t, state, temp, pos_bias, return_pi, drop, training)
+
+
+def causal_tssa_step_impl(w_t, state, temp, pos_bias, return_pi, attn_drop, training):
+    """:func:`causal_tssa_step` on checked arguments (``temp`` (H, 1); the ``state`` and the length
+    limit are checked here): the entry of :meth:`whiteformer.attention.CausalTSSA.step`, which
+    checks its own input (no host read of ``temp`` at each generated token)."""
+    b, h, p = w_t.shape
+    drop_p = attn_drop if training else 0.0
     sd = stats_dtype(w_t)
     if state is None:
         zeros = torch.zeros(b, h, p, dtype=sd, device=w_t.device)
