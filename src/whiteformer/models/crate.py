@@ -38,15 +38,16 @@ class CRATEPatchEmbed(PatchGrid):
     (B, C, H, W) with (H, W) == ``img_size`` -> (B, N, D).
     """
 
-    def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, embed_dim: int = 384):
-        super().__init__(img_size, patch_size, in_chans)
+    def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, embed_dim: int = 384,
+                 dynamic_img_size: bool = False, dynamic_img_pad: bool = False):
+        super().__init__(img_size, patch_size, in_chans, dynamic_img_size, dynamic_img_pad)
         patch_dim = in_chans * self.patch_size[0] * self.patch_size[1]
         self.patch_norm = nn.LayerNorm(patch_dim)
         self.proj = nn.Linear(patch_dim, embed_dim)
         self.norm = nn.LayerNorm(embed_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.check_images(x)
+        x = self.check_images(x)
         p1, p2 = self.patch_size
         x = rearrange(x, "b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=p1, p2=p2)
         return self.norm(self.proj(self.patch_norm(x)))
@@ -91,8 +92,11 @@ class CRATE(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, nn.Module):
     configs), eta (ISTA step size, official ``ista``), lambd (ISTA sparsity, 0.1), global_pool
     ('token' = official ``pool='cls'``, or 'avg' = ``'mean'``, the mean over all tokens including
     the class token), attn_drop_rate (official ``dropout``: attention weights and output),
-    pos_drop_rate (official ``emb_dropout``).
-    Shapes: images (B, in_chans, H, W) with (H, W) = img_size -> logits (B, num_classes).
+    pos_drop_rate (official ``emb_dropout``), dynamic_img_size / dynamic_img_pad (timm's: other
+    input sizes, the position embedding resized to each input's grid; padding up to a multiple of
+    the patch size).
+    Shapes: images (B, in_chans, H, W) with (H, W) = img_size (any multiple of the patch size with
+    dynamic_img_size) -> logits (B, num_classes).
 
     Init as the official code: PyTorch defaults for Linear/LayerNorm, ``pos_embed`` and
     ``cls_token`` standard normal, ISTA dictionaries Kaiming-uniform.
@@ -103,7 +107,7 @@ class CRATE(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, nn.Module):
     def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, num_classes: int = 1000,
                  embed_dim: int = 384, depth: int = 12, num_heads: int = 6, dim_head: Optional[int] = None,
                  eta: float = 0.1, lambd: float = 0.1, global_pool: str = "token", attn_drop_rate: float = 0.0,
-                 pos_drop_rate: float = 0.0):
+                 pos_drop_rate: float = 0.0, dynamic_img_size: bool = False, dynamic_img_pad: bool = False):
         super().__init__()
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
@@ -118,7 +122,8 @@ class CRATE(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, nn.Module):
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_prefix_tokens = 1
 
-        self.patch_embed = CRATEPatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        self.patch_embed = CRATEPatchEmbed(img_size, patch_size, in_chans, embed_dim, dynamic_img_size, dynamic_img_pad)
+        self.fixed_input_size = not dynamic_img_size
         self.cls_token = nn.Parameter(torch.randn(1, 1, embed_dim))
         self.pos_embed = nn.Parameter(torch.randn(1, self.patch_embed.num_patches + 1, embed_dim))
         self.pos_drop = nn.Dropout(pos_drop_rate)
@@ -150,9 +155,10 @@ class CRATE(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, nn.Module):
 
     def _embed_grid(self, x: torch.Tensor):
         """Images -> ([CLS; patches] + pos_embed (B, 1 + N, D), grid (Hp, Wp))."""
+        grid = self.patch_embed.input_grid(x)
         x = self.patch_embed(x)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        return self.pos_drop(x + self.pos_embed), self.patch_embed.grid_size
+        return self.pos_drop(x + self.patch_embed.pos_embed_for(self.pos_embed, grid)), grid
 
     def _finish(self, x: torch.Tensor) -> torch.Tensor:
         return x  # CRATE normalises the pooled token in the head

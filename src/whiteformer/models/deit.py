@@ -37,12 +37,13 @@ class PatchEmbed(PatchGrid):
     (B, C, H, W) with (H, W) == ``img_size`` -> (B, N, D), N = ``num_patches``.
     """
 
-    def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, embed_dim: int = 768):
-        super().__init__(img_size, patch_size, in_chans)
+    def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, embed_dim: int = 768,
+                 dynamic_img_size: bool = False, dynamic_img_pad: bool = False):
+        super().__init__(img_size, patch_size, in_chans, dynamic_img_size, dynamic_img_pad)
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.check_images(x)
+        x = self.check_images(x)
         return self.proj(x).flatten(2).transpose(1, 2)
 
 
@@ -81,8 +82,11 @@ class VisionTransformer(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, 
     drop_rate (head dropout), pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate
     (linearly increasing over blocks), compression (per-block specs of a model compressed by
     :func:`whiteformer.compress.compress`, recorded in its checkpoint; None: plain ViT), norm_eps
-    (LayerNorm epsilon: 1e-6 as timm; 1e-12 for checkpoints from transformers' ViT).
-    Shapes: images (B, in_chans, H, W) with (H, W) = img_size -> logits (B, num_classes).
+    (LayerNorm epsilon: 1e-6 as timm; 1e-12 for checkpoints from transformers' ViT),
+    dynamic_img_size / dynamic_img_pad (timm's: other input sizes, the position embedding resized
+    to each input's grid; padding up to a multiple of the patch size).
+    Shapes: images (B, in_chans, H, W) with (H, W) = img_size (any multiple of the patch size with
+    dynamic_img_size) -> logits (B, num_classes).
     """
 
     hf_model_type = "whiteformer-vision"
@@ -93,7 +97,7 @@ class VisionTransformer(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, 
                  mlp_ratio: float = 4.0, qkv_bias: bool = True, init_values: Optional[float] = None,
                  drop_rate: float = 0.0, pos_drop_rate: float = 0.0, proj_drop_rate: float = 0.0,
                  attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0, compression: Optional[dict] = None,
-                 norm_eps: float = 1e-6):
+                 norm_eps: float = 1e-6, dynamic_img_size: bool = False, dynamic_img_pad: bool = False):
         super().__init__()
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
@@ -111,7 +115,8 @@ class VisionTransformer(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, 
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_prefix_tokens = 1
 
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, dynamic_img_size, dynamic_img_pad)
+        self.fixed_input_size = not dynamic_img_size
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, embed_dim))
         self.pos_drop = nn.Dropout(pos_drop_rate)
@@ -169,9 +174,10 @@ class VisionTransformer(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, 
 
     def _embed_grid(self, x: torch.Tensor):
         """Images -> ([CLS; patches] + pos_embed (B, 1 + N, D), grid (Hp, Wp))."""
+        grid = self.patch_embed.input_grid(x)
         x = self.patch_embed(x)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        return self.pos_drop(x + self.pos_embed), self.patch_embed.grid_size
+        return self.pos_drop(x + self.patch_embed.pos_embed_for(self.pos_embed, grid)), grid
 
     def _finish(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(x)
