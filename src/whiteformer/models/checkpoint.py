@@ -228,10 +228,11 @@ def _model_config(model: nn.Module) -> Dict[str, Any]:
     return config
 
 
-def write_model_files(model: nn.Module, folder: PathLike, card: bool = False) -> Path:
+def write_model_files(model: nn.Module, folder: PathLike, card: bool = False, card_extra: str = "") -> Path:
     """Write the model's files into the new, private ``folder`` (a stage of
     :func:`whiteformer._files.staged_folder`, which makes them one unit): the weights, the code
-    ``auto_map`` names, with ``card`` the model card ``README.md``, then ``config.json``."""
+    ``auto_map`` names, with ``card`` the model card ``README.md`` (``card_extra``: more of its
+    markdown), then ``config.json``."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -242,7 +243,7 @@ def write_model_files(model: nn.Module, folder: PathLike, card: bool = False) ->
         write_remote_code(folder)
     if card:
         n = sum(t.numel() for t in tensors.values())
-        (folder / CARD_NAME).write_text(model_card(config, n), encoding="utf-8")
+        (folder / CARD_NAME).write_text(model_card(config, n, card_extra), encoding="utf-8")
     (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return folder
 

@@ -34,8 +34,9 @@ def paper_for(model_name: Optional[str], init_kwargs: Dict[str, Any]) -> Tuple[s
     return PAPERS["dmsa"] if name.startswith("dmst") else PAPERS["eca"] if name.startswith("eca") else PAPERS["tost"]
 
 
-def model_card(config: Dict[str, Any], num_params: int) -> str:
-    """The card's text for a model whose ``config.json`` is ``config``."""
+def model_card(config: Dict[str, Any], num_params: int, extra: str = "") -> str:
+    """The card's text for a model whose ``config.json`` is ``config``; ``extra`` (markdown, e.g. the
+    training command's configuration and metrics) goes before the paper."""
     name = config.get("model_name") or config.get("architecture") or "model"
     args = config.get("init_kwargs", {})
     title, authors, where = paper_for(config.get("model_name"), args)
@@ -68,7 +69,7 @@ model = whiteformer.from_pretrained("path/to/this/folder")
 ```json
 {json.dumps(args, indent=2, sort_keys=True)}
 ```
-
+{extra}
 ## Paper
 
 {authors}. *{title}.* {where}.

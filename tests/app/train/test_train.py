@@ -233,6 +233,11 @@ def test_tiny_training_run_writes_everything(tmp_path):
     assert ev["acc"] == pytest.approx(res["final_eval"]["acc"]) and ev["checkpoint"].endswith("final_ema")
     raw = evaluate(EvalConfig(checkpoint=str(run), ema=False))
     assert raw["acc"] == pytest.approx(res["raw_eval"]["acc"])
+    # each model folder's card carries the run's configuration and its own final metrics
+    for name, key in (("final_ema", "final_eval"), ("final", "raw_eval")):
+        card = (run / name / "README.md").read_text()
+        assert "library_name: whiteformer" in card and "## Training" in card and '"ema_decay": 0.9' in card
+        assert f"| acc | {res[key]['acc']:.6g} |" in card
 
 
 def test_in_process_resume_is_bit_exact(tmp_path):

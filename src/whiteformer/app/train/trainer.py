@@ -337,6 +337,18 @@ class Trainer:
             files["vocab.json"] = json.dumps(vocab.to_json())
         return files
 
+    def _card_section(self, final: Dict[str, float]) -> str:
+        """The model card's training section: the command, the data, the final metrics, the configuration."""
+        import json
+
+        cfg = self.cfg
+        metrics = "\n".join(f"| {k} | {v:.6g} |" for k, v in final.items() if isinstance(v, (int, float)))
+        return (f"\n## Training\n\nTrained by `whiteformer train` on `{cfg.dataset}` for {self.total_steps} steps"
+                f" ({self.total_steps / self.steps_per_epoch:.3g} epochs).\n\n"
+                f"Final evaluation ({cfg.eval_split} split): {self.task.summary(final)}\n\n"
+                f"| metric | value |\n|---|---|\n{metrics}\n\n"
+                f"Configuration:\n\n```json\n{json.dumps(config_to_dict(cfg), indent=1, sort_keys=True)}\n```\n")
+
     # ------------------------------------------------------------------ schedule of events
     def _epoch_end(self, done: int) -> bool:
         return self.task.epoch_based and done % self.steps_per_epoch == 0
@@ -513,7 +525,8 @@ class Trainer:
                     continue
                 # Written beside, then swapped into place: a link named final/ is replaced, never written through.
                 with staged_folder(self.run_dir / name, keep=False) as stage:
-                    write_model_files(mod, stage, card=True)
+                    ev = final if mod is not self.module else results.get("raw_eval", final)
+                    write_model_files(mod, stage, card=True, card_extra=self._card_section(ev))
                     for fname, text in extra.items():
                         (stage / fname).write_text(text, encoding="utf-8")
             drop_stashes(self.run_dir, self.say)  # the replaced run goes only now that this one has its model
