@@ -59,8 +59,9 @@ def test_padding_is_invisible(attn, pool, prenorm):
     junk = torch.cat([x, torch.randint(0, 20, (2, 9))], 1)
     mask = torch.arange(20)[None].expand(2, -1) < 11
     torch.testing.assert_close(m2(junk, attn_mask=mask), m(x), atol=1e-5, rtol=1e-5)
-    # without the mask the junk is read
-    assert not torch.allclose(m2.forward_features(junk), m.forward_features(x), atol=1e-3)
+    # without the mask the junk is read: far above the 1e-5 agreement with the mask (the shift is about
+    # 5e-4 with a class token on some torch versions' random draws, 1e-3 on others)
+    assert (m2.forward_features(junk) - m.forward_features(x)).abs().max() > 1e-4
 
 
 def test_variable_lengths_in_one_batch():
