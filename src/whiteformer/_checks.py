@@ -88,9 +88,18 @@ def check_mask(attn_mask, batch: int, tokens: int, name: str = "attn_mask",
     return attn_mask
 
 
-@torch.compiler.disable(reason="cu_seqlens: packed batches read their segment boundaries on the host (one "
-                        "graph break); torch.compile(fullgraph=True) cannot trace them, compile without "
-                        "fullgraph or pass one sequence per row (attn_mask) instead")
+def compile_disabled(reason: str):
+    """``torch.compiler.disable`` as a decorator, with the ``reason`` that torch (from 2.8) shows in a
+    ``fullgraph=True`` error; torch 2.7 takes no reason."""
+    try:
+        return torch.compiler.disable(reason=reason)
+    except TypeError:
+        return torch.compiler.disable
+
+
+@compile_disabled("cu_seqlens: packed batches read their segment boundaries on the host (one graph break); "
+                  "torch.compile(fullgraph=True) cannot trace them, compile without fullgraph or pass one "
+                  "sequence per row (attn_mask) instead")
 def check_cu_seqlens(cu_seqlens, total: int, name: str = "cu_seqlens") -> list:
     """Validate packed-sequence boundaries (FlashAttention's convention): a 1-D integer tensor
     (int32, or int64) of shape (S + 1,) with ``cu_seqlens[0] = 0``, non-decreasing, ending at

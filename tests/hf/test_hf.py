@@ -1,6 +1,7 @@
 """whiteformer in Hugging Face transformers (whiteformer.hf): Auto classes, forward/loss,
 generate() (greedy = whiteformer's own, sampling, beam search, left padding), the constant-size ToST
 cache, checkpoints loading both ways, vision classifiers, Trainer, torch.compile, bad input."""
+import inspect
 import os
 import subprocess
 import sys
@@ -217,7 +218,9 @@ def test_torch_compile_forward():
     torch.testing.assert_close(compiled(**packed).loss, model(**packed).loss)
     torch._dynamo.reset()
     full = torch.compile(model, fullgraph=True, backend="aot_eager")
-    with pytest.raises(Exception, match="leave position_ids out"):  # ... with fullgraph an error that says what to do
+    # ... with fullgraph an error that says what to do (torch 2.7's compiler.disable takes no reason to show)
+    says = "reason" in inspect.signature(torch.compiler.disable).parameters
+    with pytest.raises(Exception, match="leave position_ids out" if says else None):
         full(idx, labels=idx, position_ids=torch.arange(8)[None].expand(2, -1))
     torch.testing.assert_close(full(idx, labels=idx).loss, model(idx, labels=idx).loss)
     torch._dynamo.reset()

@@ -11,6 +11,8 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from .._checks import compile_disabled
+
 __all__ = ["packed_cu_seqlens", "mask_document_starts"]
 
 
@@ -62,9 +64,9 @@ def packed_cu_seqlens(attention_mask: Optional[torch.Tensor], position_ids: Opti
     return _documents(cu_q, cu_k, position_ids, attention_mask, input_ids.shape[0], input_ids.shape[-1])
 
 
-@torch.compiler.disable(reason="position_ids / cu_seq_lens_q: the transformers wrappers read them on the host to "
-                        "find packed documents (one graph break); under torch.compile(fullgraph=True) leave "
-                        "position_ids out (positions come from attention_mask) and pass one sequence per row")
+@compile_disabled("position_ids / cu_seq_lens_q: the transformers wrappers read them on the host to find packed "
+                  "documents (one graph break); under torch.compile(fullgraph=True) leave position_ids out "
+                  "(positions come from attention_mask) and pass one sequence per row")
 def _documents(cu_q, cu_k, position_ids, attention_mask, batch: int, tokens: int) -> Optional[torch.Tensor]:
     """The ``cu_seqlens`` that ``cu_seq_lens_q/k`` and ``position_ids`` describe (checked to agree), or
     None for ordinary positions."""
