@@ -175,9 +175,10 @@ class FeatureGetterNet(nn.Module):
 def pretrained_cfg(model: nn.Module, first_conv: str, classifier: str = "head", fixed_input_size: bool = True,
                    mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None) -> Dict:
     """timm's ``pretrained_cfg`` of a model built here (no published weights: ``url`` / ``hf_hub_id``
-    empty; ``create_model(pretrained=True, pretrained_cfg_overlay=...)`` names some): input size, interpolation, crop, mean/std (ImageNet's for 3 channels, 0.5 otherwise),
-    number of classes, classifier and first-conv module names; ``fixed_input_size`` False for a
-    model that takes other resolutions."""
+    empty; ``create_model(pretrained=True, pretrained_cfg_overlay=...)`` names some): input size,
+    interpolation, crop, mean/std (ImageNet's for 3 channels, 0.5 otherwise), number of classes,
+    classifier and first-conv module names; ``fixed_input_size`` False for a model that takes other
+    resolutions."""
     c = model.patch_embed.in_chans
     h, w = model.patch_embed.img_size
     if mean is None:
