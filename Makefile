@@ -12,7 +12,7 @@ TRITON_VERSION ?= 3.9.0
 STAMP  := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.installed-test-stamp
 
-.PHONY: demo test lint install clean bench gpu-wheels gpu-check-dry version-matrix
+.PHONY: demo test lint install clean bench gpu-wheels gpu-check-dry version-matrix triton-matrix
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,12 @@ gpu-check-dry: $(TEST_STAMP)
 VERSION_MATRIX_ENVS ?= torch2.11,torch2.15
 version-matrix:
 	$(PYTHON) tools/version_matrix.py --envs $(VERSION_MATRIX_ENVS)
+
+# the kernels' compile check (sm_80, sm_90) and interpreter tests under each Triton from 3.3 to 3.9,
+# each wheel downloaded once and installed with --target under ~/.cache/whiteformer-triton (never into
+# $(VENV)); results: benchmarks/results/triton_matrix.json (make test runs the installed Triton only)
+triton-matrix: $(TEST_STAMP)
+	$(PY) -m benchmarks.triton_matrix
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

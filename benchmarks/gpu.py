@@ -30,7 +30,7 @@ docs/benchmarks.md is generated from that file (:mod:`benchmarks.report`). Witho
 the command refuses with one error line (exit code 2).
 
 ``python -m benchmarks.gpu --model`` needs no GPU: the memory-traffic model of the kernels
-(:mod:`whiteformer.ops._kernels.triton._traffic`; launches recorded, nothing runs) per op and head
+(:mod:`benchmarks.kernels.traffic`; launches recorded, nothing runs) per op and head
 dim at B=``--batch`` H=``--heads`` n=``--n`` in ``--dtype``: bytes moved per call / the op's minimum
 and the time that traffic takes at H100's 3.35 TB/s, written to ``benchmarks/results/gpu_model.json``
 (``--model-out``). Goals: forward <= 2x and backward <= 3x the minimum (tssa, causal_tssa at head
@@ -274,7 +274,8 @@ def traffic_model(args) -> Dict[str, Any]:
     if importlib.util.find_spec("triton") is None:
         raise NoGPU("benchmarks.gpu --model needs the 'triton' package (pip install 'whiteformer[triton]')")
     from whiteformer.ops._kernels.triton import _tiles
-    from whiteformer.ops._kernels.triton._traffic import H100_BYTES_PER_S, op_traffic
+
+    from .kernels.traffic import H100_BYTES_PER_S, op_traffic
 
     dtype = DTYPES[args.dtype]
     rows = []
@@ -303,7 +304,7 @@ def traffic_model(args) -> Dict[str, Any]:
 def op_model_bytes(op: str, *, batch: int, heads: int, n: int, head_dim: int, dtype: torch.dtype) -> Dict[str, Any]:
     """The traffic model of one call of ``op`` (``tssa`` / ``causal_tssa``): bytes moved forward and
     backward and the op's minimum each way (needs ``triton``; nothing runs)."""
-    from whiteformer.ops._kernels.triton._traffic import op_traffic
+    from .kernels.traffic import op_traffic
 
     fwd, bwd = op_traffic(op, batch=batch, heads=heads, tokens=n, head_dim=head_dim, dtype=dtype)
     return {"fwd_bytes": fwd.total, "bwd_bytes": bwd.total, "fwd_min_bytes": fwd.minimum,

@@ -430,6 +430,25 @@ def gpu_check_section(results: Path) -> List[str]:
     return out + [f"Command: `{data.get('command')}` ({data.get('wall_s')} s).", ""] + lines[1:] + [""]
 
 
+def triton_matrix_lines(matrix: Optional[Dict[str, Any]]) -> List[str]:
+    """The kernels under every Triton release (``triton_matrix.json``, :mod:`benchmarks.triton_matrix`)."""
+    if not matrix:
+        return ["**Triton versions**: run `make triton-matrix` to render the matrix here.", ""]
+    from . import triton_matrix
+
+    first = matrix["results"][0]["compile"]
+    return [
+        f"**Triton versions** (`{matrix['command']}`; torch {matrix['torch']}, NumPy {matrix['numpy']}): each "
+        "release's wheel installed outside the environment (`pip install --no-deps --target`), then the compile "
+        f"check of `MATRIX_WORKLOAD` ({first.get('specialisations', '?')} specialisations: 4 heads of 64 and 8 "
+        "of 128 in float32 and bfloat16, 12 heads of 64 at 197 tokens; sm_80 and sm_90) and the interpreter tests "
+        f"({', '.join(f'`{t}`' for t in matrix['interpreter_tests'])}) against it:",
+        "",
+        triton_matrix.table(matrix["results"]),
+        "",
+    ]
+
+
 def gpu_model_section(results: Path) -> List[str]:
     """What stands in for GPU measurements here: the compile check of the kernels for sm_80/sm_90
     (tests/ops/test_triton_compile.py) and the memory-traffic model (``gpu_model.json``)."""
@@ -440,20 +459,20 @@ def gpu_model_section(results: Path) -> List[str]:
         "measurements; `python -m benchmarks.gpu` (the measured part, below) is ready for a CUDA machine.",
         "",
         "**Compile check** (`tests/ops/test_triton_compile.py`, part of `make test`, CPU only): the kernel launches the "
-        "ops make are recorded without running them (head dims 16, 32, 64, 128, 256; float32, bfloat16, float16; "
-        "with and without a mask and the position bias; tssa, causal_tssa and the step; forward and backward; 8 "
-        "heads, 4096 tokens), each distinct specialisation is compiled with `triton.compile(..., "
-        "target=GPUTarget('cuda', cc, 32))` for sm_80 (A100) and sm_90 (H100) in a process without the "
-        "interpreter, and `cuobjdump -res-usage` of each cubin is read: the test fails naming the kernel, its "
-        "specialisation and its REG/STACK when one does not compile or spills (STACK > 0) at any of these head "
-        "dims. It passes: no spills at head dim 256 either, so the head dim is not split (a token row of 8 heads "
-        "x 256 features is one 2048-value tile; more heads x features than the budget get more warps, up to 16). "
-        "The same machinery (`whiteformer.ops._kernels.triton._launches`, `._compile_check`) covers new launches "
-        "once a workload makes them. 195 distinct specialisations, 390 compiles (2 in parallel): `pytest "
-        "tests/ops/test_triton_compile.py` took 3 min 14 s with an empty `TRITON_CACHE_DIR` on this 2-core machine "
-        "(1-minute load about 4, other jobs running) and 25 s with the cache filled.",
+        "ops make are recorded without running them (`benchmarks.kernels.compile_check.TEST_WORKLOAD`: head dims 16, "
+        "32, 64, 128, 256 at 8 heads, 4 and 12 heads at head dim 64, float32 and bfloat16, float16 at head dims 64 "
+        "and 128, 1024 tokens, and ViT-S/ViT-B at 197 tokens; with and without a mask and the position bias; tssa, "
+        "causal_tssa and the step; forward and backward), each distinct specialisation (as Triton's launcher "
+        "specialises it) is compiled with `triton.compile(..., target=GPUTarget('cuda', cc, 32))` for sm_80 (A100) "
+        "and sm_90 (H100) in a process without the interpreter, and `cuobjdump -res-usage` of each cubin is read: "
+        "the test fails naming the kernel, its specialisation and its REG/STACK when one does not compile or spills "
+        "(STACK > 0). It passes: no spills at head dim 256 either, so the head dim is not split (a token row of 8 "
+        "heads x 256 features is one 2048-value tile; more heads x features than the budget get more warps, up to "
+        "16). The same machinery (`benchmarks.kernels.launches`, `.compile_check`) covers new launches once a "
+        "workload makes them.",
         "",
     ]
+    out += triton_matrix_lines(_load(results, "triton_matrix.json"))
     model = _load(results, "gpu_model.json")
     if not model:
         return out + ["**Traffic model**: run `python -m benchmarks.gpu --model` (no GPU needed) to render it here.",
@@ -463,8 +482,9 @@ def gpu_model_section(results: Path) -> List[str]:
     cfg = model["config"]
     out += [
         f"**Traffic model** (`{model.get('command', 'python -m benchmarks.gpu --model')}`; "
-        "`whiteformer.ops._kernels.triton._traffic`): the bytes each kernel launch moves, computed from its "
-        "recorded grid, tile constexprs and tensor sizes with the access pattern its module declares (`TRAFFIC`), "
+        "`benchmarks.kernels.traffic`): the bytes each kernel launch moves, computed from its "
+        "recorded grid, tile constexprs and tensor sizes with the access pattern declared for each kernel "
+        "(`benchmarks.kernels.access_patterns`), "
         "plus the host-side torch operations between launches, per op call, divided by the op's minimum (forward: "
         "read w once and write out once; backward: read w, dL/dout and the saved statistics once, write dL/dw "
         f"once); the time is that traffic at H100's 3.35 TB/s. B={cfg['batch']} H={cfg['heads']} "

@@ -202,9 +202,3 @@ def chunk_energy(x_ptr, mask_ptr, part_ptr, H, N, P, NC,
         _, _, _, _, _, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P, ACC)
         acc += tl.sum(x * x, axis=1)
     put_rows(part_ptr, bh, c, NC, P, in_hp, acc, BLOCK_P)
-
-
-TRAFFIC = {  # access patterns for the traffic model (:mod:`._traffic`)
-    "chunk_energy": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"),
-                     "part_ptr": ("w", "all", 1, None)},
-}

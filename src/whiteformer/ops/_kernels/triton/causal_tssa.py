@@ -249,33 +249,6 @@ def _bwd_dw(x_ptr, mask_ptr, pi_ptr, go_ptr, lam_ptr, e0_ptr, q0_ptr, m0_ptr, u_
         q_run, m_run = add_pi_sums(q_run, m_run, pi, x2)
 
 
-TRAFFIC = {  # access patterns for the traffic model (:mod:`._traffic`)
-    "_pi": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"),
-            "e0_ptr": ("r", "all", 1, None), "lb_ptr": ("r", "token", 1, "has_lb"), "temp_ptr": ("r", "all", 1, None),
-            "pi_ptr": ("w", "token", 1, None), "q_part_ptr": ("w", "all", 1, None),
-            "m_part_ptr": ("w", "all", 1, None)},
-    "_out": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"),
-             "pi_ptr": ("r", "token", 1, None), "q0_ptr": ("r", "all", 1, None), "m0_ptr": ("r", "all", 1, None),
-             "out_ptr": ("w", "tile", 1, None)},
-    "_bwd_chunk": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"),
-                   "pi_ptr": ("r", "token", 1, None), "go_ptr": ("r", "tile", 1, None),
-                   "q0_ptr": ("r", "all", 1, None), "m0_ptr": ("r", "all", 1, None),
-                   "dq_part_ptr": ("w", "all", 1, None), "dm_part_ptr": ("w", "all", 1, None)},
-    "_bwd_lambda": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"),
-                    "pi_ptr": ("r", "token", 1, None), "go_ptr": ("r", "tile", 1, None),
-                    "gpi_ptr": ("r", "token", 1, "has_gpi"), "lb_ptr": ("r", "token", 1, "has_lb"),
-                    "temp_ptr": ("r", "all", 1, None), "e0_ptr": ("r", "all", 1, None), "q0_ptr": ("r", "all", 1, None),
-                    "m0_ptr": ("r", "all", 1, None), "u_ptr": ("r", "all", 1, None), "v_ptr": ("r", "all", 1, None),
-                    "lam_ptr": ("w", "token", 1, None), "dtemp_part_ptr": ("w", "all", 1, None),
-                    "de_part_ptr": ("w", "all", 1, None)},
-    # two walks over the chunk: w and lambda are read twice (the dE total first, see _bwd_dw)
-    "_bwd_dw": {"x_ptr": ("r", "tile", 2, None), "mask_ptr": ("r", "mask", 2, "has_mask"),
-                "pi_ptr": ("r", "token", 1, None), "go_ptr": ("r", "tile", 1, None), "lam_ptr": ("r", "token", 2, None),
-                "e0_ptr": ("r", "all", 2, None), "q0_ptr": ("r", "all", 1, None), "m0_ptr": ("r", "all", 1, None),
-                "u_ptr": ("r", "all", 1, None), "w_ptr": ("r", "all", 1, None), "dw_ptr": ("w", "tile", 1, None)},
-}
-
-
 def _launch(w: Tensor, mask: Optional[Tensor]):
     """(grid, constexprs and options, the uint8 mask) of the sequence kernels for w (B, H, N, p)."""
     b, h, n, p = w.shape

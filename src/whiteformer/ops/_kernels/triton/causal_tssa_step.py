@@ -97,18 +97,6 @@ def _step_bwd(go_ptr, gpi_ptr, ge_ptr, gm_ptr, gq_ptr, x_ptr, e0_ptr, m0_ptr, q0
     tl.store(dlb_ptr + heads, lam, mask=in_h)
 
 
-TRAFFIC = {  # access patterns for the traffic model (:mod:`._traffic`): every tensor once
-    "_step_fwd": {**{k: ("r", "all", 1, None) for k in ("x_ptr", "e0_ptr", "m0_ptr", "q0_ptr", "temp_ptr")},
-                  "lb_ptr": ("r", "all", 1, "has_lb"),
-                  **{k: ("w", "all", 1, None) for k in ("out_ptr", "pi_ptr", "e_ptr", "m_ptr", "q_ptr")}},
-    "_step_bwd": {**{k: ("r", "all", 1, None) for k in ("go_ptr", "gpi_ptr", "ge_ptr", "gm_ptr", "gq_ptr", "x_ptr",
-                                                        "e0_ptr", "m0_ptr", "q0_ptr", "temp_ptr")},
-                  "lb_ptr": ("r", "all", 1, "has_lb"),
-                  **{k: ("w", "all", 1, None)
-                     for k in ("dx_ptr", "de_ptr", "dm_ptr", "dq_ptr", "dtemp_ptr", "dlb_ptr")}},
-}
-
-
 def _meta(x: Tensor, lb: Optional[Tensor]) -> dict:
     """Constexprs and launch options: one (BLOCK_H, BLOCK_P) tile per sequence, warps by the tile
     rule of :mod:`._tiles`."""

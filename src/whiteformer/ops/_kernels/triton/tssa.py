@@ -152,29 +152,6 @@ def _bwd_dw(x_ptr, mask_ptr, pi_ptr, go_ptr, gain_ptr, cd_ptr, r_ptr, ds_ptr, la
         tl.store(dw_ptr + offs, dw.to(dw_ptr.dtype.element_ty), mask=inside)
 
 
-TRAFFIC = {  # access patterns for the traffic model (:mod:`._traffic`)
-    "_pi": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"), "r_ptr": ("r", "all", 1, None),
-            "temp_ptr": ("r", "all", 1, None), "pi_ptr": ("w", "token", 1, None),
-            "t_part_ptr": ("w", "all", 1, None), "m_part_ptr": ("w", "all", 1, None)},
-    "_out": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"),
-             "pi_ptr": ("r", "token", 1, None), "t_ptr": ("r", "all", 1, None), "m_ptr": ("r", "all", 1, None),
-             "out_ptr": ("w", "tile", 1, None)},
-    "_bwd_q": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"),
-               "pi_ptr": ("r", "token", 1, None), "go_ptr": ("r", "tile", 1, None),
-               "q_part_ptr": ("w", "all", 1, None)},
-    "_bwd_lambda": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"),
-                    "pi_ptr": ("r", "token", 1, None), "go_ptr": ("r", "tile", 1, None),
-                    "gpi_ptr": ("r", "token", 1, "has_gpi"), "gain_ptr": ("r", "all", 1, None),
-                    "cd_ptr": ("r", "all", 1, None), "k_ptr": ("r", "all", 1, None), "r_ptr": ("r", "all", 1, None),
-                    "temp_ptr": ("r", "all", 1, None), "lam_ptr": ("w", "token", 1, None),
-                    "dtemp_part_ptr": ("w", "all", 1, None), "ds_part_ptr": ("w", "all", 1, None)},
-    "_bwd_dw": {"x_ptr": ("r", "tile", 1, None), "mask_ptr": ("r", "mask", 1, "has_mask"),
-                "pi_ptr": ("r", "token", 1, None), "go_ptr": ("r", "tile", 1, None), "gain_ptr": ("r", "all", 1, None),
-                "cd_ptr": ("r", "all", 1, None), "r_ptr": ("r", "all", 1, None), "ds_ptr": ("r", "all", 1, None),
-                "lam_ptr": ("r", "token", 1, None), "dw_ptr": ("w", "tile", 1, None)},
-}
-
-
 def _launch(w: Tensor, mask: Optional[Tensor]):
     """(grid, constexprs and options, the uint8 mask) of the sequence kernels for w (B, H, N, p)."""
     b, h, n, p = w.shape

@@ -5,8 +5,8 @@ compiled kernels, ``InterpretedFunction.run`` under ``TRITON_INTERPRET=1``): ins
 launch ``kernel[grid](*args, **kwargs)`` appends a :class:`Launch` and returns without running, so
 an op called on any device (CPU tensors included, any size) goes through its launchers and host
 code at no kernel cost; its outputs are then uninitialised memory. The records serve the compile
-check (:mod:`._compile_check`: each distinct specialisation compiled for sm_80/sm_90) and the
-traffic model (:mod:`._traffic`: bytes per launch from the grid and the tensors' sizes).
+check (:mod:`.compile_check`: each distinct specialisation compiled for sm_80/sm_90) and the
+traffic model (:mod:`.traffic`: bytes per launch from the grid and the tensors' sizes).
 """
 from __future__ import annotations
 
@@ -106,7 +106,8 @@ def record_launches() -> Iterator[List[Launch]]:
     from triton.runtime.jit import JITFunction
 
     launches: List[Launch] = []
-    saved = {cls: cls.run for cls in (JITFunction, InterpretedFunction)}
+    # before Triton 3.6 interpreted kernels launch through another entry: only compiled ones are seen there
+    saved = {cls: cls.run for cls in (JITFunction, InterpretedFunction) if hasattr(cls, "run")}
 
     def run(self, *args, grid, warmup, **kwargs):
         if not warmup:
@@ -131,9 +132,9 @@ def op_calls(op: str, *, batch: int, heads: int, tokens: int, head_dim: int, dty
     uninitialised gradient on every output; the inputs' gradients are returned). ``tokens`` is
     ignored by the step (one token); ``masked``: a (B, N) keep-mask (tssa, causal_tssa); ``bias``:
     the position logit bias (causal ops)."""
-    from .causal_tssa import causal_tssa_triton
-    from .causal_tssa_step import causal_tssa_step_triton
-    from .tssa import tssa_triton
+    from whiteformer.ops._kernels.triton.causal_tssa import causal_tssa_triton
+    from whiteformer.ops._kernels.triton.causal_tssa_step import causal_tssa_step_triton
+    from whiteformer.ops._kernels.triton.tssa import tssa_triton
 
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")

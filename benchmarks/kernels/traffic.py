@@ -2,9 +2,9 @@
 against the op's minimum.
 
 A launch's bytes come from its recorded grid, tile constexprs and arguments
-(:mod:`._launches`), per pointer argument, by the access pattern each kernel module declares in
-``TRAFFIC = {kernel: {argument: (mode, pattern, passes, flag)}}`` next to its kernels (mode
-``"r"`` or ``"w"``):
+(:mod:`.launches`), per pointer argument, by the access pattern declared for each kernel in
+:data:`.access_patterns.PATTERNS` ``[module][kernel][argument] = (mode, pattern, passes, flag)``
+(mode ``"r"`` or ``"w"``):
 
 - ``"tile"``: a (B, H, N, p) tensor; a program of the grid (B, chunks) touches its chunk of
   ``min(CHUNK, N - c * CHUNK)`` tokens of every head: the sum over the grid;
@@ -13,24 +13,24 @@ A launch's bytes come from its recorded grid, tile constexprs and arguments
   tensors). Per-sequence rows read by all programs of a sequence count once: after the first
   program they are served by the L2 cache (50 MB on an H100), not by DRAM.
 
-``passes`` is how many times the kernel streams it, ``flag`` the launch argument that must be true for the access to
-happen (``has_mask``: the mask pointer is a dummy otherwise). Host-side ``torch`` operations between
-launches (sums over chunks, prefix sums, dtype conversions) count their tensor inputs and outputs,
+``passes`` is how many times the kernel streams it, ``flag`` the launch argument that must be true
+for the access to happen (``has_mask``: the mask pointer is a dummy otherwise). Host-side ``torch``
+operations between launches (sums over chunks, prefix sums, dtype conversions) count their tensor inputs and outputs,
 seen through a ``TorchDispatchMode`` (views and allocations are free).
 
-Minimum per op (the issue's definition): forward reads ``w`` once and writes ``out`` once; backward
+Minimum per op: forward reads ``w`` once and writes ``out`` once; backward
 reads ``w``, ``dL/dout`` and the statistics saved by the forward once and writes ``dL/dw`` once.
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._launches import Launch, op_calls, record_launches
+from .access_patterns import PATTERNS
+from .launches import Launch, op_calls, record_launches
 
 __all__ = ["H100_BYTES_PER_S", "OpTraffic", "launch_bytes", "op_traffic"]
 
@@ -41,9 +41,9 @@ _FREE = {"view", "_unsafe_view", "slice", "select", "expand", "t", "transpose", 
 
 
 def _spec(launch: Launch) -> Dict[str, Tuple[str, str, int, Optional[str]]]:
-    table = getattr(importlib.import_module(launch.module), "TRAFFIC", {})
+    table = PATTERNS.get(launch.module.rsplit(".", 1)[-1], {})
     if launch.name not in table:
-        raise KeyError(f"{launch.kernel} has no TRAFFIC entry in its module")
+        raise KeyError(f"{launch.kernel} has no entry in benchmarks.kernels.access_patterns")
     return table[launch.name]
 
 
@@ -53,8 +53,9 @@ def launch_bytes(launch: Launch) -> Dict[str, int]:
     pointers = {k for k, v in launch.args.items() if isinstance(v, torch.Tensor)}
     missing = pointers - set(spec)
     if missing:
-        raise KeyError(f"{launch.kernel}: TRAFFIC declares no access for {sorted(missing)}")
+        raise KeyError(f"{launch.kernel}: access_patterns declares no access for {sorted(missing)}")
     args, const = launch.args, launch.constexprs
+    flags = {**args, **const}
     chunk = const.get("CHUNK")
     tokens = 0
     if chunk is not None:  # grid (B, chunks): tokens covered by the grid, per sequence
@@ -63,7 +64,7 @@ def launch_bytes(launch: Launch) -> Dict[str, int]:
     out = {}
     for key, (_, pattern, passes, flag) in spec.items():
         tensor = args[key]
-        if flag is not None and not args[flag]:
+        if flag is not None and not flags[flag]:
             continue
         size = tensor.element_size()
         if pattern == "tile":
