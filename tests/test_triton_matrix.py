@@ -1,0 +1,53 @@
+"""benchmarks/triton_matrix.py (``make triton-matrix``): each Triton wheel is downloaded once and
+installed outside the environment; the committed matrix covers every release from 3.3 to 3.9,
+each compiling without a stack frame and passing the interpreter tests."""
+import json
+from pathlib import Path
+
+from benchmarks import triton_matrix
+from benchmarks.kernels.compile_check import Result, Spec, summary
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_install_downloads_each_wheel_once_into_the_cache(tmp_path, monkeypatch):
+    calls = []
+
+    def pip(*args):
+        calls.append(args)
+        if args[0] == "download":
+            (tmp_path / "wheels" / "triton-3.6.0-cp311-cp311-manylinux_2_28_x86_64.whl").touch()
+        else:
+            Path(args[args.index("--target") + 1], "triton").mkdir(parents=True, exist_ok=True)
+
+    monkeypatch.setattr(triton_matrix, "_pip", pip)
+    (tmp_path / "wheels").mkdir()
+    target = triton_matrix.install("3.6.0", tmp_path)
+    assert target == tmp_path / "triton-3.6.0"
+    assert [c[0] for c in calls] == ["download", "install"]
+    install = calls[1]
+    assert install[install.index("--target") + 1] == str(target) and "--no-index" in install and "--no-deps" in install
+    assert triton_matrix.install("3.6.0", tmp_path) == target and len(calls) == 2  # installed: nothing to do
+    (target / ".whiteformer-installed").unlink()
+    triton_matrix.install("3.6.0", tmp_path)
+    assert [c[0] for c in calls[2:]] == ["install"]  # the wheel is cached: no second download
+
+
+def test_summary_counts_failures_and_spills():
+    spec = Spec("m.k", (("x", "*fp32"),), (), (), ())
+    results = [Result(spec, 80, reg=100, stack=0), Result(spec, 90, reg=255, stack=8), Result(spec, 90, error="boom")]
+    s = summary(results)
+    assert (s["compiles"], s["ok"], s["failed"], s["spilled"], s["max_stack"], s["max_registers"]) == (3, 2, 1, 1, 8, 255)
+    assert len(s["failures"]) == 2
+
+
+def test_committed_matrix_covers_every_release_without_failures():
+    matrix = json.loads((ROOT / "benchmarks" / "results" / "triton_matrix.json").read_text())
+    results = {r["triton"]: r for r in matrix["results"]}
+    assert set(triton_matrix.VERSIONS) <= set(results)
+    for version in triton_matrix.VERSIONS:
+        comp, tests = results[version]["compile"], results[version]["interpreter"]
+        assert comp["failed"] == 0 and comp["ok"] == comp["compiles"] > 0 and comp["max_stack"] == 0, (version, comp)
+        assert tests["failed"] == 0 and tests["passed"] > 0, (version, tests)
+    table = triton_matrix.table(matrix["results"])
+    assert all(f"| {v} |" in table for v in triton_matrix.VERSIONS)
