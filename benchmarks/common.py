@@ -133,6 +133,11 @@ def row_env(command: str, device: str = "cpu", threads: Optional[int] = None) ->
     }
 
 
+def int_list(text: str) -> List[int]:
+    """An argparse ``type=`` for a comma-separated list of integers ("1,32" -> [1, 32])."""
+    return [int(t) for t in text.split(",") if t.strip()]
+
+
 def command_string(module: str, argv: Sequence[str]) -> str:
     return " ".join(["python", "-m", module] + [shlex.quote(a) for a in argv])
 

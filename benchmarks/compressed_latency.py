@@ -158,16 +158,12 @@ def run(*, quick: bool = False, models: Sequence[str] = ("deit_t_p16", "deit_s_p
     return result
 
 
-def _ints(text: str) -> List[int]:
-    return [int(t) for t in text.split(",") if t.strip()]
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m benchmarks.compressed_latency")
     p.add_argument("--quick", action="store_true", help="a 2-block 64 px DeiT-T, batch 1, 1 thread (a smoke test)")
     p.add_argument("--models", default="deit_t_p16,deit_s_p16")
-    p.add_argument("--batches", type=_ints, default=[1, 32])
-    p.add_argument("--threads", type=_ints, default=[1, 2])
+    p.add_argument("--batches", type=common.int_list, default=[1, 32])
+    p.add_argument("--threads", type=common.int_list, default=[1, 2])
     p.add_argument("--runs", type=int, default=7, help="timed rounds (each model once per round)")
     p.add_argument("--ratio", type=float, default=0.5, help="QK FLOPs ratio of the compression")
     p.add_argument("--out", type=Path, default=None)

@@ -159,15 +159,11 @@ def run(*, quick: bool = False, models: Sequence[str] = MODELS, blocks: Optional
     return result
 
 
-def _ints(text: str) -> List[int]:
-    return [int(t) for t in text.split(",") if t.strip()]
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m benchmarks.irratt_decomposition")
     p.add_argument("--quick", action="store_true", help="one block of a small DeiT (F 96, a smoke test)")
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--blocks", type=_ints, default=None, help="block indices (default: all)")
+    p.add_argument("--blocks", type=common.int_list, default=None, help="block indices (default: all)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--ratio", type=float, default=0.5, help="QK FLOPs ratio that sets the rank")
     p.add_argument("--out", type=Path, default=None)
