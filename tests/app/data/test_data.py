@@ -331,7 +331,7 @@ def test_build_dataset_alone_checks_what_a_dataset_reads(tmp_path):
     from whiteformer.app.data import check_dataset_args, dataset_info
 
     assert [n for n in list_datasets() if dataset_info(n)["reads"] == "directory"] == \
-        ["image-folder", "mnist", "mnist-pixels"]
+        ["image-folder", "mnist", "mnist-pixels", "tokens"]
     with pytest.raises(TypeError, match="'digits' does not read files"):
         build_dataset("digits", data_dir=str(tmp_path))
     with pytest.raises(ValueError, match="'mnist-pixels' needs a data directory"):

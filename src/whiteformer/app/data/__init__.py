@@ -13,6 +13,7 @@ name                  what (``help=`` of its ``register_dataset``)
 ``shakespeare-plays`` which play a byte-level document comes from (LRA Text / IMDB stand-in)
 ``subspaces``         synthetic union of K orthogonal subspaces (ECA toy data), class = subspace
 ``text``              character-level language modelling on a text file (default: shipped corpus)
+``tokens``            language modelling on token ids: nanoGPT's train.bin / val.bin memmaps in data_dir
 ===================== ========================================================================================
 
 ``build_dataset(name, split, **kwargs)`` checks the arguments (:func:`check_dataset_args`: names the
@@ -33,4 +34,4 @@ __all__ = ["build_dataset", "list_datasets", "register_dataset", "dataset_builde
            "check_dataset_args", "DATASETS", "READS", "ArrayDataset", "FileImageDataset", "SequenceDataset"]
 
 # Registration (each module decorates its builder).
-from . import digits, image_folder, listops, mnist, pathfinder, plays, subspaces, text  # noqa: E402,F401
+from . import digits, image_folder, listops, mnist, pathfinder, plays, subspaces, text, tokens  # noqa: E402,F401

@@ -15,9 +15,11 @@ def user_error(err: BaseException) -> Optional[str]:
 
     from ...models.checkpoint import CheckpointFileError
     from ..config import ConfigError
+    from ..data.tokens import TokenFileError
     from .checkpoint import CheckpointError
 
-    if isinstance(err, (ConfigError, CheckpointError, CheckpointFileError, ImportError, FloatingPointError)):
+    if isinstance(err, (ConfigError, CheckpointError, CheckpointFileError, ImportError, FloatingPointError,
+                        TokenFileError)):
         return str(err)
     if isinstance(err, pickle.UnpicklingError):
         if str(err).startswith("refused to load"):  # models.checkpoint's own message, naming the file

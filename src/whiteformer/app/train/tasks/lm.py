@@ -1,6 +1,9 @@
-"""Character-level language modelling: step ``s`` reads ``batch_size`` random windows of
-``block_size + 1`` characters whose starts come from a generator seeded with ``(seed, s)``;
-evaluation reads evenly spread windows of the validation split."""
+"""Language modelling on a token stream (characters of ``text``, token ids of ``tokens``): step ``s``
+reads ``batch_size`` random windows of ``block_size + 1`` tokens whose starts come from a generator
+seeded with ``(seed, s)``; each data-parallel group reads only its slice of them, and under context
+parallelism each process of a group keeps its contiguous chunk of every window. Evaluation reads
+evenly spread windows of the validation split. The dataset only needs ``len(ds)`` (tokens) and
+``get_windows(starts, block_size)``, so a token file is read window by window."""
 from __future__ import annotations
 
 import math
@@ -34,7 +37,7 @@ class LMTask(CausalLMData, Task):
         self.eval_batches = eval_batches
         for ds in (train_ds, eval_ds):
             if len(ds) < block_size + 1:
-                raise ValueError(f"{ds.name} has {len(ds)} characters, fewer than block_size + 1 = {block_size + 1}; "
+                raise ValueError(f"{ds.name} has {len(ds)} tokens, fewer than block_size + 1 = {block_size + 1}; "
                                  f"lower block_size")
 
     @classmethod
@@ -53,7 +56,7 @@ class LMTask(CausalLMData, Task):
 
     @property
     def steps_per_epoch(self) -> int:
-        # Nominal epoch: as many windows as there are characters.
+        # Nominal epoch: as many window tokens as there are tokens.
         return max(1, len(self.train_ds) // (self.batch_size * self.block_size))
 
     def train_batch(self, step: int):
@@ -112,12 +115,15 @@ class LMTask(CausalLMData, Task):
     def report_sections(self, model: nn.Module, ctx: ReportContext) -> List[str]:
         if not hasattr(model, "generate"):
             return []
+        vocab = getattr(self.train_ds, "vocab", None)
+        if vocab is None:
+            ctx.notes.append(f"text sample skipped: {self.train_ds.name} has no tokenizer to decode its ids")
+            return []
         try:
             device = next(model.parameters()).device
-            vocab = self.train_ds.vocab
             limit = getattr(model, "context_limit", None) or 10**9
-            t = max(1, min(32, limit // 4))
-            prompt = self.eval_ds.tokens[:t].unsqueeze(0).to(device)
+            t = max(1, min(32, limit // 4, len(self.eval_ds) - 1))
+            prompt = self.eval_ds.get_windows(torch.zeros(1, dtype=torch.long), t)[0].to(device)
             g = torch.Generator(device=device).manual_seed(0)
             # A model with a position limit cannot generate past it (needs t + new - 1 <= limit).
             out = model.generate(prompt, min(300, limit - t + 1), temperature=0.8, generator=g)

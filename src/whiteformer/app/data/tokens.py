@@ -1,0 +1,225 @@
+"""Pre-tokenised language-model data: nanoGPT's ``train.bin`` / ``val.bin``.
+
+A data directory holds ``train.bin`` and ``val.bin``, each the raw token ids of one split back to
+back (no header), as unsigned 16-bit integers (``dtype="uint16"``, nanoGPT's format) or 32-bit
+(``dtype="uint32"``, for vocabularies over 65536), in the machine's byte order (little-endian on
+x86 and ARM); and optionally ``meta.json``::
+
+    {"vocab_size": 50257, "dtype": "uint16", "eod_id": 50256,
+     "tokenizer": "gpt2/tokenizer.json", "tokenizer_file": "tokenizer.json"}
+
+(``tokenizer``: what the ids were made with; ``tokenizer_file``: its copy in the directory, which
+decodes the run report's text sample; ``eod_id``: the end-of-document id between documents.)
+
+``whiteformer prepare-text`` (:mod:`whiteformer.app.prepare_text`) writes all three. The
+vocabulary size comes from ``meta.json`` or ``vocab_size=V`` (``data_args.vocab_size=V``; it may
+exceed the file's, e.g. nanoGPT's 50304 for GPT-2's 50257, never be smaller); the dtype from
+``dtype=`` or ``meta.json`` (default uint16), and both must agree when both are given.
+
+The files are never read whole: every batch opens the file as a ``np.memmap`` and copies only its
+windows of ``block_size + 1`` tokens (the map is dropped after the batch, so the pages it touched
+are not kept as the process's memory), so a file larger than the machine's memory trains. Which
+windows a step reads, and which of them each data-parallel / context-parallel process takes, is the
+language-model task's business (:class:`whiteformer.app.train.tasks.LMTask`), as for ``text``.
+
+Checks: at build time the files' existence, a size that is a whole number of tokens, at least two
+tokens, and the ids of a bounded sample (:data:`SAMPLE_CHUNKS` evenly spaced runs of
+:data:`SAMPLE_TOKENS` tokens, both ends included) below the vocabulary size; then every batch read
+checks its own ids (a :class:`TokenFileError` naming the file and the token's position).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ..._checks import is_int
+from .registry import check_split, register_dataset
+
+__all__ = ["TokenFile", "TokenFileError", "TOKEN_DTYPES", "read_meta", "tokens"]
+
+#: the dtypes a token file may hold (name -> numpy dtype)
+TOKEN_DTYPES = {"uint16": np.dtype(np.uint16), "uint32": np.dtype(np.uint32)}
+#: the bounded sample checked when a token file is opened: this many runs ...
+SAMPLE_CHUNKS = 64
+#: ... of this many tokens each
+SAMPLE_TOKENS = 4096
+SPLIT_FILES = {"train": "train.bin", "val": "val.bin"}
+
+
+class TokenFileError(ValueError):
+    """A token file does not hold what it claims (an id outside the vocabulary, a size that is no
+    whole number of tokens): a problem with the user's data, reported as one line."""
+
+
+def read_meta(data_dir) -> Dict[str, Any]:
+    """``data_dir/meta.json`` as a dict ({} when there is none); not a JSON object -> ``ValueError``."""
+    path = Path(data_dir) / "meta.json"
+    if not path.is_file():
+        return {}
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{str(path)!r} is not valid JSON: {err}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{str(path)!r} must hold a JSON object such as {{\"vocab_size\": 50257}}, "
+                         f"got {type(meta).__name__}")
+    return meta
+
+
+class TokenFile:
+    """One split's token file, read through a memmap batch by batch (``kind = "lm"``).
+
+    ``len(ds)`` is the number of tokens; ``get_windows(starts, block_size)`` -> (x, y) int64 of shape
+    (B, block_size), y = x shifted by one, read from the file at ``starts`` (B,). ``vocab`` decodes
+    ids to text when the directory names its tokenizer (else None); ``eod_id`` is the
+    end-of-document id recorded in ``meta.json`` (or None).
+    """
+
+    kind = "lm"
+
+    def __init__(self, path, dtype: str, vocab_size: int, name: str = "tokens", vocab=None,
+                 eod_id: Optional[int] = None, tokenizer=None):
+        self.path = Path(path)
+        self.dtype = TOKEN_DTYPES[dtype]
+        self.vocab_size = int(vocab_size)
+        self.name = name
+        self.vocab = vocab
+        self.tokenizer = tokenizer
+        self.eod_id = eod_id
+        self.source = str(self.path)
+        size = self.path.stat().st_size
+        if size % self.dtype.itemsize:
+            raise TokenFileError(f"{self.source!r} has {size} bytes, not a whole number of {dtype} tokens "
+                                 f"({self.dtype.itemsize} bytes each); is data_args.dtype right?")
+        self._len = size // self.dtype.itemsize
+        if self._len < 2:
+            raise TokenFileError(f"{self.source!r} holds {self._len} token(s); one training window needs at least "
+                                 f"block_size + 1 >= 2")
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _map(self) -> np.memmap:
+        return np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self._len,))
+
+    def _check_ids(self, ids: np.ndarray, offsets: np.ndarray) -> None:
+        """``ids`` (B, L) read at token offsets ``offsets`` (B,): all below the vocabulary size."""
+        bad = ids >= self.vocab_size
+        if bad.any():
+            row, col = np.argwhere(bad)[0]
+            raise TokenFileError(f"{self.source!r}: token {int(offsets[row]) + int(col)} has id {int(ids[row, col])}, "
+                                 f"not below the vocabulary size {self.vocab_size} (wrong data_args.dtype or "
+                                 f"vocab_size, or a file of another tokenizer?)")
+
+    def check_sample(self) -> None:
+        """Check the ids of the bounded sample (:data:`SAMPLE_CHUNKS` evenly spaced runs of
+        :data:`SAMPLE_TOKENS`, the first and last included); reads at most their bytes."""
+        n = min(SAMPLE_TOKENS, self._len)
+        k = min(SAMPLE_CHUNKS, max(1, self._len // n))
+        starts = (np.arange(k, dtype=np.int64) * (self._len - n)) // max(k - 1, 1)
+        mm = self._map()
+        try:
+            self._check_ids(np.stack([np.asarray(mm[s:s + n]) for s in starts]), starts)
+        finally:
+            del mm
+
+    def get_windows(self, starts: torch.Tensor, block_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self._len < block_size + 1:
+            raise ValueError(f"{self.name}: {self._len} tokens are fewer than block_size + 1 = {block_size + 1}")
+        offsets = torch.as_tensor(starts, dtype=torch.long).numpy()
+        mm = self._map()
+        try:
+            chunk = np.stack([np.asarray(mm[s:s + block_size + 1]) for s in offsets]) if len(offsets) else \
+                np.zeros((0, block_size + 1), dtype=self.dtype)
+        finally:
+            del mm  # the map (and the pages it touched) goes with the batch
+        self._check_ids(chunk, offsets)
+        chunk = torch.from_numpy(chunk.astype(np.int64))
+        return chunk[:, :-1], chunk[:, 1:]
+
+
+class _TokenizerVocab:
+    """``decode(ids) -> str`` of a ``tokenizers.Tokenizer`` (what the run report's sample needs)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __len__(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def _dir_tokenizer(data_dir: Path, meta: Dict[str, Any]):
+    """The ``tokenizers.Tokenizer`` named by ``meta["tokenizer_file"]`` (a file in ``data_dir``), or None
+    when there is none or it cannot be read (it only serves the report's text sample)."""
+    name = meta.get("tokenizer_file")
+    if not isinstance(name, str) or os.path.isabs(name) or ".." in Path(name).parts:
+        return None
+    path = data_dir / name
+    if not path.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(path))
+    except Exception:  # noqa: BLE001 - any failure only costs the sample
+        return None
+
+
+def _resolve(meta: Dict[str, Any], dtype: Optional[str], vocab_size: Optional[int], meta_path: str) -> Tuple[str, int]:
+    """(dtype, vocab_size) from the arguments and ``meta.json``, checked."""
+    meta_dtype = meta.get("dtype")
+    if meta_dtype is not None and meta_dtype not in TOKEN_DTYPES:
+        raise ValueError(f"{meta_path!r}: dtype must be one of {sorted(TOKEN_DTYPES)}, got {meta_dtype!r}")
+    if dtype is not None and dtype not in TOKEN_DTYPES:
+        raise ValueError(f"tokens: dtype must be one of {sorted(TOKEN_DTYPES)}, got {dtype!r}")
+    if dtype is not None and meta_dtype is not None and dtype != meta_dtype:
+        raise ValueError(f"tokens: data_args.dtype={dtype} but {meta_path!r} says {meta_dtype}")
+    dtype = dtype or meta_dtype or "uint16"
+    meta_vocab = meta.get("vocab_size")
+    if meta_vocab is not None and not (is_int(meta_vocab) and meta_vocab > 0):
+        raise ValueError(f"{meta_path!r}: vocab_size must be a positive integer, got {meta_vocab!r}")
+    if vocab_size is not None and not (is_int(vocab_size) and vocab_size > 0):
+        raise ValueError(f"tokens: vocab_size must be a positive integer, got {vocab_size!r}")
+    if vocab_size is None and meta_vocab is None:
+        raise ValueError(f"tokens: the vocabulary size is unknown: {meta_path!r} does not give it; write "
+                         f"{{\"vocab_size\": V}} there or pass data_args.vocab_size=V")
+    if vocab_size is not None and meta_vocab is not None and vocab_size < meta_vocab:
+        raise ValueError(f"tokens: data_args.vocab_size={vocab_size} is smaller than the vocabulary of "
+                         f"{meta_path!r} ({meta_vocab})")
+    vocab_size = int(vocab_size if vocab_size is not None else meta_vocab)
+    top = int(np.iinfo(TOKEN_DTYPES[dtype]).max) + 1
+    if meta_vocab is not None and meta_vocab > top:
+        raise ValueError(f"tokens: a vocabulary of {meta_vocab} does not fit {dtype} ids (at most {top}); "
+                         f"the files must be uint32 (data_args.dtype=uint32)")
+    return dtype, vocab_size
+
+
+@register_dataset("tokens", reads="directory",
+                  help="language modelling on token ids: nanoGPT's train.bin / val.bin memmaps in data_dir")
+def tokens(split: str = "train", data_dir: Optional[str] = None, dtype: Optional[str] = None,
+           vocab_size: Optional[int] = None) -> TokenFile:
+    """Token file of ``split`` ("train" -> ``train.bin``, "val" -> ``val.bin``; "test" = "val")."""
+    split = check_split("tokens", split, canonical=("train", "val"), aliases={"test": "val"})
+    root = Path(os.path.expanduser(str(data_dir)))
+    meta_path = str(root / "meta.json")
+    meta = read_meta(root)
+    dtype, vocab_size = _resolve(meta, dtype, vocab_size, meta_path)
+    path = root / SPLIT_FILES[split]
+    if not path.is_file():
+        what = "is not a regular file" if path.exists() else "does not exist"
+        raise FileNotFoundError(f"tokens: {str(path)!r} {what} (the {split} split; a data directory holds "
+                                f"train.bin and val.bin, e.g. written by whiteformer prepare-text)")
+    eod = meta.get("eod_id")
+    tok = _dir_tokenizer(root, meta)
+    ds = TokenFile(path, dtype, vocab_size, name=f"tokens/{split}", vocab=_TokenizerVocab(tok) if tok else None,
+                   eod_id=int(eod) if is_int(eod) else None, tokenizer=tok)
+    ds.check_sample()
+    return ds

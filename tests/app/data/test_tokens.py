@@ -1,0 +1,114 @@
+"""The ``tokens`` dataset: nanoGPT's train.bin / val.bin memmaps, meta.json, the checks at the door,
+and reads that touch only the windows of a batch."""
+import json
+import resource
+
+import numpy as np
+import pytest
+import torch
+
+from whiteformer.app.data import build_dataset
+from whiteformer.app.data.tokens import SAMPLE_TOKENS, TokenFileError
+
+
+def _write(d, train, val, meta=None, dtype=np.uint16):
+    d.mkdir(parents=True, exist_ok=True)
+    np.asarray(train, dtype=dtype).tofile(d / "train.bin")
+    np.asarray(val, dtype=dtype).tofile(d / "val.bin")
+    if meta is not None:
+        (d / "meta.json").write_text(json.dumps(meta))
+    return d
+
+
+def test_windows_are_the_file_slices_and_targets_are_shifted_by_one(tmp_path):
+    rng = np.random.default_rng(0)
+    train, val = rng.integers(0, 1000, 5000), rng.integers(0, 1000, 700)
+    d = _write(tmp_path / "d", train, val, {"vocab_size": 1000, "eod_id": 7})
+    ds = build_dataset("tokens", "train", data_dir=str(d))
+    assert (ds.kind, len(ds), ds.vocab_size, ds.eod_id, ds.vocab) == ("lm", 5000, 1000, 7, None)
+    x, y = ds.get_windows(torch.tensor([0, 17, 4999 - 16]), 16)
+    assert x.dtype == torch.int64 and x.shape == (3, 16)
+    for row, s in enumerate([0, 17, 4983]):
+        assert x[row].tolist() == train[s:s + 16].tolist() and y[row].tolist() == train[s + 1:s + 17].tolist()
+    ev = build_dataset("tokens", "test", data_dir=str(d))  # "test" is the val split, as for text
+    assert len(ev) == 700 and ev.name == "tokens/val"
+
+
+def test_uint32_files_and_vocab_size_from_the_arguments(tmp_path):
+    ids = np.arange(70000, 71000)
+    d = _write(tmp_path / "d", ids, ids[:100], dtype=np.uint32)
+    ds = build_dataset("tokens", "train", data_dir=str(d), dtype="uint32", vocab_size=100000)
+    assert len(ds) == 1000 and ds.get_windows(torch.tensor([5]), 3)[0].tolist() == [[70005, 70006, 70007]]
+    # read as uint16 (the default), the same bytes are 2000 ids, most of them >= 1000: refused
+    with pytest.raises(TokenFileError, match="not below the vocabulary size 1000"):
+        build_dataset("tokens", "train", data_dir=str(d), vocab_size=1000)
+
+
+@pytest.mark.parametrize("meta, kwargs, match", [
+    (None, {}, "vocabulary size is unknown.*data_args.vocab_size"),
+    ({"vocab_size": 500}, {"vocab_size": 400}, "smaller than the vocabulary"),
+    ({"vocab_size": 500, "dtype": "uint32"}, {"dtype": "uint16"}, "data_args.dtype=uint16 but .* says uint32"),
+    ({"vocab_size": 500}, {"dtype": "int8"}, "dtype must be one of"),
+    ({"vocab_size": 70000}, {}, "does not fit uint16"),
+    ({"vocab_size": "many"}, {}, "vocab_size must be a positive integer"),
+    ([1, 2], {}, "must hold a JSON object"),
+])
+def test_the_vocabulary_and_dtype_are_checked_at_the_door(tmp_path, meta, kwargs, match):
+    d = _write(tmp_path / "d", np.arange(100), np.arange(100), meta)
+    with pytest.raises(ValueError, match=match):
+        build_dataset("tokens", "train", data_dir=str(d), **kwargs)
+
+
+def test_files_that_are_missing_short_or_not_whole_tokens_are_named(tmp_path):
+    d = _write(tmp_path / "d", np.arange(100), np.arange(100), {"vocab_size": 100})
+    (d / "val.bin").unlink()
+    with pytest.raises(FileNotFoundError, match="val.bin' does not exist"):
+        build_dataset("tokens", "val", data_dir=str(d))
+    (d / "val.bin").write_bytes(b"\x01\x00\x02")  # 3 bytes: not a whole number of uint16 tokens
+    with pytest.raises(TokenFileError, match="3 bytes, not a whole number of uint16"):
+        build_dataset("tokens", "val", data_dir=str(d))
+    (d / "val.bin").write_bytes(b"\x01\x00")
+    with pytest.raises(TokenFileError, match="holds 1 token"):
+        build_dataset("tokens", "val", data_dir=str(d))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        build_dataset("tokens", "train", data_dir=str(tmp_path / "nowhere"))
+
+
+def test_an_id_outside_the_sample_is_caught_by_the_batch_that_reads_it(tmp_path):
+    n = 64 * SAMPLE_TOKENS * 4  # the door's sample covers a quarter of this file
+    ids = np.zeros(n, dtype=np.uint16)
+    bad = SAMPLE_TOKENS + 123  # between the first two sampled runs
+    ids[bad] = 999
+    d = _write(tmp_path / "d", ids, ids[:100], {"vocab_size": 50})
+    ds = build_dataset("tokens", "train", data_dir=str(d))  # the sample misses it
+    assert ds.get_windows(torch.tensor([0, bad + 1]), 8)[0].max() == 0
+    with pytest.raises(TokenFileError, match=f"token {bad} has id 999, not below the vocabulary size 50"):
+        ds.get_windows(torch.tensor([0, bad - 3]), 8)
+
+
+def test_a_file_far_larger_than_memory_is_read_only_where_the_windows_are(tmp_path):
+    """A 1 TiB sparse train.bin (more than this machine's memory and disk) opens and serves batches
+    spread over the whole file; the pages faulted in while doing so are counted by the kernel: a
+    read of the whole file would fault at least 2**40 / 2 MiB (the largest page) = 524288 times."""
+    d = tmp_path / "big"
+    d.mkdir()
+    with open(d / "train.bin", "wb") as f:
+        f.truncate(1 << 40)
+    np.arange(100, dtype=np.uint16).tofile(d / "val.bin")
+    (d / "meta.json").write_text(json.dumps({"vocab_size": 256}))
+
+    def faults():
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_minflt + r.ru_majflt
+
+    before = faults()
+    ds = build_dataset("tokens", "train", data_dir=str(d))
+    assert len(ds) == 1 << 39
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        starts = torch.randint(0, len(ds) - 129, (16,), generator=g)
+        x, y = ds.get_windows(starts, 128)
+        assert x.shape == (16, 128) and int(x.max()) == 0
+    x, _ = ds.get_windows(torch.tensor([len(ds) - 129]), 128)  # the very end of the file
+    assert x.shape == (1, 128)
+    assert faults() - before < 20000
