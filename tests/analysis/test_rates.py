@@ -354,14 +354,14 @@ def test_bad_inputs():
         coding_rate(torch.ones(3, 2, dtype=torch.int64), 0.5)
     with pytest.raises(ValueError, match="at least 2 dims"):
         coding_rate(torch.randn(5), 0.5)
-    with pytest.raises(ValueError, match="N = 0"):
+    with pytest.raises(ValueError, match="Z has no tokens"):
         coding_rate(torch.randn(2, 0, 4), 0.5)
     with pytest.raises(ValueError, match="NaN"):
         coding_rate(torch.tensor([[float("nan"), 1.0]]), 0.5)
     for bad in (0.0, -1.0, math.inf):
         with pytest.raises(ValueError, match="eps"):
             coding_rate(Z, bad)
-    with pytest.raises(TypeError, match="eps"):
+    with pytest.raises(ValueError, match="eps must be a finite number > 0"):
         coding_rate(Z, "0.5")
     with pytest.raises(TypeError, match="dtype"):
         coding_rate(Z, 0.5, dtype=torch.float16)
@@ -400,3 +400,5 @@ def test_bad_inputs():
         variational_compression_rate(Z, Pi, torch.randn(4, 4), 0.5)  # K = 3 from Pi, 4 columns
     with pytest.raises(ValueError, match="broadcastable"):
         subspace_compression_rate(Z, torch.randn(3, 2, 4, 3), 0.5)
+    with pytest.raises(TypeError, match="U must be a torch.Tensor"):  # not an AttributeError on U.dim()
+        variational_compression_rate(Z, Pi, [[1.0]], 0.5)

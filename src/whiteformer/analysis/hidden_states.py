@@ -76,11 +76,8 @@ def split_bases(subspaces: Any, dim: int, default_heads: Optional[int]) -> Tuple
         k, _, p = subspaces.shape
         return subspaces.permute(1, 0, 2).reshape(dim, k * p), int(k)
     k = default_heads if subspaces is None else subspaces
-    if k is None:
-        raise ValueError("the model's config has no num_attention_heads: pass subspaces=K (or bases (K, d, p))")
-    if not is_int(k) or k < 1 or dim % k:
-        raise ValueError(f"subspaces must be an int K >= 1 dividing the width {dim}, or bases (K, {dim}, p); "
-                         f"got {k!r}")
+    if not is_int(k) or k < 1 or dim % k:  # None: the model's config names no head count
+        raise ValueError(f"subspaces must be an int K >= 1 dividing the width {dim}, or bases (K, {dim}, p); got {k!r}")
     return torch.eye(dim), k
 
 

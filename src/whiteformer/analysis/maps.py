@@ -23,7 +23,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from .._checks import is_int, is_real
+from .._checks import check_int, check_nonempty, check_positive_real, check_tensor, check_tokens_input, is_int
 from .._files import save_figure
 from ._viz import new_figure, require_matplotlib
 from .capture import _default_attn_types, capture, eval_mode, supports_pi
@@ -83,11 +83,8 @@ def class_attention_weights(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
     (q: rows 0..C-1, k: C..2C-1, (3, H, p) layout) and ``scale = p^-1/2`` (CaiT/XCiT class
     attention), computed in float32 (float64 for float64 inputs). ``x`` (B, N, C) is the layer's
     input (the normalised tokens, class token first), e.g. ``rec.class_attention[i].input``."""
-    if not isinstance(x, torch.Tensor) or x.dim() != 3:
-        raise ValueError(f"x must be a (B, N, C) tensor, got {getattr(x, 'shape', type(x).__name__)}")
     C, H = attn.dim, attn.num_heads
-    if x.shape[-1] != C:
-        raise ValueError(f"x must have last dimension {C}, got shape {tuple(x.shape)}")
+    check_tokens_input(x, "x", C)
     cd = torch.float64 if x.dtype == torch.float64 else torch.float32
     w = attn.qkv.weight.to(cd)
     b = None if attn.qkv.bias is None else attn.qkv.bias.to(cd)
@@ -98,14 +95,6 @@ def class_attention_weights(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
     k = k.reshape(x.shape[0], x.shape[1], H, -1).transpose(1, 2)  # (B, H, N, p)
     logits = (q @ k.transpose(-1, -2)).squeeze(-2) * attn.scale  # (B, H, N)
     return logits.softmax(-1)
-
-
-def _check_images(images) -> None:
-    if not isinstance(images, torch.Tensor) or images.dim() != 4 or not images.dtype.is_floating_point:
-        raise ValueError(f"images must be a floating (B, C, H, W) tensor, got "
-                         f"{getattr(images, 'shape', type(images).__name__)}")
-    if images.shape[0] == 0:
-        raise ValueError("images is an empty batch (B = 0)")
 
 
 def _image_for_display(img: torch.Tensor):
@@ -166,17 +155,8 @@ def _save(fig, out_path) -> Path:
     return out
 
 
-def _positive(value, name: str):
-    if not is_real(value) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-
-
 def _count(max_images, available: int) -> int:
-    if max_images is None:
-        return available
-    if not is_int(max_images) or max_images < 1:
-        raise ValueError(f"max_images must be a positive int or None, got {max_images!r}")
-    return min(available, max_images)
+    return available if max_images is None else min(available, max_images)
 
 
 def _select(seq, index: int, what: str):
@@ -189,10 +169,12 @@ def _run_recorded(model: nn.Module, images, what: str, max_images, cell_size, dp
     """Check the arguments of the drawing function ``what``, run ``model`` on ``images`` (no grad,
     eval mode) and return what :func:`capture` recorded."""
     require_matplotlib(what)
-    _check_images(images)
-    _positive(cell_size, "cell_size")
-    _positive(dpi, "dpi")
-    _count(max_images, 1)
+    check_tensor(images, "images", 4)
+    check_nonempty(images, "images", 0, "images")
+    check_positive_real(cell_size, "cell_size")
+    check_positive_real(dpi, "dpi")
+    if max_images is not None:
+        check_int(max_images, "max_images", 1)
     with torch.no_grad(), eval_mode(model), capture(model) as rec:
         model(images)
     return rec

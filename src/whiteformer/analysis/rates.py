@@ -27,12 +27,11 @@ SPD matrix ``I + c G`` (``torch.linalg.slogdet`` as fallback).  Computations run
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional
 
 import torch
 
-from .._checks import FLOAT_DTYPES, check_finite, is_int, is_real, stats_dtype
+from .._checks import check_finite, check_int, check_nonempty, check_positive_real, check_tensor, stats_dtype
 
 __all__ = [
     "coding_rate",
@@ -47,32 +46,23 @@ _REDUCTIONS = ("sum", "none")
 
 
 # ----------------------------------------------------------------------------- validation
-def _check_features(Z, name: str = "Z") -> None:
-    if not isinstance(Z, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of shape (..., N, d), got {type(Z).__name__}")
-    if Z.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be a floating tensor (float16/bfloat16/float32/float64), got {Z.dtype}")
+def _check_rate_args(Z, eps, reduction: str = "sum", f=None, Pi=None, simplex: bool = True) -> float:
+    """The arguments of every rate: Z (..., N, d) floating and finite with N, d >= 1, eps > 0,
+    ``reduction``, the spectral function ``f`` and the memberships ``Pi`` when given
+    (:func:`_check_membership`); returns eps as a float."""
+    check_tensor(Z, "Z")
     if Z.dim() < 2:
-        raise ValueError(f"{name} must have shape (..., N, d) with at least 2 dims, got shape {tuple(Z.shape)}")
-    if Z.shape[-2] == 0:
-        raise ValueError(f"{name} has no tokens (N = 0, shape {tuple(Z.shape)})")
-    if Z.shape[-1] == 0:
-        raise ValueError(f"{name} has no features (d = 0, shape {tuple(Z.shape)})")
-    check_finite(Z, name)
-
-
-def _check_eps(eps) -> float:
-    if not is_real(eps):
-        raise TypeError(f"eps must be a positive real number, got {type(eps).__name__}")
-    eps = float(eps)
-    if not math.isfinite(eps) or eps <= 0:
-        raise ValueError(f"eps must be a finite number > 0, got {eps}")
-    return eps
-
-
-def _check_reduction(reduction: str) -> None:
+        raise ValueError(f"Z must have shape (..., N, d) with at least 2 dims, got shape {tuple(Z.shape)}")
+    check_nonempty(Z, "Z", -2)
+    check_nonempty(Z, "Z", -1, "features")
+    check_finite(Z, "Z")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if f is not None and not callable(f):
+        raise TypeError(f"f must be a callable applied element-wise to a tensor, got {type(f).__name__}")
+    if Pi is not None:
+        _check_membership(Pi, Z, simplex=simplex)
+    return check_positive_real(eps, "eps")
 
 
 def _compute_dtype(dtype: Optional[torch.dtype], *tensors: torch.Tensor) -> torch.dtype:
@@ -90,25 +80,16 @@ def _batch_shape(name_a: str, a: torch.Size, name_b: str, b: torch.Size) -> torc
     try:
         return torch.broadcast_shapes(a, b)
     except RuntimeError:
-        raise ValueError(
-            f"batch dims of {name_a} {tuple(a)} and {name_b} {tuple(b)} are not broadcastable"
-        ) from None
+        raise ValueError(f"batch dims of {name_a} {tuple(a)} and {name_b} {tuple(b)} are not broadcastable") from None
 
 
 def _check_membership(Pi, Z: torch.Tensor, *, simplex: bool = True) -> None:
-    """Pi: (..., N, K), non-negative; rows on the simplex unless ``simplex=False``."""
-    if not isinstance(Pi, torch.Tensor):
-        raise TypeError(f"Pi must be a torch.Tensor of shape (..., N, K), got {type(Pi).__name__}")
-    if Pi.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"Pi must be a floating tensor, got {Pi.dtype}")
-    if Pi.dim() < 2:
-        raise ValueError(f"Pi must have shape (..., N, K), got shape {tuple(Pi.shape)}")
-    if Pi.shape[-2] != Z.shape[-2]:
-        raise ValueError(
-            f"Pi must have N = {Z.shape[-2]} rows (one per token of Z), got shape {tuple(Pi.shape)}"
-        )
-    if Pi.shape[-1] == 0:
-        raise ValueError(f"Pi has no groups (K = 0, shape {tuple(Pi.shape)})")
+    """Pi: (..., N, K) with Z's N, K >= 1, finite and non-negative; rows on the simplex unless
+    ``simplex=False``."""
+    check_tensor(Pi, "Pi")
+    if Pi.dim() < 2 or Pi.shape[-2] != Z.shape[-2]:
+        raise ValueError(f"Pi must have shape (..., N, K), N = {Z.shape[-2]} rows (Z's tokens), got {tuple(Pi.shape)}")
+    check_nonempty(Pi, "Pi", -1, "groups")
     _batch_shape("Z", Z.shape[:-2], "Pi", Pi.shape[:-2])
     check_finite(Pi, "Pi")
     if Pi.device.type == "meta":  # no values to check
@@ -116,45 +97,31 @@ def _check_membership(Pi, Z: torch.Tensor, *, simplex: bool = True) -> None:
     tol = 1e-3 if Pi.dtype in (torch.float16, torch.bfloat16) else 1e-4
     if bool((Pi < -tol).any()):
         raise ValueError(f"Pi must be non-negative (memberships), got min {Pi.min().item():.3g}")
-    if simplex:
-        s = Pi.to(stats_dtype(Pi)).sum(-1)
-        err = (s - 1).abs().max().item()
-        if err > tol * max(1, Pi.shape[-1]):
-            raise ValueError(
-                f"each row of Pi must lie on the simplex (non-negative, summing to 1 over the K groups); "
-                f"max |row sum - 1| = {err:.3g}"
-            )
+    err = (Pi.to(stats_dtype(Pi)).sum(-1) - 1).abs().max().item() if simplex else 0.0
+    if err > tol * max(1, Pi.shape[-1]):
+        raise ValueError(f"each row of Pi must lie on the simplex (sum to 1 over the K groups), max |sum - 1| = {err:.3g}")
 
 
-def _split_bases(U, d: int, num_heads: Optional[int], name: str = "U") -> torch.Tensor:
-    """U (d, K*p) with ``num_heads=K``, or (..., K, d, p) -> (..., K, d, p)."""
-    if not isinstance(U, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of shape (d, K*p) or (..., K, d, p), got {type(U).__name__}")
-    if U.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be a floating tensor, got {U.dtype}")
-    if not bool(torch.isfinite(U).all()):
-        raise ValueError(f"{name} contains NaN or inf")
+def _split_bases(U, d: int, num_heads: Optional[int], heads_2d: Optional[int] = None) -> torch.Tensor:
+    """U (d, K*p) with ``num_heads=K`` (``heads_2d`` when num_heads is None), or (..., K, d, p)
+    -> (..., K, d, p)."""
+    check_tensor(U, "U")
+    check_finite(U, "U")
+    if U.dim() == 2 and num_heads is None:
+        num_heads = heads_2d
+    if U.dim() == 2 and num_heads is None:
+        raise ValueError(f"num_heads (K) is required when U is 2-D (d, K*p), got shape {tuple(U.shape)}")
+    if num_heads is not None:
+        check_int(num_heads, "num_heads", 1)
     if U.dim() == 2:
-        if num_heads is None:
-            raise ValueError(f"num_heads (K) is required when {name} is 2-D (d, K*p), got shape {tuple(U.shape)}")
-        if U.shape[0] != d:
-            raise ValueError(f"{name} must have shape (d, K*p) with d = {d}, got shape {tuple(U.shape)}")
-        if not is_int(num_heads) or num_heads <= 0:
-            raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
-        if U.shape[1] == 0 or U.shape[1] % num_heads != 0:
-            raise ValueError(
-                f"{name} has {U.shape[1]} columns, which is not K*p with K = num_heads = {num_heads} and p >= 1"
-            )
-        return U.reshape(d, num_heads, U.shape[1] // num_heads).transpose(0, 1)
-    if U.dim() >= 3:
-        if U.shape[-2] != d:
-            raise ValueError(f"{name} must have shape (..., K, d, p) with d = {d}, got shape {tuple(U.shape)}")
-        if U.shape[-1] == 0 or U.shape[-3] == 0:
-            raise ValueError(f"{name} must have K >= 1 and p >= 1, got shape {tuple(U.shape)}")
-        if num_heads is not None and U.shape[-3] != num_heads:
-            raise ValueError(f"{name} has K = {U.shape[-3]} bases but num_heads = {num_heads}")
-        return U
-    raise ValueError(f"{name} must have shape (d, K*p) or (..., K, d, p), got shape {tuple(U.shape)}")
+        if U.shape[1] % num_heads != 0:
+            raise ValueError(f"U has {U.shape[1]} columns, which is not K*p with K = num_heads = {num_heads}")
+        U = U.reshape(U.shape[0], num_heads, U.shape[1] // num_heads).transpose(0, 1)
+    if U.dim() < 3 or U.shape[-2] != d or U.shape[-1] == 0 or U.shape[-3] == 0:
+        raise ValueError(f"U must have shape (d, K*p) or (..., K, d, p) with d = {d}, K, p >= 1, got {tuple(U.shape)}")
+    if num_heads is not None and U.shape[-3] != num_heads:
+        raise ValueError(f"U has K = {U.shape[-3]} bases but num_heads = {num_heads}")
+    return U
 
 
 # ----------------------------------------------------------------------------- linear algebra
@@ -181,13 +148,8 @@ def _logdet_i_plus_gram(A: torch.Tensor, c) -> torch.Tensor:
 
 def logdet_f(d: int, eps: float) -> Callable[[torch.Tensor], torch.Tensor]:
     """The paper's default spectral function f(x) = log(1 + d/eps² x) (ToST Sec. 3.1)."""
-    c = d / _check_eps(eps) ** 2
+    c = d / check_positive_real(eps, "eps") ** 2
     return lambda x: torch.log1p(c * x)
-
-
-def _check_f(f) -> None:
-    if f is not None and not callable(f):
-        raise TypeError(f"f must be a callable applied element-wise to a tensor, got {type(f).__name__}")
 
 
 # ----------------------------------------------------------------------------- rates
@@ -201,9 +163,11 @@ def coding_rate(Z: torch.Tensor, eps: float = 0.5, *, dtype: Optional[torch.dtyp
     Returns:
         (...) coding rate in nats, in the accumulation dtype.
     """
-    _check_features(Z)
-    eps = _check_eps(eps)
-    cd = _compute_dtype(dtype, Z)
+    eps = _check_rate_args(Z, eps)
+    return _coding_rate(Z, eps, _compute_dtype(dtype, Z))
+
+
+def _coding_rate(Z, eps, cd):
     N, d = Z.shape[-2], Z.shape[-1]
     return 0.5 * _logdet_i_plus_gram(Z.to(cd), d / (N * eps**2))
 
@@ -229,11 +193,7 @@ def compression_rate(
         Z: (..., N, d); Pi: (..., N, K), rows on the simplex (batch dims broadcast with Z's).
         reduction: "sum" -> (...); "none" -> per-group terms (..., K).
     """
-    _check_features(Z)
-    eps = _check_eps(eps)
-    _check_reduction(reduction)
-    _check_f(f)
-    _check_membership(Pi, Z, simplex=True)
+    eps = _check_rate_args(Z, eps, reduction, f, Pi)
     return _compression_rate(Z, Pi, eps, f, reduction, _compute_dtype(dtype, Z, Pi))
 
 
@@ -273,11 +233,9 @@ def rate_reduction(
 ) -> torch.Tensor:
     """Rate reduction ΔR(Z, Pi) = R(Z) - R_c(Z, Pi) (ToST Eq. 1, MCR²). Shapes as in
     :func:`compression_rate`; returns (broadcast batch dims of Z and Pi)."""
-    _check_features(Z)
-    eps = _check_eps(eps)
-    _check_membership(Pi, Z, simplex=True)
+    eps = _check_rate_args(Z, eps, Pi=Pi)
     cd = _compute_dtype(dtype, Z, Pi)
-    return coding_rate(Z, eps, dtype=cd) - _compression_rate(Z, Pi, eps, None, "sum", cd)
+    return _coding_rate(Z, eps, cd) - _compression_rate(Z, Pi, eps, None, "sum", cd)
 
 
 def subspace_compression_rate(
@@ -299,9 +257,7 @@ def subspace_compression_rate(
             (..., K, d, p) whose batch dims broadcast with Z's.
         reduction: "sum" -> (...); "none" -> per-head terms (..., K).
     """
-    _check_features(Z)
-    eps = _check_eps(eps)
-    _check_reduction(reduction)
+    eps = _check_rate_args(Z, eps, reduction)
     Ub = _split_bases(U, Z.shape[-1], num_heads)
     _batch_shape("Z", Z.shape[:-2], "U", Ub.shape[:-3])
     cd = _compute_dtype(dtype, Z, U)
@@ -340,13 +296,9 @@ def variational_compression_rate(
         f: element-wise concave non-decreasing function with f(0) = 0 (callable on tensors).
         reduction: "sum" -> (...); "none" -> per-group terms (..., K).
     """
-    _check_features(Z)
-    eps = _check_eps(eps)
-    _check_reduction(reduction)
-    _check_f(f)
-    _check_membership(Pi, Z, simplex=not decoupled)
+    eps = _check_rate_args(Z, eps, reduction, f, Pi, simplex=not decoupled)
     K = Pi.shape[-1]
-    Ub = _split_bases(U, Z.shape[-1], K if (num_heads is None and U.dim() == 2) else num_heads)
+    Ub = _split_bases(U, Z.shape[-1], num_heads, heads_2d=K)
     if Ub.shape[-3] != K:
         raise ValueError(f"U has K = {Ub.shape[-3]} bases but Pi has K = {K} groups")
     _batch_shape("Z", Z.shape[:-2], "U", Ub.shape[:-3])

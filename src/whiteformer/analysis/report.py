@@ -51,7 +51,7 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 import torch.nn as nn
 
-from .._checks import is_real
+from .._checks import check_positive_real, check_tensor
 from .._files import save_figure, write_text
 from . import hidden_states, rates
 from ._viz import new_figure, require_matplotlib
@@ -116,8 +116,6 @@ def _layer_row(r: BlockRecord, features: str, eps: float, dtype: torch.dtype) ->
     row["R"] = mean(R)
     if Pi is not None:
         Pi = Pi.to(device=Z.device, dtype=dtype)
-        if Pi.shape[-2] != Z.shape[-2]:
-            raise ValueError(f"block {r.name!r}: {Pi.shape[-2]} memberships for {Z.shape[-2]} tokens")
         Ps = Pi if _on_simplex(Pi) else simplex_memberships(Pi)
         row["R_c"] = mean(rates.compression_rate(Z, Ps, eps, dtype=dtype))
         row["delta_R"] = mean(rates.rate_reduction(Z, Ps, eps, dtype=dtype))
@@ -311,16 +309,14 @@ def layerwise_report(
     """
     if features not in _FEATURES:
         raise ValueError(f"features must be one of {_FEATURES}, got {features!r}")
-    if not is_real(eps) or not math.isfinite(eps) or eps <= 0:
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    check_positive_real(eps, "eps")
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
     if out_dir is not None:
         _check_out_dir(out_dir)
         if plot:
             require_matplotlib("layerwise_report's plot (plot=False writes the JSON only)")
-    if not isinstance(images_or_tokens, torch.Tensor):
-        raise TypeError(f"images_or_tokens must be a torch.Tensor, got {type(images_or_tokens).__name__}")
+    check_tensor(images_or_tokens, "images_or_tokens", floating=False)
     if isinstance(model, (str, Path)):
         model = hidden_states.load_for_analysis(model)
     if isinstance(getattr(model, "whiteformer", None), nn.Module):  # a whiteformer.hf wrapper
