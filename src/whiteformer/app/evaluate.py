@@ -77,6 +77,11 @@ def evaluate(cfg: EvalConfig) -> Dict[str, Any]:
     same = dataset == run.get("dataset")
     data_dir = cfg.data_dir if cfg.data_dir is not None else (run.get("data_dir") if same else None)
     data_args = {**(run.get("data_args", {}) if same else {}), **cfg.data_args}
+    if "train_tokenizer" in data_args and "train_tokenizer" not in cfg.data_args and path.is_dir() \
+            and (path / "tokenizer.json").is_file():
+        # the tokenizer the model was trained with, not one trained again (on perhaps another file)
+        data_args = {**{k: v for k, v in data_args.items() if k != "train_tokenizer"},
+                     "tokenizer": str(path / "tokenizer.json")}
     device = resolve_device(cfg.device)
     model = load_model(path, cfg.model, cfg.model_args).to(device).eval()
     task = build_task(dataset, data_dir=data_dir, data_args=data_args, eval_split=cfg.split, eval_only=True,
@@ -94,31 +99,46 @@ def evaluate(cfg: EvalConfig) -> Dict[str, Any]:
             **res}
 
 
+def _run_vocabulary(path):
+    """(vocabulary, the file it came from) of a language model folder: the character ``vocab.json``,
+    else the ``tokenizer.json`` a subword run saved."""
+    from .data.text import CharVocab
+    from .data.tokenizer import load_tokenizer
+
+    vocab_file = path / "vocab.json" if path.is_dir() else None
+    tok_file = path / "tokenizer.json" if path.is_dir() else None
+    if vocab_file is not None and vocab_file.is_file():
+        try:
+            return CharVocab.from_json(read_json(vocab_file)), vocab_file
+        except ValueError as err:  # not JSON (the message names the file), or not a character vocabulary
+            raise ConfigError(str(err) if str(vocab_file) in str(err) else f"{str(vocab_file)!r}: {err}") from None
+    if tok_file is not None and tok_file.is_file():
+        try:
+            return load_tokenizer(tok_file), tok_file
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    raise ConfigError(f"{str(path)!r} has no vocab.json or tokenizer.json: generate needs a language model trained "
+                      f"by `whiteformer train --dataset text`")
+
+
 @torch.no_grad()
 def generate(cfg: GenerateConfig) -> list:
-    """Samples (prompt + continuation) from a character-level language model."""
-    from .data.text import CharVocab
-
+    """Samples (prompt + continuation) from a language model trained on text (characters or a tokenizer)."""
     cfg.validate()
     path, _ = resolve_checkpoint(cfg.checkpoint)
-    vocab_file = path / "vocab.json" if path.is_dir() else None
-    if vocab_file is None or not vocab_file.is_file():
-        raise ConfigError(f"{str(path)!r} has no vocab.json: generate needs a language model trained by "
-                          f"`whiteformer train --dataset text`")
-    try:
-        vocab = CharVocab.from_json(read_json(vocab_file))
-    except ValueError as err:  # not JSON (the message names the file), or not a character vocabulary
-        raise ConfigError(str(err) if str(vocab_file) in str(err) else f"{str(vocab_file)!r}: {err}") from None
+    vocab, vocab_file = _run_vocabulary(path)
     device = resolve_device(cfg.device)
     model = load_model(path).to(device).eval()
     if not hasattr(model, "generate"):
         raise ConfigError(f"{type(model).__name__} is not a language model (no generate())")
     size = getattr(model, "vocab_size", None) or getattr(model, "init_kwargs", {}).get("vocab_size")
     if isinstance(size, int) and len(vocab) < size:
-        raise ConfigError(f"{str(vocab_file)!r} holds {len(vocab)} characters, fewer than the model's vocabulary of "
+        raise ConfigError(f"{str(vocab_file)!r} holds {len(vocab)} tokens, fewer than the model's vocabulary of "
                           f"{size}: it is not this model's vocabulary")
     try:
         idx = vocab.encode(cfg.prompt or "\n")
+        if idx.numel() == 0:
+            raise ValueError("it encodes to no token")
     except ValueError as err:
         raise ConfigError(f"prompt: {err}") from err
     idx = idx.unsqueeze(0).repeat(cfg.num_samples, 1).to(device)

@@ -323,6 +323,7 @@ def test_language_model_training_eval_and_generate(tmp_path):
 
     shutil.copytree(run / "final", tmp_path / "novocab")
     (tmp_path / "novocab" / "vocab.json").unlink()
+    (tmp_path / "novocab" / "tokenizer.json").unlink()
     with pytest.raises(ConfigError, match="vocab.json"):
         generate(GenerateConfig(checkpoint=str(tmp_path / "novocab")))
     # past the context limit the context is cropped (as GPT), so long generations work

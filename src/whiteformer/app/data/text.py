@@ -1,13 +1,17 @@
-"""Character-level language modelling on a text file.
+"""Language modelling on a text file: characters, or the tokens of a subword tokenizer.
 
 The default corpus is the small public-domain text shipped with the package
 (``whiteformer/app/data/corpus/shakespeare_small.txt``: *Julius Caesar* and *King Lear*, see the README
 there); ``path`` (or ``data_dir``) points at any ``.txt``, ``.txt.xz`` or ``.txt.gz`` file, e.g.
 Shakespeare's complete works as ``complete_works.txt.xz``.
 
-The vocabulary is the sorted set of characters of the whole file (shared by the splits); the
-first ``1 - val_fraction`` of the characters form the "train" split, the rest "val" ("test" is an
-alias). :class:`CharCorpus` holds the token ids; the trainer cuts windows of ``block_size + 1``.
+The first ``1 - val_fraction`` of the characters form the "train" split, the rest "val" ("test" is
+an alias). The vocabulary is, by default, the sorted set of characters of the whole file (shared by
+the splits); ``tokenizer=PATH`` (a ``tokenizer.json`` or a transformers tokenizer folder) reads
+subword tokens instead, and ``train_tokenizer=N`` trains a byte-level BPE of ``N`` tokens on the
+train split (see :mod:`.tokenizer`; the run saves it beside the model). An end-of-document token
+written in the text (``<|endoftext|>``) is one token. :class:`CharCorpus` holds the token ids; the
+trainer cuts windows of ``block_size + 1``.
 """
 from __future__ import annotations
 
@@ -16,12 +20,13 @@ import lzma
 import os
 from importlib import resources
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from .registry import check_split, register_dataset
+from .tokenizer import TextTokenizer, char_tokenizer, check_bpe_size, load_tokenizer, train_bpe
 
 __all__ = ["CharCorpus", "CharVocab", "read_text", "default_corpus_path", "text"]
 
@@ -47,7 +52,10 @@ def read_text(path) -> str:
 
 
 class CharVocab:
-    """Characters <-> ids (the sorted characters of a corpus)."""
+    """Characters <-> ids (the sorted characters of a corpus); no end-of-document token."""
+
+    eod_id: Optional[int] = None
+    unit = "char"
 
     def __init__(self, chars: Sequence[str]):
         self.chars: List[str] = list(chars)
@@ -70,6 +78,17 @@ class CharVocab:
     def to_json(self) -> dict:
         return {"type": "char", "chars": "".join(self.chars)}
 
+    def files(self, model_max_length: Optional[int] = None) -> Dict[str, str]:
+        """{file name: text} saved beside a model: ``vocab.json`` and transformers' tokenizer files
+        (a one-token-per-character tokenizer, :func:`.tokenizer.char_tokenizer`)."""
+        import json
+
+        try:
+            hf = char_tokenizer(self.chars).files(model_max_length)
+        except ImportError:  # no tokenizers: vocab.json alone (whiteformer generate reads it)
+            hf = {}
+        return {"vocab.json": json.dumps(self.to_json()), **hf}
+
     @classmethod
     def from_json(cls, obj: dict) -> "CharVocab":
         if not isinstance(obj, dict) or obj.get("type") != "char" or not isinstance(obj.get("chars"), str):
@@ -78,15 +97,17 @@ class CharVocab:
 
 
 class CharCorpus:
-    """Token ids of one split of a character corpus (``kind = "lm"``).
+    """Token ids of one split of a text corpus (``kind = "lm"``).
 
-    Attributes: ``tokens`` (T,) int64, ``vocab`` (:class:`CharVocab`), ``vocab_size``.
+    Attributes: ``tokens`` (T,) int64, ``vocab`` (:class:`CharVocab` or :class:`.tokenizer.TextTokenizer`:
+    ``encode`` / ``decode`` / ``eod_id`` / ``files``), ``vocab_size``.
     ``get_windows(starts, block_size)`` -> (x, y) of shape (B, block_size), y = x shifted by one.
     """
 
     kind = "lm"
 
-    def __init__(self, tokens: torch.Tensor, vocab: CharVocab, name: str = "text", source: str = ""):
+    def __init__(self, tokens: torch.Tensor, vocab: Union[CharVocab, TextTokenizer], name: str = "text",
+                 source: str = ""):
         self.tokens = tokens
         self.vocab = vocab
         self.vocab_size = len(vocab)
@@ -113,25 +134,53 @@ def _encode_fast(data: str, vocab: CharVocab) -> torch.Tensor:
     return torch.from_numpy(lut[codes])
 
 
+#: the last trained tokenizer: the splits of one run train it once
+_TRAINED: Dict[Tuple, TextTokenizer] = {}
+
+
+def _trained_bpe(src: Path, train_text: str, val_fraction: float, vocab_size: int) -> TextTokenizer:
+    st = src.stat()
+    key = (str(src.resolve()), st.st_mtime_ns, st.st_size, val_fraction, vocab_size)
+    if key not in _TRAINED:
+        tok = train_bpe(train_text, vocab_size)
+        _TRAINED.clear()
+        _TRAINED[key] = tok
+    return _TRAINED[key]
+
+
 @register_dataset("text", reads="file",
-                  help="character-level language modelling on a text file (default: shipped corpus)")
+                  help="language modelling on a text file: characters or a BPE tokenizer (default: shipped corpus)")
 def text(split: str = "train", path: Optional[str] = None, data_dir: Optional[str] = None,
-         val_fraction: float = 0.1) -> CharCorpus:
-    """Character corpus ``split`` ("train" / "val"; "test" = "val") of ``path`` (default: shipped)."""
+         val_fraction: float = 0.1, tokenizer: Optional[str] = None,
+         train_tokenizer: Optional[int] = None) -> CharCorpus:
+    """Corpus ``split`` ("train" / "val"; "test" = "val") of ``path`` (default: shipped), read as
+    characters, with ``tokenizer`` (a ``tokenizer.json`` or a transformers tokenizer folder), or with
+    a byte-level BPE of ``train_tokenizer`` tokens trained on the train split."""
     split = check_split("text", split, canonical=("train", "val"), aliases={"test": "val"})
     if path is not None and data_dir is not None and str(path) != str(data_dir):
         raise ValueError("text: give the corpus file as path or data_dir, not both")
+    if tokenizer is not None and train_tokenizer is not None:
+        raise ValueError("text: give tokenizer (a tokenizer to read) or train_tokenizer (a vocabulary size to "
+                         "train), not both")
     src = path or data_dir
     if src is not None and Path(os.path.expanduser(str(src))).is_dir():
         raise ValueError(f"text: {str(src)!r} is a directory; pass the text file itself (.txt, .txt.xz, .txt.gz)")
     src = Path(src) if src is not None else default_corpus_path()
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+    tok = load_tokenizer(tokenizer) if tokenizer is not None else None
+    if train_tokenizer is not None:
+        check_bpe_size(train_tokenizer)
     data = read_text(src)
     if len(data) < 100:
         raise ValueError(f"text file {str(src)!r} is too short ({len(data)} characters)")
+    cut = int(len(data) * (1.0 - val_fraction))
+    if train_tokenizer is not None:
+        tok = _trained_bpe(Path(os.path.expanduser(str(src))), data[:cut], val_fraction, train_tokenizer)
+    if tok is not None:
+        ids = tok.encode_corpus(data[:cut] if split == "train" else data[cut:])
+        return CharCorpus(ids, tok, name=f"text/{split}", source=str(src))
     vocab = CharVocab(sorted(set(data)))
     ids = _encode_fast(data, vocab)
-    cut = int(len(ids) * (1.0 - val_fraction))
     part = ids[:cut] if split == "train" else ids[cut:]
     return CharCorpus(part, vocab, name=f"text/{split}", source=str(src))

@@ -333,8 +333,8 @@ class Trainer:
 
         files = {"train_config.json": json.dumps(config_to_dict(self.cfg), indent=1)}
         vocab = getattr(self.train_ds, "vocab", None)
-        if vocab is not None and hasattr(vocab, "to_json"):
-            files["vocab.json"] = json.dumps(vocab.to_json())
+        if vocab is not None and hasattr(vocab, "files"):  # a language model's tokenizer (transformers' files)
+            files.update(vocab.files(getattr(self.module, "context_limit", None)))
         return files
 
     def _card_section(self, final: Dict[str, float]) -> str:

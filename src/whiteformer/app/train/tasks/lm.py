@@ -1,9 +1,10 @@
-"""Language modelling on a token stream (characters of ``text``, token ids of ``tokens``): step ``s``
-reads ``batch_size`` random windows of ``block_size + 1`` tokens whose starts come from a generator
-seeded with ``(seed, s)``; each data-parallel group reads only its slice of them, and under context
-parallelism each process of a group keeps its contiguous chunk of every window. Evaluation reads
-evenly spread windows of the validation split. The dataset only needs ``len(ds)`` (tokens) and
-``get_windows(starts, block_size)``, so a token file is read window by window."""
+"""Language modelling on a token stream (characters or subword tokens of ``text``, token ids of
+``tokens``): step ``s`` reads ``batch_size`` random windows of ``block_size + 1`` tokens whose
+starts come from a generator seeded with ``(seed, s)``; each data-parallel group reads only its
+slice of them, and under context parallelism each process of a group keeps its contiguous chunk of
+every window. Evaluation reads evenly spread windows of the validation split. The dataset only
+needs ``len(ds)`` (tokens) and ``get_windows(starts, block_size)``, so a token file is read window
+by window."""
 from __future__ import annotations
 
 import math
@@ -20,7 +21,7 @@ __all__ = ["LMTask"]
 
 
 class LMTask(CausalLMData, Task):
-    """Next-character prediction on random windows (see module docstring)."""
+    """Next-token prediction on random windows (see module docstring)."""
 
     kind = "lm"
     epoch_based = False
@@ -84,7 +85,7 @@ class LMTask(CausalLMData, Task):
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, ds=None) -> Dict[str, float]:
-        """Mean next-character cross-entropy over evenly spread windows, and perplexity."""
+        """Mean next-token cross-entropy over evenly spread windows, and perplexity."""
         ds = ds if ds is not None else self.eval_ds
         was_training = model.training
         model.eval()
@@ -106,7 +107,8 @@ class LMTask(CausalLMData, Task):
 
     def report_rows(self, results: Dict[str, Any], split: str = "validation") -> List[str]:
         final = results.get("final_eval", {})
-        return [f"| validation loss | {final.get('loss', float('nan')):.4f} nats/char |",
+        unit = getattr(getattr(self.train_ds, "vocab", None), "unit", "token")
+        return [f"| validation loss | {final.get('loss', float('nan')):.4f} nats/{unit} |",
                 f"| validation perplexity | {final.get('ppl', float('nan')):.3f} |"]
 
     def report_inputs(self, n: int = 16):
@@ -127,7 +129,7 @@ class LMTask(CausalLMData, Task):
             g = torch.Generator(device=device).manual_seed(0)
             # A model with a position limit cannot generate past it (needs t + new - 1 <= limit).
             out = model.generate(prompt, min(300, limit - t + 1), temperature=0.8, generator=g)
-            sample = vocab.decode(prompt[0].cpu()) + vocab.decode(out[0, prompt.shape[1]:].cpu())
+            sample = vocab.decode(out[0].cpu())  # (whole: a subword token may hold part of a character)
         except Exception as err:  # noqa: BLE001 - an analysis must not fail the run
             ctx.notes.append(f"text sample skipped: {type(err).__name__}: {err}")
             return []
