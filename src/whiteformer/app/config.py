@@ -81,6 +81,16 @@ def max_threads() -> int:
     return max(1024, 4 * (os.cpu_count() or 1))
 
 
+def check_recipe(cfg) -> None:
+    """The vision-recipe options of ``cfg`` (RandAugment, Mixup / CutMix, erasing, repeats) in range."""
+    from .data.recipe import VisionRecipe
+
+    try:
+        VisionRecipe.from_options(dataclasses.asdict(cfg)).check()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
 def _check_device_name(spec: str) -> None:
     if spec not in ("auto", ""):
         check_device(spec)
@@ -102,6 +112,22 @@ class TrainConfig:
     eval_split: str = _h("split used for evaluation", default="test")
     translate: int = _h("augmentation: random translation in pixels (0: off; image datasets)", default=1)
     flip: float = _h("augmentation: horizontal-flip probability", default=0.0)
+    auto_augment: Optional[str] = _h("image datasets: RandAugment as timm's string, e.g. rand-m9-mstd0.5-inc1 "
+                                     "(m magnitude, n ops, mstd magnitude noise, inc1 increasing ops; none: off)",
+                                     default=None)
+    mixup: float = _h("image datasets: Mixup Beta alpha (0: off; DeiT 0.8); targets get label_smoothing", default=0.0)
+    cutmix: float = _h("image datasets: CutMix Beta alpha (0: off; DeiT 1.0)", default=0.0)
+    mixup_prob: float = _h("probability of mixing a batch (or image, mixup_mode=elem)", default=1.0)
+    mixup_switch_prob: float = _h("probability of CutMix rather than Mixup when both are on", default=0.5)
+    mixup_mode: str = _h("Mixup / CutMix parameters per 'batch' or per image ('elem')", default="batch")
+    reprob: float = _h("image datasets: random-erasing probability per image (0: off; DeiT 0.25)", default=0.0)
+    remode: str = _h("random-erasing fill: const (mean colour), rand (a colour per box), pixel (noise)",
+                     default="pixel")
+    recount: int = _h("random erasing: at most this many boxes per erased image", default=1)
+    aug_repeats: int = _h("image datasets: repeated augmentation, each image this many times per epoch on "
+                          "different processes (0 or 1: off; DeiT 3)", default=0)
+    aug_impl: str = _h("RandAugment / Mixup / erasing from timm (needs torchvision), the built-in torch ones, "
+                       "or auto (timm when it imports)", default="auto")
     block_size: int = _h("language models: context length of the training windows", default=128)
     unlimited_length: bool = _h("language models built from scratch: no absolute positions / position bias where the "
                                 "model allows (ToST: pos_emb=False, pos_bias=False), so they generate past block_size; "
@@ -177,6 +203,7 @@ class TrainConfig:
         _check(0 < self.ema_decay < 1, f"ema_decay must be in (0, 1), got {self.ema_decay}")
         _check(self.translate >= 0, f"translate must be >= 0 pixels, got {self.translate}")
         _check(0 <= self.flip <= 1, f"flip must be a probability in [0, 1], got {self.flip}")
+        check_recipe(self)
         _check(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")
         _check(self.context_parallel >= 1, f"context_parallel must be >= 1, got {self.context_parallel}")
         _check(not (self.context_parallel > 1 and self.compile),
@@ -211,7 +238,9 @@ def amp_precision(cfg: "TrainConfig") -> str:
     return "bf16" if cfg.bf16 else cfg.precision
 
 
-RUN_DEFINING = ("model", "model_args", "finetune", "dataset", "data_args", "translate", "flip", "block_size",
+RUN_DEFINING = ("model", "model_args", "finetune", "dataset", "data_args", "translate", "flip", "auto_augment",
+                "mixup", "cutmix", "mixup_prob", "mixup_switch_prob", "mixup_mode", "reprob", "remode", "recount",
+                "aug_repeats", "aug_impl", "block_size",
                 "unlimited_length", "batch_size", "lr", "min_lr", "schedule", "weight_decay", "beta1", "beta2",
                 "warmup_steps", "warmup_epochs", "label_smoothing", "clip_grad", "ema", "ema_decay", "bf16", "precision",
                 "seed")

@@ -144,11 +144,13 @@ class FileImageDataset(ArrayDataset):
     """Images read from files with Pillow at fetch time (``preload`` reads them all once).
 
     ``files``: list of paths; ``labels`` (N,); images converted to "L" (in_chans 1) or "RGB" (3)
-    and resized to ``img_size`` (required: files may differ in size).
+    and resized to ``img_size`` (required: files may differ in size), or with ``crop_pct``, resized
+    to ``img_size / crop_pct`` and centre-cropped to ``img_size`` (timm's evaluation transform).
     """
 
     def __init__(self, files: List[str], labels: torch.Tensor, num_classes: int, img_size, in_chans: int,
-                 classes: List[str], mean, std, preload: bool = False, name: str = "image-folder"):
+                 classes: List[str], mean, std, preload: bool = False, name: str = "image-folder",
+                 crop_pct: Optional[float] = None):
         size = _as_size(img_size)
         if size is None:
             raise ValueError(f"{name}: img_size is required (image files may differ in size)")
@@ -157,13 +159,14 @@ class FileImageDataset(ArrayDataset):
         super().__init__(placeholder, labels, num_classes, kind="image", mean=mean, std=std, scale=255.0,
                          img_size=size, classes=classes, name=name)
         self.in_chans = in_chans
+        self.crop_pct = crop_pct
         self._cache: Optional[torch.Tensor] = None
         if preload:
             self._cache = self._read(range(len(self.files)))
 
     def _read(self, idx) -> torch.Tensor:
         mode = "L" if self.in_chans == 1 else "RGB"
-        return torch.stack([read_image(self.files[i], mode, self._size) for i in idx])
+        return torch.stack([read_image(self.files[i], mode, self._size, self.crop_pct) for i in idx])
 
     def get_batch(self, indices: torch.Tensor, transform: Transform = None) -> Tuple[torch.Tensor, torch.Tensor]:
         idx = torch.as_tensor(indices, dtype=torch.long)

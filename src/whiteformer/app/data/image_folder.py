@@ -5,6 +5,8 @@
 (``test_fraction``) when there are no split folders. Classes are the sorted subfolder names.
 Images are converted to RGB (``in_chans=3``) or grey (``in_chans=1``), resized to ``img_size``
 (bilinear) and normalised with ``mean`` / ``std`` (default ImageNet's for RGB, 0.5 for grey).
+``crop_pct`` (e.g. 0.875, DeiT's and timm's): the evaluation splits ("test" / "val") are resized to
+``img_size / crop_pct`` and centre-cropped to ``img_size`` instead (timm's evaluation transform).
 Pillow is needed: ``pip install whiteformer[data]``.
 """
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from ..._checks import is_real
 from .base import FileImageDataset, stratified_split
 from .images import read_image
 from .registry import check_data_dir, register_dataset
@@ -45,12 +48,16 @@ def _scan(root: Path, classes: Optional[List[str]] = None) -> Tuple[List[str], L
                   help="class-per-subfolder images read with Pillow (data_dir[/split]/class/*.png)")
 def image_folder(split: str = "train", data_dir: Optional[str] = None, img_size: Optional[int] = 32,
                  in_chans: int = 3, mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None,
-                 test_fraction: float = 0.2, split_seed: int = 0, preload: bool = False) -> FileImageDataset:
+                 test_fraction: float = 0.2, split_seed: int = 0, preload: bool = False,
+                 crop_pct: Optional[float] = None) -> FileImageDataset:
     """Images under ``data_dir`` (see module docstring) for ``split`` ("train" / "test" / "val")."""
     if split not in ("train", "test", "val"):
         raise ValueError(f"dataset 'image-folder': unknown split {split!r}; expected 'train', 'test' or 'val'")
     if in_chans not in (1, 3):
         raise ValueError(f"in_chans must be 1 (grey) or 3 (RGB), got {in_chans!r}")
+    if crop_pct is not None and not (is_real(crop_pct) and 0 < crop_pct <= 1):
+        raise ValueError(f"crop_pct must be a number in (0, 1] (the evaluation crop's share of the resized "
+                         f"image, e.g. 0.875), got {crop_pct!r}")
     root = check_data_dir(data_dir, "image-folder")
     split_dirs = {s: root / s for s in ("train", "test", "val") if (root / s).is_dir()}
     if split_dirs:
@@ -82,4 +89,4 @@ def image_folder(split: str = "train", data_dir: Optional[str] = None, img_size:
     if std is None:
         std = IMAGENET_STD if in_chans == 3 else (0.5,)
     return FileImageDataset(files, lab, len(classes), img_size, in_chans, classes, mean, std, preload=preload,
-                            name=f"image-folder/{split}")
+                            name=f"image-folder/{split}", crop_pct=None if split == "train" else crop_pct)

@@ -3,6 +3,12 @@
 Epoch ``e`` visits the training set in the order ``randperm(N, seed=(seed, e))``, in full global
 batches (the incomplete last one is dropped); augmentation parameters of step ``s`` come from a
 generator seeded with ``(seed, s)``.
+
+Images may get the DeiT / XCiT / ToST recipe (:class:`~whiteformer.app.data.recipe.VisionRecipe`),
+in this order: translation / flip, RandAugment (on [0, 1] images), normalisation, random erasing,
+Mixup / CutMix (soft targets, trained with the soft-target cross-entropy). With ``aug_repeats`` k > 1
+the epoch's order is DeiT's repeated-augmentation order over the data-parallel processes
+(:func:`~whiteformer.app.data.sampler.repeated_indices`), a function of ``(seed, e)`` and their number.
 """
 from __future__ import annotations
 
@@ -14,6 +20,9 @@ import torch.nn.functional as F
 
 from ...config import ConfigError
 from ...data.augment import Augment
+from ...data.mixing import soft_target_cross_entropy
+from ...data.recipe import VisionRecipe
+from ...data.sampler import repeated_indices
 from ..distributed import DistInfo, all_reduce_sum
 from .base import ReportContext, Task, seeded_generator
 
@@ -30,9 +39,11 @@ class ClassificationTask(Task):
 
     def __init__(self, train_ds, eval_ds, batch_size: int = 64, seed: int = 0, dist: Optional[DistInfo] = None,
                  bf16: bool = False, label_smoothing: float = 0.0, augment: Optional[Augment] = None,
-                 eval_batch_size: int = 256, translate: int = 0, flip: float = 0.0):
+                 eval_batch_size: int = 256, translate: int = 0, flip: float = 0.0,
+                 recipe: Optional[VisionRecipe] = None):
         super().__init__(train_ds, eval_ds, batch_size, seed, dist, bf16)
         self.label_smoothing = label_smoothing
+        self._setup_recipe(recipe or VisionRecipe(label_smoothing=label_smoothing))
         if augment is None and (translate or flip):
             augment = Augment(translate=translate, flip=flip)
         self.augment = augment if (augment is not None and augment.active and self.augments) else None
@@ -44,6 +55,37 @@ class ClassificationTask(Task):
         self.eval_batch_size = eval_batch_size
         self._perm_epoch = -1
         self._perm: Optional[torch.Tensor] = None
+
+    @classmethod
+    def from_options(cls, train_ds, eval_ds, dist: Optional[DistInfo] = None, **options: Any) -> "ClassificationTask":
+        recipe = VisionRecipe.from_options(options)
+        cls._refuse_recipe(recipe, train_ds)
+        return super().from_options(train_ds, eval_ds, dist, **options, recipe=recipe)
+
+    @classmethod
+    def _refuse_recipe(cls, recipe: VisionRecipe, ds) -> None:
+        if recipe.active and not cls.augments:
+            raise ConfigError(f"auto_augment, mixup, cutmix, reprob and aug_repeats augment images; dataset "
+                              f"{ds.name!r} holds {getattr(ds, 'kind', 'other')} data: leave them off")
+
+    def _setup_recipe(self, recipe: VisionRecipe) -> None:
+        """The recipe's transforms (None when off) and the checks that need the data and the batch."""
+        try:
+            recipe.check()
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        self._refuse_recipe(recipe, self.train_ds)
+        self.recipe = recipe
+        self.rand_augment = self.mixup = self.erasing = None
+        if not recipe.active:
+            return
+        ds = self.train_ds
+        mean = ds.mean.expand(ds.in_chans).tolist()
+        parts = recipe.build(ds.num_classes, mean, ds.img_size)
+        self.rand_augment, self.mixup, self.erasing = parts["rand_augment"], parts["mixup"], parts["erasing"]
+        if self.mixup is not None and recipe.impl == "timm" and self.local_batch % 2:
+            raise ConfigError(f"timm's Mixup needs an even batch per process, got {self.local_batch} (batch_size "
+                              f"{self.batch_size} over {self.dist.dp_size} process(es))")
 
     # ------------------------------------------------------------------ model for the data
     @classmethod
@@ -61,8 +103,17 @@ class ClassificationTask(Task):
         return n // self.batch_size
 
     def order(self, epoch: int) -> torch.Tensor:
+        """The global order of epoch ``epoch``: global batch j is ``order[j B:(j + 1) B]``, process r
+        reads its slice ``lo:hi`` of each."""
         if epoch != self._perm_epoch:
-            self._perm = torch.randperm(len(self.train_ds), generator=seeded_generator(self.seed, 1, epoch))
+            g = seeded_generator(self.seed, 1, epoch)
+            k = self.recipe.aug_repeats
+            if k > 1:  # process r's stream laid out as its slices of the successive global batches
+                per_rank = repeated_indices(len(self.train_ds), k, self.dist.dp_size, g)
+                b, steps = self.local_batch, self.steps_per_epoch
+                self._perm = per_rank[:, :steps * b].reshape(-1, steps, b).transpose(0, 1).reshape(-1)
+            else:
+                self._perm = torch.randperm(len(self.train_ds), generator=g)
             self._perm_epoch = epoch
         return self._perm  # type: ignore[return-value]
 
@@ -72,12 +123,22 @@ class ClassificationTask(Task):
 
     def train_batch(self, step: int) -> Tuple[torch.Tensor, torch.Tensor]:
         idx = self.global_indices(step)[self.lo:self.hi]
-        transform = None
-        if self.augment is not None:
-            params = self.augment.sample(self.batch_size, seeded_generator(self.seed, 2, step))
-            sl = slice(self.lo, self.hi)
-            transform = lambda x: self.augment.apply(x, params, sl)  # noqa: E731
-        return self._to(*self.train_ds.get_batch(idx, transform))
+        sl = slice(self.lo, self.hi)
+        # (augmentation, stream of its seeded generator): each draws for the whole global batch.
+        pre = [(a, s) for a, s in ((self.augment, 2), (self.rand_augment, 3)) if a is not None]
+        params = [a.sample(self.batch_size, seeded_generator(self.seed, s, step)) for a, s in pre]
+
+        def transform(x):
+            for (a, _), p in zip(pre, params):
+                x = a.apply(x, p, sl)
+            return x
+
+        x, y = self.train_ds.get_batch(idx, transform if pre else None)
+        if self.erasing is not None:
+            x = self.erasing.apply(x, self.erasing.sample(self.batch_size, seeded_generator(self.seed, 4, step)), sl)
+        if self.mixup is not None:
+            x, y = self.mixup.apply(x, y, self.mixup.sample(self.batch_size, seeded_generator(self.seed, 5, step)), sl)
+        return self._to(x, y)
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return model(x)
@@ -85,7 +146,11 @@ class ClassificationTask(Task):
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor):
         with self.autocast():
             logits = self.logits(model, x)
-        loss = F.cross_entropy(logits.float(), y, label_smoothing=self.label_smoothing)
+        if y.is_floating_point():  # soft targets (Mixup / CutMix, smoothing included): (B, K)
+            loss = soft_target_cross_entropy(logits, y)
+            y = y.argmax(-1)
+        else:
+            loss = F.cross_entropy(logits.float(), y, label_smoothing=self.label_smoothing)
         with torch.no_grad():
             correct = (logits.argmax(-1) == y).sum()
         return loss, {"correct": correct.float(), "count": torch.tensor(float(y.numel()), device=y.device)}
