@@ -5,6 +5,7 @@
     whiteformer generate --checkpoint LM_RUN [--prompt TEXT --max-new-tokens N ...]
     whiteformer analyze  ANALYSIS [--out DIR ...]                         (eca-toy, layerwise, report)
     whiteformer compress ...                                              (whiteformer.app.compress_cli)
+    whiteformer prepare-text FILE... --out DIR (--tokenizer PATH | --train-tokenizer N)   (.prepare_text)
     whiteformer list-models [PATTERN]        whiteformer list-datasets        whiteformer list-configs
 
 Options come from the command's configuration dataclass (``whiteformer train --help`` lists
@@ -228,6 +229,10 @@ def cmd_compress(argv: List[str]) -> int:
     from .compress_cli import main as compress_main
 
     return compress_main(argv)
+
+
+register_lazy_command("prepare-text", "whiteformer.app.prepare_text:main",
+                      "tokenize text files into train.bin / val.bin / meta.json for --dataset tokens")
 
 
 @register_command("list-models", "registered model names (optional fnmatch pattern)")

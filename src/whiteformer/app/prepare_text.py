@@ -1,0 +1,370 @@
+"""``whiteformer prepare-text``: text files -> the token files of ``--dataset tokens``.
+
+    whiteformer prepare-text FILE_OR_DIR [...] --out DIR (--tokenizer PATH | --train-tokenizer N)
+        [--documents file|blank-line] [--eod-token TEXT] [--val-fraction 0.1] [--overwrite] [--no-progress]
+
+Writes ``DIR/train.bin``, ``DIR/val.bin`` (nanoGPT's format: the token ids back to back, uint16, or
+uint32 for a vocabulary over 65536), ``DIR/tokenizer.json`` (the tokenizer used, which decodes them)
+and ``DIR/meta.json`` (``vocab_size``, ``dtype``, ``eod_id``, ``eod_token``, ``tokenizer``,
+``tokenizer_file``, the token and document counts, the sources).
+
+- Inputs: text files (UTF-8; ``.gz`` / ``.xz`` are read compressed), a directory standing for its
+  ``*.txt`` / ``*.txt.gz`` / ``*.txt.xz`` files (recursively, in sorted order).
+- Documents: ``--documents file`` (default) makes each file one document; ``--documents blank-line``
+  cuts each file at its blank lines (a line empty or only whitespace; a run of them is one cut), so
+  every paragraph is a document. A document is read whole into memory.
+- The end-of-document token follows every document (``doc eod doc eod ...``, as nanoGPT's
+  OpenWebText preparation). Its text is ``--eod-token``, by default the tokenizer's end-of-sequence
+  token (a transformers folder's ``eos_token``), else ``<|endoftext|>``; a token the tokenizer lacks is
+  added to it as a special token (saved in ``DIR/tokenizer.json``).
+- Tokenizer: ``--tokenizer`` a ``tokenizer.json`` file, or a folder holding one or that
+  ``transformers.AutoTokenizer`` loads (a fast tokenizer); ``--train-tokenizer N`` trains a byte-level
+  BPE of N tokens (the end-of-document token included) on the training documents.
+- Split: the last documents holding ``--val-fraction`` of the characters form ``val.bin`` (at least one
+  document each side; a single document is cut at that character instead).
+
+``DIR`` must be missing or empty unless ``--overwrite`` (which replaces only these four files); they are
+written into a new folder beside ``DIR`` and moved in at the end, so a failed or killed run leaves
+``DIR`` as it was. A tqdm bar shows the progress on a terminal.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import lzma
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .config import ConfigError
+
+__all__ = ["main", "prepare_text", "PrepareResult", "iter_documents", "load_tokenizer", "train_byte_bpe"]
+
+TEXT_SUFFIXES = (".txt", ".txt.gz", ".txt.xz", ".txt.lzma")
+DEFAULT_EOD = "<|endoftext|>"
+#: documents tokenized per ``encode_batch`` call (at most this many characters)
+BATCH_CHARS = 1 << 20
+
+
+# ---------------------------------------------------------------------------------- tokenizers
+def _tokenizers():
+    try:
+        import tokenizers
+    except ImportError as err:
+        raise ImportError("prepare-text needs the tokenizers library: pip install tokenizers "
+                          "(or whiteformer[hf])") from err
+    return tokenizers
+
+
+def load_tokenizer(path) -> Tuple[object, Optional[str]]:
+    """(``tokenizers.Tokenizer``, its end-of-sequence token or None) of a ``tokenizer.json`` file or a
+    folder (its ``tokenizer.json``, else what ``transformers.AutoTokenizer`` loads offline)."""
+    tk = _tokenizers()
+    p = Path(os.path.expanduser(str(path)))
+    if not p.exists():
+        raise FileNotFoundError(f"--tokenizer {str(path)!r} does not exist")
+    eos = None
+    if p.is_dir():
+        cfg = p / "tokenizer_config.json"
+        if cfg.is_file():
+            try:
+                tok_eos = json.loads(cfg.read_text(encoding="utf-8")).get("eos_token")
+            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+                tok_eos = None
+            eos = tok_eos.get("content") if isinstance(tok_eos, dict) else tok_eos
+        if (p / "tokenizer.json").is_file():
+            p = p / "tokenizer.json"
+        else:
+            return _transformers_tokenizer(p)
+    try:
+        return tk.Tokenizer.from_file(str(p)), (eos if isinstance(eos, str) else None)
+    except Exception as err:  # noqa: BLE001 - the library's own message names what is wrong
+        raise ConfigError(f"--tokenizer {str(path)!r} is not a tokenizers file: {str(err).splitlines()[0]}") from None
+
+
+def _transformers_tokenizer(folder: Path):
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as err:
+        raise ImportError(f"--tokenizer {str(folder)!r} has no tokenizer.json; reading it needs transformers "
+                          "(pip install whiteformer[hf])") from err
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--tokenizer {str(folder)!r}: transformers cannot load a tokenizer from it: "
+                         f"{str(err).splitlines()[0]}") from None
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None:
+        raise ConfigError(f"--tokenizer {str(folder)!r} is a slow (Python) tokenizer; prepare-text needs a fast one "
+                         "(a tokenizer.json)")
+    return backend, getattr(tok, "eos_token", None)
+
+
+def train_byte_bpe(texts: Iterator[str], vocab_size: int, special_tokens: Sequence[str], progress: bool = False):
+    """A byte-level BPE (GPT-2's pre-tokenisation and decoding) of ``vocab_size`` tokens, the
+    ``special_tokens`` included, trained on ``texts`` with the ``tokenizers`` library."""
+    tk = _tokenizers()
+    tok = tk.Tokenizer(tk.models.BPE())
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tk.decoders.ByteLevel()
+    trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(special_tokens),
+                                     initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(), show_progress=progress)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+# ---------------------------------------------------------------------------------- documents
+def _open_text(path: Path):
+    opener = {".gz": gzip.open, ".xz": lzma.open, ".lzma": lzma.open}.get(path.suffix, open)
+    return opener(path, "rt", encoding="utf-8", newline="")
+
+
+def input_files(inputs: Sequence[str]) -> List[Path]:
+    """The text files named by ``inputs`` (a directory: its text files, recursively, sorted)."""
+    files: List[Path] = []
+    for name in inputs:
+        p = Path(os.path.expanduser(str(name)))
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(TEXT_SUFFIXES))
+            if not found:
+                raise FileNotFoundError(f"input directory {str(name)!r} holds no text files ({', '.join(TEXT_SUFFIXES)})")
+            files += found
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"input {str(name)!r} " + ("is not a regular file" if p.exists() else "does not exist"))
+    return files
+
+
+def iter_documents(files: Sequence[Path], rule: str = "file") -> Iterator[str]:
+    """The documents of ``files`` in order: each file (``rule="file"``), or each run of non-blank lines
+    (``rule="blank-line"``: a line empty or only whitespace ends a document); empty ones are skipped."""
+    for path in files:
+        try:
+            with _open_text(path) as f:
+                if rule == "file":
+                    text = f.read()
+                    if text:
+                        yield text
+                    continue
+                lines: List[str] = []
+                for line in f:
+                    if line.strip():
+                        lines.append(line)
+                    elif lines:
+                        yield "".join(lines)
+                        lines = []
+                if lines:
+                    yield "".join(lines)
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"input {str(path)!r} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+
+
+def _split_point(lengths: List[int], val_fraction: float) -> Tuple[int, int]:
+    """(first val document, characters of it that stay in train): the last documents holding at least
+    ``val_fraction`` of the characters, one document at least on each side; one document is cut."""
+    total = sum(lengths)
+    want = val_fraction * total
+    if len(lengths) == 1:
+        cut = min(max(1, int(round(total * (1.0 - val_fraction)))), total - 1)
+        return 0, cut
+    acc, k = 0, len(lengths)
+    while k > 1 and acc < want:
+        k -= 1
+        acc += lengths[k]
+    return k, 0
+
+
+class _TokenWriter:
+    """Token ids appended to a file as ``dtype``, counted."""
+
+    def __init__(self, path: Path, dtype):
+        self.f = open(path, "wb")  # noqa: SIM115 - closed by close()
+        self.dtype, self.count = dtype, 0
+
+    def write(self, ids: np.ndarray) -> None:
+        ids.astype(self.dtype, copy=False).tofile(self.f)
+        self.count += int(ids.size)
+
+    def close(self) -> None:
+        self.f.close()
+
+
+@dataclass
+class PrepareResult:
+    out: Path
+    vocab_size: int
+    dtype: str
+    eod_id: int
+    train_tokens: int
+    val_tokens: int
+    train_documents: int
+    val_documents: int
+
+
+def _progress_bar(total: int, enabled: bool, desc: str):
+    if not (enabled and sys.stderr.isatty()):
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="char", unit_scale=True, dynamic_ncols=True, file=sys.stderr)
+
+
+def _check_args(inputs, tokenizer, train_tokenizer, val_fraction, documents) -> None:
+    from .._checks import is_int, is_real
+
+    if not inputs:
+        raise ConfigError("prepare-text needs at least one input text file or directory")
+    if (tokenizer is None) == (train_tokenizer is None):
+        raise ConfigError("give one of --tokenizer PATH (a tokenizer.json or a tokenizer folder) and "
+                         "--train-tokenizer N (train a byte-level BPE of N tokens)")
+    if train_tokenizer is not None and not (is_int(train_tokenizer) and 257 <= train_tokenizer <= 1 << 24):
+        raise ConfigError(f"--train-tokenizer must be an integer in [257, {1 << 24}] (256 bytes + the end-of-document "
+                         f"token at least), got {train_tokenizer!r}")
+    if not (is_real(val_fraction) and 0.0 < val_fraction < 1.0):
+        raise ConfigError(f"--val-fraction must be in (0, 1), got {val_fraction!r}")
+    if documents not in ("file", "blank-line"):
+        raise ConfigError(f"--documents must be 'file' or 'blank-line', got {documents!r}")
+
+
+def prepare_text(inputs: Sequence[str], out, *, tokenizer: Optional[str] = None, train_tokenizer: Optional[int] = None,
+                 documents: str = "file", eod_token: Optional[str] = None, val_fraction: float = 0.1,
+                 overwrite: bool = False, progress: bool = True, say=print) -> PrepareResult:
+    """Tokenize ``inputs`` into ``out/train.bin``, ``val.bin``, ``tokenizer.json`` and ``meta.json``
+    (see the module docstring). Arguments are checked before any file is read."""
+    from .data.tokens import TOKEN_DTYPES
+    from .train.outputs import check_output_dir, staged_output
+
+    _check_args(inputs, tokenizer, train_tokenizer, val_fraction, documents)
+    files = input_files(inputs)
+    check_output_dir(out, overwrite=overwrite)
+    if tokenizer is not None:
+        tok, eos = load_tokenizer(tokenizer)
+    # pass 1: the documents' lengths, for the split
+    lengths = [len(d) for d in iter_documents(files, documents)]
+    if not lengths:
+        raise ConfigError(f"the inputs hold no text ({len(files)} file(s), all empty)")
+    if len(lengths) == 1 and lengths[0] < 2:
+        raise ConfigError("the inputs hold a single character; nothing to split into train and val")
+    first_val, keep = _split_point(lengths, val_fraction)
+
+    def split_docs(for_training_only: bool = False) -> Iterator[Tuple[str, str]]:
+        for i, doc in enumerate(iter_documents(files, documents)):
+            if i < first_val:
+                yield "train", doc
+            elif i == first_val and keep:
+                yield "train", doc[:keep]
+                if not for_training_only:
+                    yield "val", doc[keep:]
+            elif for_training_only:
+                return
+            else:
+                yield "val", doc
+
+    if train_tokenizer is not None:
+        eod = eod_token or DEFAULT_EOD
+        say(f"training a byte-level BPE of {train_tokenizer} tokens on {first_val + (1 if keep else 0)} document(s)")
+        tok = train_byte_bpe((d for _, d in split_docs(for_training_only=True)), train_tokenizer, [eod],
+                             progress=progress and sys.stderr.isatty())
+        described = f"byte-level BPE of {train_tokenizer} tokens trained on the training documents"
+    else:
+        eod = eod_token or eos or DEFAULT_EOD
+        described = str(tokenizer)
+    if tok.token_to_id(eod) is None:
+        tok.add_special_tokens([eod])
+        say(f"note: the tokenizer has no {eod!r}; added it as a special token (id {tok.token_to_id(eod)})")
+    eod_id = tok.token_to_id(eod)
+    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    dtype = "uint16" if vocab_size <= 1 << 16 else "uint32"
+    counts = {"train": 0, "val": 0}
+    with staged_output(out, overwrite=overwrite) as stage:
+        writers = {s: _TokenWriter(stage / f"{s}.bin", TOKEN_DTYPES[dtype]) for s in ("train", "val")}
+        bar = _progress_bar(sum(lengths), progress, "tokenize")
+        try:
+            batch: List[Tuple[str, str]] = []
+            size = 0
+
+            def flush():
+                for (split, doc), enc in zip(batch, tok.encode_batch([d for _, d in batch], add_special_tokens=False)):
+                    writers[split].write(np.asarray(enc.ids + [eod_id], dtype=np.int64))
+                    counts[split] += 1
+                    if bar is not None:
+                        bar.update(len(doc))
+                batch.clear()
+
+            for split, doc in split_docs():
+                batch.append((split, doc))
+                size += len(doc)
+                if size >= BATCH_CHARS:
+                    flush()
+                    size = 0
+            flush()
+        finally:
+            for w in writers.values():
+                w.close()
+            if bar is not None:
+                bar.close()
+        tok.save(str(stage / "tokenizer.json"))
+        meta = {"vocab_size": vocab_size, "dtype": dtype, "eod_id": eod_id, "eod_token": eod,
+                "tokenizer": described, "tokenizer_file": "tokenizer.json",
+                "train_tokens": writers["train"].count, "val_tokens": writers["val"].count,
+                "train_documents": counts["train"], "val_documents": counts["val"],
+                "documents": documents, "val_fraction": val_fraction, "sources": [str(f) for f in files]}
+        (stage / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    return PrepareResult(Path(out), vocab_size, dtype, eod_id, writers["train"].count, writers["val"].count,
+                         counts["train"], counts["val"])
+
+
+# ---------------------------------------------------------------------------------- command
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one ``error: ...`` line (``whiteformer``'s exit code 2)."""
+
+    def error(self, message: str):
+        from .cli import UsageError
+
+        raise UsageError(f"{message} (see whiteformer prepare-text --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="whiteformer prepare-text",
+                description="Tokenize text files into train.bin / val.bin / meta.json / tokenizer.json for "
+                            "whiteformer train --dataset tokens --data-dir OUT.")
+    p.add_argument("inputs", nargs="+", metavar="FILE_OR_DIR",
+                   help="UTF-8 text files (.gz / .xz read compressed); a directory: its *.txt[.gz|.xz] files")
+    p.add_argument("--out", required=True, help="output directory (missing or empty unless --overwrite)")
+    p.add_argument("--tokenizer", help="a tokenizer.json, or a tokenizer folder (tokenizer.json / transformers)")
+    p.add_argument("--train-tokenizer", type=int, metavar="N", help="train a byte-level BPE of N tokens on the "
+                   "training documents instead")
+    p.add_argument("--documents", choices=("file", "blank-line"), default="file",
+                   help="what one document is: a whole file (default), or a run of non-blank lines")
+    p.add_argument("--eod-token", help="end-of-document token text (default: the tokenizer's eos token, else "
+                   f"{DEFAULT_EOD})")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="share of the characters (last documents) "
+                   "that form val.bin (default 0.1)")
+    p.add_argument("--overwrite", action="store_true", help="replace train.bin / val.bin / meta.json / "
+                   "tokenizer.json in a non-empty --out (other files are kept)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="a progress bar on a terminal (default on)")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    from .train.outputs import say
+
+    parser = build_parser()
+    if any(a in ("-h", "--help") for a in argv):
+        print(parser.format_help())
+        return 0
+    args = parser.parse_args(list(argv))
+    res = prepare_text(args.inputs, args.out, tokenizer=args.tokenizer, train_tokenizer=args.train_tokenizer,
+                       documents=args.documents, eod_token=args.eod_token, val_fraction=args.val_fraction,
+                       overwrite=args.overwrite, progress=args.progress, say=say)
+    say(f"train.bin: {res.train_tokens} tokens ({res.train_documents} documents), val.bin: {res.val_tokens} tokens "
+        f"({res.val_documents} documents); vocabulary {res.vocab_size} ({res.dtype}), end-of-document id {res.eod_id}")
+    say(f"data: {res.out} (whiteformer train --dataset tokens --data-dir {res.out} ...)")
+    return 0

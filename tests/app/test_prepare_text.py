@@ -1,0 +1,159 @@
+"""``whiteformer prepare-text``: text files -> train.bin / val.bin / tokenizer.json / meta.json that
+``--dataset tokens`` trains from; documents, end-of-document tokens, the val split, the tokenizers it
+takes, safe output and one-line errors."""
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from test_train import _one_thread  # noqa: F401  (autouse: one thread for the tiny models)
+from whiteformer.app.cli import main
+
+pytest.importorskip("tokenizers")
+from tokenizers import Tokenizer  # noqa: E402
+
+WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly kings".split()
+
+
+def _doc(seed, n=60):
+    rng = np.random.default_rng(seed)
+    return " ".join(rng.choice(WORDS, n)) + ".\n"
+
+
+def _corpus(tmp_path, n_files=5):
+    src = tmp_path / "src"
+    src.mkdir()
+    docs = [_doc(i) for i in range(n_files)]
+    for i, d in enumerate(docs):
+        (src / f"doc{i}.txt").write_text(d)
+    return src, docs
+
+
+def _decode_docs(out, split):
+    meta = json.loads((out / "meta.json").read_text())
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    ids = np.fromfile(out / f"{split}.bin", dtype=meta["dtype"])
+    assert ids[-1] == meta["eod_id"]  # every document ends with the end-of-document token
+    cuts = np.flatnonzero(ids == meta["eod_id"])
+    starts = np.r_[0, cuts[:-1] + 1]
+    return [tok.decode(ids[a:b].tolist()) for a, b in zip(starts, cuts)]
+
+
+def test_files_become_documents_split_by_fraction_and_train_a_model(tmp_path, capsys):
+    src, docs = _corpus(tmp_path)
+    out = tmp_path / "data"
+    assert main(["prepare-text", str(src), "--train-tokenizer", "300", "--val-fraction", "0.3", "--out", str(out),
+                 "--no-progress"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "tokenizer.json", "train.bin", "val.bin"]
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["vocab_size"] == 300 and meta["dtype"] == "uint16" and meta["eod_token"] == "<|endoftext|>"
+    assert Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id("<|endoftext|>") == meta["eod_id"]
+    # the last documents holding >= 30 % of the characters are val; both decode to their files, in order
+    assert _decode_docs(out, "train") == docs[:3] and _decode_docs(out, "val") == docs[3:]
+    assert (meta["train_documents"], meta["val_documents"]) == (3, 2)
+    assert meta["train_tokens"] == (out / "train.bin").stat().st_size // 2
+    assert "vocabulary 300 (uint16)" in capsys.readouterr().out
+
+    run = tmp_path / "run"
+    assert main(["train", "--model", "tost_lm_base", "model_args={dim: 32, depth: 1, num_heads: 2}", "--dataset",
+                 "tokens", "--data-dir", str(out), "--steps", "2", "--batch-size", "4", "--block-size", "16",
+                 "--eval-batches", "1", "--no-progress", "--no-tensorboard", "--num-threads", "1",
+                 "--out", str(run)]) == 0
+    assert json.loads((run / "final" / "config.json").read_text())["init_kwargs"]["vocab_size"] == 300
+    assert "## Sample" in (run / "report.md").read_text(errors="replace")  # decoded by the directory's tokenizer
+
+
+def test_blank_lines_separate_documents_and_one_document_is_cut(tmp_path):
+    text = "first para\nstill first\n\n\n  \nsecond para\n\nthird\n"
+    (tmp_path / "a.txt").write_text(text)
+    out = tmp_path / "data"
+    assert main(["prepare-text", str(tmp_path / "a.txt"), "--documents", "blank-line", "--train-tokenizer", "260",
+                 "--val-fraction", "0.2", "--out", str(out), "--no-progress"]) == 0
+    assert _decode_docs(out, "train") + _decode_docs(out, "val") == ["first para\nstill first\n", "second para\n",
+                                                                      "third\n"]
+    # a single document: cut at the fraction of its characters, each side ending with the eod token
+    one = tmp_path / "one"
+    body = _doc(7, 200)
+    (tmp_path / "b.txt").write_text(body)
+    assert main(["prepare-text", str(tmp_path / "b.txt"), "--train-tokenizer", "280", "--out", str(one),
+                 "--no-progress"]) == 0
+    train, val = _decode_docs(one, "train"), _decode_docs(one, "val")
+    assert len(train) == len(val) == 1 and train[0] + val[0] == body
+    assert len(val[0]) == len(body) - round(len(body) * 0.9)
+
+
+def test_a_given_tokenizer_file_or_folder_is_used_and_gets_an_eod_token(tmp_path, capsys):
+    from tokenizers import decoders, models, pre_tokenizers
+
+    src, docs = _corpus(tmp_path, 3)
+    vocab = {w: i for i, w in enumerate(["[UNK]", *WORDS, ".", "\n"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    tok.decoder = decoders.WordPiece()
+    tok.save(str(tmp_path / "word.json"))
+    out = tmp_path / "data"
+    assert main(["prepare-text", str(src), "--tokenizer", str(tmp_path / "word.json"), "--out", str(out),
+                 "--no-progress"]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["eod_id"] == len(vocab) and meta["vocab_size"] == len(vocab) + 1  # added: the tokenizer had none
+    assert "added it as a special token" in capsys.readouterr().out
+    ids = np.fromfile(out / "train.bin", dtype=np.uint16)
+    first = [vocab[w] for w in docs[0].rstrip(".\n").split(" ")] + [vocab["."], meta["eod_id"]]
+    assert ids[:len(first)].tolist() == first
+
+    # a transformers folder: its eos_token is the end-of-document token
+    from transformers import PreTrainedTokenizerFast
+
+    folder = tmp_path / "hf"
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_file(str(tmp_path / "word.json")),
+                            eos_token="fox").save_pretrained(str(folder))
+    out2 = tmp_path / "data2"
+    assert main(["prepare-text", str(src), "--tokenizer", str(folder), "--out", str(out2), "--no-progress"]) == 0
+    meta2 = json.loads((out2 / "meta.json").read_text())
+    assert (meta2["eod_token"], meta2["eod_id"], meta2["vocab_size"]) == ("fox", vocab["fox"], len(vocab))
+
+
+def test_existing_output_is_kept_unless_overwrite(tmp_path, capsys):
+    src, _ = _corpus(tmp_path, 3)
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "train.bin").write_bytes(b"old")
+    args = ["prepare-text", str(src), "--train-tokenizer", "260", "--out", str(out), "--no-progress"]
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not empty" in err[0] and "--overwrite" in err[0]
+    assert (out / "train.bin").read_bytes() == b"old"
+    assert main([*args, "--overwrite"]) == 0
+    assert (out / "notes.txt").read_text() == "mine" and (out / "train.bin").stat().st_size > 3
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["MISSING", "--train-tokenizer", "300"], "input 'MISSING' does not exist"),
+    (["SRC"], "give one of --tokenizer PATH"),
+    (["SRC", "--train-tokenizer", "300", "--tokenizer", "t.json"], "give one of --tokenizer PATH"),
+    (["SRC", "--train-tokenizer", "100"], "--train-tokenizer must be an integer in [257"),
+    (["SRC", "--train-tokenizer", "300", "--val-fraction", "1.5"], "--val-fraction must be in (0, 1)"),
+    (["SRC", "--tokenizer", "NOPE.json"], "--tokenizer 'NOPE.json' does not exist"),
+    (["SRC", "--train-tokenizer", "300", "--documents", "pages"], "invalid choice: 'pages'"),
+    (["SRC", "--train-tokenizer", "300", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_usage_mistakes_are_one_error_line(tmp_path, capsys, argv, match):
+    src, _ = _corpus(tmp_path, 2)
+    argv = [str(src) if a == "SRC" else a for a in argv]
+    capsys.readouterr()
+    assert main(["prepare-text", *argv, "--out", str(tmp_path / "data"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("whiteformer prepare-text: error: ") and match in err[0], err
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_progress_bar_is_drawn_on_a_terminal_only(tmp_path, capsys, monkeypatch):
+    src, _ = _corpus(tmp_path, 2)
+    assert main(["prepare-text", str(src), "--train-tokenizer", "260", "--out", str(tmp_path / "a")]) == 0
+    assert "tokenize" not in capsys.readouterr().err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(["prepare-text", str(src), "--train-tokenizer", "260", "--out", str(tmp_path / "b")]) == 0
+    assert "tokenize: 100%" in capsys.readouterr().err
