@@ -12,7 +12,8 @@ from whiteformer import create_model
 from whiteformer.analysis import coding_rate, layerwise_report
 from whiteformer.attention import build, list_attention
 from whiteformer.compress import compress
-from whiteformer.models.checkpoint import load_checkpoint, read_state_dict
+from whiteformer.models.load import load_checkpoint
+from whiteformer.models.read import read_state_dict
 
 
 def _lm(name="tost_lm_base", **kw):

@@ -204,7 +204,7 @@ def vision_run(tmp_path_factory):
 def test_disk_full_while_saving_is_one_error_line(tmp_path, monkeypatch, capsys):
     from safetensors import SafetensorError
 
-    import whiteformer.models.checkpoint as mc
+    import whiteformer.models.save as mc
 
     def full(*a, **k):
         raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '

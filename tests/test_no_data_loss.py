@@ -471,7 +471,7 @@ def _save_checkpoint(model, folder):
 
 def _compress_out(model, folder):
     from whiteformer.app.train.outputs import staged_output
-    from whiteformer.models.checkpoint import write_model_files
+    from whiteformer.models.save import write_model_files
 
     with staged_output(folder, overwrite=True) as stage:
         write_model_files(model, stage)

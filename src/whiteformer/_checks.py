@@ -6,12 +6,14 @@ instead of failing deep inside torch or silently producing NaN.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from numbers import Integral, Real
 from typing import Sequence, Tuple
 
 import torch
+
+from ._compile import can_read_values, compile_disabled
+from ._dtypes import stats_dtype
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -48,12 +50,6 @@ def check_divisible(dim: int, num_heads: int, dim_name: str = "dim") -> int:
     return dim // num_heads
 
 
-def can_read_values() -> bool:
-    """False while ``torch.compile`` traces: a check that reads a tensor's values (``int(x.min())``,
-    ``bool(mask.any())``) would break the graph there, so such checks run in eager mode only."""
-    return not torch.compiler.is_compiling()
-
-
 def as_keep_mask(attn_mask, name: str = "attn_mask") -> torch.Tensor | None:
     """A keep-mask as bool (True = real token): bool as it is, integer 0/1 (``transformers``' long
     masks) converted; a float (additive) mask is refused with a ``TypeError``. Values other than
@@ -86,15 +82,6 @@ def check_mask(attn_mask, batch: int, tokens: int, name: str = "attn_mask",
             f"{name} must have shape (B, N) = ({batch}, {tokens}), got {tuple(attn_mask.shape)}"
         )
     return attn_mask
-
-
-def compile_disabled(reason: str):
-    """``torch.compiler.disable`` as a decorator, with the ``reason`` that torch (from 2.8) shows in a
-    ``fullgraph=True`` error; torch 2.7 takes no reason."""
-    try:
-        return torch.compiler.disable(reason=reason)
-    except TypeError:
-        return torch.compiler.disable
 
 
 @compile_disabled("cu_seqlens: packed batches read their segment boundaries on the host (one graph break); "
@@ -145,23 +132,6 @@ def check_input_device(x: torch.Tensor, param: torch.Tensor | None, name: str = 
     if param is not None and x.device != param.device:
         raise ValueError(f"{name} is on device {x.device} but the layer's parameters are on {param.device}: move "
                          f"the input ({name}.to({str(param.device)!r})) or the layer (.to({str(x.device)!r}))")
-
-
-def stats_dtype(x: torch.Tensor) -> torch.dtype:
-    """dtype in which statistics are computed: float32 for half types, else the input dtype."""
-    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-
-
-def autocast_off(x: torch.Tensor):
-    """Context with autocast disabled on ``x``'s device, so that statistics and reductions stay in
-    the dtype they are computed in (``stats_dtype``) under bf16/fp16 autocast; a no-op context
-    on devices without autocast."""
-    dev = x.device.type
-    # cpu and cuda first: torch.compile of torch 2.11 cannot trace is_autocast_available
-    if dev in ("cpu", "cuda") or torch.amp.is_autocast_available(dev):
-        return torch.autocast(device_type=dev, enabled=False)
-    return contextlib.nullcontext()
-
 
 
 # ----------------------------------------------------------------------------- scalar arguments

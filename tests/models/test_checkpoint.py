@@ -12,7 +12,9 @@ import torch.nn.functional as F
 
 from whiteformer import create_model
 from whiteformer.models import from_pretrained
-from whiteformer.models.checkpoint import PretrainedMixin, load_checkpoint, read_state_dict
+from whiteformer.models.load import load_checkpoint
+from whiteformer.models.read import read_state_dict
+from whiteformer.models.save import PretrainedMixin
 
 # A tiny official-layout ToST: D 32, 4 heads, 2 blocks, p16 (4 conv stages 3->4->8->16->32), 7 classes.
 D, HEADS, DEPTH, CLASSES, IMG = 32, 4, 2, 7, 64

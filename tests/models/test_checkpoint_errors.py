@@ -8,7 +8,8 @@ from safetensors.torch import load_file, save_file
 
 from whiteformer.app.cli import main
 from whiteformer.models import create_model, from_pretrained
-from whiteformer.models.checkpoint import CheckpointFileError, load_checkpoint
+from whiteformer.models.load import load_checkpoint
+from whiteformer.models.read import CheckpointFileError
 
 ARGS = dict(img_size=8, patch_size=4, in_chans=1, num_classes=10, depth=1, embed_dim=16, num_heads=2)
 EVAL = ["--model", "deit_t_p16", "--dataset", "digits",

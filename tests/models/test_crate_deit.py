@@ -307,7 +307,7 @@ def test_crate_official_checkpoint_matches_official_forward(tmp_path, pool):
     torch.save({"model": sd}, path)
     model = create_model("crate_t", img_size=32, patch_size=8, num_classes=5, embed_dim=48, depth=2, num_heads=4,
                          global_pool=pool).double()
-    from whiteformer.models.checkpoint import load_checkpoint
+    from whiteformer.models.load import load_checkpoint
 
     load_checkpoint(model, path)
     model.eval()

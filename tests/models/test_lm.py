@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from whiteformer.models import create_model, list_models
-from whiteformer.models.checkpoint import load_checkpoint
+from whiteformer.models.load import load_checkpoint
 
 TOST = ["tost_lm_base", "tost_lm_medium", "tost_lm_large"]
 GPT = ["gpt_base", "gpt_medium", "gpt_large"]

@@ -51,7 +51,7 @@ def load_for_analysis(path: Union[str, os.PathLike]) -> nn.Module:
     names a ``model_name``) through :func:`whiteformer.from_pretrained`, any other ``transformers``
     folder through ``AutoModel.from_pretrained`` (headless: hidden states)."""
     from ..models import from_pretrained
-    from ..models.checkpoint import read_config
+    from ..models.read import read_config
 
     p = Path(path)
     if not p.is_dir():

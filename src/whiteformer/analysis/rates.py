@@ -31,7 +31,8 @@ from typing import Callable, Optional
 
 import torch
 
-from .._checks import check_finite, check_int, check_nonempty, check_positive_real, check_tensor, stats_dtype
+from .._checks import check_finite, check_int, check_nonempty, check_positive_real, check_tensor
+from .._dtypes import stats_dtype
 
 __all__ = [
     "coding_rate",

@@ -346,7 +346,7 @@ def analysis_layerwise(cfg) -> int:
     from ..analysis import layerwise_report
     from ..analysis.hidden_states import example_inputs, load_for_analysis
     from ..models import resolve_model_dir
-    from ..models.checkpoint import load_torch_file
+    from ..models.read import load_torch_file
     from .config import ConfigError
     from .train.outputs import check_output_dir, staged_output
 

@@ -175,7 +175,8 @@ def _sizes(model) -> str:
 def _run(args: argparse.Namespace) -> int:
     from ..compress.model import compress
     from ..models import create_model
-    from ..models.checkpoint import read_config, write_model_files
+    from ..models.read import read_config
+    from ..models.save import write_model_files
     from .evaluate import resolve_checkpoint
     from .train.distributed import resolve_device
     from .train.outputs import staged_output

@@ -14,8 +14,8 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..models.checkpoint import read_json
 from ..models.factory import RUN_MODEL_DIR, resolve_model_dir
+from ..models.read import read_json
 from .config import ConfigError, EvalConfig, GenerateConfig
 from .train.build import build_task, check_names
 from .train.checkpoint import latest_checkpoint, verify_checkpoint
@@ -51,7 +51,7 @@ def resolve_checkpoint(path, prefer_ema: bool = True) -> Tuple[Path, Optional[Di
 
 def load_model(path: Path, model: Optional[str] = None, model_args: Optional[Dict[str, Any]] = None) -> nn.Module:
     from ..models import create_model, from_pretrained
-    from ..models.checkpoint import read_config
+    from ..models.read import read_config
 
     try:
         if path.is_dir() and read_config(path) is not None and model is None:

@@ -14,7 +14,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .._checks import (
-    autocast_off,
     check_divisible,
     check_eps,
     check_input_device,
@@ -23,8 +22,8 @@ from .._checks import (
     check_tokens_input,
     is_int,
     is_real,
-    stats_dtype,
 )
+from .._dtypes import autocast_off, stats_dtype
 from .._utils import zero_padded
 from ..ops.eca import eca_compress, eca_expand, eca_omega
 from .registry import register_attention

@@ -35,16 +35,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import (
-    autocast_off,
-    check_divisible,
-    check_mask,
-    check_probability,
-    check_tokens_input,
-    is_int,
-    normalize_ranks,
-    stats_dtype,
-)
+from .._checks import check_divisible, check_mask, check_probability, check_tokens_input, is_int, normalize_ranks
+from .._dtypes import autocast_off, stats_dtype
 from .._utils import zero_padded
 from ..attention.registry import register_attention
 from . import flops as _flops

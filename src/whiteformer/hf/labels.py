@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import can_read_values
+from .._compile import can_read_values
 
 __all__ = ["check_lm_labels", "check_classification_labels"]
 

@@ -47,8 +47,8 @@ from .._checks import is_int
 from .._files import replace_folder
 from .._import_hooks import when_imported
 from ..models import create_model
-from ..models.checkpoint import check_file_dtypes
 from ..models.hf_remote import REMOTE_CODE_NAME, write_remote_code
+from ..models.load import check_file_dtypes
 from .cache import WhiteformerCache
 from .configuration import ToSTLMConfig, WhiteformerConfig, WhiteformerGPTConfig, WhiteformerVisionConfig
 from .generation import (

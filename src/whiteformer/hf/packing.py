@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from .._checks import compile_disabled
+from .._compile import compile_disabled
 
 __all__ = ["packed_cu_seqlens", "mask_document_starts"]
 

@@ -25,8 +25,8 @@ from .._checks import check_finite_real, check_int, check_probability
 from ..attention.baselines import MSSA
 from ..layers import GradCheckpointMixin, PatchGrid, TimmFeatureMixin, resample_abs_pos_embed
 from ..layers.mlp import ISTA
-from .checkpoint import PretrainedMixin
 from .registry import build_with_defaults, register_model
+from .save import PretrainedMixin
 
 __all__ = ["CRATE", "CRATEBlock", "CRATEPatchEmbed"]
 

@@ -24,9 +24,9 @@ import torch.nn as nn
 from .._checks import check_divisible, check_finite_real, check_int, check_positive_real, check_probability
 from ..attention.baselines import MHSA
 from ..layers import DropPath, GradCheckpointMixin, LayerScale, Mlp, PatchGrid, TimmFeatureMixin, resample_abs_pos_embed
-from .checkpoint import PretrainedMixin
 from .hf_vit import convert_hf_vit_state_dict, is_hf_vit_state_dict
 from .registry import apply_structure, build_with_defaults, register_model
+from .save import PretrainedMixin
 
 __all__ = ["VisionTransformer", "PatchEmbed", "Block"]
 

@@ -21,7 +21,6 @@ import torch
 import torch.nn as nn
 
 from ..layers import FeatureGetterNet
-from .checkpoint import CONFIG_NAME, PathLike, load_checkpoint, read_config
 from .hf_vit import (
     HF_VIT_MODEL_TYPES,
     convert_hf_vit_state_dict,
@@ -29,7 +28,9 @@ from .hf_vit import (
     is_hf_vit_config,
     model_name_for,
 )
+from .load import load_checkpoint
 from .pretrained import merge_pretrained_cfg, pretrained_source
+from .read import CONFIG_NAME, PathLike, read_config
 from .registry import MODELS, get_model_entry, list_models
 
 __all__ = ["create_model", "from_pretrained", "from_transformers_vit", "resolve_model_dir"]

@@ -37,7 +37,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .._checks import (
-    can_read_values,
     check_cu_seqlens,
     check_divisible,
     check_finite_real,
@@ -46,8 +45,9 @@ from .._checks import (
     check_probability,
     is_int,
     is_real,
-    stats_dtype,
 )
+from .._compile import can_read_values
+from .._dtypes import stats_dtype
 from .._utils import apply_layer_scale, layer_scale_param
 from ..attention.causal import CausalAttention, CausalSelfAttention, KVCache
 from ..attention.context_parallel import ContextParallel
@@ -56,8 +56,8 @@ from ..layers import GradCheckpointMixin, feature_take_indices
 from ..ops.context_parallel import all_reduce_sum, chunk_layout, local_checks
 from ..ops.linear_cross_entropy import linear_cross_entropy
 from ..ops.packing import segment_positions, split_cu_seqlens
-from .checkpoint import PretrainedMixin
 from .registry import build_with_defaults, register_model
+from .save import PretrainedMixin
 
 __all__ = ["CausalLM", "ToSTLM", "GPTLM", "CausalSelfAttention", "KVCache", "LMState", "MIN_TEMPERATURE",
            "check_temperature"]

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 from torch.export import Dim
 
-from .._checks import stats_dtype
+from .._dtypes import stats_dtype
 from ..attention.tssa import CausalTSSA
 from ..ops.causal_tssa import CausalTSSAState
 from .lm import CausalLM, LMState

@@ -40,10 +40,11 @@ import torch
 import torch.nn as nn
 
 from .. import attention as _attention
-from .._checks import as_keep_mask, can_read_values, check_divisible, check_mask, check_probability, is_int
+from .._checks import as_keep_mask, check_divisible, check_mask, check_probability, is_int
+from .._compile import can_read_values
 from ..layers import GradCheckpointMixin, Mlp
-from .checkpoint import PretrainedMixin
 from .registry import build_with_defaults, register_model
+from .save import PretrainedMixin
 from .vision import _attention_kwargs, check_attn_args
 
 __all__ = ["LRABlock", "LRAClassifier", "TABLE7", "TABLE7_OPTIM", "LRA_TASKS"]

@@ -10,7 +10,7 @@ point takes keyword overrides for any constructor argument and returns an ``nn.M
 ``create_model(name, num_classes=..., img_size=..., checkpoint_path=..., **overrides)``
 (:mod:`whiteformer.models.factory`) builds the model and, when given a checkpoint, loads it (own
 format, or a foreign format the model class knows how to convert: see
-:mod:`whiteformer.models.checkpoint`).
+:mod:`whiteformer.models.load`).
 """
 from __future__ import annotations
 

@@ -82,8 +82,8 @@ from ..layers import (
     to_2tuple,
 )
 from ..ops.context_parallel import group_chunk, local_checks
-from .checkpoint import PretrainedMixin
 from .registry import build_with_defaults, register_model
+from .save import PretrainedMixin
 
 __all__ = ["Block", "ToSTVision"]
 

@@ -16,7 +16,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .._checks import (
-    autocast_off,
     check_finite_real,
     check_mask,
     check_nonempty,
@@ -24,8 +23,8 @@ from .._checks import (
     check_same_device,
     check_tensor,
     is_real,
-    stats_dtype,
 )
+from .._dtypes import autocast_off, stats_dtype
 from .._utils import zero_padded
 from .context_parallel import all_reduce_max, all_reduce_sum, chunk_layout, local_checks
 

@@ -43,7 +43,6 @@ import torch.nn.functional as F
 
 from .._checks import (
     as_keep_mask,
-    autocast_off,
     check_mask,
     check_nonempty,
     check_probability,
@@ -51,6 +50,7 @@ from .._checks import (
     check_tensor,
     is_int,
 )
+from .._dtypes import autocast_off
 from .constants import PI_EPS  # added to the membership mass sum_n Pi_n (as TSSA)
 
 __all__ = ["dmsa", "sparsemax", "SPARSITY", "ACTIVATIONS", "GATE_ACTIVATIONS", "MODES", "check_dmsa_options"]

@@ -35,17 +35,8 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import (
-    autocast_off,
-    check_eps,
-    check_mask,
-    check_nonempty,
-    check_same_device,
-    check_sketch_rank,
-    check_tensor,
-    is_int,
-    stats_dtype,
-)
+from .._checks import check_eps, check_mask, check_nonempty, check_same_device, check_sketch_rank, check_tensor, is_int
+from .._dtypes import autocast_off, stats_dtype
 from ._kernels.registry import exporting
 
 __all__ = [

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import can_read_values, check_int, check_same_device, check_tensor
+from .._checks import check_int, check_same_device, check_tensor
+from .._compile import can_read_values
 
 __all__ = ["linear_cross_entropy"]
 

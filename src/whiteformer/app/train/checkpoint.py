@@ -143,7 +143,7 @@ def save_checkpoint(root, step: int, model: nn.Module, trainer_state: Dict[str, 
     """Write checkpoint ``step`` atomically under ``root``; keep the newest ``keep_last``."""
     from safetensors.torch import save_file
 
-    from ...models.checkpoint import _dedup_state_dict, write_model_files
+    from ...models.save import _dedup_state_dict, write_model_files
 
     root = Path(root)
     final = root / checkpoint_name(step)
@@ -223,9 +223,9 @@ def verify_checkpoint(path) -> Dict[str, Any]:
 
 def load_training_checkpoint(path) -> Dict[str, Any]:
     """Verify and read a training checkpoint (weights and trainer state; the model loader is
-    :func:`whiteformer.models.checkpoint.load_checkpoint`): ``{"model": state_dict, "trainer": dict, "ema": state_dict
+    :func:`whiteformer.models.load.load_checkpoint`): ``{"model": state_dict, "trainer": dict, "ema": state_dict
     or None, "path": Path}`` (tensors on CPU)."""
-    from ...models.checkpoint import _load_safetensors
+    from ...models.read import _load_safetensors
 
     path = Path(path)
     verify_checkpoint(path)

@@ -13,7 +13,7 @@ def user_error(err: BaseException) -> Optional[str]:
     import errno
     import pickle
 
-    from ...models.checkpoint import CheckpointFileError
+    from ...models.read import CheckpointFileError
     from ..config import ConfigError
     from ..data.tokens import TokenFileError
     from .checkpoint import CheckpointError
@@ -22,7 +22,7 @@ def user_error(err: BaseException) -> Optional[str]:
                         TokenFileError)):
         return str(err)
     if isinstance(err, pickle.UnpicklingError):
-        if str(err).startswith("refused to load"):  # models.checkpoint's own message, naming the file
+        if str(err).startswith("refused to load"):  # models.read's own message, naming the file
             return str(err).splitlines()[0]
         return (f"refused to load a pickled file: it holds objects other than tensors, which could run code "
                 f"({str(err).splitlines()[0]})")

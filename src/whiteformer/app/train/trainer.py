@@ -29,8 +29,8 @@ import torch
 import torch.nn as nn
 
 from ..._files import staged_folder
-from ...models.checkpoint import write_model_files
 from ...models.factory import RUN_EMA_MODEL_DIR, RUN_MODEL_DIR
+from ...models.save import write_model_files
 from ..config import (
     RUN_DEFINING,
     ConfigError,

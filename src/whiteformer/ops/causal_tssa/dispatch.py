@@ -7,7 +7,6 @@ from typing import Optional, Union
 import torch
 
 from ..._checks import (
-    can_read_values,
     check_heads_input,
     check_mask,
     check_nonempty,
@@ -16,8 +15,9 @@ from ..._checks import (
     check_same_device,
     check_temp,
     check_tensor,
-    stats_dtype,
 )
+from ..._compile import can_read_values
+from ..._dtypes import stats_dtype
 from .._kernels import fused_supported, has_kernel, kernel_for
 from .._kernels.fused import causal_tssa_fused
 from ..context_parallel import chunk_layout, local_checks

@@ -24,7 +24,7 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from ..._checks import autocast_off, stats_dtype
+from ..._dtypes import autocast_off, stats_dtype
 from ..constants import PI_EPS, RATIO_EPS
 from ..context_parallel import exclusive_prefix_sum
 from ..scaling import head_scale, scaled_eps

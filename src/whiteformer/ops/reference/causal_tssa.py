@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..._checks import stats_dtype
+from ..._dtypes import stats_dtype
 from ..constants import PI_EPS, RATIO_EPS
 from ._masking import per_segment, per_sequence
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from entmax import sparsemax
 
-from ..._checks import stats_dtype
+from ..._dtypes import stats_dtype
 from ..constants import PI_EPS
 
 __all__ = ["dmsa_reference", "rotary_reference"]

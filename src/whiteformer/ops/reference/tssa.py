@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..._checks import stats_dtype
+from ..._dtypes import stats_dtype
 from ..constants import NORM_EPS, PI_EPS
 from ._masking import per_segment, per_sequence
 

@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..._checks import autocast_off, stats_dtype
+from ..._dtypes import autocast_off, stats_dtype
 from ..constants import NORM_EPS, PI_EPS
 from ..context_parallel import all_reduce_sum, broadcast_from_first
 from ..scaling import head_scale, scaled_eps

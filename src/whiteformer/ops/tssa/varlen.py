@@ -19,7 +19,7 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
-from ..._checks import autocast_off, stats_dtype
+from ..._dtypes import autocast_off, stats_dtype
 from ..constants import NORM_EPS, PI_EPS
 from ..packing import Segments, segment_sum
 from ..scaling import head_scale, scaled_eps
