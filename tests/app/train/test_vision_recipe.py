@@ -85,7 +85,7 @@ def test_train_command_refuses_bad_recipe_options(capsys, folder):
         assert code == 2 and len(err) == 1 and "error: " in err[0] and needle in err[0], err
 
 
-def test_two_steps_with_the_whole_recipe(tmp_path, folder):
+def test_two_steps_with_the_whole_recipe(tmp_path, folder, capsys):
     cfg = TrainConfig(model="tost_t12_p16", model_args=dict(TINY), dataset="image-folder", data_dir=folder,
                       data_args={"img_size": 8, "crop_pct": 0.875}, eval_split="val", steps=2, batch_size=6,
                       mixup=0.8, cutmix=1.0, label_smoothing=0.1, aug_repeats=3, flip=0.5,
@@ -93,3 +93,31 @@ def test_two_steps_with_the_whole_recipe(tmp_path, folder):
                       **RECIPE)
     res = train(cfg)
     assert res["final_eval"]["n"] == 6 and np.isfinite(res["final_eval"]["loss"])
+    said = capsys.readouterr()
+    assert ("augmentation: RandAugment rand-m9-mstd0.5-inc1, Mixup 0.8 / CutMix 1 per batch (targets smoothed 0.1), "
+            "random erasing 0.5 (pixel, up to 1), repeated augmentation x3 (built-in)") in said.out + said.err
+
+
+def test_resume_with_the_recipe_is_bit_exact(tmp_path):
+    """Every augmentation is a function of (seed, step): a run resumed from its checkpoint at step 3
+    ends with the weights of the run that did not stop."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from whiteformer.app.train.checkpoint import list_checkpoints
+
+    def cfg(out, **kw):
+        return TrainConfig(model="tost_t12_p16", model_args=dict(TINY), dataset="digits", steps=6, batch_size=16,
+                           ckpt_every=3, mixup=0.8, cutmix=1.0, mixup_mode="elem", label_smoothing=0.1,
+                           aug_repeats=2, out=str(tmp_path / out), progress=False, tensorboard=False, report=False,
+                           **RECIPE, **kw)
+
+    train(cfg("a"))
+    train(cfg("b"))
+    for p in list_checkpoints(tmp_path / "b" / "checkpoints"):
+        if p.name != "step_00000003":
+            shutil.rmtree(p)
+    train(cfg("b", resume=True))
+    wa, wb = (load_file(str(tmp_path / r / "final" / "model.safetensors")) for r in "ab")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -118,6 +118,21 @@ class VisionRecipe:
             return "timm" if timm_available() else "torch"
         return self.aug_impl
 
+    def describe(self) -> str:
+        """One line naming the parts that are on and the implementation, e.g. ``RandAugment
+        rand-m9-mstd0.5-inc1, Mixup 0.8 / CutMix 1.0 per batch (targets smoothed 0.1), ... (built-in)``."""
+        parts = []
+        if self.auto_augment is not None:
+            parts.append(f"RandAugment {self.auto_augment}")
+        if self.mixes:
+            parts.append(f"Mixup {self.mixup:g} / CutMix {self.cutmix:g} per {self.mixup_mode} "
+                         f"(targets smoothed {self.label_smoothing:g})")
+        if self.reprob > 0:
+            parts.append(f"random erasing {self.reprob:g} ({self.remode}, up to {self.recount})")
+        if self.aug_repeats > 1:
+            parts.append(f"repeated augmentation x{self.aug_repeats}")
+        return ", ".join(parts) + (" (timm)" if self.impl == "timm" else " (built-in)")
+
     def build(self, num_classes: int, mean: Sequence[float], img_size) -> Dict[str, Any]:
         """{"rand_augment", "mixup", "erasing"}: each None when off, else an object with ``sample``
         and ``apply`` (see the module docstring). ``mean``: the colour geometric operations fill with."""

@@ -384,6 +384,9 @@ class Trainer:
                  + (f", {dist.world_size} processes" if dist.enabled else "")
                  + (f" (context-parallel {dist.cp_size} x data-parallel {dist.dp_size})" if dist.cp_size > 1 else "")
                  + f", {torch.get_num_threads()} threads")
+        recipe = getattr(self.task, "recipe", None)
+        if recipe is not None and recipe.active:
+            self.say(f"augmentation: {recipe.describe()}")
         logger = MetricsLogger(self.run_dir, enabled=self.main, tensorboard=cfg.tensorboard)
         pbar = None
         if self.main and cfg.progress and sys.stderr.isatty():  # no bar redrawn into log files

@@ -58,7 +58,7 @@ class ClassificationTask(Task):
 
     @classmethod
     def from_options(cls, train_ds, eval_ds, dist: Optional[DistInfo] = None, **options: Any) -> "ClassificationTask":
-        recipe = VisionRecipe.from_options(options)
+        recipe = options.pop("recipe", None) or VisionRecipe.from_options(options)
         cls._refuse_recipe(recipe, train_ds)
         return super().from_options(train_ds, eval_ds, dist, **options, recipe=recipe)
 
