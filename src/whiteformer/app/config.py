@@ -289,7 +289,7 @@ class EvalConfig:
 class GenerateConfig:
     """``whiteformer generate``: sample text from a language-model checkpoint."""
 
-    checkpoint: str = _h("run directory or its final/ (with vocab.json)", default="")
+    checkpoint: str = _h("run directory or its final/ (with vocab.json or tokenizer.json)", default="")
     prompt: str = _h("text to continue", default="\n")
     max_new_tokens: int = _h("characters to generate", default=300)
     temperature: float = _h("sampling temperature (0: greedy)", default=0.8)

@@ -1,0 +1,110 @@
+"""A language model trained on text carries its tokenizer in final/ (transformers' files): a
+byte-level BPE trained by the run (``data_args.train_tokenizer``) or the character vocabulary.
+``whiteformer generate`` and ``evaluate`` use it, and a fresh process that imports only transformers
+loads the folder with AutoTokenizer, AutoModelForCausalLM and pipeline("text-generation")."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from whiteformer.app.data import text as text_data
+from whiteformer.app.evaluate import evaluate, generate
+from whiteformer.app.train import EvalConfig, GenerateConfig, TrainConfig, train
+from whiteformer.models import from_pretrained
+
+pytest.importorskip("tokenizers", reason="needs the data extra: pip install whiteformer[data]")
+
+SRC = str(Path(__file__).resolve().parents[3] / "src")
+LM_ARGS = {"dim": 16, "depth": 1, "num_heads": 2}
+#: the data options of each run (a run's name -> data_args)
+RUNS = {"bpe": {"train_tokenizer": 300}, "char": {}}
+PROMPT = "KING LEAR"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("lm_tokenizer")
+    try:
+        for name, data_args in RUNS.items():
+            train(TrainConfig(model="tost_lm_base", model_args=dict(LM_ARGS), dataset="text", data_args=data_args,
+                              steps=2, batch_size=4, block_size=16, eval_batches=1, out=str(root / name),
+                              progress=False, tensorboard=False, report=False))
+    finally:
+        torch.set_num_threads(n)
+    return {name: root / name for name in RUNS}
+
+
+def test_final_holds_the_tokenizer_files(runs):
+    bpe, char = runs["bpe"] / "final", runs["char"] / "final"
+    for final in (bpe, char):
+        assert {"tokenizer.json", "tokenizer_config.json"} <= {p.name for p in final.iterdir()}
+    assert json.loads((bpe / "config.json").read_text())["init_kwargs"]["vocab_size"] == 300
+    assert json.loads((bpe / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"
+    assert json.loads((bpe / "generation_config.json").read_text())["eos_token_id"] == 0
+    assert not (bpe / "vocab.json").exists() and (char / "vocab.json").is_file()
+    assert not (char / "generation_config.json").exists()  # no end-of-document token in a character vocabulary
+    ckpt = sorted((runs["bpe"] / "checkpoints").iterdir())[-1]
+    assert (ckpt / "tokenizer.json").read_text() == (bpe / "tokenizer.json").read_text()
+
+
+def test_generate_and_evaluate_use_the_saved_tokenizer(runs, monkeypatch):
+    run = runs["bpe"]
+    out = generate(GenerateConfig(checkpoint=str(run), prompt=PROMPT + " caf\u00e9", max_new_tokens=12,
+                                  num_samples=2))
+    assert len(out) == 2 and all(s.startswith(PROMPT + " caf\u00e9") for s in out)  # byte-level: any text
+    assert out == generate(GenerateConfig(checkpoint=str(run), prompt=PROMPT + " caf\u00e9", max_new_tokens=12,
+                                          num_samples=2))
+    saved = json.loads((run / "final" / "train_config.json").read_text())
+    monkeypatch.setattr(text_data, "train_bpe", None)  # evaluate trains nothing: it reads final/tokenizer.json
+    monkeypatch.setattr(text_data, "_TRAINED", {})
+    ev = evaluate(EvalConfig(checkpoint=str(run), eval_batches=1, batch_size=4))
+    assert saved["data_args"] == RUNS["bpe"] and ev["n"] == 4 * 16 and ev["loss"] > 0
+
+
+# The script run in a fresh process: imports transformers only (the folder's remote code imports whiteformer).
+PIPELINE_SCRIPT = r"""
+import json, sys
+from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+out = {}
+for final in sys.argv[1:]:
+    tok = AutoTokenizer.from_pretrained(final, trust_remote_code=True)
+    model = AutoModelForCausalLM.from_pretrained(final, trust_remote_code=True).eval()
+    ids = tok(PROMPT, return_tensors="pt").input_ids
+    greedy = model.generate(ids, max_new_tokens=8, do_sample=False)
+    pipe = pipeline("text-generation", model=final, trust_remote_code=True)
+    text = pipe(PROMPT, max_new_tokens=8, do_sample=False)[0]["generated_text"]
+    out[final] = dict(prompt_ids=ids[0].tolist(), greedy=greedy[0].tolist(), text=text, eos=tok.eos_token_id,
+                      decoded=tok.decode(greedy[0], skip_special_tokens=True))
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_transformers_pipeline_generates_from_final_without_importing_whiteformer(runs, tmp_path):
+    pytest.importorskip("transformers", reason="needs the hf extra: pip install whiteformer[hf]")
+    finals = [str(runs[name] / "final") for name in RUNS]
+    env = {**os.environ, "PYTHONPATH": SRC, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"),
+           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    script = PIPELINE_SCRIPT.replace("PROMPT", repr(PROMPT))
+    res = subprocess.run([sys.executable, "-c", script, *finals], capture_output=True, text=True, env=env,
+                         stdin=subprocess.DEVNULL, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(next(line for line in res.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    for final in finals:
+        r = got[final]
+        model = from_pretrained(final).eval()
+        prompt = torch.tensor([r["prompt_ids"]])
+        with torch.no_grad():
+            want = model.generate(prompt, 8, top_k=1)[0].tolist()  # whiteformer's own greedy decoding
+        n = len(r["greedy"])
+        assert r["greedy"] == want[:n] and n > len(r["prompt_ids"])  # (transformers stops at the eos token)
+        assert r["text"].startswith(PROMPT) and r["text"] == r["decoded"] and len(r["text"]) > len(PROMPT)
+    bpe, char = got[str(runs["bpe"] / "final")], got[str(runs["char"] / "final")]
+    assert bpe["eos"] == 0 and char["eos"] is None
+    chars = text_data.CharVocab.from_json(json.loads((runs["char"] / "final" / "vocab.json").read_text()))
+    assert char["prompt_ids"] == chars.encode(PROMPT).tolist()
