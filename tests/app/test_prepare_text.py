@@ -62,6 +62,12 @@ def test_files_become_documents_split_by_fraction_and_train_a_model(tmp_path, ca
                  "--out", str(run)]) == 0
     assert json.loads((run / "final" / "config.json").read_text())["init_kwargs"]["vocab_size"] == 300
     assert "## Sample" in (run / "report.md").read_text(errors="replace")  # decoded by the directory's tokenizer
+    # the directory's tokenizer is saved with the model: generate reads it
+    saved = Tokenizer.from_file(str(run / "final" / "tokenizer.json"))
+    assert saved.token_to_id("<|endoftext|>") == meta["eod_id"] and saved.get_vocab_size() == 300
+    capsys.readouterr()
+    assert main(["generate", "--checkpoint", str(run), "--prompt", "the quick", "--max-new-tokens", "5"]) == 0
+    assert capsys.readouterr().out.startswith("the quick")
 
 
 def test_blank_lines_separate_documents_and_one_document_is_cut(tmp_path):
@@ -136,7 +142,7 @@ def test_existing_output_is_kept_unless_overwrite(tmp_path, capsys):
     (["SRC", "--train-tokenizer", "300", "--tokenizer", "t.json"], "give one of --tokenizer PATH"),
     (["SRC", "--train-tokenizer", "100"], "--train-tokenizer must be an integer in [257"),
     (["SRC", "--train-tokenizer", "300", "--val-fraction", "1.5"], "--val-fraction must be in (0, 1)"),
-    (["SRC", "--tokenizer", "NOPE.json"], "--tokenizer 'NOPE.json' does not exist"),
+    (["SRC", "--tokenizer", "NOPE.json"], "NOPE.json' does not exist"),
     (["SRC", "--train-tokenizer", "300", "--documents", "pages"], "invalid choice: 'pages'"),
     (["SRC", "--train-tokenizer", "300", "--bogus"], "unrecognized arguments: --bogus"),
 ])

@@ -43,79 +43,32 @@ import numpy as np
 
 from .config import ConfigError
 
-__all__ = ["main", "prepare_text", "PrepareResult", "iter_documents", "load_tokenizer", "train_byte_bpe"]
+__all__ = ["main", "prepare_text", "PrepareResult", "iter_documents", "input_files"]
 
 TEXT_SUFFIXES = (".txt", ".txt.gz", ".txt.xz", ".txt.lzma")
-DEFAULT_EOD = "<|endoftext|>"
 #: documents tokenized per ``encode_batch`` call (at most this many characters)
 BATCH_CHARS = 1 << 20
 
 
-# ---------------------------------------------------------------------------------- tokenizers
-def _tokenizers():
+# ---------------------------------------------------------------------------------- tokenizer
+def _tokenizer(path: Optional[str], train_size: Optional[int], eod_token: Optional[str], train_texts):
+    """(:class:`~.data.tokenizer.TextTokenizer` with its end-of-document token, description, whether
+    that token was added): the tokenizer at ``path`` (the token added to it as a special token when it
+    lacks it), or a byte-level BPE of ``train_size`` tokens trained on ``train_texts()``."""
+    from .data.tokenizer import EOD_TOKEN, TextTokenizer, load_tokenizer, train_bpe
+
+    if train_size is not None:
+        return train_bpe(train_texts(), train_size, eod_token or EOD_TOKEN), \
+            f"byte-level BPE of {train_size} tokens trained on the training documents", False
     try:
-        import tokenizers
-    except ImportError as err:
-        raise ImportError("prepare-text needs the tokenizers library: pip install tokenizers "
-                          "(or whiteformer[hf])") from err
-    return tokenizers
-
-
-def load_tokenizer(path) -> Tuple[object, Optional[str]]:
-    """(``tokenizers.Tokenizer``, its end-of-sequence token or None) of a ``tokenizer.json`` file or a
-    folder (its ``tokenizer.json``, else what ``transformers.AutoTokenizer`` loads offline)."""
-    tk = _tokenizers()
-    p = Path(os.path.expanduser(str(path)))
-    if not p.exists():
-        raise FileNotFoundError(f"--tokenizer {str(path)!r} does not exist")
-    eos = None
-    if p.is_dir():
-        cfg = p / "tokenizer_config.json"
-        if cfg.is_file():
-            try:
-                tok_eos = json.loads(cfg.read_text(encoding="utf-8")).get("eos_token")
-            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-                tok_eos = None
-            eos = tok_eos.get("content") if isinstance(tok_eos, dict) else tok_eos
-        if (p / "tokenizer.json").is_file():
-            p = p / "tokenizer.json"
-        else:
-            return _transformers_tokenizer(p)
-    try:
-        return tk.Tokenizer.from_file(str(p)), (eos if isinstance(eos, str) else None)
-    except Exception as err:  # noqa: BLE001 - the library's own message names what is wrong
-        raise ConfigError(f"--tokenizer {str(path)!r} is not a tokenizers file: {str(err).splitlines()[0]}") from None
-
-
-def _transformers_tokenizer(folder: Path):
-    try:
-        from transformers import AutoTokenizer
-    except ImportError as err:
-        raise ImportError(f"--tokenizer {str(folder)!r} has no tokenizer.json; reading it needs transformers "
-                          "(pip install whiteformer[hf])") from err
-    try:
-        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"--tokenizer {str(folder)!r}: transformers cannot load a tokenizer from it: "
-                         f"{str(err).splitlines()[0]}") from None
-    backend = getattr(tok, "backend_tokenizer", None)
-    if backend is None:
-        raise ConfigError(f"--tokenizer {str(folder)!r} is a slow (Python) tokenizer; prepare-text needs a fast one "
-                         "(a tokenizer.json)")
-    return backend, getattr(tok, "eos_token", None)
-
-
-def train_byte_bpe(texts: Iterator[str], vocab_size: int, special_tokens: Sequence[str], progress: bool = False):
-    """A byte-level BPE (GPT-2's pre-tokenisation and decoding) of ``vocab_size`` tokens, the
-    ``special_tokens`` included, trained on ``texts`` with the ``tokenizers`` library."""
-    tk = _tokenizers()
-    tok = tk.Tokenizer(tk.models.BPE())
-    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = tk.decoders.ByteLevel()
-    trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(special_tokens),
-                                     initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(), show_progress=progress)
-    tok.train_from_iterator(texts, trainer=trainer)
-    return tok
+        tok = load_tokenizer(path)
+    except ValueError as err:
+        raise ConfigError(f"--tokenizer: {err}") from None
+    eod = eod_token or tok.eod_token or EOD_TOKEN
+    added = tok.backend.token_to_id(eod) is None
+    if added:
+        tok.backend.add_special_tokens([eod])
+    return TextTokenizer(tok.backend, eod, tok.bos_token), str(path), added
 
 
 # ---------------------------------------------------------------------------------- documents
@@ -217,15 +170,16 @@ def _progress_bar(total: int, enabled: bool, desc: str):
 
 def _check_args(inputs, tokenizer, train_tokenizer, val_fraction, documents) -> None:
     from .._checks import is_int, is_real
+    from .data.tokenizer import MIN_BPE_VOCAB
 
     if not inputs:
         raise ConfigError("prepare-text needs at least one input text file or directory")
     if (tokenizer is None) == (train_tokenizer is None):
         raise ConfigError("give one of --tokenizer PATH (a tokenizer.json or a tokenizer folder) and "
                          "--train-tokenizer N (train a byte-level BPE of N tokens)")
-    if train_tokenizer is not None and not (is_int(train_tokenizer) and 257 <= train_tokenizer <= 1 << 24):
-        raise ConfigError(f"--train-tokenizer must be an integer in [257, {1 << 24}] (256 bytes + the end-of-document "
-                         f"token at least), got {train_tokenizer!r}")
+    if train_tokenizer is not None and not (is_int(train_tokenizer) and MIN_BPE_VOCAB <= train_tokenizer <= 1 << 24):
+        raise ConfigError(f"--train-tokenizer must be an integer in [{MIN_BPE_VOCAB}, {1 << 24}] (the 256 bytes and "
+                          f"the end-of-document token at least), got {train_tokenizer!r}")
     if not (is_real(val_fraction) and 0.0 < val_fraction < 1.0):
         raise ConfigError(f"--val-fraction must be in (0, 1), got {val_fraction!r}")
     if documents not in ("file", "blank-line"):
@@ -243,8 +197,8 @@ def prepare_text(inputs: Sequence[str], out, *, tokenizer: Optional[str] = None,
     _check_args(inputs, tokenizer, train_tokenizer, val_fraction, documents)
     files = input_files(inputs)
     check_output_dir(out, overwrite=overwrite)
-    if tokenizer is not None:
-        tok, eos = load_tokenizer(tokenizer)
+    if tokenizer is not None:  # its errors before the long pass over the text
+        tok, described, added = _tokenizer(tokenizer, None, eod_token, None)
     # pass 1: the documents' lengths, for the split
     lengths = [len(d) for d in iter_documents(files, documents)]
     if not lengths:
@@ -267,19 +221,13 @@ def prepare_text(inputs: Sequence[str], out, *, tokenizer: Optional[str] = None,
                 yield "val", doc
 
     if train_tokenizer is not None:
-        eod = eod_token or DEFAULT_EOD
         say(f"training a byte-level BPE of {train_tokenizer} tokens on {first_val + (1 if keep else 0)} document(s)")
-        tok = train_byte_bpe((d for _, d in split_docs(for_training_only=True)), train_tokenizer, [eod],
-                             progress=progress and sys.stderr.isatty())
-        described = f"byte-level BPE of {train_tokenizer} tokens trained on the training documents"
-    else:
-        eod = eod_token or eos or DEFAULT_EOD
-        described = str(tokenizer)
-    if tok.token_to_id(eod) is None:
-        tok.add_special_tokens([eod])
-        say(f"note: the tokenizer has no {eod!r}; added it as a special token (id {tok.token_to_id(eod)})")
-    eod_id = tok.token_to_id(eod)
-    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        tok, described, added = _tokenizer(None, train_tokenizer, eod_token,
+                                           lambda: (d for _, d in split_docs(for_training_only=True)))
+    elif added:
+        say(f"note: the tokenizer has no {tok.eod_token!r}; added it as a special token (id {tok.eod_id})")
+    eod, eod_id = tok.eod_token, tok.eod_id
+    vocab_size = tok.vocab_size
     dtype = "uint16" if vocab_size <= 1 << 16 else "uint32"
     counts = {"train": 0, "val": 0}
     with staged_output(out, overwrite=overwrite) as stage:
@@ -290,7 +238,8 @@ def prepare_text(inputs: Sequence[str], out, *, tokenizer: Optional[str] = None,
             size = 0
 
             def flush():
-                for (split, doc), enc in zip(batch, tok.encode_batch([d for _, d in batch], add_special_tokens=False)):
+                for (split, doc), enc in zip(batch, tok.backend.encode_batch([d for _, d in batch],
+                                                                                     add_special_tokens=False)):
                     writers[split].write(np.asarray(enc.ids + [eod_id], dtype=np.int64))
                     counts[split] += 1
                     if bar is not None:
@@ -309,7 +258,7 @@ def prepare_text(inputs: Sequence[str], out, *, tokenizer: Optional[str] = None,
                 w.close()
             if bar is not None:
                 bar.close()
-        tok.save(str(stage / "tokenizer.json"))
+        tok.backend.save(str(stage / "tokenizer.json"))
         meta = {"vocab_size": vocab_size, "dtype": dtype, "eod_id": eod_id, "eod_token": eod,
                 "tokenizer": described, "tokenizer_file": "tokenizer.json",
                 "train_tokens": writers["train"].count, "val_tokens": writers["val"].count,
@@ -343,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--documents", choices=("file", "blank-line"), default="file",
                    help="what one document is: a whole file (default), or a run of non-blank lines")
     p.add_argument("--eod-token", help="end-of-document token text (default: the tokenizer's eos token, else "
-                   f"{DEFAULT_EOD})")
+                   "<|endoftext|>)")
     p.add_argument("--val-fraction", type=float, default=0.1, help="share of the characters (last documents) "
                    "that form val.bin (default 0.1)")
     p.add_argument("--overwrite", action="store_true", help="replace train.bin / val.bin / meta.json / "

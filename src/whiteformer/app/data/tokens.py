@@ -9,7 +9,8 @@ x86 and ARM); and optionally ``meta.json``::
      "tokenizer": "gpt2/tokenizer.json", "tokenizer_file": "tokenizer.json"}
 
 (``tokenizer``: what the ids were made with; ``tokenizer_file``: its copy in the directory, which
-decodes the run report's text sample; ``eod_id``: the end-of-document id between documents.)
+decodes the run report's text sample and is saved with the trained model as transformers' files;
+``eod_id`` / ``eod_token``: the end-of-document token between documents.)
 
 ``whiteformer prepare-text`` (:mod:`whiteformer.app.prepare_text`) writes all three. The
 vocabulary size comes from ``meta.json`` or ``vocab_size=V`` (``data_args.vocab_size=V``; it may
@@ -75,21 +76,21 @@ class TokenFile:
     """One split's token file, read through a memmap batch by batch (``kind = "lm"``).
 
     ``len(ds)`` is the number of tokens; ``get_windows(starts, block_size)`` -> (x, y) int64 of shape
-    (B, block_size), y = x shifted by one, read from the file at ``starts`` (B,). ``vocab`` decodes
-    ids to text when the directory names its tokenizer (else None); ``eod_id`` is the
-    end-of-document id recorded in ``meta.json`` (or None).
+    (B, block_size), y = x shifted by one, read from the file at ``starts`` (B,). ``vocab``: the
+    directory's tokenizer (:class:`~.tokenizer.TextTokenizer`, named by ``meta.json``'s
+    ``tokenizer_file``; None when there is none), which decodes the report's sample and is saved
+    beside the trained model; ``eod_id``: the end-of-document id recorded in ``meta.json`` (or None).
     """
 
     kind = "lm"
 
     def __init__(self, path, dtype: str, vocab_size: int, name: str = "tokens", vocab=None,
-                 eod_id: Optional[int] = None, tokenizer=None):
+                 eod_id: Optional[int] = None):
         self.path = Path(path)
         self.dtype = TOKEN_DTYPES[dtype]
         self.vocab_size = int(vocab_size)
         self.name = name
         self.vocab = vocab
-        self.tokenizer = tokenizer
         self.eod_id = eod_id
         self.source = str(self.path)
         size = self.path.stat().st_size
@@ -143,33 +144,22 @@ class TokenFile:
         return chunk[:, :-1], chunk[:, 1:]
 
 
-class _TokenizerVocab:
-    """``decode(ids) -> str`` of a ``tokenizers.Tokenizer`` (what the run report's sample needs)."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-
-    def __len__(self) -> int:
-        return self.tokenizer.get_vocab_size()
-
-    def decode(self, ids) -> str:
-        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
-
-
 def _dir_tokenizer(data_dir: Path, meta: Dict[str, Any]):
-    """The ``tokenizers.Tokenizer`` named by ``meta["tokenizer_file"]`` (a file in ``data_dir``), or None
-    when there is none or it cannot be read (it only serves the report's text sample)."""
+    """The :class:`~.tokenizer.TextTokenizer` of ``meta["tokenizer_file"]`` (a file in ``data_dir``)
+    with ``meta["eod_token"]``, or None when there is none or it cannot be read: it only decodes the
+    report's sample and is saved beside the trained model."""
     name = meta.get("tokenizer_file")
     if not isinstance(name, str) or os.path.isabs(name) or ".." in Path(name).parts:
         return None
     path = data_dir / name
     if not path.is_file():
         return None
+    eod = meta.get("eod_token")
     try:
-        from tokenizers import Tokenizer
+        from .tokenizer import load_tokenizer
 
-        return Tokenizer.from_file(str(path))
-    except Exception:  # noqa: BLE001 - any failure only costs the sample
+        return load_tokenizer(path, eod if isinstance(eod, str) else None)
+    except (ImportError, ValueError):
         return None
 
 
@@ -219,7 +209,6 @@ def tokens(split: str = "train", data_dir: Optional[str] = None, dtype: Optional
                                 f"train.bin and val.bin, e.g. written by whiteformer prepare-text)")
     eod = meta.get("eod_id")
     tok = _dir_tokenizer(root, meta)
-    ds = TokenFile(path, dtype, vocab_size, name=f"tokens/{split}", vocab=_TokenizerVocab(tok) if tok else None,
-                   eod_id=int(eod) if is_int(eod) else None, tokenizer=tok)
+    ds = TokenFile(path, dtype, vocab_size, name=f"tokens/{split}", vocab=tok, eod_id=int(eod) if is_int(eod) else None)
     ds.check_sample()
     return ds
