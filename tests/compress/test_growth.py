@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from whiteformer.app.compress_cli import main as compress_main
+from whiteformer.app.cli import main
 from whiteformer.compress import compress, compress_attention
 from whiteformer.models import create_model
 
@@ -46,15 +46,15 @@ def test_growing_compression_is_refused_unless_allowed():
 def test_cli_refuses_growth_and_cp_rank_out_of_range(tmp_path, capsys):
     _deit().save_pretrained(tmp_path / "orig")
     ckpt = str(tmp_path / "orig")
-    assert compress_main(["--checkpoint", ckpt, "--qk", "cp", "--qk-rank", "500", "--out", str(tmp_path / "a"),
+    assert main(["compress", "--checkpoint", ckpt, "--qk", "cp", "--qk-rank", "500", "--out", str(tmp_path / "a"),
                           "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "qk_rank out of range" in err
-    assert compress_main(["--checkpoint", ckpt, "--qk", "cp", "--qk-rank", "32", "--out", str(tmp_path / "b"),
+    assert main(["compress", "--checkpoint", ckpt, "--qk", "cp", "--qk-rank", "32", "--out", str(tmp_path / "b"),
                           "--quiet"]) == 2
     assert "--allow-growth" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
-    assert compress_main(["--checkpoint", ckpt, "--qk", "cp", "--qk-rank", "32", "--allow-growth",
+    assert main(["compress", "--checkpoint", ckpt, "--qk", "cp", "--qk-rank", "32", "--allow-growth",
                           "--out", str(tmp_path / "c"), "--quiet"]) == 0
     report = json.loads((tmp_path / "c" / "compression_report.json").read_text())
     assert report["config"]["allow_growth"] is True and report["mhsa_flops"] > report["mhsa_flops_orig"]

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from whiteformer.app.compress_cli import main as compress_main
+from whiteformer.app.cli import main
 from whiteformer.compress import (
     CompressionReport,
     CPSlimAtt,
@@ -299,7 +299,7 @@ def _tiny_ckpt(tmp_path, **kw):
 def test_cli_end_to_end(tmp_path, capsys):
     model, ckpt = _tiny_ckpt(tmp_path)
     out = tmp_path / "out"
-    rc = compress_main(["--checkpoint", ckpt, "--model", "deit_t_p16", "--qk", "irratt", "--qk-flops-ratio", "0.5",
+    rc = main(["compress", "--checkpoint", ckpt, "--model", "deit_t_p16", "--qk", "irratt", "--qk-flops-ratio", "0.5",
                         "--vo-rank", "8", "--mlp-rank", "16", "--out", str(out), "--quiet"])
     assert rc == 0
     for f in ("model.safetensors", "config.json", "compression_report.json", "compression_report.md"):
@@ -313,13 +313,13 @@ def test_cli_end_to_end(tmp_path, capsys):
     with torch.no_grad():
         assert torch.equal(loaded(x), ref.eval()(x))
     # usage / option errors -> exit code 2 with a message
-    assert compress_main(["--checkpoint", ckpt, "--qk", "truncatt", "--qk-rank", "99", "--out",
+    assert main(["compress", "--checkpoint", ckpt, "--qk", "truncatt", "--qk-rank", "99", "--out",
                           str(tmp_path / "bad")]) == 2
     assert "out of range" in capsys.readouterr().err
-    assert compress_main(["--checkpoint", ckpt, "--qk-rank", "4"]) == 2  # --out missing
+    assert main(["compress", "--checkpoint", ckpt, "--qk-rank", "4"]) == 2  # --out missing
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("whiteformer compress: error:") and "--out" in err
-    assert compress_main(["--checkpoint", ckpt, "--qk-rank", "4", "--calib", "8", "--out", str(tmp_path / "b")]) == 2
+    assert main(["compress", "--checkpoint", ckpt, "--qk-rank", "4", "--calib", "8", "--out", str(tmp_path / "b")]) == 2
     assert "need --dataset" in capsys.readouterr().err
 
 

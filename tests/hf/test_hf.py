@@ -367,10 +367,10 @@ def test_transformers_vit_converts_to_deit_with_equal_logits(tmp_path, target):
 def test_transformers_vit_directory_compresses(tmp_path, capsys):
     import json
 
-    from whiteformer.app.compress_cli import main as compress_main
+    from whiteformer.app.cli import main
 
     _hf_vit().save_pretrained(tmp_path / "hf")
-    rc = compress_main(["--checkpoint", str(tmp_path / "hf"), "--qk", "truncatt", "--qk-rank", "4",
+    rc = main(["compress", "--checkpoint", str(tmp_path / "hf"), "--qk", "truncatt", "--qk-rank", "4",
                         "--vo-rank", "4", "--out", str(tmp_path / "out"), "--quiet"])
     assert rc == 0
     rep = json.loads((tmp_path / "out" / "compression_report.json").read_text())

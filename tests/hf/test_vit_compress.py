@@ -70,11 +70,11 @@ def hf_wrapper(net):
 
 
 def test_cli_compresses_a_transformers_folder_and_transformers_loads_the_result(tmp_path, capsys):
-    from whiteformer.app.compress_cli import main as compress_main
+    from whiteformer.app.cli import main
 
     hf = _hf_vit()
     hf.save_pretrained(tmp_path / "hf")
-    rc = compress_main(["--checkpoint", str(tmp_path / "hf"), "--qk", "truncatt", "--qk-rank", "4",
+    rc = main(["compress", "--checkpoint", str(tmp_path / "hf"), "--qk", "truncatt", "--qk-rank", "4",
                         "--vo-rank", "4", "--out", str(tmp_path / "out")])
     assert rc == 0
     printed = capsys.readouterr().out

@@ -1,72 +1,110 @@
-"""The ``whiteformer`` command (also ``python -m whiteformer``).
+"""The ``whiteformer`` command (also ``python -m whiteformer``): one ``argparse`` parser with a
+subcommand per registered command.
 
-    whiteformer train    [-c FILE.yaml] [--key value | key=value ...]   train / fine-tune a model
+    whiteformer train    [-c NAME|FILE] [--key value | key=value ...]   train / fine-tune a model
     whiteformer eval     --checkpoint RUN_OR_DIR [--dataset NAME --split test ...]
     whiteformer generate --checkpoint LM_RUN [--prompt TEXT --max-new-tokens N ...]
     whiteformer analyze  ANALYSIS [--out DIR ...]                         (eca-toy, layerwise, report)
-    whiteformer compress ...                                              (whiteformer.app.compress_cli)
+    whiteformer compress --checkpoint CKPT --out DIR [...]                (whiteformer.app.compress_cli)
     whiteformer prepare-text FILE... --out DIR (--tokenizer PATH | --train-tokenizer N)   (.prepare_text)
     whiteformer list-models [PATTERN]        whiteformer list-datasets        whiteformer list-configs
 
-Options come from the command's configuration dataclass (``whiteformer train --help`` lists
-them), a YAML file (``-c FILE``, or ``-c NAME`` of a shipped config: ``whiteformer list-configs``)
-and overrides, the last winning. Data-parallel training:
-``torchrun --nproc_per_node=N -m whiteformer train ...``.
+``train``, ``eval``, ``generate`` and ``analyze`` take their options from the command's configuration
+dataclass (``whiteformer train --help`` lists them): its defaults, a YAML file (``-c FILE``, or ``-c
+NAME`` of a shipped config: ``whiteformer list-configs``) and the words the parser does not know,
+read as overrides by :func:`whiteformer.app.config.parse_overrides`, the last winning. Data-parallel
+training: ``torchrun --nproc_per_node=N -m whiteformer train ...``.
 
-Extension points: ``@register_command(name, help)`` adds a subcommand (a function taking the
-remaining arguments and returning an exit code), ``register_lazy_command(name, "module:function",
-help)`` one imported on first use; ``@register_analysis(name, help)`` adds an ``analyze`` target.
+Extension points: ``@register_command(name, help, arguments=add)`` adds a subcommand: ``add(parser)``
+adds its options to the subcommand's parser and the function takes the parsed
+``argparse.Namespace`` (with ``overrides=True``, the words the parser does not know are kept in
+order as ``args.overrides`` instead of being refused); without ``arguments`` the function takes the
+words after the command's name. ``register_lazy_command(name, "module:function", help,
+arguments="module:function")`` imports both on first use. ``@register_analysis(name, help)`` adds an
+``analyze`` target. Each returns an exit code.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import sys
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .._registry import Registry
 
-__all__ = ["main", "register_command", "register_lazy_command", "register_analysis", "COMMANDS", "ANALYSES"]
+__all__ = ["main", "build_parser", "register_command", "register_lazy_command", "register_analysis",
+           "config_arguments", "COMMANDS", "ANALYSES"]
+
+Arguments = Callable[[argparse.ArgumentParser], None]
 
 
 @dataclass
 class Command:
+    """A subcommand: ``run(args)`` with ``args`` the parsed namespace when ``arguments`` adds its
+    options, else the list of words after the command's name."""
+
     name: str
     help: str
-    run: Callable[[List[str]], int]
+    run: Callable[[Any], int]
+    arguments: Optional[Arguments] = None
+    overrides: bool = False
 
 
 COMMANDS = Registry("command")
 ANALYSES = Registry("analysis", choices="available: {names}")
 
 
-def register_command(name: str, help: str) -> Callable:
-    """Decorator registering ``fn(argv: list[str]) -> int`` as ``whiteformer <name>``."""
+class UsageError(Exception):
+    """A command line that cannot be run: ``whiteformer <command>: error: ...``, exit code 2."""
 
-    def deco(fn: Callable[[List[str]], int]) -> Callable[[List[str]], int]:
-        COMMANDS.register(name, Command(name, help, fn), help=help)
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one ``prog: error: ...`` line with exit code 2, not the
+    whole usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def register_command(name: str, help: str, arguments: Optional[Arguments] = None,
+                     overrides: bool = False) -> Callable:
+    """Decorator registering ``fn`` as ``whiteformer <name>``: ``fn(args: argparse.Namespace) -> int``
+    when ``arguments(parser)`` adds the options (``overrides``: the words the parser does not know
+    are ``args.overrides``), else ``fn(argv: list[str]) -> int`` with the words after the name."""
+
+    def deco(fn: Callable[[Any], int]) -> Callable[[Any], int]:
+        COMMANDS.register(name, Command(name, help, fn, arguments, overrides), help=help)
         return fn
 
     return deco
 
 
-def register_lazy_command(name: str, target: str, help: str) -> None:
-    """Register ``whiteformer <name>`` as ``module:function`` (imported on first use; the function
-    takes the remaining arguments and returns an exit code)."""
+def _resolve(name: str, target: str) -> Callable:
+    """``module:function`` imported, or a :class:`UsageError` saying the command is not available."""
+    import importlib
+
     module, _, func = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError) as err:
+        raise UsageError(f"command {name!r} is not available ({target}): {err}") from err
 
-    def run(argv: List[str]) -> int:
-        import importlib
 
-        try:
-            fn = getattr(importlib.import_module(module), func)
-        except (ImportError, AttributeError) as err:
-            raise UsageError(f"command {name!r} is not available ({target}): {err}") from err
-        rc = fn(argv)
+def register_lazy_command(name: str, target: str, help: str, arguments: Union[str, Arguments, None] = None,
+                          overrides: bool = False) -> None:
+    """Register ``whiteformer <name>`` as ``module:function``, imported on first use, as are
+    ``arguments`` given as ``module:function`` (see :func:`register_command`)."""
+
+    def run(args: Any) -> int:
+        rc = _resolve(name, target)(args)
         return rc if isinstance(rc, int) else 0
 
-    register_command(name, help)(run)
+    def add(parser: argparse.ArgumentParser) -> None:
+        (_resolve(name, arguments) if isinstance(arguments, str) else arguments)(parser)
+
+    register_command(name, help, add if arguments is not None else None, overrides)(run)
 
 
 def register_analysis(name: str, help: str) -> Callable:
@@ -79,45 +117,79 @@ def register_analysis(name: str, help: str) -> Callable:
     return deco
 
 
-class UsageError(Exception):
-    pass
+# ---------------------------------------------------------------------------------- the parser
+def build_parser(commands: Optional[Iterable[str]] = None) -> ArgumentParser:
+    """The ``whiteformer`` parser: a subparser per registered command, with the options of
+    ``commands`` (default: every command; the others are listed with their help only, so that
+    parsing one command imports only what that command needs)."""
+    from .._version import __version__
+
+    parser = ArgumentParser(prog="whiteformer", formatter_class=argparse.RawDescriptionHelpFormatter,
+                            description="Efficient, interpretable attention: train, evaluate, analyze and "
+                                        "compress models.",
+                            epilog="whiteformer COMMAND --help lists the options of a command. --debug (anywhere) "
+                                   "or WHITEFORMER_DEBUG=1 shows the traceback of an error.")
+    parser.add_argument("--version", action="version", version=f"whiteformer {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    parser.subcommands = {}
+    wanted = None if commands is None else set(commands)
+    for cmd in COMMANDS.values():
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help, add_help=cmd.arguments is not None,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        if cmd.arguments is not None and (wanted is None or cmd.name in wanted):
+            cmd.arguments(p)
+        parser.subcommands[cmd.name] = p
+    return parser
 
 
-def _split_config(argv: Sequence[str]) -> Tuple[Optional[str], List[str], bool]:
-    """Extract ``-c/--config FILE`` and ``-h/--help``; return (yaml, rest, help)."""
-    yaml_path, rest, want_help = None, [], False
-    i = 0
-    argv = list(argv)
-    while i < len(argv):
-        a = argv[i]
-        if a in ("-h", "--help"):
-            want_help = True
-        elif a in ("-c", "--config"):
-            if i + 1 >= len(argv):
-                raise UsageError(f"{a} needs a YAML file")
-            yaml_path = argv[i + 1]
-            i += 1
-        elif a.startswith("--config="):
-            yaml_path = a.split("=", 1)[1]
-        else:
-            rest.append(a)
-        i += 1
-    return yaml_path, rest, want_help
+def _parse(argv: List[str]) -> Tuple[Command, Any]:
+    """The command named by ``argv[0]`` and what its function takes (``SystemExit`` for ``--help``,
+    ``--version`` and usage errors, the message printed)."""
+    name = argv[0]
+    parser = build_parser([name])
+    if name not in COMMANDS and not name.startswith("-"):
+        parser.error(f"unknown command {name!r}{COMMANDS.hint(name)}; commands: {', '.join(COMMANDS)}")
+    if name in COMMANDS and COMMANDS[name].arguments is None:
+        return COMMANDS[name], argv[1:]
+    args, extra = parser.parse_known_args(argv)
+    if args.command is None:
+        parser.error("give a command" + (f" (unrecognized arguments: {' '.join(extra)})" if extra else ""))
+    cmd = COMMANDS[args.command]
+    if cmd.overrides:
+        args.overrides = extra
+    elif extra:
+        parser.subcommands[cmd.name].error(f"unrecognized arguments: {' '.join(extra)}")
+    return cmd, args
 
 
-def _config(cls, argv: Sequence[str], name: str, usage: str = "", base: Optional[Callable] = None):
+def config_arguments(config: str, usage: str = "[--key value | key=value ...]") -> Arguments:
+    """The options of a command configured by the dataclass named ``config`` in
+    :mod:`whiteformer.app.config`: ``-c NAME|FILE``, and ``--help`` listing the dataclass's fields
+    (the overrides themselves are the words the parser does not know: register with ``overrides=True``)."""
+
+    def add(p: argparse.ArgumentParser) -> None:
+        from . import config as config_module
+
+        cls = getattr(config_module, config)
+        p.usage = f"{p.prog} [-h] [-c NAME|FILE] {usage}"
+        p.description = (cls.__doc__ or "").strip().splitlines()[0]
+        p.epilog = ("options, from a YAML file (-c) and the command line (--key value, --key=value or key=value; "
+                    "--key / --no-key for booleans; dict options as key.sub=value), the last winning:\n"
+                    + config_module.format_fields(cls))
+        p.allow_abbrev = False  # --co is an override, not --config
+        p.add_argument("-c", "--config", metavar="NAME|FILE",
+                       help="a YAML file of options, or the name of a shipped config (whiteformer list-configs)")
+
+    return add
+
+
+def _config(cls, args: argparse.Namespace, base: Optional[Callable] = None):
     """``cls`` from its defaults, ``base(overrides)`` (a mapping or None), ``-c FILE`` and the overrides."""
-    from .config import build_config, format_fields, parse_overrides
+    from .config import build_config, parse_overrides
 
-    yaml_path, rest, want_help = _split_config(argv)
-    if want_help:
-        doc = (cls.__doc__ or "").strip().splitlines()[0]
-        print(f"usage: whiteformer {name} {usage or '[-c FILE.yaml] [--key value | key=value ...]'}\n\n{doc}\n\n"
-              f"options:\n{format_fields(cls)}")
-        return None
-    overrides = parse_overrides(rest)
+    overrides = parse_overrides(args.overrides)
     start = base(overrides) if base is not None else None
-    return build_config(cls, yaml_path, overrides, base=start)
+    return build_config(cls, args.config, overrides, base=start)
 
 
 def _resumed_run_config(overrides) -> Optional[Dict]:
@@ -146,14 +218,13 @@ def _command_line() -> str:
 
 
 # ---------------------------------------------------------------------------------- commands
-@register_command("train", "train or fine-tune a model (resumable, DDP under torchrun)")
-def cmd_train(argv: List[str]) -> int:
+@register_command("train", "train or fine-tune a model (resumable, DDP under torchrun)",
+                  config_arguments("TrainConfig"), overrides=True)
+def cmd_train(args: argparse.Namespace) -> int:
     from .train import TrainConfig, train
     from .train.outputs import say
 
-    cfg = _config(TrainConfig, argv, "train", base=_resumed_run_config)
-    if cfg is None:
-        return 0
+    cfg = _config(TrainConfig, args, base=_resumed_run_config)
     res = train(cfg, command=_command_line())
     if res.get("final_dir") is None:  # not the main process
         return 0
@@ -165,14 +236,14 @@ def cmd_train(argv: List[str]) -> int:
     return 0
 
 
-@register_command("eval", "accuracy / loss of a checkpoint on a dataset split")
-def cmd_eval(argv: List[str]) -> int:
+@register_command("eval", "accuracy / loss of a checkpoint on a dataset split",
+                  config_arguments("EvalConfig", "--checkpoint RUN_OR_DIR [--dataset NAME] [--split test] [...]"),
+                  overrides=True)
+def cmd_eval(args: argparse.Namespace) -> int:
     from .evaluate import evaluate
     from .train import EvalConfig
 
-    cfg = _config(EvalConfig, argv, "eval", "--checkpoint RUN_OR_DIR [--dataset NAME] [--split test] [...]")
-    if cfg is None:
-        return 0
+    cfg = _config(EvalConfig, args)
     res = evaluate(cfg)
     if cfg.json:
         print(json.dumps(res))
@@ -181,14 +252,13 @@ def cmd_eval(argv: List[str]) -> int:
     return 0
 
 
-@register_command("generate", "sample text from a language-model checkpoint")
-def cmd_generate(argv: List[str]) -> int:
+@register_command("generate", "sample text from a language-model checkpoint",
+                  config_arguments("GenerateConfig", "--checkpoint LM_RUN [--prompt TEXT] [...]"), overrides=True)
+def cmd_generate(args: argparse.Namespace) -> int:
     from .evaluate import generate
     from .train import GenerateConfig
 
-    cfg = _config(GenerateConfig, argv, "generate", "--checkpoint LM_RUN [--prompt TEXT] [...]")
-    if cfg is None:
-        return 0
+    cfg = _config(GenerateConfig, args)
     for i, text in enumerate(generate(cfg)):
         if cfg.num_samples > 1:
             print(f"--- sample {i + 1}")
@@ -196,86 +266,75 @@ def cmd_generate(argv: List[str]) -> int:
     return 0
 
 
-@register_command("analyze", "white-box analyses: " + "eca-toy, layerwise, report")
-def cmd_analyze(argv: List[str]) -> int:
+def _analyze_arguments(p: argparse.ArgumentParser) -> None:
+    config_arguments("AnalyzeConfig", "[--out DIR] [--key value | key=value ...]")(p)
+    p.usage = p.usage.replace("[-c NAME|FILE]", "ANALYSIS [-c NAME|FILE]")
+    p.add_argument("analysis", nargs="?", metavar="ANALYSIS", help="the analysis to run (listed below)")
+    p.epilog = ("analyses:\n" + "\n".join(f"  {n:12s} {h}" for n, (h, _) in sorted(ANALYSES.items()))
+                + "\n\n" + p.epilog)
+
+
+@register_command("analyze", "white-box analyses: " + "eca-toy, layerwise, report", _analyze_arguments,
+                  overrides=True)
+def cmd_analyze(args: argparse.Namespace) -> int:
     from .train import AnalyzeConfig
 
-    if not argv or argv[0].startswith("-"):
-        if argv and argv[0] in ("-h", "--help"):
-            _analyze_usage()
-            return 0
+    if args.analysis is None:
         raise UsageError("analyze needs an analysis name: " + ", ".join(sorted(ANALYSES)))
-    name, rest = argv[0], argv[1:]
-    if name not in ANALYSES:
-        raise UsageError(ANALYSES.unknown(name))
-    cfg = _config(AnalyzeConfig, rest, f"analyze {name}")
-    if cfg is None:
-        return 0
-    return ANALYSES[name][1](cfg)
+    if args.analysis not in ANALYSES:
+        raise UsageError(ANALYSES.unknown(args.analysis))
+    return ANALYSES[args.analysis][1](_config(AnalyzeConfig, args))
 
 
-def _analyze_usage() -> None:
-    from .config import format_fields
-    from .train import AnalyzeConfig
-
-    print("usage: whiteformer analyze ANALYSIS [--out DIR] [...]\n\nanalyses:")
-    for n, (h, _) in sorted(ANALYSES.items()):
-        print(f"  {n:12s} {h}")
-    print(f"\noptions:\n{format_fields(AnalyzeConfig)}")
+register_lazy_command("compress", "whiteformer.app.compress_cli:run",
+                      "compress a ViT/DeiT's attention (TruncAtt / CP SlimAtt / IrrAtt), save + report",
+                      arguments="whiteformer.app.compress_cli:add_arguments", overrides=True)
 
 
-@register_command("compress", "compress a ViT/DeiT's attention (TruncAtt / CP SlimAtt / IrrAtt), save + report")
-def cmd_compress(argv: List[str]) -> int:
-    from .compress_cli import main as compress_main
-
-    return compress_main(argv)
+register_lazy_command("prepare-text", "whiteformer.app.prepare_text:run",
+                      "tokenize text files into train.bin / val.bin / meta.json for --dataset tokens",
+                      arguments="whiteformer.app.prepare_text:add_arguments")
 
 
-register_lazy_command("prepare-text", "whiteformer.app.prepare_text:main",
-                      "tokenize text files into train.bin / val.bin / meta.json for --dataset tokens")
+def _pattern_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("pattern", nargs="?", help="fnmatch pattern of the names to list, e.g. 'tost_*'")
 
 
-@register_command("list-models", "registered model names (optional fnmatch pattern)")
-def cmd_list_models(argv: List[str]) -> int:
+@register_command("list-models", "registered model names (optional fnmatch pattern)", _pattern_argument)
+def cmd_list_models(args: argparse.Namespace) -> int:
     from ..models import list_models
 
-    if len(argv) > 1 or (argv and argv[0].startswith("-")):
-        if argv and argv[0] in ("-h", "--help"):
-            print("usage: whiteformer list-models [PATTERN]   (e.g. 'tost_*')")
-            return 0
-        raise UsageError("list-models takes at most one pattern, e.g. 'tost_*'")
-    for n in list_models(argv[0] if argv else None):
+    for n in list_models(args.pattern):
         print(n)
     return 0
 
 
-def _print_names(name: str, argv: List[str], what: str, names: Callable[[], List[str]],
+def _no_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("words", nargs="*", help=argparse.SUPPRESS)
+
+
+def _print_names(name: str, args: argparse.Namespace, names: Callable[[], List[str]],
                  describe: Callable[[str], str]) -> int:
-    """``whiteformer list-NAME``: each name with its description; no arguments but ``--help``."""
-    if argv:
-        if argv[0] in ("-h", "--help"):
-            print(f"usage: whiteformer list-{name}   ({what})")
-            return 0
-        raise UsageError(f"list-{name} takes no arguments, got {' '.join(argv)!r}")
+    """``whiteformer list-NAME``: each name with its description."""
+    if args.words:
+        raise UsageError(f"list-{name} takes no arguments, got {' '.join(args.words)!r}")
     for n in names():
         print(f"{n:17s} {describe(n)}")
     return 0
 
 
-@register_command("list-configs", "shipped configurations for -c NAME")
-def cmd_list_configs(argv: List[str]) -> int:
+@register_command("list-configs", "shipped configurations: the names -c takes", _no_arguments)
+def cmd_list_configs(args: argparse.Namespace) -> int:
     from .configs import describe_config, list_configs
 
-    return _print_names("configs", argv, "the names -c takes, e.g. whiteformer train -c demo_digits",
-                        list_configs, describe_config)
+    return _print_names("configs", args, list_configs, describe_config)
 
 
-@register_command("list-datasets", "dataset names for --dataset")
-def cmd_list_datasets(argv: List[str]) -> int:
+@register_command("list-datasets", "dataset names for --dataset", _no_arguments)
+def cmd_list_datasets(args: argparse.Namespace) -> int:
     from .data import dataset_info, list_datasets
 
-    return _print_names("datasets", argv, "the names --dataset takes", list_datasets,
-                        lambda n: dataset_info(n)["help"])
+    return _print_names("datasets", args, list_datasets, lambda n: dataset_info(n)["help"])
 
 
 # ---------------------------------------------------------------------------------- analyses
@@ -409,12 +468,6 @@ def _layerwise_options(opts: Dict) -> Dict:
 
 
 # ---------------------------------------------------------------------------------- entry point
-def _usage() -> str:
-    lines = ["usage: whiteformer COMMAND [options]   (whiteformer COMMAND --help for its options)", "", "commands:"]
-    lines += [f"  {c.name:14s} {c.help}" for c in COMMANDS.values()]
-    return "\n".join(lines)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the console script; returns the exit code: 2 with one ``error: ...`` line
     for a user-caused failure (``--debug`` or ``WHITEFORMER_DEBUG=1`` show the traceback), 128 +
@@ -423,21 +476,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = debug_requested(argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
-        return 0 if argv else 2
-    if argv[0] == "--version":
-        from .._version import __version__
-
-        print(f"whiteformer {__version__}")
-        return 0
-    name = argv[0]
-    if name not in COMMANDS:
-        print(f"whiteformer: error: unknown command {name!r}{COMMANDS.hint(name)}; commands: {', '.join(COMMANDS)} "
-              f"(whiteformer --help)", file=sys.stderr)
+    if not argv:
+        build_parser(()).print_help()
         return 2
+    name = argv[0]
     try:
-        return COMMANDS[name].run(argv[1:])
+        try:
+            cmd, args = _parse(argv)
+        except SystemExit as err:  # --help / --version (0) or a usage error (2, its line printed)
+            return err.code if isinstance(err.code, int) else 0
+        return cmd.run(args)
     except KeyboardInterrupt as err:
         print(f"whiteformer {name}: interrupted" + (f": {err}" if str(err) else ""), file=sys.stderr)
         return int(getattr(err, "exit_code", 130))

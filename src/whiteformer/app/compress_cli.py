@@ -10,7 +10,8 @@ writes ``DIR/model.safetensors`` + ``DIR/config.json`` (``save_pretrained``; loa
 empty unless ``--overwrite`` (which replaces only these files), and is never the checkpoint's own
 directory, inside it, or a directory containing it: the source is never written to.
 
-This module parses the arguments and writes the files; data, evaluation and fine-tuning are
+This module holds the command's options (added to its subparser by :mod:`whiteformer.app.cli`) and
+writes the files; data, evaluation and fine-tuning are
 :mod:`whiteformer.app.finetune` (:func:`~whiteformer.app.finetune.build_image_task`,
 :func:`~whiteformer.app.finetune.finetune_compressed`, with ``--fusion-constraints`` the
 head-fusion projection of Sec. 3.3 as the post-step hook).
@@ -20,17 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
-
-import torch
+from typing import List, Tuple
 
 from .._nesting import NestingError, parse_bounded
-from .finetune import build_image_task, finetune_compressed
 
-__all__ = ["main", "build_parser"]
+__all__ = ["add_arguments", "run"]
 
 
 # ----------------------------------------------------------------------------- command line
@@ -62,22 +59,14 @@ def _model_arg(text: str):
     return k.strip(), val
 
 
-class _OneLineErrors(argparse.ArgumentParser):
-    """argparse whose usage errors are one ``prog: error: ...`` line and exit code 2 (the other
-    ``whiteformer`` commands' form), not the whole usage block."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _OneLineErrors(
-        prog="whiteformer compress",
-        description="Compress the attention of a ViT/DeiT checkpoint (TruncAtt / CP SlimAtt / IrrAtt QK, VO TruncAtt, "
-                    "SVD MLP; paper 'Vision Transformer with Irregular Attention'), optionally fine-tune, and save "
-                    "the compressed checkpoint with its report.",
-        epilog="model_args.KEY=VALUE (repeatable, as in `whiteformer train`): a constructor override for "
-               "create_model; VALUE is read as JSON where it parses, else kept as text.")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``whiteformer compress`` (``model_args.KEY=VALUE`` words are taken apart by
+    :func:`run` from the words the parser does not know)."""
+    p.description = ("Compress the attention of a ViT/DeiT checkpoint (TruncAtt / CP SlimAtt / IrrAtt QK, VO "
+                     "TruncAtt, SVD MLP; paper 'Vision Transformer with Irregular Attention'), optionally fine-tune, "
+                     "and save the compressed checkpoint with its report.")
+    p.epilog = ("model_args.KEY=VALUE (repeatable, as in `whiteformer train`): a constructor override for "
+                "create_model; VALUE is read as JSON where it parses, else kept as text.")
     p.add_argument("--checkpoint", required=True,
                    help="a run directory, its final/, a saved model directory (own or transformers ViT/DeiT), or a "
                         ".safetensors/.pth file")
@@ -129,7 +118,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accept a non-empty --out: replace model.safetensors, config.json, whiteformer_auto.py and "
                         "compression_report.* there, keep the other files (the checkpoint's own directory is still refused)")
     p.add_argument("--quiet", action="store_true")
-    return p
 
 
 def _check_counts(args: argparse.Namespace) -> None:
@@ -173,11 +161,14 @@ def _sizes(model) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import torch
+
     from ..compress.model import compress
     from ..models import create_model
     from ..models.read import read_config
     from ..models.save import write_model_files
     from .evaluate import resolve_checkpoint
+    from .finetune import build_image_task, finetune_compressed
     from .train.distributed import resolve_device
     from .train.outputs import staged_output
 
@@ -273,31 +264,21 @@ def _split_model_args(argv: List[str]) -> Tuple[List[str], List[Tuple[str, objec
     return rest, pairs
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of ``whiteformer compress``; returns the exit code (2 for usage errors)."""
-    from .train.errors import debug_requested, user_error
+def run(args: argparse.Namespace) -> int:
+    """``whiteformer compress``: ``args`` parsed by :mod:`whiteformer.app.cli`, ``args.overrides`` the
+    words it did not know (``model_args.KEY=VALUE``; anything else is refused). A bad value is a
+    :class:`~whiteformer.app.config.ConfigError` (one ``error:`` line, exit code 2)."""
+    from .config import ConfigError
 
     try:
-        argv, model_args = _split_model_args(list(sys.argv[1:] if argv is None else argv))
+        rest, args.model_args = _split_model_args(args.overrides)
     except argparse.ArgumentTypeError as err:  # a model_args value nested too deeply
-        print(f"whiteformer compress: error: {err}", file=sys.stderr)
-        return 2
-    debug = debug_requested(argv)
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as err:  # --help (0) or a usage error (2, message already printed)
-        return int(err.code or 0)
-    args.model_args = model_args
+        raise ConfigError(str(err)) from None
+    if rest:
+        raise ConfigError(f"unrecognized arguments: {' '.join(rest)} (see whiteformer compress --help)")
     try:
         return _run(args)
-    except Exception as err:  # noqa: BLE001 - user errors become one line; bugs keep their traceback
-        msg = str(err) if isinstance(err, (ValueError, TypeError, FloatingPointError)) else user_error(err)
-        if msg is None or debug:
+    except (ValueError, TypeError) as err:  # the options' and the compression's argument checks
+        if isinstance(err, ConfigError):
             raise
-        print(f"whiteformer compress: error: {msg}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+        raise ConfigError(str(err)) from err

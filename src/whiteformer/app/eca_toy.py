@@ -25,13 +25,12 @@ Experiments (tokens as rows, Z (n, d); one "sequence" of n tokens):
 Step sizes: Sec. 4.1 gives no values, so the paper's initial values are used (Sec. 4: alpha =
 beta = 0.1, r = 20, Cholesky eps = 1e-2) with L = 12 layers (ECA-S: d = 384, L = 12).
 
-Run: ``python -m whiteformer.app.eca_toy --out DIR`` (or :func:`run`). Writes
+Run: ``whiteformer analyze eca-toy --out DIR`` (or :func:`run`). Writes
 ``eca_toy.json`` and, if matplotlib is installed (``pip install whiteformer[viz]``),
 ``fig3_rates.png``, ``fig3_cde.png`` and ``fig4_compression_variants.png``.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
@@ -53,7 +52,7 @@ from ..ops.eca import (
     reset_cholesky_fallback_count,
 )
 
-__all__ = ["ToyConfig", "SMALL", "run", "make_data", "main", "check_overrides"]
+__all__ = ["ToyConfig", "SMALL", "run", "make_data", "check_overrides"]
 
 _EXPAND_STREAM = 0  # eca_omega stream offsets: one sketch per layer and module
 _COMPRESS_STREAM = 10_000
@@ -473,26 +472,3 @@ def _format_summary(res: dict) -> str:
                      f"{row['fail_rate_percent']:6.2f} %  {row['time_s']:.3f} s  finite={row['finite']}")
     lines.append(f"  total time {res['timing']['total_s']:.1f} s")
     return "\n".join(lines)
-
-
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description="ECAttention toy experiment (ECAttention paper, Sec. 4.1, Fig. 3/4/13, Table 10)")
-    ap.add_argument("--out", required=True, help="output directory (missing or empty unless --overwrite)")
-    ap.add_argument("--overwrite", action="store_true", help="replace eca_toy.json and the figures in a non-empty --out")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--small", action="store_true", help="reduced size (d=64, n=200, L=3) for a quick check")
-    ap.add_argument("--layers", type=int, default=None)
-    ap.add_argument("--epochs", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: fastest here)")
-    ap.add_argument("--no-plots", action="store_true")
-    args = ap.parse_args(argv)
-    if Path(args.out).is_dir() and any(Path(args.out).iterdir()) and not args.overwrite:
-        ap.error(f"--out {args.out!r} is not empty; choose another --out or pass --overwrite")
-    over = {k: v for k, v in (("layers", args.layers), ("epochs", args.epochs)) if v is not None}
-    res = run(args.out, seed=args.seed, small=args.small, plots=not args.no_plots, num_threads=args.threads, **over)
-    print(_format_summary(res))
-    print(f"wrote {Path(args.out) / 'eca_toy.json'}" + "".join(f", {f}" for f in res["figures"]))
-
-
-if __name__ == "__main__":
-    main()

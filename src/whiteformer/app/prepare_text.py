@@ -43,7 +43,7 @@ import numpy as np
 
 from .config import ConfigError
 
-__all__ = ["main", "prepare_text", "PrepareResult", "iter_documents", "input_files"]
+__all__ = ["add_arguments", "run", "prepare_text", "PrepareResult", "iter_documents", "input_files"]
 
 TEXT_SUFFIXES = (".txt", ".txt.gz", ".txt.xz", ".txt.lzma")
 #: documents tokenized per ``encode_batch`` call (at most this many characters)
@@ -270,19 +270,10 @@ def prepare_text(inputs: Sequence[str], out, *, tokenizer: Optional[str] = None,
 
 
 # ---------------------------------------------------------------------------------- command
-class _Parser(argparse.ArgumentParser):
-    """argparse whose usage errors are one ``error: ...`` line (``whiteformer``'s exit code 2)."""
-
-    def error(self, message: str):
-        from .cli import UsageError
-
-        raise UsageError(f"{message} (see whiteformer prepare-text --help)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="whiteformer prepare-text",
-                description="Tokenize text files into train.bin / val.bin / meta.json / tokenizer.json for "
-                            "whiteformer train --dataset tokens --data-dir OUT.")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``whiteformer prepare-text`` (its subparser is built by :mod:`whiteformer.app.cli`)."""
+    p.description = ("Tokenize text files into train.bin / val.bin / meta.json / tokenizer.json for "
+                     "whiteformer train --dataset tokens --data-dir OUT.")
     p.add_argument("inputs", nargs="+", metavar="FILE_OR_DIR",
                    help="UTF-8 text files (.gz / .xz read compressed); a directory: its *.txt[.gz|.xz] files")
     p.add_argument("--out", required=True, help="output directory (missing or empty unless --overwrite)")
@@ -299,17 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "tokenizer.json in a non-empty --out (other files are kept)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="a progress bar on a terminal (default on)")
-    return p
 
 
-def main(argv: Sequence[str]) -> int:
+def run(args: argparse.Namespace) -> int:
+    """``whiteformer prepare-text``: ``args`` parsed by :mod:`whiteformer.app.cli`."""
     from .train.outputs import say
 
-    parser = build_parser()
-    if any(a in ("-h", "--help") for a in argv):
-        print(parser.format_help())
-        return 0
-    args = parser.parse_args(list(argv))
     res = prepare_text(args.inputs, args.out, tokenizer=args.tokenizer, train_tokenizer=args.train_tokenizer,
                        documents=args.documents, eod_token=args.eod_token, val_fraction=args.val_fraction,
                        overwrite=args.overwrite, progress=args.progress, say=say)

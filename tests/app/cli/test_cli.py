@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from whiteformer.app.cli import ANALYSES, COMMANDS, main, register_command, register_lazy_command
+from whiteformer.app.cli import ANALYSES, COMMANDS, build_parser, main, register_command, register_lazy_command
 
 TINY = ["model_args={patch_size: 2, embed_dim: 16, depth: 2, num_heads: 2, cls_attn_layers: 1}",
         "--no-progress", "--no-tensorboard", "--num-threads", "1"]
@@ -66,6 +66,53 @@ def test_subcommand_registry_is_extensible(capsys):
     finally:
         COMMANDS.pop("lazy-test")
         COMMANDS.pop("lazy-ok")
+
+
+def test_one_parser_holds_every_command():
+    """Every registered command is a subparser of the one ``whiteformer`` parser, compress included,
+    and no other module of the package builds an ArgumentParser."""
+    parser = build_parser()
+    assert set(parser.subcommands) == set(COMMANDS)
+    assert "--qk-flops-ratio" in parser.subcommands["compress"].format_help()
+    assert "-c NAME|FILE" in parser.subcommands["eval"].format_help()
+    src = Path(__import__("whiteformer").__file__).parent
+    builders = sorted(str(f.relative_to(src)) for f in src.rglob("*.py") if "ArgumentParser(" in f.read_text())
+    assert builders == ["app/cli.py"], builders
+
+
+def test_overrides_keep_their_order_around_the_config_option():
+    """The words the parser does not know are the overrides, in the order given, wherever -c is."""
+    args, extra = build_parser(["train"]).parse_known_args(
+        ["train", "--lr", "1e-3", "-c", "x.yaml", "epochs=3", "--prompt", "-x", "--no-ema", "--lr=-2", "--report-images",
+         "-1"])
+    assert args.command == "train" and args.config == "x.yaml"
+    assert extra == ["--lr", "1e-3", "epochs=3", "--prompt", "-x", "--no-ema", "--lr=-2", "--report-images", "-1"]
+    # --co is an override (no abbreviation of --config)
+    args, extra = build_parser(["train"]).parse_known_args(["train", "--co", "3"])
+    assert args.config is None and extra == ["--co", "3"]
+
+
+def test_a_command_with_arguments_gets_its_namespace(capsys):
+    def add(p):
+        p.add_argument("--times", type=int, default=1)
+
+    @register_command("echo-test", "test command with options", add)
+    def _echo(args):
+        print("echo " * args.times)
+        return 0
+
+    try:
+        assert main(["echo-test", "--times", "2"]) == 0
+        assert capsys.readouterr().out.strip() == "echo echo"
+        assert main(["echo-test", "--times", "x"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("whiteformer echo-test: error: argument --times: invalid int value") and err.count("\n") == 1
+        assert main(["echo-test", "stray"]) == 2
+        assert "unrecognized arguments: stray" in capsys.readouterr().err
+        assert main(["echo-test", "--help"]) == 0
+        assert "--times" in capsys.readouterr().out
+    finally:
+        COMMANDS.pop("echo-test")
 
 
 @pytest.mark.parametrize("argv,msg", [

@@ -3,7 +3,6 @@ and options that make no sense are refused instead of silently accepted."""
 import pytest
 
 from whiteformer.app.cli import main
-from whiteformer.app.compress_cli import main as compress_main
 from whiteformer.models import create_model
 
 # every train below stops before training (--num-threads left at 0: the thread count is not touched)
@@ -47,7 +46,7 @@ def test_unknown_device_is_one_line(tmp_path, capsys, command, device):
 
 @pytest.mark.parametrize("device", ["gpu7", "tpu"])
 def test_compress_unknown_device_is_one_line(tmp_path, capsys, deit_dir, device):
-    assert compress_main(["--checkpoint", deit_dir, "--qk-rank", "4", "--device", device,
+    assert main(["compress", "--checkpoint", deit_dir, "--qk-rank", "4", "--device", device,
                           "--out", str(tmp_path / "c")]) == 2
     _one_error_line(capsys, f"got {device!r}")
     assert not (tmp_path / "c").exists()
@@ -64,7 +63,7 @@ def test_a_device_torch_knows_but_cannot_use_here_is_one_line(tmp_path, capsys, 
                  ["train", "--model", "deit_t_p16", "--dataset", "digits", *TINY, "--out", str(tmp_path / "r")]):
         assert main([*argv, "--device", device]) == 2
         _one_error_line(capsys, f"device {device!r} cannot compute in this process", "--device cpu")
-    assert compress_main(["--checkpoint", deit_dir, "--qk-rank", "4", "--device", device,
+    assert main(["compress", "--checkpoint", deit_dir, "--qk-rank", "4", "--device", device,
                           "--out", str(tmp_path / "c")]) == 2
     _one_error_line(capsys, f"device {device!r} cannot compute")
     assert not (tmp_path / "c").exists() and not (tmp_path / "r").exists()
@@ -95,7 +94,7 @@ def test_translate_larger_than_the_images_is_refused(tmp_path, capsys):
     (["--seed", str(2 ** 70)], "--seed must be an integer"),
 ])
 def test_compress_refuses_nonsense_counts(tmp_path, capsys, deit_dir, argv, needle):
-    assert compress_main(["--checkpoint", deit_dir, "--qk-rank", "4", *argv, "--out", str(tmp_path / "c")]) == 2
+    assert main(["compress", "--checkpoint", deit_dir, "--qk-rank", "4", *argv, "--out", str(tmp_path / "c")]) == 2
     _one_error_line(capsys, needle)
     assert not (tmp_path / "c").exists()
 
@@ -106,7 +105,7 @@ def test_compress_checkpoint_without_weights(tmp_path, capsys, deit_dir):
     bare = tmp_path / "bare"
     bare.mkdir()
     (bare / "config.json").write_text((Path(deit_dir) / "config.json").read_text())
-    assert compress_main(["--checkpoint", str(bare), "--qk-rank", "4", "--out", str(tmp_path / "c")]) == 2
+    assert main(["compress", "--checkpoint", str(bare), "--qk-rank", "4", "--out", str(tmp_path / "c")]) == 2
     _one_error_line(capsys, "has no model.safetensors", str(bare))
 
 
@@ -155,7 +154,7 @@ def test_an_allocation_that_cannot_succeed_is_one_line(tmp_path, capsys, deit_di
     """``compress --latency-batch 10**12`` (256 TB of example images) was a traceback from torch's
     CPU allocator; running out of memory for the sizes asked for is the user's to fix. (``--quiet``:
     the per-block progress lines also go to stderr, before the latency measurement fails.)"""
-    assert compress_main(["--checkpoint", deit_dir, "--qk-rank", "4", "--latency-batch", str(10 ** 12),
+    assert main(["compress", "--checkpoint", deit_dir, "--qk-rank", "4", "--latency-batch", str(10 ** 12),
                           "--quiet", "--out", str(tmp_path / "c")]) == 2
     _one_error_line(capsys, "out of memory", "smaller batch")
     assert not (tmp_path / "c").exists()
@@ -191,7 +190,7 @@ def test_compress_option_spellings_outside_the_train_style_are_one_usage_line(tm
                                                                               words, needle):
     """Constructor overrides are ``model_args.KEY=VALUE`` and the data set ``--dataset``, as in
     ``whiteformer train``; another spelling is a one-line usage error, exit code 2."""
-    assert compress_main(["--checkpoint", deit_dir, "--qk-rank", "4", *words, "--out", str(tmp_path / "c")]) == 2
+    assert main(["compress", "--checkpoint", deit_dir, "--qk-rank", "4", *words, "--out", str(tmp_path / "c")]) == 2
     _one_error_line(capsys, needle)
 
 
