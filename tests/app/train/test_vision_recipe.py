@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from whiteformer.app.cli import main
+from whiteformer.app.data.recipe import timm_available
 from whiteformer.app.train import ConfigError, TrainConfig, train
 from whiteformer.app.train.build import build_task
 from whiteformer.app.train.distributed import DistInfo
@@ -43,6 +44,20 @@ def test_processes_augment_their_slice_as_one_process(folder):
     assert torch.equal(one.train_batch(1)[0], x)
     plain_x, _ = _task(folder).train_batch(1)
     assert not torch.allclose(plain_x, x)
+
+
+@pytest.mark.skipif(not timm_available(), reason="timm's data pipeline needs timm and torchvision, not importable here")
+def test_timm_path_trains_and_processes_augment_their_slice(tmp_path, folder):
+    timm_recipe = {**RECIPE, "aug_impl": "timm"}
+    x, y = _task(folder, **timm_recipe).train_batch(1)
+    parts = [_task(folder, world=2, rank=r, **timm_recipe).train_batch(1) for r in range(2)]
+    torch.testing.assert_close(torch.cat([p[0] for p in parts]), x)
+    assert not torch.allclose(x, _task(folder, **RECIPE).train_batch(1)[0])  # not the built-in transforms
+    cfg = TrainConfig(model="tost_t12_p16", model_args=dict(TINY), dataset="image-folder", data_dir=folder,
+                      data_args={"img_size": 8}, eval_split="val", steps=2, batch_size=6, mixup=0.8, cutmix=1.0,
+                      label_smoothing=0.1, out=str(tmp_path / "run"), progress=False, tensorboard=False,
+                      report=False, **timm_recipe)
+    assert np.isfinite(train(cfg)["final_eval"]["loss"])
 
 
 def test_mixup_gives_soft_targets_and_the_soft_loss(folder):
