@@ -356,7 +356,7 @@ def parse_value(text: str) -> Any:
         except NestingError as err:
             shown = text if len(text) <= 40 else text[:40] + "..."
             raise ConfigError(f"cannot parse {shown!r} as a YAML list/mapping: it {err}") from None
-    return text
+    return str(text)  # a plain str, never a Raw: the run's config.yaml is written with yaml.safe_dump
 
 
 class Raw(str):

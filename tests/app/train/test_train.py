@@ -8,9 +8,10 @@ import re
 import pytest
 import torch
 import torch.nn as nn
+import yaml
 from safetensors.torch import load_file
 
-from whiteformer.app.config import parse_overrides
+from whiteformer.app.config import config_to_dict, parse_overrides
 from whiteformer.app.data import build_dataset
 from whiteformer.app.evaluate import evaluate, generate
 from whiteformer.app.schedule import warmup_cosine
@@ -68,6 +69,10 @@ def test_parse_overrides_forms():
     assert (g.prompt, g.checkpoint) == ("true", "3")
     t = build_config(TrainConfig, None, parse_overrides(["--finetune", "none", "--data-dir", "1"]))
     assert t.finetune is None and t.data_dir == "1"
+    # Strings inside a mapping option are plain strings, which the run's config.yaml can hold.
+    t = build_config(TrainConfig, None, parse_overrides(["data_args.eod=\n", "data_args.path=a.txt"]))
+    assert t.data_args == {"eod": "\n", "path": "a.txt"} and {type(v) for v in t.data_args.values()} == {str}
+    assert yaml.safe_load(yaml.safe_dump(config_to_dict(t)))["data_args"] == t.data_args
 
 
 def test_build_config_precedence_and_errors(tmp_path):
