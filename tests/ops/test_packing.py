@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernel_backends import BACKENDS, use_backend
 from whiteformer.ops import causal_tssa, causal_tssa_step, tssa
-from whiteformer.ops._kernels import ENV_BACKEND, ENV_DISABLE
+from whiteformer.ops._kernels import ENV_BACKEND
 from whiteformer.ops.reference import causal_tssa_reference, tssa_reference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,35 +41,9 @@ def _alone(fn, w, cu, *args):
     return torch.cat([o for o, _ in outs], 2), torch.cat([p for _, p in outs], 2)
 
 
-BACKENDS = {
-    "torch": {ENV_DISABLE: "1"},
-    "cpu": {ENV_BACKEND: "cpu"},
-    "triton": {ENV_BACKEND: "triton"},
-}
-
-
 @pytest.fixture(params=sorted(BACKENDS))
 def backend(request, monkeypatch):
-    import whiteformer.ops._kernels.fused as fused
-    import whiteformer.ops.packing as packing
-
-    if request.param != "torch":  # the kernels' padded layout, however much it pads
-        monkeypatch.setattr(packing, "PADDED_WASTE_MAX", float("inf"))
-    if request.param == "cpu":
-        from whiteformer.ops._kernels.build import fast_path_available
-
-        if not fast_path_available():
-            pytest.skip("C++ kernel not built on this machine")
-        monkeypatch.setattr(fused, "CHUNK", 4)  # documents cross the kernel's chunk boundaries
-    if request.param == "triton":
-        pytest.importorskip("triton")
-        from whiteformer.ops._kernels.triton import _tiles
-
-        monkeypatch.setattr(_tiles, "BLOCK_N_MAX", 2)  # documents cross the kernels' token blocks and chunks
-        monkeypatch.setattr(_tiles, "CHUNK", 4)
-    for k, v in BACKENDS[request.param].items():
-        monkeypatch.setenv(k, v)
-    return request.param
+    return use_backend(request.param, monkeypatch)
 
 
 def _dtype(backend):

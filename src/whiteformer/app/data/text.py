@@ -11,13 +11,16 @@ the splits); ``tokenizer=PATH`` (a ``tokenizer.json`` or a transformers tokenize
 subword tokens instead, and ``train_tokenizer=N`` trains a byte-level BPE of ``N`` tokens on the
 train split (see :mod:`.tokenizer`; the run saves it beside the model). An end-of-document token
 written in the text (``<|endoftext|>``) is one token. :class:`CharCorpus` holds the token ids; the
-trainer cuts windows of ``block_size + 1``.
+trainer cuts windows of ``block_size + 1``. With ``pack=True`` the windows are packed documents
+(:mod:`.packing`), each ended by the tokenizer's end-of-document token, or by ``eod`` (a token; for
+characters, the character ending each document, e.g. a newline) or ``eod_id``.
 """
 from __future__ import annotations
 
 import gzip
 import lzma
 import os
+import warnings
 from importlib import resources
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -25,6 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from .packing import resolve_eod_id
 from .registry import check_split, register_dataset
 from .tokenizer import TextTokenizer, char_tokenizer, check_bpe_size, load_tokenizer, train_bpe
 
@@ -100,19 +104,26 @@ class CharCorpus:
     """Token ids of one split of a text corpus (``kind = "lm"``).
 
     Attributes: ``tokens`` (T,) int64, ``vocab`` (:class:`CharVocab` or :class:`.tokenizer.TextTokenizer`:
-    ``encode`` / ``decode`` / ``eod_id`` / ``files``), ``vocab_size``.
+    ``encode`` / ``decode`` / ``eod_id`` / ``files``), ``vocab_size``, ``eod_id`` (the end-of-document
+    token's id, or None) and ``pack`` (the trainer packs the windows' documents,
+    :func:`~.packing.pack_windows`).
     ``get_windows(starts, block_size)`` -> (x, y) of shape (B, block_size), y = x shifted by one.
     """
 
     kind = "lm"
 
     def __init__(self, tokens: torch.Tensor, vocab: Union[CharVocab, TextTokenizer], name: str = "text",
-                 source: str = ""):
+                 source: str = "", eod_id: Optional[int] = None, pack: bool = False):
+        eod_id = eod_id if eod_id is not None else getattr(vocab, "eod_id", None)
+        if pack and eod_id is None:
+            raise ValueError(f"{name}: packed documents need an end-of-document token id (eod_id)")
         self.tokens = tokens
         self.vocab = vocab
         self.vocab_size = len(vocab)
         self.name = name
         self.source = source
+        self.eod_id = eod_id
+        self.pack = bool(pack)
 
     def __len__(self) -> int:
         return int(self.tokens.numel())
@@ -152,10 +163,14 @@ def _trained_bpe(src: Path, train_text: str, val_fraction: float, vocab_size: in
                   help="language modelling on a text file: characters or a BPE tokenizer (default: shipped corpus)")
 def text(split: str = "train", path: Optional[str] = None, data_dir: Optional[str] = None,
          val_fraction: float = 0.1, tokenizer: Optional[str] = None,
-         train_tokenizer: Optional[int] = None) -> CharCorpus:
+         train_tokenizer: Optional[int] = None, pack: bool = False, eod_id: Optional[int] = None,
+         eod: Optional[str] = None) -> CharCorpus:
     """Corpus ``split`` ("train" / "val"; "test" = "val") of ``path`` (default: shipped), read as
     characters, with ``tokenizer`` (a ``tokenizer.json`` or a transformers tokenizer folder), or with
-    a byte-level BPE of ``train_tokenizer`` tokens trained on the train split."""
+    a byte-level BPE of ``train_tokenizer`` tokens trained on the train split.
+
+    ``pack=True``: the windows are packed documents, each ended by the end-of-document token: ``eod_id``,
+    the token ``eod`` (e.g. ``"\\n"`` for characters), or the tokenizer's own."""
     split = check_split("text", split, canonical=("train", "val"), aliases={"test": "val"})
     if path is not None and data_dir is not None and str(path) != str(data_dir):
         raise ValueError("text: give the corpus file as path or data_dir, not both")
@@ -168,6 +183,8 @@ def text(split: str = "train", path: Optional[str] = None, data_dir: Optional[st
     src = Path(src) if src is not None else default_corpus_path()
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+    if not isinstance(pack, bool):
+        raise TypeError(f"text: pack must be true or false, got {pack!r}")
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     if train_tokenizer is not None:
         check_bpe_size(train_tokenizer)
@@ -178,9 +195,15 @@ def text(split: str = "train", path: Optional[str] = None, data_dir: Optional[st
     if train_tokenizer is not None:
         tok = _trained_bpe(Path(os.path.expanduser(str(src))), data[:cut], val_fraction, train_tokenizer)
     if tok is not None:
-        ids = tok.encode_corpus(data[:cut] if split == "train" else data[cut:])
-        return CharCorpus(ids, tok, name=f"text/{split}", source=str(src))
-    vocab = CharVocab(sorted(set(data)))
-    ids = _encode_fast(data, vocab)
-    part = ids[:cut] if split == "train" else ids[cut:]
-    return CharCorpus(part, vocab, name=f"text/{split}", source=str(src))
+        vocab, part = tok, tok.encode_corpus(data[:cut] if split == "train" else data[cut:])
+    else:
+        vocab = CharVocab(sorted(set(data)))
+        part = _encode_fast(data, vocab)
+        part = part[:cut] if split == "train" else part[cut:]
+    if pack or eod_id is not None or eod is not None:
+        eod_id = resolve_eod_id(vocab, len(vocab), eod_id, eod, name="text")
+    if pack and split == "train" and not bool((part == eod_id).any()):
+        warnings.warn(f"text: pack=true, but the end-of-document token {vocab.decode([eod_id])!r} (id {eod_id}) never "
+                      f"occurs in the train split of {str(src)!r}: every window is one document", UserWarning,
+                      stacklevel=2)
+    return CharCorpus(part, vocab, name=f"text/{split}", source=str(src), eod_id=eod_id, pack=pack)

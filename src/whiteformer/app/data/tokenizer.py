@@ -102,6 +102,10 @@ class TextTokenizer:
                  for e in self.backend.encode_batch(list(text_chunks(text, chunk_size)), add_special_tokens=False)]
         return torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
 
+    def token_to_id(self, token: str) -> Optional[int]:
+        """The id of ``token`` (a special token such as ``<|endoftext|>`` too), or None."""
+        return self.backend.token_to_id(token)
+
     def decode(self, ids) -> str:
         ids = ids.tolist() if isinstance(ids, (torch.Tensor, np.ndarray)) else list(ids)
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)

@@ -4,7 +4,14 @@ starts come from a generator seeded with ``(seed, s)``; each data-parallel group
 slice of them, and under context parallelism each process of a group keeps its contiguous chunk of
 every window. Evaluation reads evenly spread windows of the validation split. The dataset only
 needs ``len(ds)`` (tokens) and ``get_windows(starts, block_size)``, so a token file is read window
-by window."""
+by window.
+
+A dataset with ``pack`` set (``data_args.pack=true``) gives packed documents: each process's
+windows become one row of documents split at the end-of-document token, with their
+``cu_seqlens`` (:func:`~whiteformer.app.data.packing.pack_windows`); the loss is then the mean
+over the tokens of each document predicting the next token of the same document, and under
+context parallelism the row is split into contiguous chunks with ``cu_seqlens`` describing the
+whole row (a document may span processes; the model keeps the documents apart)."""
 from __future__ import annotations
 
 import math
@@ -14,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from ....ops.context_parallel import token_chunk
+from ...data.packing import PackedWindows, pack_windows
 from ..distributed import DistInfo, all_reduce_sum
 from .base import CausalLMData, ReportContext, Task, seeded_generator
 
@@ -63,20 +71,40 @@ class LMTask(CausalLMData, Task):
     def train_batch(self, step: int):
         high = len(self.train_ds) - self.block_size
         starts = torch.randint(0, high, (self.batch_size,), generator=seeded_generator(self.seed, 3, step))
-        return self._to(*self._chunk(*self.train_ds.get_windows(starts[self.lo:self.hi], self.block_size)))
+        return self._batch(self.train_ds, starts[self.lo:self.hi])
 
-    def _chunk(self, *windows: torch.Tensor):
-        """This rank's contiguous share of the window's tokens under context parallelism (the
-        model combines the ranks' statistics; see ``--context-parallel``), else the windows."""
-        if self.dist.cp_size == 1:
-            return windows
-        part = token_chunk(windows[0].shape[1], self.dist.cp_rank, self.dist.cp_size)
-        return tuple(w[:, part] for w in windows)
+    def _batch(self, ds, starts: torch.Tensor):
+        """(x, y) of the windows at ``starts``, this process's share under context parallelism, on
+        the device; packed (``ds.pack``): x a :class:`PackedWindows`, y (1, chunk) targets."""
+        x, y = ds.get_windows(starts, self.block_size)
+        if getattr(ds, "pack", False):
+            x, y = pack_windows(x, y, ds.eod_id)
+            if self.dist.cp_size > 1:
+                part = self._part(y.shape[1])
+                x, y = PackedWindows(x.idx[:, part], x.cu_seqlens), y[:, part]
+            return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        if self.dist.cp_size > 1:
+            part = self._part(x.shape[1])
+            x, y = x[:, part], y[:, part]
+        return self._to(x, y)
 
-    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor):
+    def _part(self, tokens: int) -> slice:
+        """This rank's contiguous share of ``tokens`` tokens under context parallelism (the model
+        combines the ranks' statistics; see ``--context-parallel``)."""
+        return token_chunk(tokens, self.dist.cp_rank, self.dist.cp_size)
+
+    def _forward_loss(self, model: nn.Module, x, y: torch.Tensor):
+        """(the model's mean loss, this process's number of counted targets)."""
         with self.autocast():
+            if isinstance(x, PackedWindows):
+                _, loss = model(x.idx, targets=y, cu_seqlens=x.cu_seqlens)
+                return loss, (y != -1).sum()
             _, loss = model(x, targets=y)
-        return loss.float(), {"count": torch.tensor(float(y.numel()), device=y.device)}
+        return loss, torch.tensor(y.numel(), device=y.device)
+
+    def loss(self, model: nn.Module, x, y: torch.Tensor):
+        loss, count = self._forward_loss(model, x, y)
+        return loss.float(), {"count": count.double()}
 
     def eval_starts(self, ds) -> torch.Tensor:
         n = self.eval_batches * self.batch_size
@@ -92,11 +120,10 @@ class LMTask(CausalLMData, Task):
         starts = self.eval_starts(ds)[self.dist.dp_rank::self.dist.dp_size]
         tot = torch.zeros(2, dtype=torch.float64, device=self.device)
         for i in range(0, len(starts), self.local_batch):
-            x, y = self._to(*self._chunk(*ds.get_windows(starts[i:i + self.local_batch], self.block_size)))
-            with self.autocast():
-                _, loss = model(x, targets=y)  # context-parallel: the mean over the group's chunks
-            tot[0] += loss.double() * y.numel()
-            tot[1] += y.numel()
+            x, y = self._batch(ds, starts[i:i + self.local_batch])
+            loss, count = self._forward_loss(model, x, y)  # context-parallel: the mean over the group's chunks
+            tot[0] += loss.double() * count
+            tot[1] += count
         all_reduce_sum(tot)
         model.train(was_training)
         loss = tot[0].item() / max(tot[1].item(), 1.0)
