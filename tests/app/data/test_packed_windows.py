@@ -1,6 +1,9 @@
 """Packed documents on the data side: windows of a token stream split after each end-of-document
 token into the one row of ``cu_seqlens`` documents the language models read, targets that never
 cross a boundary, and the ``text`` dataset's ``pack`` / ``eod`` / ``eod_id`` options."""
+import json
+
+import numpy as np
 import pytest
 import torch
 
@@ -68,3 +71,34 @@ def test_text_pack_options(tmp_path):
         build_dataset("text", path=str(path), pack=True, eod_id=True)
     with pytest.raises(TypeError, match="pack must be true or false"):
         build_dataset("text", path=str(path), pack="yes", eod="\n")
+
+
+def test_text_pack_with_a_trained_tokenizer_ends_documents_at_its_eod_token(tmp_path):
+    pytest.importorskip("tokenizers")
+    path = tmp_path / "docs.txt"
+    path.write_text("".join(f"document {i} says {'la' * (i % 7)}<|endoftext|>" for i in range(60)))
+    ds = build_dataset("text", "train", path=str(path), train_tokenizer=280, pack=True)
+    assert ds.pack and ds.eod_id == ds.vocab.eod_id == ds.vocab.token_to_id("<|endoftext|>")
+    assert int((ds.tokens == ds.eod_id).sum()) >= 50  # one token per document end
+    assert build_dataset("text", "train", path=str(path), train_tokenizer=280, pack=True,
+                         eod="<|endoftext|>").eod_id == ds.eod_id
+    path.write_text(path.read_text() + "Z")  # a character of the validation split only
+    with pytest.warns(UserWarning, match="'Z' .* never occurs in the train split"):
+        build_dataset("text", "train", path=str(path), pack=True, eod="Z")
+
+
+def test_tokens_pack_takes_the_eod_id_of_meta_json(tmp_path):
+    d = tmp_path / "tok"
+    d.mkdir()
+    np.asarray([1, 2, 0, 3, 0] * 20, dtype=np.uint16).tofile(d / "train.bin")
+    np.asarray([4, 0] * 20, dtype=np.uint16).tofile(d / "val.bin")
+    (d / "meta.json").write_text(json.dumps({"vocab_size": 8, "eod_id": 0}))
+    ds = build_dataset("tokens", "train", data_dir=str(d), pack=True)
+    assert ds.pack and ds.eod_id == 0
+    assert build_dataset("tokens", "val", data_dir=str(d), pack=True, eod_id=4).eod_id == 4
+    assert not build_dataset("tokens", "train", data_dir=str(d)).pack
+    (d / "meta.json").write_text(json.dumps({"vocab_size": 8}))
+    with pytest.raises(ValueError, match="tokens: pack=true needs an end-of-document token"):
+        build_dataset("tokens", data_dir=str(d), pack=True)
+    with pytest.raises(ValueError, match=r"eod_id must be a token id in \[0, 7\]"):
+        build_dataset("tokens", data_dir=str(d), pack=True, eod_id=8)

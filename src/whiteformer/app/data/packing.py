@@ -70,8 +70,8 @@ def resolve_eod_id(vocab, vocab_size: int, eod_id=None, eod: Optional[str] = Non
         eod_id = getattr(vocab, "eod_id", None)
     if eod_id is None:
         raise ValueError(f"{name}: pack=true needs an end-of-document token: give data_args.eod_id=ID or "
-                         f"data_args.eod=TOKEN (for a character vocabulary, a character that ends each document, "
-                         f"e.g. a newline)")
+                         f"data_args.eod=TOKEN (for a character vocabulary, the character that ends each document, "
+                         f"e.g. a newline; token files: the eod_id of meta.json)")
     if not is_int(eod_id) or not 0 <= eod_id < vocab_size:
         raise ValueError(f"{name}: eod_id must be a token id in [0, {vocab_size - 1}], got {eod_id!r}")
     return int(eod_id)

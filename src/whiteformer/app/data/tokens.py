@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from ..._checks import is_int
+from .packing import resolve_eod_id
 from .registry import check_split, register_dataset
 
 __all__ = ["TokenFile", "TokenFileError", "TOKEN_DTYPES", "read_meta", "tokens"]
@@ -79,19 +80,23 @@ class TokenFile:
     (B, block_size), y = x shifted by one, read from the file at ``starts`` (B,). ``vocab``: the
     directory's tokenizer (:class:`~.tokenizer.TextTokenizer`, named by ``meta.json``'s
     ``tokenizer_file``; None when there is none), which decodes the report's sample and is saved
-    beside the trained model; ``eod_id``: the end-of-document id recorded in ``meta.json`` (or None).
+    beside the trained model; ``eod_id``: the end-of-document id recorded in ``meta.json`` or given (or
+    None); ``pack``: the trainer packs the windows' documents (:func:`~.packing.pack_windows`).
     """
 
     kind = "lm"
 
     def __init__(self, path, dtype: str, vocab_size: int, name: str = "tokens", vocab=None,
-                 eod_id: Optional[int] = None):
+                 eod_id: Optional[int] = None, pack: bool = False):
+        if pack and eod_id is None:
+            raise ValueError(f"{name}: packed documents need an end-of-document token id (eod_id)")
         self.path = Path(path)
         self.dtype = TOKEN_DTYPES[dtype]
         self.vocab_size = int(vocab_size)
         self.name = name
         self.vocab = vocab
         self.eod_id = eod_id
+        self.pack = bool(pack)
         self.source = str(self.path)
         size = self.path.stat().st_size
         if size % self.dtype.itemsize:
@@ -195,20 +200,32 @@ def _resolve(meta: Dict[str, Any], dtype: Optional[str], vocab_size: Optional[in
 @register_dataset("tokens", reads="directory",
                   help="language modelling on token ids: nanoGPT's train.bin / val.bin memmaps in data_dir")
 def tokens(split: str = "train", data_dir: Optional[str] = None, dtype: Optional[str] = None,
-           vocab_size: Optional[int] = None) -> TokenFile:
-    """Token file of ``split`` ("train" -> ``train.bin``, "val" -> ``val.bin``; "test" = "val")."""
+           vocab_size: Optional[int] = None, pack: bool = False, eod_id: Optional[int] = None,
+           eod: Optional[str] = None) -> TokenFile:
+    """Token file of ``split`` ("train" -> ``train.bin``, "val" -> ``val.bin``; "test" = "val").
+
+    ``pack=True``: the windows are packed documents, each ended by the end-of-document token:
+    ``eod_id``, the token ``eod`` of the directory's tokenizer, or ``meta.json``'s ``eod_id``."""
     split = check_split("tokens", split, canonical=("train", "val"), aliases={"test": "val"})
     root = Path(os.path.expanduser(str(data_dir)))
     meta_path = str(root / "meta.json")
     meta = read_meta(root)
     dtype, vocab_size = _resolve(meta, dtype, vocab_size, meta_path)
+    if not isinstance(pack, bool):
+        raise TypeError(f"tokens: pack must be true or false, got {pack!r}")
     path = root / SPLIT_FILES[split]
     if not path.is_file():
         what = "is not a regular file" if path.exists() else "does not exist"
         raise FileNotFoundError(f"tokens: {str(path)!r} {what} (the {split} split; a data directory holds "
                                 f"train.bin and val.bin, e.g. written by whiteformer prepare-text)")
-    eod = meta.get("eod_id")
+    meta_eod = meta.get("eod_id")
+    meta_eod = int(meta_eod) if is_int(meta_eod) else None
     tok = _dir_tokenizer(root, meta)
-    ds = TokenFile(path, dtype, vocab_size, name=f"tokens/{split}", vocab=tok, eod_id=int(eod) if is_int(eod) else None)
+    if pack or eod_id is not None or eod is not None:
+        eod_id = resolve_eod_id(tok, vocab_size, meta_eod if eod_id is None and eod is None else eod_id, eod,
+                                name="tokens")
+    else:
+        eod_id = meta_eod
+    ds = TokenFile(path, dtype, vocab_size, name=f"tokens/{split}", vocab=tok, eod_id=eod_id, pack=pack)
     ds.check_sample()
     return ds
