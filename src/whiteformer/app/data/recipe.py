@@ -20,6 +20,7 @@ Repeated augmentation (:mod:`.sampler`) is the built-in one in both.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Optional, Sequence
@@ -34,8 +35,9 @@ __all__ = ["VisionRecipe", "AUG_IMPLS", "timm_available"]
 AUG_IMPLS = ("auto", "timm", "torch")
 
 
+@functools.lru_cache(maxsize=None)
 def timm_available() -> bool:
-    """Whether timm's data pipeline imports (it needs torchvision)."""
+    """Whether timm's data pipeline imports (it needs torchvision); tried once per process."""
     try:
         import timm.data  # noqa: F401
         import torchvision  # noqa: F401
