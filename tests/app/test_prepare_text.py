@@ -70,7 +70,13 @@ def test_files_become_documents_split_by_fraction_and_train_a_model(tmp_path, ca
     assert capsys.readouterr().out.startswith("the quick")
 
 
-def test_blank_lines_separate_documents_and_one_document_is_cut(tmp_path):
+@pytest.mark.parametrize("piece_chars", [None, 7])
+def test_blank_lines_separate_documents_and_one_document_is_cut(tmp_path, monkeypatch, piece_chars):
+    """Also with documents read in pieces of a few characters (a file larger than memory)."""
+    import whiteformer.app.prepare_text as prepare
+
+    if piece_chars:
+        monkeypatch.setattr(prepare, "PIECE_CHARS", piece_chars)
     text = "first para\nstill first\n\n\n  \nsecond para\n\nthird\n"
     (tmp_path / "a.txt").write_text(text)
     out = tmp_path / "data"
@@ -80,7 +86,7 @@ def test_blank_lines_separate_documents_and_one_document_is_cut(tmp_path):
                                                                       "third\n"]
     # a single document: cut at the fraction of its characters, each side ending with the eod token
     one = tmp_path / "one"
-    body = _doc(7, 200)
+    body = "".join(_doc(k, 20) for k in range(10))  # 10 lines
     (tmp_path / "b.txt").write_text(body)
     assert main(["prepare-text", str(tmp_path / "b.txt"), "--train-tokenizer", "280", "--out", str(one),
                  "--no-progress"]) == 0

@@ -12,7 +12,9 @@ and ``DIR/meta.json`` (``vocab_size``, ``dtype``, ``eod_id``, ``eod_token``, ``t
   ``*.txt`` / ``*.txt.gz`` / ``*.txt.xz`` files (recursively, in sorted order).
 - Documents: ``--documents file`` (default) makes each file one document; ``--documents blank-line``
   cuts each file at its blank lines (a line empty or only whitespace; a run of them is one cut), so
-  every paragraph is a document. A document is read whole into memory.
+  every paragraph is a document. Documents are read and tokenized in line-aligned pieces of about
+  :data:`PIECE_CHARS` characters, so a file larger than memory is prepared (a token may differ from
+  the whole document's tokenization where a piece ends, as with transformers' line-by-line reading).
 - The end-of-document token follows every document (``doc eod doc eod ...``, as nanoGPT's
   OpenWebText preparation). Its text is ``--eod-token``, by default the tokenizer's end-of-sequence
   token (a transformers folder's ``eos_token``), else ``<|endoftext|>``; a token the tokenizer lacks is
@@ -43,11 +45,13 @@ import numpy as np
 
 from .config import ConfigError
 
-__all__ = ["add_arguments", "run", "prepare_text", "PrepareResult", "iter_documents", "input_files"]
+__all__ = ["add_arguments", "run", "prepare_text", "PrepareResult", "iter_pieces", "input_files"]
 
 TEXT_SUFFIXES = (".txt", ".txt.gz", ".txt.xz", ".txt.lzma")
-#: documents tokenized per ``encode_batch`` call (at most this many characters)
-BATCH_CHARS = 1 << 20
+#: documents are read and tokenized in line-aligned pieces of about this many characters
+PIECE_CHARS = 1 << 20
+#: pieces tokenized per ``encode_batch`` call (about this many characters)
+BATCH_CHARS = 4 << 20
 
 
 # ---------------------------------------------------------------------------------- tokenizer
@@ -94,26 +98,32 @@ def input_files(inputs: Sequence[str]) -> List[Path]:
     return files
 
 
-def iter_documents(files: Sequence[Path], rule: str = "file") -> Iterator[str]:
-    """The documents of ``files`` in order: each file (``rule="file"``), or each run of non-blank lines
-    (``rule="blank-line"``: a line empty or only whitespace ends a document); empty ones are skipped."""
+def iter_pieces(files: Sequence[Path], rule: str = "file",
+                piece_chars: Optional[int] = None) -> Iterator[Tuple[str, bool]]:
+    """``(text, ends_document)`` of the documents of ``files`` in order: each file (``rule="file"``), or
+    each run of non-blank lines (``rule="blank-line"``: a line empty or only whitespace ends a
+    document). A document comes in line-aligned pieces of about ``piece_chars`` characters (the last
+    one ``ends_document``; default :data:`PIECE_CHARS`), so no file is held whole; empty documents are
+    skipped."""
+    piece_chars = piece_chars or PIECE_CHARS
     for path in files:
         try:
             with _open_text(path) as f:
-                if rule == "file":
-                    text = f.read()
-                    if text:
-                        yield text
-                    continue
                 lines: List[str] = []
+                size, started = 0, False
                 for line in f:
-                    if line.strip():
-                        lines.append(line)
-                    elif lines:
-                        yield "".join(lines)
-                        lines = []
-                if lines:
-                    yield "".join(lines)
+                    if rule == "blank-line" and not line.strip():
+                        if lines or started:
+                            yield "".join(lines), True
+                            lines, size, started = [], 0, False
+                        continue
+                    lines.append(line)
+                    size += len(line)
+                    if size >= piece_chars:
+                        yield "".join(lines), False
+                        lines, size, started = [], 0, True
+                if lines or started:
+                    yield "".join(lines), True
         except UnicodeDecodeError as err:
             raise ConfigError(f"input {str(path)!r} is not UTF-8 text ({err.reason} at byte {err.start})") from None
 
@@ -200,30 +210,43 @@ def prepare_text(inputs: Sequence[str], out, *, tokenizer: Optional[str] = None,
     if tokenizer is not None:  # its errors before the long pass over the text
         tok, described, added = _tokenizer(tokenizer, None, eod_token, None)
     # pass 1: the documents' lengths, for the split
-    lengths = [len(d) for d in iter_documents(files, documents)]
+    lengths: List[int] = []
+    size = 0
+    for piece, end in iter_pieces(files, documents):
+        size += len(piece)
+        if end:
+            lengths.append(size)
+            size = 0
     if not lengths:
         raise ConfigError(f"the inputs hold no text ({len(files)} file(s), all empty)")
     if len(lengths) == 1 and lengths[0] < 2:
         raise ConfigError("the inputs hold a single character; nothing to split into train and val")
     first_val, keep = _split_point(lengths, val_fraction)
 
-    def split_docs(for_training_only: bool = False) -> Iterator[Tuple[str, str]]:
-        for i, doc in enumerate(iter_documents(files, documents)):
-            if i < first_val:
-                yield "train", doc
-            elif i == first_val and keep:
-                yield "train", doc[:keep]
-                if not for_training_only:
-                    yield "val", doc[keep:]
-            elif for_training_only:
+    def split_pieces(train_only: bool = False) -> Iterator[Tuple[str, str, bool]]:
+        """(split, text, ends_document): the pieces of pass 1, the cut document's split at ``keep``."""
+        doc, pos = 0, 0
+        for piece, end in iter_pieces(files, documents):
+            if doc < first_val:
+                yield "train", piece, end
+            elif doc == first_val and pos < keep:
+                if pos + len(piece) < keep:
+                    yield "train", piece, False
+                else:
+                    yield "train", piece[:keep - pos], True
+                    if not train_only:
+                        yield "val", piece[keep - pos:], end
+            elif train_only:
                 return
             else:
-                yield "val", doc
+                yield "val", piece, end
+            pos = 0 if end else pos + len(piece)
+            doc += int(end)
 
     if train_tokenizer is not None:
         say(f"training a byte-level BPE of {train_tokenizer} tokens on {first_val + (1 if keep else 0)} document(s)")
         tok, described, added = _tokenizer(None, train_tokenizer, eod_token,
-                                           lambda: (d for _, d in split_docs(for_training_only=True)))
+                                           lambda: (text for _, text, _ in split_pieces(train_only=True)))
     elif added:
         say(f"note: the tokenizer has no {tok.eod_token!r}; added it as a special token (id {tok.eod_id})")
     eod, eod_id = tok.eod_token, tok.eod_id
@@ -234,21 +257,21 @@ def prepare_text(inputs: Sequence[str], out, *, tokenizer: Optional[str] = None,
         writers = {s: _TokenWriter(stage / f"{s}.bin", TOKEN_DTYPES[dtype]) for s in ("train", "val")}
         bar = _progress_bar(sum(lengths), progress, "tokenize")
         try:
-            batch: List[Tuple[str, str]] = []
+            batch: List[Tuple[str, str, bool]] = []
             size = 0
 
             def flush():
-                for (split, doc), enc in zip(batch, tok.backend.encode_batch([d for _, d in batch],
-                                                                                     add_special_tokens=False)):
-                    writers[split].write(np.asarray(enc.ids + [eod_id], dtype=np.int64))
-                    counts[split] += 1
+                encoded = tok.backend.encode_batch([text for _, text, _ in batch], add_special_tokens=False)
+                for (split, text, end), enc in zip(batch, encoded):
+                    writers[split].write(np.asarray(enc.ids + ([eod_id] if end else []), dtype=np.int64))
+                    counts[split] += int(end)
                     if bar is not None:
-                        bar.update(len(doc))
+                        bar.update(len(text))
                 batch.clear()
 
-            for split, doc in split_docs():
-                batch.append((split, doc))
-                size += len(doc)
+            for item in split_pieces():
+                batch.append(item)
+                size += len(item[1])
                 if size >= BATCH_CHARS:
                     flush()
                     size = 0

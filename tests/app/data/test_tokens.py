@@ -92,8 +92,11 @@ def test_a_file_far_larger_than_memory_is_read_only_where_the_windows_are(tmp_pa
     read of the whole file would fault at least 2**40 / 2 MiB (the largest page) = 524288 times."""
     d = tmp_path / "big"
     d.mkdir()
-    with open(d / "train.bin", "wb") as f:
-        f.truncate(1 << 40)
+    try:
+        with open(d / "train.bin", "wb") as f:
+            f.truncate(1 << 40)
+    except OSError as err:  # a file system without sparse files this large
+        pytest.skip(f"cannot make a 1 TiB sparse file here: {err}")
     np.arange(100, dtype=np.uint16).tofile(d / "val.bin")
     (d / "meta.json").write_text(json.dumps({"vocab_size": 256}))
 
