@@ -13,7 +13,7 @@ import torch
 
 from whiteformer.app.data import text as text_data
 from whiteformer.app.evaluate import evaluate, generate
-from whiteformer.app.train import EvalConfig, GenerateConfig, TrainConfig, train
+from whiteformer.app.train import ConfigError, EvalConfig, GenerateConfig, TrainConfig, train
 from whiteformer.models import from_pretrained
 
 pytest.importorskip("tokenizers", reason="needs the data extra: pip install whiteformer[data]")
@@ -65,6 +65,20 @@ def test_generate_and_evaluate_use_the_saved_tokenizer(runs, monkeypatch):
     monkeypatch.setattr(text_data, "_TRAINED", {})
     ev = evaluate(EvalConfig(checkpoint=str(run), eval_batches=1, batch_size=4))
     assert saved["data_args"] == RUNS["bpe"] and ev["n"] == 4 * 16 and ev["loss"] > 0
+
+
+def test_resume_refuses_a_text_file_whose_tokenizer_changed(tmp_path):
+    text = text_data.read_text(text_data.default_corpus_path())
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text[:20_000])
+    cfg = dict(model="tost_lm_base", model_args=dict(LM_ARGS), dataset="text", data_dir=str(corpus),
+               data_args={"train_tokenizer": 300}, steps=1, batch_size=4, block_size=16, eval_batches=1,
+               out=str(tmp_path / "run"), progress=False, tensorboard=False, report=False)
+    train(TrainConfig(**cfg))
+    assert train(TrainConfig(**{**cfg, "steps": 2, "resume": True}))["final_eval"]["n"] == 64  # the same text
+    corpus.write_text(text[20_000:40_000])  # another text: another BPE, other ids for the same tokens
+    with pytest.raises(ConfigError, match="the data's tokenizer is not the one checkpoint .* saved"):
+        train(TrainConfig(**{**cfg, "steps": 3, "resume": True}))
 
 
 # The script run in a fresh process: imports transformers only (the folder's remote code imports whiteformer).

@@ -18,6 +18,7 @@ characters, the character ending each document, e.g. a newline) or ``eod_id``.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import lzma
 import os
 import warnings
@@ -30,7 +31,7 @@ import torch
 
 from .packing import resolve_eod_id
 from .registry import check_split, register_dataset
-from .tokenizer import TextTokenizer, char_tokenizer, check_bpe_size, load_tokenizer, train_bpe
+from .tokenizer import TextTokenizer, char_tokenizer, check_bpe_size, load_tokenizer, text_chunks, train_bpe
 
 __all__ = ["CharCorpus", "CharVocab", "read_text", "default_corpus_path", "text"]
 
@@ -145,13 +146,15 @@ def _encode_fast(data: str, vocab: CharVocab) -> torch.Tensor:
     return torch.from_numpy(lut[codes])
 
 
-#: the last trained tokenizer: the splits of one run train it once
-_TRAINED: Dict[Tuple, TextTokenizer] = {}
+#: the last trained tokenizer, by (digest of its training text, size): the splits of a run train it once
+_TRAINED: Dict[Tuple[str, int], TextTokenizer] = {}
 
 
-def _trained_bpe(src: Path, train_text: str, val_fraction: float, vocab_size: int) -> TextTokenizer:
-    st = src.stat()
-    key = (str(src.resolve()), st.st_mtime_ns, st.st_size, val_fraction, vocab_size)
+def _trained_bpe(train_text: str, vocab_size: int) -> TextTokenizer:
+    digest = hashlib.blake2b(digest_size=16)
+    for piece in text_chunks(train_text):
+        digest.update(piece.encode("utf-8"))
+    key = (digest.hexdigest(), vocab_size)
     if key not in _TRAINED:
         tok = train_bpe(train_text, vocab_size)
         _TRAINED.clear()
@@ -193,7 +196,7 @@ def text(split: str = "train", path: Optional[str] = None, data_dir: Optional[st
         raise ValueError(f"text file {str(src)!r} is too short ({len(data)} characters)")
     cut = int(len(data) * (1.0 - val_fraction))
     if train_tokenizer is not None:
-        tok = _trained_bpe(Path(os.path.expanduser(str(src))), data[:cut], val_fraction, train_tokenizer)
+        tok = _trained_bpe(data[:cut], train_tokenizer)
     if tok is not None:
         vocab, part = tok, tok.encode_corpus(data[:cut] if split == "train" else data[cut:])
     else:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 __all__ = ["EOD_TOKEN", "TextTokenizer", "load_tokenizer", "train_bpe", "check_bpe_size", "char_tokenizer",
-           "text_chunks"]
+           "same_tokenizer", "text_chunks"]
 
 #: the end-of-document token of the trained tokenizers (GPT-2's)
 EOD_TOKEN = "<|endoftext|>"
@@ -82,6 +82,7 @@ class TextTokenizer:
         self.eod_id: Optional[int] = vocab[eod_token] if eod_token is not None else None
         self.bos_token = bos_token if bos_token is not None else eod_token
         self.vocab_size = max(vocab.values()) + 1
+        self._files: Dict[Optional[int], Dict[str, str]] = {}
 
     def __len__(self) -> int:
         return self.vocab_size
@@ -126,7 +127,13 @@ class TextTokenizer:
     def files(self, model_max_length: Optional[int] = None) -> Dict[str, str]:
         """{file name: text} of the files transformers reads beside a model: what
         ``save_pretrained`` of :meth:`to_transformers` writes, and ``generation_config.json`` (stop
-        at the end-of-document token) when there is one. Without transformers: ``tokenizer.json``."""
+        at the end-of-document token) when there is one. Without transformers: ``tokenizer.json``.
+        Made once per ``model_max_length`` (every checkpoint of a run saves them)."""
+        if model_max_length not in self._files:
+            self._files[model_max_length] = self._make_files(model_max_length)
+        return dict(self._files[model_max_length])
+
+    def _make_files(self, model_max_length: Optional[int]) -> Dict[str, str]:
         try:
             hf = self.to_transformers(model_max_length)
         except ImportError:
@@ -139,6 +146,21 @@ class TextTokenizer:
             files["generation_config.json"] = json.dumps(
                 {"bos_token_id": bos, "eos_token_id": self.eod_id, "pad_token_id": self.eod_id}, indent=2) + "\n"
         return files
+
+
+def same_tokenizer(a: str, b: str) -> bool:
+    """Whether two ``tokenizer.json`` texts give the same ids (the same model -- vocabulary, merges --
+    and the same added tokens), whatever their formatting or the library version that wrote them."""
+    try:
+        ja, jb = json.loads(a), json.loads(b)
+    except ValueError:
+        return False
+
+    def added(j):
+        return sorted((t.get("id"), t.get("content")) for t in j.get("added_tokens") or [] if isinstance(t, dict))
+
+    return isinstance(ja, dict) and isinstance(jb, dict) and ja.get("model") == jb.get("model") and \
+        added(ja) == added(jb)
 
 
 def _find_eod(backend) -> Optional[str]:

@@ -182,6 +182,19 @@ class Trainer:
         self.prev_train_time = 0.0
         self._resume()
 
+    def _check_tokenizer(self, ckpt: Path) -> None:
+        """A resumed language model reads its text with the tokenizer its checkpoint saved: a text
+        file changed since (another character set, another trained BPE) would give other ids."""
+        from ..data.tokenizer import same_tokenizer
+
+        vocab, saved = getattr(self.train_ds, "vocab", None), ckpt / "tokenizer.json"
+        if vocab is None or not hasattr(vocab, "files") or not saved.is_file():
+            return
+        if not same_tokenizer(vocab.files().get("tokenizer.json", ""), saved.read_text(encoding="utf-8")):
+            raise ConfigError(f"--resume: the data's tokenizer is not the one checkpoint {str(ckpt)!r} saved "
+                              f"(tokenizer.json): the text file changed since the run began; resume on the same "
+                              f"file, or start a new run (another --out, or --overwrite)")
+
     def _context_parallel(self, model: nn.Module) -> None:
         """Split every sequence over the rank's context-parallel group (language models only; the
         loss is the group's mean, so DDP's gradient mean over all ranks is the unsplit gradient)."""
@@ -218,6 +231,7 @@ class Trainer:
                 truncate_metrics(self.run_dir / "metrics.jsonl", -1)
             return
         path, ck = found
+        self._check_tokenizer(path)
         st = ck["trainer"]
         changed = changed_run_options(st.get("config"), cfg)
         if changed:
