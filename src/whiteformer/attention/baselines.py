@@ -19,9 +19,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import check_divisible, check_mask, check_tokens_input
+from .._checks import check_divisible, check_mask, check_tokens_input, stats_dtype
 from .._utils import zero_padded
-from ..ops.baselines import class_attention, mhsa, mhsa_explicit, mssa, xca
+from ..ops.baselines import _class_attention, _mhsa, _mhsa_explicit, _xca
 from ..ops.context_parallel import local_checks
 from .context_parallel import ContextParallel
 from .registry import register_attention
@@ -72,9 +72,9 @@ class MHSA(nn.Module):
         keep = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
         q, k, v = _split_qkv(self.qkv(zero_padded(x, keep)), self.num_heads)
         q, k = self.q_norm(q), self.k_norm(k)
-        op = mhsa if self.fused_attn else mhsa_explicit
+        op = _mhsa if self.fused_attn else _mhsa_explicit  # the layer checked x and the mask
         drop = self.attn_drop.p if self.training else 0.0
-        y = op(q, k, v, keep, causal=self.causal, scale=self.scale, dropout_p=drop)
+        y = op(q, k, v, keep, self.causal, self.scale, drop)
         y = self.proj_drop(self.proj(rearrange(y, "b h n p -> b n (h p)")))
         return zero_padded(y, keep)
 
@@ -107,7 +107,7 @@ class XCA(nn.Module):
         keep = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
         q, k, v = _split_qkv(self.qkv(zero_padded(x, keep)), self.num_heads)
         drop = self.attn_drop.p if self.training else 0.0
-        y = xca(q, k, v, self.temperature, keep, dropout_p=drop)
+        y = _xca(q, k, v, self.temperature.to(stats_dtype(q)), keep, drop)
         y = self.proj_drop(self.proj(rearrange(y, "b h n p -> b n (h p)")))
         return zero_padded(y, keep)
 
@@ -157,7 +157,7 @@ class MSSA(nn.Module):
         keep = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
         w = rearrange(self.qkv(zero_padded(x, keep)), "b n (h p) -> b h n p", h=self.num_heads)
         drop = self.attn_drop.p if self.training else 0.0
-        y = mssa(w, keep, scale=self.scale, dropout_p=drop)
+        y = _mhsa(w, w, w, keep, False, self.scale, drop)
         y = self.to_out(rearrange(y, "b h n p -> b n (h p)"))
         return zero_padded(y, keep)
 
@@ -193,6 +193,8 @@ class ClassAttention(ContextParallel, nn.Module):
         with local_checks(group, x):  # split: a rank failing these stops every rank
             check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
             keep = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
+            if group is not None and keep is not None:
+                raise ValueError("class_attention with a group takes no attn_mask")
         C = self.dim
         x = zero_padded(x, keep)  # padded tokens take no part, and their output is 0 (NaN included)
         # Only the class token needs a query: project it with the q rows of qkv, all tokens with k, v.
@@ -202,7 +204,7 @@ class ClassAttention(ContextParallel, nn.Module):
         q = rearrange(q, "b n (h p) -> b h n p", h=self.num_heads)
         k, v = rearrange(kv, "b n (two h p) -> two b h n p", two=2, h=self.num_heads).unbind(0)
         drop = self.attn_drop.p if self.training else 0.0
-        cls = class_attention(q, k, v, keep, scale=self.scale, dropout_p=drop, group=group)
+        cls = _class_attention(q, k, v, keep, self.scale, drop, group)
         cls = self.proj_drop(self.proj(rearrange(cls, "b h n p -> b n (h p)")))
         if keep is not None:
             cls = zero_padded(cls, keep[:, :1])

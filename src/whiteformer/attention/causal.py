@@ -27,7 +27,7 @@ from .._checks import (
     check_tokens_input,
 )
 from .._utils import zero_padded
-from ..ops.baselines import mhsa, mhsa_explicit
+from ..ops.baselines import _mhsa, _mhsa_explicit
 from ..ops.packing import from_padded, packing, to_padded
 from .registry import register_attention
 
@@ -124,8 +124,8 @@ class CausalSelfAttention(nn.Module):
         """Causal softmax attention of (B, H, N, p) heads through the ops: :func:`whiteformer.ops.mhsa`
         (SDPA) or, with ``fused_attn = False``, :func:`whiteformer.ops.mhsa_explicit` (the (B, H, N, N)
         scores formed, float32 statistics under half precision)."""
-        op = mhsa if self.fused_attn else mhsa_explicit
-        return op(q, k, v, attn_mask, causal=True, dropout_p=self.attn_drop if self.training else 0.0)
+        op = _mhsa if self.fused_attn else _mhsa_explicit  # the layer checked x and the mask
+        return op(q, k, v, attn_mask, True, q.shape[-1] ** -0.5, self.attn_drop if self.training else 0.0)
 
     def step(self, x_t: torch.Tensor, state: Optional[KVCache] = None) -> Tuple[torch.Tensor, KVCache]:
         """One token x_t (B, C) attending to the cached tokens and itself -> (y_t (B, C), cache)."""

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from .._checks import (
     check_finite_real,
+    check_heads_input,
     check_mask,
-    check_nonempty,
     check_probability,
     check_same_device,
     check_tensor,
@@ -34,15 +34,6 @@ __all__ = ["mhsa", "mhsa_explicit", "xca", "mssa", "class_attention"]
 # ----------------------------------------------------------------------------- helpers
 
 
-
-
-def _check_heads(x, name: str) -> None:
-    check_tensor(x, name, 4)
-    check_nonempty(x, name, 2)
-    if x.shape[-1] == 0:
-        raise ValueError(f"{name} has head dimension 0 (shape {tuple(x.shape)})")
-
-
 def _check_same(ref: torch.Tensor, other: torch.Tensor, ref_name: str, name: str) -> None:
     if other.shape != ref.shape:
         raise ValueError(f"{name} must have the shape of {ref_name} {tuple(ref.shape)}, got {tuple(other.shape)}")
@@ -50,13 +41,17 @@ def _check_same(ref: torch.Tensor, other: torch.Tensor, ref_name: str, name: str
         raise TypeError(f"{name} must have the dtype of {ref_name} ({ref.dtype}), got {other.dtype}")
 
 
-def _check_qkv(q, k, v) -> None:
-    _check_heads(q, "q")
-    _check_heads(k, "k")
-    _check_heads(v, "v")
+def _check_attention(q, k, v, attn_mask, dropout_p):
+    """The operands of :func:`mhsa`, :func:`mhsa_explicit` and :func:`xca`: q, k, v (B, H, N, p) of
+    one shape, dtype and device, the (B, N) keep-mask on their device and the dropout probability;
+    returns ``(keep, dropout_p)``."""
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        check_heads_input(t, name)
     _check_same(q, k, "q", "k")
     _check_same(q, v, "q", "v")
-    check_same_device(q, "q", k=k, v=v)
+    keep = check_mask(attn_mask, q.shape[0], q.shape[2])
+    check_same_device(q, "q", k=k, v=v, attn_mask=keep)
+    return keep, check_probability(dropout_p, "dropout_p")
 
 
 def _scale(scale, head_dim: int) -> float:
@@ -102,11 +97,12 @@ def mhsa(q, k, v, attn_mask=None, *, causal: bool = False, scale=None, dropout_p
     Returns:
         (B, H, N, p) in the dtype of ``q``.
     """
-    _check_qkv(q, k, v)
-    keep = check_mask(attn_mask, q.shape[0], q.shape[2])
-    check_same_device(q, "q", attn_mask=keep)
-    dropout_p = check_probability(dropout_p, "dropout_p")
-    s = _scale(scale, q.shape[-1])
+    keep, dropout_p = _check_attention(q, k, v, attn_mask, dropout_p)
+    return _mhsa(q, k, v, keep, bool(causal), _scale(scale, q.shape[-1]), dropout_p)
+
+
+def _mhsa(q, k, v, keep, causal: bool, s: float, dropout_p: float):
+    """:func:`mhsa` on checked arguments (``keep`` bool or None, the scale ``s`` a float)."""
     if keep is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=bool(causal), scale=s)
     q, k, v = (zero_padded(t, keep, 2) for t in (q, k, v))
@@ -122,11 +118,12 @@ def mhsa_explicit(q, k, v, attn_mask=None, *, causal: bool = False, scale=None, 
     (the fused SDPA CPU kernel is not), so use it for FLOP counting: 4 B H N^2 p FLOPs.
     Logits and softmax are computed in float32 under half precision.
     """
-    _check_qkv(q, k, v)
-    keep = check_mask(attn_mask, q.shape[0], q.shape[2])
-    check_same_device(q, "q", attn_mask=keep)
-    dropout_p = check_probability(dropout_p, "dropout_p")
-    s = _scale(scale, q.shape[-1])
+    keep, dropout_p = _check_attention(q, k, v, attn_mask, dropout_p)
+    return _mhsa_explicit(q, k, v, keep, bool(causal), _scale(scale, q.shape[-1]), dropout_p)
+
+
+def _mhsa_explicit(q, k, v, keep, causal: bool, s: float, dropout_p: float):
+    """:func:`mhsa_explicit` on checked arguments (as :func:`_mhsa`)."""
     sd = stats_dtype(q)
     n = q.shape[2]
     q, k, v = (zero_padded(t, keep, 2) for t in (q, k, v))
@@ -155,9 +152,10 @@ def mssa(w, attn_mask=None, *, scale=None, dropout_p: float = 0.0):
     Returns:
         (B, H, N, p).
     """
-    _check_heads(w, "w")
-    check_same_device(w, attn_mask=attn_mask)
-    return mhsa(w, w, w, attn_mask, scale=scale, dropout_p=dropout_p)
+    check_heads_input(w)
+    keep = check_mask(attn_mask, w.shape[0], w.shape[2])
+    check_same_device(w, attn_mask=keep)
+    return _mhsa(w, w, w, keep, False, _scale(scale, w.shape[-1]), check_probability(dropout_p, "dropout_p"))
 
 
 # ----------------------------------------------------------------------------- XCA
@@ -170,9 +168,7 @@ def _check_temperature(temperature, heads: int, q: torch.Tensor) -> torch.Tensor
     check_tensor(temperature, "temperature")
     check_same_device(q, "q", temperature=temperature)
     if temperature.numel() != heads or temperature.dim() > 3 or any(s != 1 for s in temperature.shape[1:]):
-        raise ValueError(
-            f"temperature must have shape (H, 1, 1) with H = {heads} heads, got {tuple(temperature.shape)}"
-        )
+        raise ValueError(f"temperature must have shape (H, 1, 1) with H = {heads} heads, got {tuple(temperature.shape)}")
     return temperature.reshape(1, heads, 1, 1).to(stats_dtype(q))
 
 
@@ -190,11 +186,12 @@ def xca(q, k, v, temperature, attn_mask=None, *, dropout_p: float = 0.0):
     Returns:
         (B, H, N, p). Norms, logits and softmax in float32 under half precision.
     """
-    _check_qkv(q, k, v)
-    keep = check_mask(attn_mask, q.shape[0], q.shape[2])
-    check_same_device(q, "q", attn_mask=keep)
-    dropout_p = check_probability(dropout_p, "dropout_p")
-    temp = _check_temperature(temperature, q.shape[1], q)
+    keep, dropout_p = _check_attention(q, k, v, attn_mask, dropout_p)
+    return _xca(q, k, v, _check_temperature(temperature, q.shape[1], q), keep, dropout_p)
+
+
+def _xca(q, k, v, temp, keep, dropout_p: float):
+    """:func:`xca` on checked arguments (``temp`` (1, H, 1, 1) or (H, 1, 1), ``keep`` bool or None)."""
     sd = stats_dtype(q)
     with autocast_off(q):
         q, k, v32 = q.to(sd), k.to(sd), v.to(sd)
@@ -232,9 +229,8 @@ def class_attention(q_cls, k, v, attn_mask=None, *, scale=None, dropout_p: float
         (B, H, 1, p): the attention output of the class token.
     """
     with local_checks(group, k):  # split: a rank failing these stops every rank (no wait in a collective)
-        _check_heads(q_cls, "q_cls")
-        _check_heads(k, "k")
-        _check_heads(v, "v")
+        for t, name in ((q_cls, "q_cls"), (k, "k"), (v, "v")):
+            check_heads_input(t, name)
         if q_cls.shape[2] != 1:
             raise ValueError(f"q_cls must hold one query token, shape (B, H, 1, p), got {tuple(q_cls.shape)}")
         want = (q_cls.shape[0], q_cls.shape[1], k.shape[2], q_cls.shape[3])
@@ -249,6 +245,11 @@ def class_attention(q_cls, k, v, attn_mask=None, *, scale=None, dropout_p: float
         s = _scale(scale, q_cls.shape[-1])
         if group is not None and keep is not None:
             raise ValueError("class_attention with a group takes no attn_mask")
+    return _class_attention(q_cls, k, v, keep, s, dropout_p, group)
+
+
+def _class_attention(q_cls, k, v, keep, s: float, dropout_p: float, group=None):
+    """:func:`class_attention` on checked arguments (``keep`` bool or None, ``s`` the scale)."""
     if group is not None:
         return _class_attention_split(q_cls, k, v, s, dropout_p, group)
     if keep is None:
