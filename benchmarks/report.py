@@ -347,59 +347,19 @@ def gpu_section(results: Path, suffix: str = "") -> List[str]:
     """The GPU (Triton) section: what ``benchmarks/gpu.py`` measures, how to run it, and what this
     machine could measure (the kernels' correctness through Triton's interpreter only, until a
     ``gpu.json`` from a GPU run is in the results)."""
-    out = [
-        "## 5. GPU: Triton kernels",
-        "",
-        "**What runs on a GPU.** `whiteformer.ops.tssa`, `causal_tssa` and `causal_tssa_step` use Triton kernels "
-        "(`src/whiteformer/ops/_kernels/triton/`, one module per operator) on CUDA tensors of float16, bfloat16, "
-        "float32 or float64 when `triton` is installed (`pip install 'whiteformer[triton]'`), with statistics in "
-        "float32 (float64 for float64 inputs). Every sequence kernel runs one program per sequence and chunk of "
-        "256 tokens holding all heads (the softmax over heads needs them together), walking the chunk in "
-        "sub-blocks whose size follows the head dim (`_tiles.py`: a budget of 2048 values per (heads, tokens, "
-        "features) tile and 8 per thread). TSSA: three passes over w forward (feature energies; logits of all "
-        "heads, softmax, Pi-weighted moments; the output) and three over (w, dL/dout) backward; causal TSSA adds "
-        "chunk states (exclusive prefixes over chunks of per-chunk totals, 1/256 of w per statistic) and running "
-        "sums inside a chunk; sums over chunks are reduced on the host in a fixed order (deterministic). Kept "
-        "for backward: w, Pi (B, H, N) and O(B H p) statistics (causal: the chunk states). "
-        "`WHITEFORMER_DISABLE_KERNELS=1` or `WHITEFORMER_BACKEND=torch` selects the PyTorch path; "
-        "`WHITEFORMER_BACKEND=triton` forces the kernels on any device (CPU tensors through Triton's interpreter, "
-        "with `TRITON_INTERPRET=1`).",
-        "",
-        "**What `python -m benchmarks.gpu` measures** (one command on a CUDA machine; writes "
-        "`benchmarks/results/gpu.json`, from which this section renders its tables): (1) per operator, B=1 H=8 "
-        "p=64 n=16k in bfloat16 by default, the time of tssa forward, forward + backward, causal forward, forward + "
-        "backward as a multiple of `w.clone()` (CUDA events, rounds of the pair, median per-round ratio) for the "
-        "Triton kernels, the PyTorch path and `torch.compile` of the PyTorch path, with the peak memory "
-        "(`torch.cuda.max_memory_allocated`) and the bytes autograd saves for backward; (2) a 12-layer TSSA stack "
-        "(Triton and PyTorch path) vs MHSA through `F.scaled_dot_product_attention` at n = 4k ... 64k, forward and "
-        "forward + backward, time and peak memory. Targets (H100-class GPU, fp16/bf16): tssa forward <= 2x clone, "
-        "forward + backward <= 6x, causal forward + backward <= 8x, saved for backward <= 1.1x w + O(B H N).",
-        "",
-    ]
-    out += gpu_model_section(results)
-    out += gpu_check_section(results)
+    out = prose("gpu") + gpu_model_section(results) + gpu_check_section(results)
     data = _load(results, f"gpu{suffix}.json")
     if not data:
-        return out + [
-            "**What this machine could measure: correctness only.** It has no GPU, so there are no GPU timings or "
-            "memory figures on this page. The kernels were run through Triton's interpreter on CPU tensors "
-            "(`tests/ops/test_triton_kernels.py`, `tests/ops/test_triton_dispatch.py`; part of `make test`): forward and "
-            "every gradient against `whiteformer.ops.reference` in float32 (to 1e-5 of the largest entry), "
-            "float16 and bfloat16 (to their rounding), float64 gradcheck, padding masks, causal no-leakage, chunk "
-            "boundaries (N not a multiple of the chunk, N < chunk, N = 1) and the public ops under "
-            "`WHITEFORMER_BACKEND=triton`. The interpreter says nothing about speed; the targets above are "
-            "unverified until `python -m benchmarks.gpu` has run on a GPU and its `gpu.json` is committed.",
-            "",
-        ]
+        return out + prose("gpu_not_measured")
     from . import gpu
 
-    out += [f"Measured on {data.get('gpu', '?')} (torch {data.get('torch')}, triton {data.get('triton')}) with "
-            f"`{data.get('command', 'python -m benchmarks.gpu')}`; {data['config']['dtype']}, "
-            f"B={data['config']['batch']} H={data['config']['heads']} p={data['config']['head_dim']} "
-            f"n={data['config']['n']}. Time / time of `w.clone()` (peak memory in brackets):", "",
-            gpu.ops_table(data["ops"]), ""]
+    cfg = data["config"]
+    out += prose("gpu_measured", gpu=data.get("gpu", "?"), torch=data.get("torch"), triton=data.get("triton"),
+                 command=data.get("command", "python -m benchmarks.gpu"), dtype=cfg["dtype"], batch=cfg["batch"],
+                 heads=cfg["heads"], head_dim=cfg["head_dim"], n=cfg["n"])
+    out += [gpu.ops_table(data["ops"]), ""]
     if data.get("stack"):
-        out += [f"{data['config']['depth']}-layer stacks, batch 1:", "", gpu.stack_table(data["stack"]), ""]
+        out += prose("gpu_stacks", depth=cfg["depth"]) + [gpu.stack_table(data["stack"]), ""]
     return out
 
 
@@ -407,118 +367,40 @@ def gpu_check_section(results: Path) -> List[str]:
     """The one-call GPU check (:mod:`benchmarks.gpu_check`): its summary tables when a GPU run's
     ``gpu_check/gpu_check.json`` is in the results, else what it will measure and that it has not run."""
     data = _load(results, "gpu_check/gpu_check.json")
-    out = ["### The GPU check", ""]
     if not data or data.get("dry_run"):
-        return out + [
-            "**Not run on a GPU yet** (none was available to this work). `python -m benchmarks.gpu_check --wheels "
-            "build/gpu-wheels --out DIR` (after `make gpu-wheels`, which downloads the pure-Python wheels a machine "
-            "without a package index lacks) measures in about 8 minutes, each part in its own process with a time "
-            "limit: (a) the Triton kernels against the PyTorch path and the float64 reference (bfloat16, float32, "
-            "float16; masks, packed documents, odd sizes; forward and gradients), (b) the operators as multiples of "
-            "`w.clone()` and the 12-layer stacks against SDPA at 4k ... 64k tokens, (c) flash-linear-attention's "
-            "`chunk_simple_gla` / `chunk_retention` beside `tssa` / `causal_tssa` at its benchmark shapes, (d) a "
-            "training step of causal ToST against GPT (SDPA) at 4k and 8k tokens, (e) the copy bandwidth and each "
-            "op's achieved bandwidth next to the traffic model's prediction, and prints a summary. Its dry run (the "
-            "same pipeline on the CPU through Triton's interpreter, tiny sizes) is part of `make test`. Copy the "
-            "output folder to `benchmarks/results/gpu_check/` to render its tables here.",
-            "",
-        ]
+        return prose("gpu_check_not_run")
     from .gpu_check import summary
 
     text = summary.markdown(data["summary"], data["parts"])
     lines = [("##" + line) if line.startswith("#") else line for line in text.splitlines()]
-    return out + [f"Command: `{data.get('command')}` ({data.get('wall_s')} s).", ""] + lines[1:] + [""]
+    return prose("gpu_check", command=data.get("command"), wall_s=data.get("wall_s")) + lines[1:] + [""]
 
 
 def triton_matrix_lines(matrix: Optional[Dict[str, Any]]) -> List[str]:
     """The kernels under every Triton release (``triton_matrix.json``, :mod:`benchmarks.triton_matrix`)."""
     if not matrix:
-        return ["**Triton versions**: run `make triton-matrix` to render the matrix here.", ""]
+        return prose("triton_matrix_missing")
     from . import triton_matrix
 
-    first = matrix["results"][0]["compile"]
-    return [
-        f"**Triton versions** (`{matrix['command']}`; torch {matrix['torch']}, NumPy {matrix['numpy']}): each "
-        "release's wheel installed outside the environment (`pip install --no-deps --target`), then the compile "
-        f"check of `MATRIX_WORKLOAD` ({first.get('specialisations', '?')} specialisations: 4 heads of 64 and 8 "
-        "of 128 in float32 and bfloat16, 12 heads of 64 at 197 tokens; sm_80 and sm_90) and the interpreter tests "
-        f"({', '.join(f'`{t}`' for t in matrix['interpreter_tests'])}) against it:",
-        "",
-        triton_matrix.table(matrix["results"]),
-        "",
-    ]
+    return prose("triton_matrix", command=matrix["command"], torch=matrix["torch"], numpy=matrix["numpy"],
+                 specialisations=matrix["results"][0]["compile"].get("specialisations", "?"),
+                 tests=", ".join(f"`{t}`" for t in matrix["interpreter_tests"])) + [
+        triton_matrix.table(matrix["results"]), ""]
 
 
 def gpu_model_section(results: Path) -> List[str]:
     """What stands in for GPU measurements here: the compile check of the kernels for sm_80/sm_90
     (tests/ops/test_triton_compile.py) and the memory-traffic model (``gpu_model.json``)."""
-    out = [
-        "### Without a GPU: the compile check and the traffic model",
-        "",
-        "**No GPU was available to this work** (a CPU-only machine): the two checks below stand in for GPU "
-        "measurements; `python -m benchmarks.gpu` (the measured part, below) is ready for a CUDA machine.",
-        "",
-        "**Compile check** (`tests/ops/test_triton_compile.py`, part of `make test`, CPU only): the kernel launches the "
-        "ops make are recorded without running them (`benchmarks.kernels.compile_check.TEST_WORKLOAD`: head dims 16, "
-        "32, 64, 128, 256 at 8 heads, 4 and 12 heads at head dim 64, float32 and bfloat16, float16 at head dims 64 "
-        "and 128, 1024 tokens, and ViT-S/ViT-B at 197 tokens; with and without a mask and the position bias; tssa, "
-        "causal_tssa and the step; forward and backward), each distinct specialisation (as Triton's launcher "
-        "specialises it) is compiled with `triton.compile(..., target=GPUTarget('cuda', cc, 32))` for sm_80 (A100) "
-        "and sm_90 (H100) in a process without the interpreter, and `cuobjdump -res-usage` of each cubin is read: "
-        "the test fails naming the kernel, its specialisation and its REG/STACK when one does not compile or spills "
-        "(STACK > 0). It passes: no spills at head dim 256 either, so the head dim is not split (a token row of 8 "
-        "heads x 256 features is one 2048-value tile; more heads x features than the budget get more warps, up to "
-        "16). The same machinery (`benchmarks.kernels.launches`, `.compile_check`) covers new launches once a "
-        "workload makes them.",
-        "",
-    ]
-    out += triton_matrix_lines(_load(results, "triton_matrix.json"))
+    out = prose("gpu_model") + triton_matrix_lines(_load(results, "triton_matrix.json"))
     model = _load(results, "gpu_model.json")
     if not model:
-        return out + ["**Traffic model**: run `python -m benchmarks.gpu --model` (no GPU needed) to render it here.",
-                      ""]
+        return out + prose("gpu_traffic_missing")
     from . import gpu
 
     cfg = model["config"]
-    out += [
-        f"**Traffic model** (`{model.get('command', 'python -m benchmarks.gpu --model')}`; "
-        "`benchmarks.kernels.traffic`): the bytes each kernel launch moves, computed from its "
-        "recorded grid, tile constexprs and tensor sizes with the access pattern declared for each kernel "
-        "(`benchmarks.kernels.access_patterns`), "
-        "plus the host-side torch operations between launches, per op call, divided by the op's minimum (forward: "
-        "read w once and write out once; backward: read w, dL/dout and the saved statistics once, write dL/dw "
-        f"once); the time is that traffic at H100's 3.35 TB/s. B={cfg['batch']} H={cfg['heads']} "
-        f"n={cfg['n']} {cfg['dtype']} (flash-linear-attention's benchmark shape):",
-        "",
-        gpu.model_table(model["rows"]),
-        "",
-        "Reading: the backward goal (<= 3x) is met by every op and head dim: three passes over (w, dL/dout) and "
-        "one write of dL/dw (causal: its dL/dw kernel first walks its chunk once more over w alone, to sum the "
-        "dL/dE terms in float64, see below). **The forward goal (<= 2x) is not met, by design limits, not "
-        "tiles**: the forward reads w three times and writes out once (4 |w| for a minimum of 2 |w|) because it "
-        "has three dependent reductions over all tokens of a sequence: the feature energies s (or E) are needed "
-        "before any membership Pi, and the Pi-weighted moments T (or Q, M) before any output, and each needs a "
-        "full read of w (the fused middle pass already computes the logits of all heads, the softmax and the "
-        "moments from one read; the earlier kernels read w four times). The excess above 2.0x is the statistics "
-        "(per-chunk partial sums, Pi written and read, Pi converted to w's dtype for the op's output). Only "
-        "keeping w on chip across grid-wide barriers (a persistent kernel; w of B=4, n=16k, H=8, p=64 in "
-        "bfloat16 is 64 MB, more than an H100's 50 MB of L2 cache and its ~30 MB of shared memory, 228 KB x 132 "
-        "SMs) would go below it. Causal TSSA has the same chain: a single-pass chained scan (each chunk waits "
-        "for its predecessor's running sums) reads w once but runs the chunks of a sequence one after the other "
-        "(parallel over B only), and a decoupled look-back keeps the chunks parallel but must still walk each "
-        "chunk three times (E before Pi, Q and M before out: 256 tokens x 8 heads x p = 64 of a chunk hold 128K "
-        "values, far beyond a program's registers), so below 2x only if those re-reads hit L2, which this model "
-        "does not assume. Below the op boundary, the one real saving is the layer's: the qkv projection's GEMM "
-        "epilogue could emit the column sums of squares s, dropping the first pass (1.5x); that fuses the op "
-        "into the projection and is not done. The step (one token) is at its minimum.",
-        "",
-        "Numerics of the chunked backward: suffix sums inside a chunk are reverse prefix sums within a sub-block "
-        "plus a running value carried across sub-blocks; the dL/dE suffix is carried in float64 (its terms "
-        "-lambda w^2 / E^2 are large where E is small, e.g. at a sequence's first token, and a float32 "
-        "subtraction of them would lose the later tokens' precision).",
-        "",
-    ]
-    return out
+    out += prose("gpu_traffic", command=model.get("command", "python -m benchmarks.gpu --model"), batch=cfg["batch"],
+                 heads=cfg["heads"], n=cfg["n"], dtype=cfg["dtype"])
+    return out + [gpu.model_table(model["rows"]), ""] + prose("gpu_traffic_reading")
 
 
 def _lm_model_reading(lm: Dict[str, Any]) -> List[str]:
