@@ -1,5 +1,6 @@
 """A language model trained on text carries its tokenizer in final/ (transformers' files): a
-byte-level BPE trained by the run (``data_args.train_tokenizer``) or the character vocabulary.
+byte-level BPE trained by the run (``data_args.train_tokenizer``, documents packed or not) or the
+character vocabulary.
 ``whiteformer generate`` and ``evaluate`` use it, and a fresh process that imports only transformers
 loads the folder with AutoTokenizer, AutoModelForCausalLM and pipeline("text-generation")."""
 import json
@@ -20,8 +21,8 @@ pytest.importorskip("tokenizers", reason="needs the data extra: pip install whit
 
 SRC = str(Path(__file__).resolve().parents[3] / "src")
 LM_ARGS = {"dim": 16, "depth": 1, "num_heads": 2}
-#: the data options of each run (a run's name -> data_args)
-RUNS = {"bpe": {"train_tokenizer": 300}, "char": {}}
+#: the data options of each run (a run's name -> data_args); "packed": documents packed with cu_seqlens
+RUNS = {"bpe": {"train_tokenizer": 300}, "char": {}, "packed": {"train_tokenizer": 300, "pack": True}}
 PROMPT = "KING LEAR"
 
 
@@ -30,11 +31,15 @@ def runs(tmp_path_factory):
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("lm_tokenizer")
+    # the shipped corpus's scenes as documents, each ended by the end-of-document token
+    corpus = root / "scenes.txt"
+    text = text_data.read_text(text_data.default_corpus_path())[:60_000]
+    corpus.write_text("".join(scene + "<|endoftext|>" for scene in text.split("\n\n\n")))
     try:
         for name, data_args in RUNS.items():
-            train(TrainConfig(model="tost_lm_base", model_args=dict(LM_ARGS), dataset="text", data_args=data_args,
-                              steps=2, batch_size=4, block_size=16, eval_batches=1, out=str(root / name),
-                              progress=False, tensorboard=False, report=False))
+            train(TrainConfig(model="tost_lm_base", model_args=dict(LM_ARGS), dataset="text", data_dir=str(corpus),
+                              data_args=data_args, steps=2, batch_size=4, block_size=16, eval_batches=1,
+                              out=str(root / name), progress=False, tensorboard=False, report=False))
     finally:
         torch.set_num_threads(n)
     return {name: root / name for name in RUNS}
