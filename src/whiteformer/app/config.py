@@ -112,6 +112,11 @@ class TrainConfig:
     eval_split: str = _h("split used for evaluation", default="test")
     translate: int = _h("augmentation: random translation in pixels (0: off; image datasets)", default=1)
     flip: float = _h("augmentation: horizontal-flip probability", default=0.0)
+    crop_scale: Optional[List[float]] = _h("image datasets: random resized crops of this range of the area, e.g. "
+                                           "[0.08, 1.0] (timm's --scale; image-folder crops the files' own pixels; "
+                                           "none: off)", default=None)
+    crop_ratio: List[float] = _h("random resized crops: range of the aspect ratio (width / height)",
+                                 default_factory=lambda: [3 / 4, 4 / 3])
     auto_augment: Optional[str] = _h("image datasets: RandAugment as timm's string, e.g. rand-m9-mstd0.5-inc1 "
                                      "(m magnitude, n ops, mstd magnitude noise, inc1 increasing ops; none: off)",
                                      default=None)
@@ -238,7 +243,7 @@ def amp_precision(cfg: "TrainConfig") -> str:
     return "bf16" if cfg.bf16 else cfg.precision
 
 
-RUN_DEFINING = ("model", "model_args", "finetune", "dataset", "data_args", "translate", "flip", "auto_augment",
+RUN_DEFINING = ("model", "model_args", "finetune", "dataset", "data_args", "translate", "flip", "crop_scale", "crop_ratio", "auto_augment",
                 "mixup", "cutmix", "mixup_prob", "mixup_switch_prob", "mixup_mode", "reprob", "remode", "recount",
                 "aug_repeats", "aug_impl", "block_size",
                 "unlimited_length", "batch_size", "lr", "min_lr", "schedule", "weight_decay", "beta1", "beta2",

@@ -13,6 +13,7 @@ from whiteformer.app.data.images import resize_center_crop
 from whiteformer.app.data.mixing import MixupCutmix, smooth_one_hot, soft_target_cross_entropy
 from whiteformer.app.data.randaugment import RandAugment, parse_rand_augment
 from whiteformer.app.data.recipe import VisionRecipe, timm_available
+from whiteformer.app.data.resized_crop import RandomResizedCrop
 from whiteformer.app.data.sampler import RepeatAugSampler, repeated_indices
 
 
@@ -210,6 +211,57 @@ def test_repeat_aug_sampler_per_rank_and_epochs():
     assert list(samplers[0]) != got[0]
     with pytest.raises(ValueError, match="rank must be"):
         RepeatAugSampler(data, num_replicas=2, rank=2)
+
+
+# ----------------------------------------------------------------------------- random resized crops
+def test_resized_crop_boxes_follow_scale_and_ratio():
+    rrc = RandomResizedCrop((0.2, 0.6), (0.5, 2.0))
+    p = rrc.sample(200, _g(0))
+    for i in range(200):
+        top, left, h, w = rrc.box(p, i, 30, 40)
+        assert 0 <= top <= 30 - h and 0 <= left <= 40 - w
+        assert 0.2 * 1200 * 0.85 <= h * w <= 0.6 * 1200 * 1.15  # rounding of the sides
+        assert 0.5 * 0.8 <= w / h <= 2.0 * 1.25
+    # The whole image for scale 1 at its own ratio; the centred fallback when no draw fits.
+    assert RandomResizedCrop((1, 1), (1, 1)).box(RandomResizedCrop((1, 1), (1, 1)).sample(1, _g()), 0, 8, 8) == (0, 0, 8, 8)
+    wide = RandomResizedCrop((1, 1), (2, 2))
+    assert wide.box(wide.sample(1, _g()), 0, 8, 8) == (2, 0, 4, 8)
+    with pytest.raises(ValueError, match="crop_scale must be"):
+        RandomResizedCrop((0.0, 1.0))
+
+
+def test_resized_crop_on_tensors():
+    x = _images(4, h=8, w=8)
+    same = RandomResizedCrop((1, 1), (1, 1))
+    torch.testing.assert_close(same.apply(x, same.sample(4, _g())), x)
+    rrc = RandomResizedCrop((0.1, 0.5))
+    p = rrc.sample(4, _g(1))
+    out = rrc.apply(x, p)
+    assert out.shape == x.shape and not torch.allclose(out, x)
+    torch.testing.assert_close(rrc.apply(x[1:3], p, slice(1, 3)), out[1:3])
+
+
+def test_image_folder_crops_the_files_own_pixels(tmp_path):
+    """A box inside the black half of a 40x40 half-black, half-white file is black, although the
+    image read whole at 8x8 mixes both halves."""
+    pytest.importorskip("PIL")
+    from PIL import Image
+
+    arr = np.zeros((40, 40, 3), dtype=np.uint8)
+    arr[:, 20:] = 255
+    for c in ("a", "b"):
+        (tmp_path / c).mkdir()
+        Image.fromarray(arr).save(tmp_path / c / "0.png")
+    ds = build_dataset("image-folder", "train", data_dir=str(tmp_path), img_size=8, test_fraction=0.5,
+                       mean=(0.0,), std=(1.0,))
+    rrc = RandomResizedCrop((0.1, 0.1), (1, 1))
+    p = {"area": torch.full((1, 10), 0.1, dtype=torch.float64), "log_ratio": torch.zeros(1, 10, dtype=torch.float64),
+         "top": torch.full((1, 10), 0.5, dtype=torch.float64), "left": torch.zeros(1, 10, dtype=torch.float64)}
+    assert rrc.box(p, 0, 40, 40) == (14, 0, 13, 13)
+    x, _ = ds.get_batch(torch.tensor([0]), crop=(rrc, p))
+    assert x.shape == (1, 3, 8, 8) and (x == 0).all()
+    whole, _ = ds.get_batch(torch.tensor([0]))
+    assert (whole == 1).any() and (whole == 0).any()
 
 
 # ----------------------------------------------------------------------------- crop_pct

@@ -10,7 +10,8 @@ from whiteformer.app.train import ConfigError, TrainConfig, train
 from whiteformer.app.train.build import build_task
 from whiteformer.app.train.distributed import DistInfo
 
-RECIPE = dict(auto_augment="rand-m9-mstd0.5-inc1", reprob=0.5, remode="pixel", aug_impl="torch")
+RECIPE = dict(crop_scale=[0.3, 1.0], auto_augment="rand-m9-mstd0.5-inc1", reprob=0.5, remode="pixel",
+              aug_impl="torch")
 TINY = {"patch_size": 2, "embed_dim": 16, "depth": 1, "num_heads": 2, "cls_attn_layers": 1}
 
 
@@ -109,8 +110,9 @@ def test_two_steps_with_the_whole_recipe(tmp_path, folder, capsys):
     res = train(cfg)
     assert res["final_eval"]["n"] == 6 and np.isfinite(res["final_eval"]["loss"])
     said = capsys.readouterr()
-    assert ("augmentation: RandAugment rand-m9-mstd0.5-inc1, Mixup 0.8 / CutMix 1 per batch (targets smoothed 0.1), "
-            "random erasing 0.5 (pixel, up to 1), repeated augmentation x3 (built-in)") in said.out + said.err
+    assert ("augmentation: random resized crops (area 0.3-1, ratio 0.75-1.33), RandAugment rand-m9-mstd0.5-inc1, "
+            "Mixup 0.8 / CutMix 1 per batch (targets smoothed 0.1), random erasing 0.5 (pixel, up to 1), "
+            "repeated augmentation x3 (built-in)") in said.out + said.err
 
 
 def test_resume_with_the_recipe_is_bit_exact(tmp_path):

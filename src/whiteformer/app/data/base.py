@@ -7,7 +7,9 @@ registered for, :func:`whiteformer.app.train.tasks.task_class`) and the metadata
 (``num_classes``, ``in_chans``, ``img_size``, ``vocab_size``, ...). Batches are fetched with
 ``get_batch(indices, transform=None)``: the trainer chooses the indices (the data order is a
 function of the seed and the epoch) and the optional ``transform`` (augmentation) acts on the
-images scaled to [0, 1], before the per-channel normalisation.
+images scaled to [0, 1], before the per-channel normalisation. Image datasets also take
+``crop=(RandomResizedCrop, params)``: random resized crops, taken from the files' own pixels where
+the images are files (:mod:`.resized_crop`).
 """
 from __future__ import annotations
 
@@ -73,7 +75,8 @@ class ArrayDataset(torch.utils.data.Dataset):
         img_size: resize images to this size at fetch time (None: keep).
         classes: class names (default "0", "1", ...).
 
-    ``get_batch(indices, transform)`` -> (x float32 (B, C, H, W) or (B, D), y int64 (B,)).
+    ``get_batch(indices, transform, crop=None)`` -> (x float32 (B, C, H, W) or (B, D), y int64 (B,));
+    ``crop``: (:class:`~.resized_crop.RandomResizedCrop`, its parameters for these images).
     """
 
     def __init__(self, data: torch.Tensor, labels: torch.Tensor, num_classes: int, *, kind: str = "image",
@@ -125,13 +128,15 @@ class ArrayDataset(torch.utils.data.Dataset):
         shape = (1, -1, 1, 1) if self.kind == "image" else (1, -1)
         return (x - self.mean.reshape(shape)) / self.std.reshape(shape)
 
-    def get_batch(self, indices: torch.Tensor, transform: Transform = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    def get_batch(self, indices: torch.Tensor, transform: Transform = None, crop=None) -> Tuple[torch.Tensor, torch.Tensor]:
         idx = torch.as_tensor(indices, dtype=torch.long)
         x = self.data[idx].float()
         if self.scale != 1.0:
             x = x / self.scale
         if self.kind == "image":
             x = resize_images(x, self._size)
+            if crop is not None:
+                x = crop[0].apply(x, crop[1])
         if transform is not None:
             x = transform(x)
         return self.normalize(x), self.labels[idx]
@@ -164,14 +169,21 @@ class FileImageDataset(ArrayDataset):
         if preload:
             self._cache = self._read(range(len(self.files)))
 
-    def _read(self, idx) -> torch.Tensor:
+    def _read(self, idx, crop=None) -> torch.Tensor:
         mode = "L" if self.in_chans == 1 else "RGB"
-        return torch.stack([read_image(self.files[i], mode, self._size, self.crop_pct) for i in idx])
+        boxes = [None] * len(idx) if crop is None else \
+            [lambda h, w, j=j: crop[0].box(crop[1], j, h, w) for j in range(len(idx))]
+        return torch.stack([read_image(self.files[i], mode, self._size, self.crop_pct, box)
+                            for i, box in zip(idx, boxes)])
 
-    def get_batch(self, indices: torch.Tensor, transform: Transform = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    def get_batch(self, indices: torch.Tensor, transform: Transform = None, crop=None) -> Tuple[torch.Tensor, torch.Tensor]:
         idx = torch.as_tensor(indices, dtype=torch.long)
-        x = self._cache[idx] if self._cache is not None else self._read(idx.tolist())
-        x = x.float() / 255.0
+        if self._cache is not None:
+            x = self._cache[idx].float() / 255.0
+            if crop is not None:
+                x = crop[0].apply(x, crop[1])
+        else:
+            x = self._read(idx.tolist(), crop).float() / 255.0
         if transform is not None:
             x = transform(x)
         return self.normalize(x), self.labels[idx]

@@ -3,7 +3,7 @@ evaluation crop (resize to ``size / crop_pct``, then the centre ``size``) in tor
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 import torch
@@ -44,13 +44,18 @@ def resize_center_crop(img: torch.Tensor, size: Tuple[int, int], crop_pct: float
     return x.to(img.dtype)
 
 
-def read_image(path: str, mode: str, size: Tuple[int, int], crop_pct: Optional[float] = None) -> torch.Tensor:
+def read_image(path: str, mode: str, size: Tuple[int, int], crop_pct: Optional[float] = None,
+               box: Optional[Callable[[int, int], Tuple[int, int, int, int]]] = None) -> torch.Tensor:
     """Image file -> uint8 tensor (C, H, W) in ``mode`` ("L" / "RGB") resized to ``size`` (h, w), or
-    with ``crop_pct``, resized and centre-cropped to it (:func:`resize_center_crop`)."""
+    with ``crop_pct``, resized and centre-cropped to it (:func:`resize_center_crop`), or with ``box``
+    (``box(height, width)`` -> (top, left, h, w) of the file's pixels), that box resized to ``size``."""
     Image = _pil()
     with Image.open(path) as im:
         im = im.convert(mode)
-        if crop_pct is None and im.size != (size[1], size[0]):
+        if box is not None:
+            top, left, h, w = box(im.size[1], im.size[0])
+            im = im.resize((size[1], size[0]), Image.BILINEAR, box=(left, top, left + w, top + h))
+        elif crop_pct is None and im.size != (size[1], size[0]):
             im = im.resize((size[1], size[0]), Image.BILINEAR)
         arr = np.asarray(im, dtype=np.uint8)
     t = torch.from_numpy(arr.copy())

@@ -1,8 +1,9 @@
 """The image-classification training recipe of DeiT / XCiT / ToST behind options, all off by default:
-RandAugment (``auto_augment``), Mixup / CutMix with label smoothing (``mixup``, ``cutmix``,
-``mixup_prob``, ``mixup_switch_prob``, ``mixup_mode``, ``label_smoothing``), random erasing
-(``reprob``, ``remode``, ``recount``) and repeated augmentation (``aug_repeats``); the evaluation
-crop (``crop_pct``) is an option of the ``image-folder`` dataset.
+random resized crops (``crop_scale``, ``crop_ratio``), RandAugment (``auto_augment``), Mixup /
+CutMix with label smoothing (``mixup``, ``cutmix``, ``mixup_prob``, ``mixup_switch_prob``,
+``mixup_mode``, ``label_smoothing``), random erasing (``reprob``, ``remode``, ``recount``) and
+repeated augmentation (``aug_repeats``); the evaluation crop (``crop_pct``) is an option of the
+``image-folder`` dataset.
 
 Two implementations of the same sample-then-apply interface (``sample(n, generator)`` for a global
 batch, ``apply(..., params, sl)`` on one process's slice), chosen by ``aug_impl``:
@@ -16,7 +17,8 @@ batch, ``apply(..., params, sl)`` on one process's slice), chosen by ``aug_impl`
   :mod:`.erasing`), which run without torchvision.
 - ``"auto"`` (default): timm when it imports, else the built-in versions.
 
-Repeated augmentation (:mod:`.sampler`) is the built-in one in both.
+Random resized crops (:mod:`.resized_crop`, torchvision's algorithm, read from the files' own
+pixels) and repeated augmentation (:mod:`.sampler`) are the built-in ones in both.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from ..._checks import is_int, is_real
 from .erasing import ERASE_MODES, RandomErasing
 from .mixing import MIXUP_MODES, MixupCutmix
 from .randaugment import RandAugment, parse_rand_augment
+from .resized_crop import RandomResizedCrop, check_crop_range
 
 __all__ = ["VisionRecipe", "AUG_IMPLS", "timm_available"]
 
@@ -56,6 +59,8 @@ class VisionRecipe:
     """The recipe's options (names as timm's ``train.py``); :meth:`check` validates them,
     :meth:`build` makes the transforms."""
 
+    crop_scale: Optional[Sequence[float]] = None
+    crop_ratio: Sequence[float] = (3 / 4, 4 / 3)
     auto_augment: Optional[str] = None
     mixup: float = 0.0
     cutmix: float = 0.0
@@ -78,6 +83,9 @@ class VisionRecipe:
     def check(self) -> "VisionRecipe":
         """A ``ValueError`` naming the first option out of range (timm: only when ``aug_impl="timm"``
         and it does not import)."""
+        if self.crop_scale is not None:
+            check_crop_range(self.crop_scale, "crop_scale", 0.0, 1.0)
+        check_crop_range(self.crop_ratio, "crop_ratio", 0.0, math.inf)
         if self.auto_augment is not None:
             parse_rand_augment(self.auto_augment)
         for name in ("mixup", "cutmix"):
@@ -111,7 +119,8 @@ class VisionRecipe:
     @property
     def active(self) -> bool:
         """Whether any option is on (label smoothing alone is the loss's, not an augmentation)."""
-        return self.auto_augment is not None or self.mixes or self.reprob > 0 or self.aug_repeats > 1
+        return (self.crop_scale is not None or self.auto_augment is not None or self.mixes or self.reprob > 0
+                or self.aug_repeats > 1)
 
     @property
     def impl(self) -> str:
@@ -124,6 +133,9 @@ class VisionRecipe:
         """One line naming the parts that are on and the implementation, e.g. ``RandAugment
         rand-m9-mstd0.5-inc1, Mixup 0.8 / CutMix 1.0 per batch (targets smoothed 0.1), ... (built-in)``."""
         parts = []
+        if self.crop_scale is not None:
+            parts.append(f"random resized crops (area {self.crop_scale[0]:g}-{self.crop_scale[1]:g}, ratio "
+                         f"{self.crop_ratio[0]:.3g}-{self.crop_ratio[1]:.3g})")
         if self.auto_augment is not None:
             parts.append(f"RandAugment {self.auto_augment}")
         if self.mixes:
@@ -136,13 +148,16 @@ class VisionRecipe:
         return ", ".join(parts) + (" (timm)" if self.impl == "timm" else " (built-in)")
 
     def build(self, num_classes: int, mean: Sequence[float], img_size) -> Dict[str, Any]:
-        """{"rand_augment", "mixup", "erasing"}: each None when off, else an object with ``sample``
-        and ``apply`` (see the module docstring). ``mean``: the colour geometric operations fill with."""
+        """{"resized_crop", "rand_augment", "mixup", "erasing"}: each None when off, else an object with
+        ``sample`` and ``apply`` (see the module docstring). ``mean``: the colour geometric operations
+        fill with."""
         self.check()
         timm = self.impl == "timm"
         if timm:
             from . import timm_recipe as T
-        out: Dict[str, Any] = {"rand_augment": None, "mixup": None, "erasing": None}
+        out: Dict[str, Any] = {"resized_crop": None, "rand_augment": None, "mixup": None, "erasing": None}
+        if self.crop_scale is not None:
+            out["resized_crop"] = RandomResizedCrop(self.crop_scale, self.crop_ratio)
         if self.auto_augment is not None:
             out["rand_augment"] = (T.TimmRandAugment(self.auto_augment, mean, img_size) if timm
                                    else RandAugment(self.auto_augment, tuple(mean)))

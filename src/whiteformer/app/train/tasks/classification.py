@@ -5,7 +5,7 @@ batches (the incomplete last one is dropped); augmentation parameters of step ``
 generator seeded with ``(seed, s)``.
 
 Images may get the DeiT / XCiT / ToST recipe (:class:`~whiteformer.app.data.recipe.VisionRecipe`),
-in this order: translation / flip, RandAugment (on [0, 1] images), normalisation, random erasing,
+in this order: random resized crop, translation / flip, RandAugment (on [0, 1] images), normalisation, random erasing,
 Mixup / CutMix (soft targets, trained with the soft-target cross-entropy). With ``aug_repeats`` k > 1
 the epoch's order is DeiT's repeated-augmentation order over the data-parallel processes
 (:func:`~whiteformer.app.data.sampler.repeated_indices`), a function of ``(seed, e)`` and their number.
@@ -76,13 +76,14 @@ class ClassificationTask(Task):
             raise ConfigError(str(err)) from None
         self._refuse_recipe(recipe, self.train_ds)
         self.recipe = recipe
-        self.rand_augment = self.mixup = self.erasing = None
+        self.resized_crop = self.rand_augment = self.mixup = self.erasing = None
         if not recipe.active:
             return
         ds = self.train_ds
         mean = ds.mean.expand(ds.in_chans).tolist()
         parts = recipe.build(ds.num_classes, mean, ds.img_size)
-        self.rand_augment, self.mixup, self.erasing = parts["rand_augment"], parts["mixup"], parts["erasing"]
+        self.resized_crop, self.rand_augment = parts["resized_crop"], parts["rand_augment"]
+        self.mixup, self.erasing = parts["mixup"], parts["erasing"]
         if self.mixup is not None and recipe.impl == "timm" and self.local_batch % 2:
             raise ConfigError(f"timm's Mixup needs an even batch per process, got {self.local_batch} (batch_size "
                               f"{self.batch_size} over {self.dist.dp_size} process(es))")
@@ -133,7 +134,11 @@ class ClassificationTask(Task):
                 x = a.apply(x, p, sl)
             return x
 
-        x, y = self.train_ds.get_batch(idx, transform if pre else None)
+        kw = {}  # (only image datasets take crops)
+        if self.resized_crop is not None:
+            p = self.resized_crop.sample(self.batch_size, seeded_generator(self.seed, 6, step))
+            kw["crop"] = (self.resized_crop, {k: v[sl] for k, v in p.items()})
+        x, y = self.train_ds.get_batch(idx, transform if pre else None, **kw)
         if self.erasing is not None:
             x = self.erasing.apply(x, self.erasing.sample(self.batch_size, seeded_generator(self.seed, 4, step)), sl)
         if self.mixup is not None:
