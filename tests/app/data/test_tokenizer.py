@@ -2,13 +2,23 @@
 transformers folder, the character tokenizer, the files saved beside a model, and ``--dataset text``
 with ``tokenizer`` / ``train_tokenizer``."""
 import json
+import sys
 
 import pytest
 import torch
 
 from whiteformer.app.data import build_dataset
+from whiteformer.app.data import text as text_data
 from whiteformer.app.data.text import CharVocab, default_corpus_path, read_text
-from whiteformer.app.data.tokenizer import EOD_TOKEN, char_tokenizer, load_tokenizer, text_chunks, train_bpe
+from whiteformer.app.data.tokenizer import (
+    EOD_TOKEN,
+    TextTokenizer,
+    char_tokenizer,
+    load_tokenizer,
+    same_tokenizer,
+    text_chunks,
+    train_bpe,
+)
 
 pytest.importorskip("tokenizers", reason="needs the data extra: pip install whiteformer[data]")
 
@@ -135,3 +145,19 @@ def test_text_dataset_reads_a_given_tokenizer(bpe, tmp_path):
         build_dataset("text", "train", train_tokenizer=100)
     with pytest.raises(FileNotFoundError, match="tokenizer .* does not exist"):
         build_dataset("text", "train", tokenizer=str(tmp_path / "nope.json"))
+
+
+def test_without_tokenizers_or_transformers(bpe, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # no transformers: tokenizer.json alone
+    files = TextTokenizer(bpe.backend, EOD_TOKEN).files()
+    assert set(files) == {"tokenizer.json"} and same_tokenizer(files["tokenizer.json"], bpe.backend.to_str())
+    with pytest.raises(ImportError, match=r"AutoTokenizer: pip install 'whiteformer\[hf\]'"):
+        load_tokenizer(tmp_path)
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    monkeypatch.setattr(text_data, "_TRAINED", {})
+    with pytest.raises(ImportError, match=r"pip install 'whiteformer\[data\]'"):
+        train_bpe(TEXT, 300)
+    with pytest.raises(ImportError, match=r"pip install 'whiteformer\[data\]'"):
+        build_dataset("text", "train", train_tokenizer=300)
+    vocab = CharVocab(sorted(set(TEXT)))
+    assert set(vocab.files()) == {"vocab.json"}  # whiteformer generate still reads a character run

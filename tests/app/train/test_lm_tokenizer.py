@@ -5,6 +5,7 @@ character vocabulary.
 loads the folder with AutoTokenizer, AutoModelForCausalLM and pipeline("text-generation")."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from whiteformer.app.cli import main
 from whiteformer.app.data import text as text_data
 from whiteformer.app.evaluate import evaluate, generate
 from whiteformer.app.train import ConfigError, EvalConfig, GenerateConfig, TrainConfig, train
@@ -70,6 +72,18 @@ def test_generate_and_evaluate_use_the_saved_tokenizer(runs, monkeypatch):
     monkeypatch.setattr(text_data, "_TRAINED", {})
     ev = evaluate(EvalConfig(checkpoint=str(run), eval_batches=1, batch_size=4))
     assert saved["data_args"] == RUNS["bpe"] and ev["n"] == 4 * 16 and ev["loss"] > 0
+
+
+@pytest.mark.parametrize("bad", ["{}", "not json", "char"])
+def test_generate_refuses_a_tokenizer_json_that_is_not_the_models(runs, tmp_path, capsys, bad):
+    final = shutil.copytree(runs["bpe"] / "final", tmp_path / "final")
+    text = (runs["char"] / "final" / "tokenizer.json").read_text() if bad == "char" else bad
+    (final / "tokenizer.json").write_text(text)
+    assert main(["generate", "--checkpoint", str(final), "--max-new-tokens", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "tokenizer.json" in err, err
+    if bad == "char":
+        assert "fewer than the model's vocabulary of 300" in err
 
 
 def test_resume_refuses_a_text_file_whose_tokenizer_changed(tmp_path):
