@@ -3,6 +3,7 @@ byte-level BPE trained by the run (``data_args.train_tokenizer``, documents pack
 character vocabulary.
 ``whiteformer generate`` and ``evaluate`` use it, and a fresh process that imports only transformers
 loads the folder with AutoTokenizer, AutoModelForCausalLM and pipeline("text-generation")."""
+import importlib.util
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import torch
 
 from whiteformer.app.cli import main
 from whiteformer.app.data import text as text_data
+from whiteformer.app.data.tokenizer import load_tokenizer
 from whiteformer.app.evaluate import evaluate, generate
 from whiteformer.app.train import ConfigError, EvalConfig, GenerateConfig, TrainConfig, train
 from whiteformer.models import from_pretrained
@@ -67,6 +69,9 @@ def test_generate_and_evaluate_use_the_saved_tokenizer(runs, monkeypatch):
     assert len(out) == 2 and all(s.startswith(PROMPT + " caf\u00e9") for s in out)  # byte-level: any text
     assert out == generate(GenerateConfig(checkpoint=str(run), prompt=PROMPT + " caf\u00e9", max_new_tokens=12,
                                           num_samples=2))
+    if importlib.util.find_spec("transformers") is not None:  # final/ serves as data_args.tokenizer of a new run
+        tok = load_tokenizer(run / "final")  # (its config.json's remote code is not run)
+        assert tok.eod_token == "<|endoftext|>" and tok.vocab_size == 300
     saved = json.loads((run / "final" / "train_config.json").read_text())
     monkeypatch.setattr(text_data, "train_bpe", None)  # evaluate trains nothing: it reads final/tokenizer.json
     monkeypatch.setattr(text_data, "_TRAINED", {})

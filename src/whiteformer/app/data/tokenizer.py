@@ -194,7 +194,7 @@ def _load_folder(p: Path, eod_token: Optional[str]) -> TextTokenizer:
         raise ImportError(f"tokenizer folder {str(p)!r} is read by transformers' AutoTokenizer: pip install "
                           f"'whiteformer[hf]' (or give its tokenizer.json)") from err
     try:
-        hf = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+        hf = AutoTokenizer.from_pretrained(str(p), local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as err:
         raise ValueError(f"tokenizer folder {str(p)!r} is not one AutoTokenizer loads: {err}") from None
     backend = getattr(hf, "backend_tokenizer", None)
@@ -202,7 +202,7 @@ def _load_folder(p: Path, eod_token: Optional[str]) -> TextTokenizer:
         raise ValueError(f"tokenizer folder {str(p)!r} holds a slow (Python) tokenizer; save it as a fast one "
                          f"(tokenizer.json) to use it")
     eod = eod_token if eod_token is not None else (hf.eos_token or _find_eod(backend))
-    return TextTokenizer(backend, eod, hf.bos_token if hf.bos_token is not None else None)
+    return TextTokenizer(backend, eod, hf.bos_token)
 
 
 def check_bpe_size(vocab_size) -> None:
