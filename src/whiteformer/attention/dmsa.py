@@ -12,10 +12,10 @@ import torch
 import torch.nn as nn
 from einops import rearrange
 
-from .._checks import check_divisible, check_mask, check_probability, check_tokens_input, is_real
+from .._checks import check_divisible, check_mask, check_positive_real, check_probability, check_tokens_input
 from .._utils import zero_padded
-from ..ops.dmsa import check_dmsa_options, dmsa
-from ..ops.rotary import rotary
+from ..ops.dmsa import _dmsa_torch, check_dmsa_options
+from ..ops.rotary import _rotary
 from .registry import register_attention
 
 __all__ = ["DMSA"]
@@ -44,8 +44,7 @@ class DMSA(nn.Module):
         if dim % 2 != 0:
             raise ValueError(f"dim must be even for the rotary encoding of the membership input, got {dim}")
         check_dmsa_options(sparsity, activation, mode, gate_activation)
-        if not is_real(rope_base) or not rope_base > 0:
-            raise ValueError(f"rope_base must be a positive number, got {rope_base!r}")
+        check_positive_real(rope_base, "rope_base")
         self.dim, self.num_heads = dim, num_heads
         self.sparsity, self.activation, self.mode = sparsity, activation, mode
         self.gate_activation, self.rope_base = gate_activation, float(rope_base)
@@ -73,9 +72,11 @@ class DMSA(nn.Module):
         x = zero_padded(x, attn_mask)  # padded tokens take no part (NaN/inf there reach nothing)
         s = rearrange(self.qkv(x), "b n (h d) -> b h n d", h=self.num_heads)
         positions = None if attn_mask is None else (attn_mask.long().cumsum(dim=1) - 1).clamp_min(0)
-        logits = self.membership(rotary(x, self.rope_base, positions))  # (B, N, H)
-        out, stats = dmsa(s, logits, attn_mask, self.sparsity, self.activation, self.mode, return_stats=True,
-                          gate_activation=self.gate_activation, attn_drop=self.attn_drop, training=self.training)
+        logits = self.membership(_rotary(x, self.rope_base, positions))  # (B, N, H)
+        # the ops on arguments checked here and in __init__
+        out, pi, gate = _dmsa_torch(s, logits, attn_mask, self.sparsity, self.activation, self.mode,
+                                    self.gate_activation, self.attn_drop if self.training else 0.0)
+        stats = {"pi": pi, "gate": gate}
         y = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
         y = zero_padded(y, attn_mask)  # padded outputs are 0, not the bias
         return (y, stats) if return_pi else y

@@ -16,16 +16,17 @@ import torch.nn.functional as F
 from .._checks import (
     check_divisible,
     check_eps,
+    check_finite_real,
     check_input_device,
+    check_int,
     check_mask,
     check_sketch_rank,
     check_tokens_input,
     is_int,
-    is_real,
 )
 from .._dtypes import autocast_off, stats_dtype
 from .._utils import zero_padded
-from ..ops.eca import eca_compress, eca_expand, eca_omega
+from ..ops.eca import _compress, _expand, eca_omega
 from .registry import register_attention
 
 __all__ = ["ECAttention"]
@@ -37,18 +38,6 @@ DEFAULT_RANK = 20  # paper's recommended r (App. C.1), capped at the head dimens
 
 def _inverse_softplus(v: float) -> float:
     return v + math.log(-math.expm1(-v))  # log(exp(v) - 1), stable for large v
-
-
-def _positive_int(value, name: str) -> int:
-    if not is_int(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def _finite(value, name: str) -> float:
-    if not is_real(value) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
 
 
 def _orthogonal_init(weight: torch.Tensor) -> None:
@@ -144,17 +133,17 @@ class ECAttention(nn.Module):
         if head_dim is None:
             self.head_dim = check_divisible(dim, num_heads)
         else:
-            _positive_int(dim, "dim")
-            _positive_int(num_heads, "num_heads")
-            self.head_dim = _positive_int(head_dim, "head_dim")
+            check_int(dim, "dim", 1)
+            check_int(num_heads, "num_heads", 1)
+            self.head_dim = check_int(head_dim, "head_dim", 1)
         self.dim, self.num_heads = dim, num_heads
         if not expand and not compress:
             raise ValueError("expand and compress cannot both be False: the layer would be the identity")
-        self.rank = min(DEFAULT_RANK, self.head_dim) if rank is None else _positive_int(rank, "rank")
+        self.rank = min(DEFAULT_RANK, self.head_dim) if rank is None else check_int(rank, "rank", 1)
         if expand_rank is None:
             self.expand_rank = min(num_heads * self.rank, dim)
         else:
-            self.expand_rank = _positive_int(expand_rank, "expand_rank")
+            self.expand_rank = check_int(expand_rank, "expand_rank", 1)
         if compress and self.rank > self.head_dim:
             raise ValueError(f"rank ({rank}) must be <= the head dimension p ({self.head_dim})")
         if expand and self.expand_rank > dim:
@@ -173,7 +162,7 @@ class ECAttention(nn.Module):
         self._omega_cache: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
 
         def raw(init: float, name: str) -> nn.Parameter:
-            init = _finite(init, name)
+            init = check_finite_real(init, name)
             if self.positive:
                 if init <= 0:
                     raise ValueError(f"{name} must be > 0 when positive=True (softplus), got {init!r}")
@@ -289,11 +278,11 @@ class ECAttention(nn.Module):
             y = None
             if self.use_expand:
                 omega = self.omega_for(N, "expand", device=x.device, dtype=x.dtype).to(cd)
-                y = self.alpha.to(cd) * eca_expand(xc, omega, self.eps, attn_mask)
+                y = self.alpha.to(cd) * _expand(xc, omega, self.eps, attn_mask)  # checked above
             if self.use_compress:
                 omega = self.omega_for(N, "compress", device=x.device, dtype=x.dtype).to(cd)
-                c, pi = eca_compress(xc, self.U.to(cd), omega, self.temperature.to(cd), self.num_heads, self.eps,
-                                     attn_mask, return_pi=True)
+                c, pi = _compress(xc, self.U.to(cd), omega, self.temperature.to(cd), self.num_heads, self.eps,
+                                  attn_mask)
                 c = self.beta.to(cd) * c
                 y = -c if y is None else y - c
         y = y.to(x.dtype)

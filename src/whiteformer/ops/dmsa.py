@@ -43,8 +43,8 @@ import torch.nn.functional as F
 
 from .._checks import (
     as_keep_mask,
+    check_heads_input,
     check_mask,
-    check_nonempty,
     check_probability,
     check_same_device,
     check_tensor,
@@ -74,10 +74,8 @@ def check_dmsa_options(sparsity: str, activation: str, mode: str, gate_activatio
     _choice(mode, "mode", MODES)
     _choice(gate_activation, "gate_activation", GATE_ACTIVATIONS)
     if sparsity == "tokens" and gate_activation != "sparsemax":
-        raise ValueError(
-            f"gate_activation={gate_activation!r} needs the head gate on S, which sparsity='tokens' (TPUSA) "
-            "does not have; use sparsity='heads' or 'both'"
-        )
+        raise ValueError(f"gate_activation={gate_activation!r} needs the head gate on S, which sparsity='tokens' "
+                         "(TPUSA) does not have; use sparsity='heads' or 'both'")
 
 
 
@@ -157,16 +155,12 @@ def _elementwise(name: str, x: torch.Tensor) -> torch.Tensor:
 
 
 def _check_inputs(s, logits) -> None:
-    check_tensor(s, "s", 4)
+    check_heads_input(s, "s")
     check_tensor(logits, "logits", 3)
-    check_nonempty(s, "s", 1, "heads")
-    check_nonempty(s, "s", 2, "tokens")
-    check_nonempty(s, "s", 3, "features (head dim p)")
     B, H, N, _ = s.shape
     if logits.shape != (B, N, H):
-        raise ValueError(
-            f"logits must have shape (B, N, H) = ({B}, {N}, {H}) to match s (B, H, N, p), got {tuple(logits.shape)}"
-        )
+        raise ValueError(f"logits must have shape (B, N, H) = ({B}, {N}, {H}) to match s (B, H, N, p), "
+                         f"got {tuple(logits.shape)}")
 
 
 def dmsa(

@@ -35,7 +35,15 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import check_eps, check_mask, check_nonempty, check_same_device, check_sketch_rank, check_tensor, is_int
+from .._checks import (
+    check_eps,
+    check_int,
+    check_mask,
+    check_nonempty,
+    check_same_device,
+    check_sketch_rank,
+    check_tensor,
+)
 from .._dtypes import autocast_off, stats_dtype
 from ._kernels.registry import exporting
 
@@ -113,9 +121,7 @@ def cholesky_stats() -> Dict[str, float]:
 def _check_omega(omega, tokens: int) -> int:
     check_tensor(omega, "omega", 2)
     if omega.shape[0] != tokens:
-        raise ValueError(
-            f"omega must have shape (N, R) with N = {tokens} (the number of tokens of x), got {tuple(omega.shape)}"
-        )
+        raise ValueError(f"omega must have shape (N, R) with N = {tokens} (the tokens of x), got {tuple(omega.shape)}")
     return omega.shape[1]
 
 
@@ -154,13 +160,9 @@ def orthonormal_basis(Y: torch.Tensor, eps: float = DEFAULT_EPS) -> torch.Tensor
     Half-precision inputs are computed in float32 and returned in their dtype.
     """
     check_tensor(Y, "Y")
-    if Y.dim() < 2:
-        raise ValueError(f"Y must have at least 2 dimensions (..., m, r), got shape {tuple(Y.shape)}")
-    m, r = Y.shape[-2], Y.shape[-1]
-    if r < 1 or m < 1:
-        raise ValueError(f"Y must have m >= 1 rows and r >= 1 columns, got shape {tuple(Y.shape)}")
-    if r > m:
-        raise ValueError(f"rank (columns of Y, {r}) must be <= the number of rows m ({m}) for an orthonormal basis")
+    if Y.dim() < 2 or not 1 <= Y.shape[-1] <= Y.shape[-2]:
+        raise ValueError(f"Y must have at least 2 dimensions (..., m, r) with 1 <= rank r (its columns) <= m, the "
+                         f"rows of an orthonormal basis; got shape {tuple(Y.shape)}")
     eps = check_eps(eps)
     with autocast_off(Y):
         return _basis(Y.to(stats_dtype(Y)), eps).to(Y.dtype)
@@ -270,12 +272,8 @@ def eca_omega(
 
     ``dtype`` defaults to float32.
     """
-    for name, v in (("num_tokens", num_tokens), ("rank", rank)):
-        if not is_int(v) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    for name, v in (("seed", seed), ("stream", stream)):
-        if not is_int(v) or v < 0:
-            raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
+    for name, v, least in (("num_tokens", num_tokens, 1), ("rank", rank, 1), ("seed", seed, 0), ("stream", stream, 0)):
+        check_int(v, name, least)
     key = _mix32(_mix32(seed & _M32) ^ ((seed >> 32) & _M32))
     key = _mix32((key + _mix32(stream & _M32) + 0x9E3779B9) & _M32)
     rows = torch.arange(num_tokens, device=device, dtype=torch.int64)
@@ -358,9 +356,7 @@ def _check_temperature(temperature, heads: int) -> None:
         return
     check_tensor(temperature, "temperature", (0, 1))
     if temperature.dim() == 1 and temperature.shape[0] not in (1, heads):
-        raise ValueError(
-            f"temperature must have shape (), (1,) or (H,) = ({heads},), got {tuple(temperature.shape)}"
-        )
+        raise ValueError(f"temperature must have shape (), (1,) or (H,) = ({heads},), got {tuple(temperature.shape)}")
 
 
 def eca_compress(
@@ -394,14 +390,11 @@ def eca_compress(
         With ``return_pi``: ``(out, pi)`` with pi (B, H, N), 0 at padded tokens.
     """
     _check_x(x)
-    if not is_int(num_heads) or num_heads <= 0:
-        raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
+    check_int(num_heads, "num_heads", 1)
     check_tensor(U, "U", 2)
     if U.shape[0] != x.shape[2] or U.shape[1] == 0 or U.shape[1] % num_heads != 0:
-        raise ValueError(
-            f"U must have shape (C, H*p) with C = {x.shape[2]} and H*p a positive multiple of "
-            f"num_heads = {num_heads}, got {tuple(U.shape)}"
-        )
+        raise ValueError(f"U must have shape (C, H*p) with C = {x.shape[2]} and H*p a positive multiple of "
+                         f"num_heads = {num_heads}, got {tuple(U.shape)}")
     head_dim = U.shape[1] // num_heads
     rank = _check_omega(omega, x.shape[1])
     eps = check_eps(eps)

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from .._checks import check_nonempty, check_same_device, check_tensor, is_real
+from .._checks import check_nonempty, check_positive_real, check_same_device, check_tensor
 
 __all__ = ["rotary", "rotary_angles"]
 
@@ -46,21 +46,23 @@ def rotary(x: torch.Tensor, base: float = 10000.0, positions: Optional[torch.Ten
     """
     check_tensor(x, "x", 3)
     check_nonempty(x, "x", 1)
-    C = x.shape[-1]
-    if C % 2 != 0:
-        raise ValueError(f"rotary needs an even channel dimension (pairs (2i, 2i+1)), got C = {C}")
-    if not is_real(base) or not base > 0:
-        raise ValueError(f"base must be a positive number, got {base!r}")
+    if x.shape[-1] % 2 != 0:
+        raise ValueError(f"rotary needs an even channel dimension (pairs (2i, 2i+1)), got C = {x.shape[-1]}")
+    base = check_positive_real(base, "base")
     B, N = x.shape[0], x.shape[1]
-    if positions is None:
-        positions = torch.arange(N, device=x.device)
-    else:
-        if not isinstance(positions, torch.Tensor):
-            raise TypeError(f"positions must be a tensor of shape (N,) or (B, N), got {type(positions).__name__}")
+    if positions is not None:
+        check_tensor(positions, "positions", floating=False)
         if positions.shape not in ((N,), (B, N)):
-            raise ValueError(f"positions must have shape (N,) = ({N},) or (B, N) = ({B}, {N}), "
-                             f"got {tuple(positions.shape)}")
+            raise ValueError(f"positions must have shape (N,) = ({N},) or (B, N) = ({B}, {N}), got {tuple(positions.shape)}")
         check_same_device(x, "x", positions=positions)
+    return _rotary(x, base, positions)
+
+
+def _rotary(x: torch.Tensor, base: float, positions: Optional[torch.Tensor]) -> torch.Tensor:
+    """:func:`rotary` on checked arguments."""
+    C = x.shape[-1]
+    if positions is None:
+        positions = torch.arange(x.shape[1], device=x.device)
     cd = torch.float64 if x.dtype == torch.float64 else torch.float32
     ang = rotary_angles(positions, C, float(base), cd)  # (N, C/2) or (B, N, C/2)
     cos, sin = torch.cos(ang), torch.sin(ang)
