@@ -169,3 +169,40 @@ def test_a_progress_bar_is_drawn_on_a_terminal_only(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     assert main(["prepare-text", str(src), "--train-tokenizer", "260", "--out", str(tmp_path / "b")]) == 0
     assert "tokenize: 100%" in capsys.readouterr().err
+
+
+def test_a_vocabulary_over_65536_writes_uint32_that_the_tokens_dataset_reads(tmp_path):
+    import torch
+    from tokenizers import models, pre_tokenizers
+
+    from whiteformer.app.data import build_dataset
+
+    vocab = {f"w{i}": i for i in range(70000)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(tmp_path / "big.json"))
+    words = [f"w{i}" for i in (69999, 3, 65536, 65535, 12, 68000, 5, 7, 9, 11)]
+    (tmp_path / "a.txt").write_text(" ".join(words) + "\n")
+    (tmp_path / "b.txt").write_text("w1 w2\n")
+    out = tmp_path / "data"
+    assert main(["prepare-text", str(tmp_path / "a.txt"), str(tmp_path / "b.txt"), "--tokenizer",
+                 str(tmp_path / "big.json"), "--out", str(out), "--no-progress"]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["dtype"], meta["vocab_size"], meta["eod_id"]) == ("uint32", 70001, 70000)
+    ds = build_dataset("tokens", "train", data_dir=str(out))
+    x, y = ds.get_windows(torch.tensor([0]), len(words))
+    assert x[0].tolist() == [int(w[1:]) for w in words] and y[0, -1] == 70000
+
+
+def test_a_file_that_is_not_utf8_is_one_error_line_and_leaves_out_as_it_was(tmp_path, capsys):
+    src, _ = _corpus(tmp_path, 2)
+    (src / "bad.txt").write_bytes(b"fine words\n\xff\xfe not utf-8\n")
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "train.bin").write_bytes(b"old")
+    capsys.readouterr()
+    assert main(["prepare-text", str(src), "--train-tokenizer", "260", "--out", str(out), "--overwrite",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bad.txt' is not UTF-8 text" in err[0], err
+    assert sorted(p.name for p in out.iterdir()) == ["train.bin"] and (out / "train.bin").read_bytes() == b"old"
