@@ -103,6 +103,7 @@ class CRATE(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, nn.Module):
     """
 
     hf_model_type = "whiteformer-vision"
+    model_kind = "image classifier"
 
     def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, num_classes: int = 1000,
                  embed_dim: int = 384, depth: int = 12, num_heads: int = 6, dim_head: Optional[int] = None,

@@ -90,6 +90,7 @@ class VisionTransformer(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, 
     """
 
     hf_model_type = "whiteformer-vision"
+    model_kind = "image classifier"
     head_modules = ("fc_norm",)
 
     def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, num_classes: int = 1000,

@@ -171,6 +171,10 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
     ``get_num_params()``.
     """
 
+    model_kind = "causal language model"
+    #: the constructor arguments that remove every length limit ({}: the model has none)
+    length_free_kwargs: Dict[str, Any] = {}
+
     def __init__(self, vocab_size: int, dim: int, depth: int, num_heads: int, max_len: int,
                  pos_emb: bool, mlp_ratio: float, bias: bool, dropout: float, init_values: float,
                  **attn_opts: Any):
@@ -723,6 +727,7 @@ class ToSTLM(CausalLM):
     """
 
     hf_model_type = "whiteformer-tost-lm"
+    length_free_kwargs = {"pos_emb": False, "pos_bias": False}
 
     def __init__(self, vocab_size: int = 50304, dim: int = 768, depth: int = 12, num_heads: int = 12,
                  max_len: int = 1024, pos_emb: bool = True, pos_bias: bool = True, mlp_ratio: float = 4.0,

@@ -132,6 +132,8 @@ class LRAClassifier(GradCheckpointMixin, PretrainedMixin, nn.Module):
     ``forward_features(tokens, attn_mask)`` -> pooled codes (B, D) of (B, N) tokens.
     """
 
+    model_kind = "sequence classifier"
+
     def __init__(self, vocab_size: int = 256, num_classes: int = 2, max_len: int = 1024, embed_dim: int = 64,
                  depth: int = 2, num_heads: int = 2, mlp_dim: int = 128, prenorm: bool = True, attn: str = "tssa",
                  attn_kwargs: Optional[Dict[str, Any]] = None, qkv_bias: bool = True, drop_rate: float = 0.0,

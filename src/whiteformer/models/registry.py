@@ -44,8 +44,23 @@ def apply_structure(model: nn.Module, name: str, spec: Any) -> nn.Module:
 
 
 def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    """Register an entry point under its function name."""
+    """Register an entry point under its function name; its return annotation names the class it
+    builds (``def tost_t12_p16(**kwargs) -> ToSTVision``), which :func:`model_class` reports."""
     return MODELS.register(fn.__name__, fn)
+
+
+def model_class(name: str) -> Optional[type]:
+    """The class the entry point ``name`` builds, as its return annotation states; None when it
+    states none. A model class says what it is for in its own attributes, e.g. ``model_kind``
+    ("image classifier", "sequence classifier", "causal language model") and
+    ``length_free_kwargs`` (the arguments that remove a language model's length limit)."""
+    import typing
+
+    try:
+        cls = typing.get_type_hints(MODELS.get(name)).get("return")
+    except NameError:  # an annotation naming nothing importable
+        return None
+    return cls if isinstance(cls, type) else None
 
 
 def list_models(pattern: Optional[str] = None) -> List[str]:

@@ -232,6 +232,7 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
     """
 
     hf_model_type = "whiteformer-vision"
+    model_kind = "image classifier"
     num_prefix_tokens = 0  # the class token joins after the blocks
     first_conv = "patch_embed.proj.0.0"
     head_modules = ("cls_attn_blocks",)

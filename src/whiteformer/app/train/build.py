@@ -53,21 +53,22 @@ def build_model(name: str, ds, model_args: Dict[str, Any], finetune: Optional[st
 
     ``finetune``: the checkpoint is loaded with its own head, then a classifier gets a new head
     when the number of classes differs. ``unlimited_length``: a model built from scratch also gets
-    the task's optional defaults (language models: no length limit) when it takes them.
+    the arguments its class names as ``length_free_kwargs`` (a ToST language model: no absolute
+    positions and no position bias, so no length limit), unless ``model_args`` sets them.
+    A model whose class states a ``model_kind`` the task does not use is refused before building.
     """
     from ...models import create_model
+    from ...models.registry import model_class
+
     task = task_class(ds)
+    cls = model_class(name)
+    task.check_model_kind(name, getattr(cls, "model_kind", None), ds)
     defaults, fixed = task.model_kwargs(ds, finetune=finetune, block_size=block_size)
     kw = {**defaults, **model_args}
     optional = {} if (finetune is not None or not unlimited_length) else \
-        {k: v for k, v in task.optional_model_kwargs(ds).items() if k not in kw}
+        {k: v for k, v in getattr(cls, "length_free_kwargs", {}).items() if k not in kw}
     try:
-        try:
-            model = create_model(name, checkpoint_path=finetune, **fixed, **optional, **kw)
-        except TypeError as err:  # a model that does not take the optional defaults
-            if not (optional and "unknown argument" in str(err) and any(repr(k) in str(err) for k in optional)):
-                raise
-            model = create_model(name, checkpoint_path=finetune, **fixed, **kw)
+        model = create_model(name, checkpoint_path=finetune, **fixed, **optional, **kw)
     except FileNotFoundError as err:
         raise ConfigError(f"finetune checkpoint: {err}") from err
     except (TypeError, ValueError) as err:
@@ -77,7 +78,7 @@ def build_model(name: str, ds, model_args: Dict[str, Any], finetune: Optional[st
 
 
 def make_task(train_ds, eval_ds, dist: Optional[DistInfo] = None, **options: Any) -> Task:
-    """The task of ``train_ds``'s kind with the options its constructor takes (``batch_size``,
+    """The task of ``train_ds``'s kind with the options it names in ``Task.options`` (``batch_size``,
     ``seed``, ``bf16``, ``label_smoothing``, ``translate``, ``flip``, ``block_size``,
     ``eval_batches``, ``eval_batch_size``, ...; the others are ignored)."""
     options.setdefault("eval_batch_size", max(int(options.get("batch_size", 64)), 256))

@@ -17,8 +17,9 @@ Adding a task (e.g. a new kind of data):
 2. a subclass of :class:`Task` (or :class:`ClassificationTask` for labelled data, which already
    does the seeded data order, cross-entropy and accuracy) implementing ``model_kwargs`` and
    whatever differs (``logits``, ``loss``, ``evaluate``, ``summary``, ``report_rows``,
-   ``report_sections``), registered with ``@register_task("pixels")``. Its constructor's keyword
-   arguments are filled from the run's options by name (:meth:`Task.from_options`).
+   ``report_sections``), registered with ``@register_task("pixels")``. The run options its
+   constructor takes are named in ``options`` (:meth:`Task.from_options`), and the kinds of model
+   that read its data in ``model_kinds`` (a model class's ``model_kind``).
 
 Every command then accepts ``--dataset name``.
 """

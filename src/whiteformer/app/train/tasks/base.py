@@ -42,7 +42,7 @@ class Task:
     (``register_task``) and implements the methods that raise ``NotImplementedError``.
 
     Class-level (need only a dataset): :meth:`model_kwargs`, :meth:`adapt_model`,
-    :meth:`describe_data`, :meth:`model_hint`, :meth:`check_model`.
+    :meth:`describe_data`, :meth:`check_model_kind`, :meth:`model_hint`, :meth:`check_model`.
     Per run: :meth:`train_batch`, :meth:`loss`, :meth:`evaluate`, :attr:`steps_per_epoch`,
     the metrics it reports (:meth:`summary`, :meth:`report_rows`, :meth:`report_sections`).
     """
@@ -53,6 +53,12 @@ class Task:
     requires_steps = False
     #: the metric shown as the quality of a model (a key of :meth:`evaluate`'s result)
     metric = "acc"
+    #: the run options the constructor takes (:meth:`from_options`)
+    options: Tuple[str, ...] = ("batch_size", "seed", "bf16")
+    #: the kinds of model that read this task's data (a model class's ``model_kind``; () : any)
+    model_kinds: Tuple[str, ...] = ()
+    #: what to use instead, appended to the error for a model of another kind
+    kind_hint = ""
 
     def __init__(self, train_ds, eval_ds, batch_size: int = 64, seed: int = 0, dist: Optional[DistInfo] = None,
                  bf16: bool = False):
@@ -77,13 +83,9 @@ class Task:
 
     @classmethod
     def from_options(cls, train_ds, eval_ds, dist: Optional[DistInfo] = None, **options: Any) -> "Task":
-        """The task with the options its constructor takes (the others are ignored: one options
+        """The task with the options named in :attr:`options` (the others are ignored: one options
         mapping, e.g. a whole ``TrainConfig``, serves every task)."""
-        import inspect
-
-        names = set(inspect.signature(cls.__init__).parameters)
-        kw = {k: v for k, v in options.items() if k in names and k not in ("self", "train_ds", "eval_ds", "dist")}
-        return cls(train_ds, eval_ds, dist=dist, **kw)
+        return cls(train_ds, eval_ds, dist=dist, **{k: options[k] for k in cls.options if k in options})
 
     # ------------------------------------------------------------------ model for the data
     @classmethod
@@ -91,11 +93,6 @@ class Task:
                      ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         """(defaults the user's model arguments may override, arguments fixed by the data)."""
         raise NotImplementedError
-
-    @classmethod
-    def optional_model_kwargs(cls, ds) -> Dict[str, Any]:
-        """Defaults applied only to a model built from scratch whose constructor takes them."""
-        return {}
 
     @classmethod
     def adapt_model(cls, model: nn.Module, ds, finetune: Optional[str]) -> nn.Module:
@@ -107,8 +104,16 @@ class Task:
         return ds.name
 
     @classmethod
+    def check_model_kind(cls, name: str, kind: Optional[str], ds) -> None:
+        """:class:`ConfigError` before building when the model ``name`` is of a ``kind`` (its class's
+        ``model_kind``; None: not stated) that does not read this task's data."""
+        if kind is not None and cls.model_kinds and kind not in cls.model_kinds:
+            raise ConfigError(f"cannot build model {name!r} for {ds.name} ({cls.describe_data(ds)}): a model of kind {kind!r}"
+                              f"{cls.kind_hint}")
+
+    @classmethod
     def model_hint(cls, message: str) -> str:
-        """A hint appended to a model-construction error (e.g. the wrong family of model)."""
+        """A hint appended to a model-construction error (e.g. sizes that do not fit the data)."""
         return ""
 
     @classmethod
@@ -166,20 +171,15 @@ class CausalLMData:
     """Mixin (listed before the :class:`Task` base) of the tasks whose data a causal language model
     reads (:class:`~.lm.LMTask`, :class:`~.sequence.SequenceTask`): the one-line summary, the hint on
     a model of another family, and the check that the model is a language model covering the
-    vocabulary. ``holds``: what the dataset holds (for the messages); ``lm_hint``: the hint."""
+    vocabulary. ``holds``: what the dataset holds (for the messages); ``kind_hint``: the hint."""
 
     holds = "token sequences"
-    lm_hint = "; use a causal language model (tost_lm_*, gpt_*)"
+    model_kinds = ("causal language model",)
+    kind_hint = "; use a causal language model (tost_lm_*, gpt_*)"
 
     @classmethod
     def describe_data(cls, ds) -> str:
         return f"vocabulary {ds.vocab_size}"
-
-    @classmethod
-    def model_hint(cls, message: str) -> str:
-        if "vocab_size" in message and "unknown argument" in message:
-            return cls.lm_hint
-        return ""
 
     @classmethod
     def check_model(cls, model: nn.Module, ds) -> None:

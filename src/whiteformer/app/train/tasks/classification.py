@@ -36,6 +36,7 @@ class ClassificationTask(Task):
     kind = "classification"
     #: the inputs are images that ``translate`` / ``flip`` augmentation applies to
     augments = False
+    options = Task.options + ("label_smoothing", "augment", "eval_batch_size", "translate", "flip", "recipe")
 
     def __init__(self, train_ds, eval_ds, batch_size: int = 64, seed: int = 0, dist: Optional[DistInfo] = None,
                  bf16: bool = False, label_smoothing: float = 0.0, augment: Optional[Augment] = None,
@@ -210,6 +211,8 @@ class ImageClassificationTask(ClassificationTask):
     first and last blocks."""
 
     augments = True
+    model_kinds = ("image classifier",)
+    kind_hint = "; the dataset holds images: use an image classifier (tost_*, dmst_*, eca_*, deit_*, crate_*)"
 
     @classmethod
     def model_kwargs(cls, ds, *, finetune=None, block_size=None):
@@ -234,8 +237,6 @@ class ImageClassificationTask(ClassificationTask):
 
     @classmethod
     def model_hint(cls, message: str) -> str:
-        if "in_chans" in message and "unknown argument" in message:
-            return "; the dataset holds images: use an image classifier (tost_*, dmst_*, eca_*, deit_*, crate_*)"
         if "divisible by patch_size" in message:
             return ("; choose a patch size that divides the image size (model_args.patch_size=...) or resize the "
                     "images (data_args.img_size=...)")

@@ -37,7 +37,8 @@ class LMTask(CausalLMData, Task):
     metric = "ppl"
     curve = ("eval_ppl", "perplexity")
     holds = "text"
-    lm_hint = "; the dataset holds characters: use a causal language model (tost_lm_*, gpt_*)"
+    kind_hint = "; the dataset holds characters: use a causal language model (tost_lm_*, gpt_*)"
+    options = Task.options + ("block_size", "eval_batches")
 
     def __init__(self, train_ds, eval_ds, batch_size: int = 64, seed: int = 0, dist: Optional[DistInfo] = None,
                  bf16: bool = False, block_size: int = 128, eval_batches: int = 10):
@@ -55,13 +56,6 @@ class LMTask(CausalLMData, Task):
         if block_size is not None:
             kw["max_len"] = block_size
         return kw, {}
-
-    @classmethod
-    def optional_model_kwargs(cls, ds) -> Dict[str, Any]:
-        # A ToST LM without absolute positions (and without TSSA's position bias) has no length
-        # limit: it generates as long as asked with its constant-size state. The official
-        # configuration stays one option away (model_args.pos_emb=true model_args.pos_bias=true).
-        return {"pos_emb": False, "pos_bias": False}
 
     @property
     def steps_per_epoch(self) -> int:

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from ..distributed import DistInfo
-from .base import CausalLMData
+from .base import CausalLMData, Task
 from .classification import ClassificationTask
 
 __all__ = ["SequenceTask"]
@@ -23,8 +23,10 @@ class SequenceTask(CausalLMData, ClassificationTask):
     a sequence classifier's (B, classes) logits (``tost_lra_listops``) are used as they are."""
 
     holds = "token sequences"
-    lm_hint = ("; the dataset holds characters / tokens: use a causal language model (tost_lm_*, gpt_*), "
-               "which for ListOps answers with the token after the expression")
+    model_kinds = ("causal language model", "sequence classifier")
+    kind_hint = ("; the dataset holds characters / tokens: use a causal language model (tost_lm_*, gpt_*), "
+                 "which for ListOps answers with the token after the expression")
+    options = Task.options + ("label_smoothing", "augment", "eval_batch_size", "label_token_ids")
 
     def __init__(self, train_ds, eval_ds, batch_size: int = 64, seed: int = 0, dist: Optional[DistInfo] = None,
                  bf16: bool = False, label_smoothing: float = 0.0, augment=None, eval_batch_size: int = 256,

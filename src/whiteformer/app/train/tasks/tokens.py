@@ -15,6 +15,9 @@ __all__ = ["TokenClassificationTask"]
 class TokenClassificationTask(ClassificationTask):
     """Cross-entropy classification of pixel / byte token sequences by a sequence classifier."""
 
+    model_kinds = ("sequence classifier",)
+    kind_hint = "; the dataset holds labelled token sequences: use a sequence classifier (tost_lra_*, transformer_lra_*)"
+
     @classmethod
     def model_kwargs(cls, ds, *, finetune=None, block_size=None):
         return {"vocab_size": ds.vocab_size, "max_len": ds.max_len}, {"num_classes": ds.num_classes}
@@ -22,12 +25,6 @@ class TokenClassificationTask(ClassificationTask):
     @classmethod
     def describe_data(cls, ds) -> str:
         return f"{ds.num_classes} classes, token sequences of {ds.max_len} (vocabulary {ds.vocab_size})"
-
-    @classmethod
-    def model_hint(cls, message: str) -> str:
-        if "unknown argument" in message:
-            return "; the dataset holds labelled token sequences: use a sequence classifier (tost_lra_*, transformer_lra_*)"
-        return ""
 
     @classmethod
     def check_model(cls, model: nn.Module, ds) -> None:
