@@ -110,11 +110,12 @@ def check_cu_seqlens(cu_seqlens, total: int, name: str = "cu_seqlens") -> list:
 
 
 def check_tokens_input(x, name: str = "x", dim: int | None = None, like: torch.Tensor | None = None,
-                       allow_no_tokens: bool = False) -> None:
+                       allow_no_tokens: bool = False, attn_mask=None) -> torch.Tensor | None:
     """Check a layer input of shape (B, N, C) (and C == dim when given; with ``like``, one of the
     layer's weights, the device must be its device (:func:`check_input_device`) and the dtype its
     dtype outside autocast (:func:`check_input_dtype`)); N = 0 only with ``allow_no_tokens`` (a
-    rank's empty chunk of a sequence split over processes)."""
+    rank's empty chunk of a sequence split over processes). Returns ``attn_mask`` checked as the
+    (B, N) keep-mask of ``x`` (:func:`check_mask`, on x's device) as bool, or None."""
     check_tensor(x, name, 3)
     if not allow_no_tokens:
         check_nonempty(x, name, 1)
@@ -123,6 +124,16 @@ def check_tokens_input(x, name: str = "x", dim: int | None = None, like: torch.T
     if like is not None:
         check_input_device(x, like, name)
         check_input_dtype(x, like, name)
+    return check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
+
+
+def check_step_input(x_t, dim: int, like: torch.Tensor, name: str = "x_t") -> None:
+    """Check one generated token's input (B, C) of a causal layer: C == dim, on the device of
+    ``like`` (one of the layer's weights)."""
+    check_tensor(x_t, name, 2)
+    if x_t.shape[-1] != dim:
+        raise ValueError(f"{name} must have shape (B, {dim}), got {tuple(x_t.shape)}")
+    check_input_device(x_t, like, name)
 
 
 def check_input_device(x: torch.Tensor, param: torch.Tensor | None, name: str = "x") -> None:

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import check_divisible, check_mask, check_tokens_input, stats_dtype
+from .._checks import check_divisible, check_tokens_input, stats_dtype
 from .._utils import zero_padded
 from ..ops.baselines import _class_attention, _mhsa, _mhsa_explicit, _xca
 from ..ops.context_parallel import local_checks
@@ -68,8 +68,7 @@ class MHSA(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
         """x (B, N, C), attn_mask (B, N) bool keep-mask (True = real token; padded keys are
         excluded, combined with ``causal``) -> y (B, N, C), 0 at padded tokens."""
-        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
-        keep = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
+        keep = check_tokens_input(x, "x", self.dim, like=self.qkv.weight, attn_mask=attn_mask)
         q, k, v = _split_qkv(self.qkv(zero_padded(x, keep)), self.num_heads)
         q, k = self.q_norm(q), self.k_norm(k)
         op = _mhsa if self.fused_attn else _mhsa_explicit  # the layer checked x and the mask
@@ -103,8 +102,7 @@ class XCA(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
         """x (B, N, C), attn_mask (B, N) bool keep-mask (True = real token; padded tokens are left
         out of the p x p cross-covariance) -> y (B, N, C), 0 at padded tokens."""
-        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
-        keep = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
+        keep = check_tokens_input(x, "x", self.dim, like=self.qkv.weight, attn_mask=attn_mask)
         q, k, v = _split_qkv(self.qkv(zero_padded(x, keep)), self.num_heads)
         drop = self.attn_drop.p if self.training else 0.0
         y = _xca(q, k, v, self.temperature.to(stats_dtype(q)), keep, drop)
@@ -153,8 +151,7 @@ class MSSA(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
         """x (B, N, C), attn_mask (B, N) bool keep-mask (True = real token; padded keys are
         excluded) -> y (B, N, C), 0 at padded tokens."""
-        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
-        keep = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
+        keep = check_tokens_input(x, "x", self.dim, like=self.qkv.weight, attn_mask=attn_mask)
         w = rearrange(self.qkv(zero_padded(x, keep)), "b n (h p) -> b h n p", h=self.num_heads)
         drop = self.attn_drop.p if self.training else 0.0
         y = _mhsa(w, w, w, keep, False, self.scale, drop)
@@ -191,8 +188,7 @@ class ClassAttention(ContextParallel, nn.Module):
         keys excluded) -> (B, N, C): the updated class token, tokens 1: unchanged (0 at padded tokens)."""
         group = self.context_parallel_group
         with local_checks(group, x):  # split: a rank failing these stops every rank
-            check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
-            keep = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
+            keep = check_tokens_input(x, "x", self.dim, like=self.qkv.weight, attn_mask=attn_mask)
             if group is not None and keep is not None:
                 raise ValueError("class_attention with a group takes no attn_mask")
         C = self.dim

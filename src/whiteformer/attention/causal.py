@@ -20,10 +20,8 @@ from einops import rearrange
 
 from .._checks import (
     check_divisible,
-    check_input_device,
-    check_mask,
     check_probability,
-    check_tensor,
+    check_step_input,
     check_tokens_input,
 )
 from .._utils import zero_padded
@@ -114,8 +112,7 @@ class CausalSelfAttention(nn.Module):
     def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None
                 ) -> Tuple[torch.Tensor, KVCache]:
         """Like :meth:`forward`, also returning the key/value cache of the N tokens."""
-        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
-        attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
+        attn_mask = check_tokens_input(x, "x", self.dim, like=self.qkv.weight, attn_mask=attn_mask)
         q, k, v = self._qkv(zero_padded(x, attn_mask))  # a padded token takes no part, NaN/inf included
         y = self._out(self._attend(q, k, v, attn_mask))
         return zero_padded(y, attn_mask), KVCache(k, v, attn_mask)
@@ -129,10 +126,7 @@ class CausalSelfAttention(nn.Module):
 
     def step(self, x_t: torch.Tensor, state: Optional[KVCache] = None) -> Tuple[torch.Tensor, KVCache]:
         """One token x_t (B, C) attending to the cached tokens and itself -> (y_t (B, C), cache)."""
-        check_tensor(x_t, "x_t", 2)
-        if x_t.shape[-1] != self.dim:
-            raise ValueError(f"x_t must have shape (B, {self.dim}), got {tuple(x_t.shape)}")
-        check_input_device(x_t, self.qkv.weight, "x_t")
+        check_step_input(x_t, self.dim, self.qkv.weight)
         q, k, v = self._qkv(x_t.unsqueeze(1))
         mask = None
         if state is not None:

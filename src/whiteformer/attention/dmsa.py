@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 from einops import rearrange
 
-from .._checks import check_divisible, check_mask, check_positive_real, check_probability, check_tokens_input
+from .._checks import check_divisible, check_positive_real, check_probability, check_tokens_input
 from .._utils import zero_padded
 from ..ops.dmsa import _dmsa_torch, check_dmsa_options
 from ..ops.rotary import _rotary
@@ -67,8 +67,7 @@ class DMSA(nn.Module):
         (0..n-1; with right padding simply its index) and padded outputs are 0, so each real token
         gets the result of its sequence alone.
         """
-        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
-        attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
+        attn_mask = check_tokens_input(x, "x", self.dim, like=self.qkv.weight, attn_mask=attn_mask)
         x = zero_padded(x, attn_mask)  # padded tokens take no part (NaN/inf there reach nothing)
         s = rearrange(self.qkv(x), "b n (h d) -> b h n d", h=self.num_heads)
         positions = None if attn_mask is None else (attn_mask.long().cumsum(dim=1) - 1).clamp_min(0)

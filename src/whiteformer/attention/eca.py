@@ -19,7 +19,6 @@ from .._checks import (
     check_finite_real,
     check_input_device,
     check_int,
-    check_mask,
     check_sketch_rank,
     check_tokens_input,
     is_int,
@@ -258,10 +257,9 @@ class ECAttention(nn.Module):
         ``alpha E(x) - beta C(x)`` (B, N, C) (Eq. 4 without the residual; 0 at padded tokens), or
         ``(update, {"pi": (B, K, N)})`` with ``return_pi`` (Eq. 7 memberships). Computed in
         float32 for half inputs and under autocast (see the class docstring)."""
-        check_tokens_input(x, "x", self.dim)
+        attn_mask = check_tokens_input(x, "x", self.dim, attn_mask=attn_mask)
         check_input_device(x, next(self.parameters(), None))  # half inputs are fine (float32 statistics)
         B, N, _ = x.shape
-        attn_mask = check_mask(attn_mask, B, N, device=x.device)
         x = zero_padded(x, attn_mask)  # padded tokens take no part (NaN/inf there reach nothing)
         if return_pi and not self.use_compress:
             raise ValueError("return_pi=True needs the compression module (compress=False has no memberships)")

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from .._checks import check_mask, check_tokens_input, is_int, is_real
+from .._checks import check_tokens_input, is_int, is_real
 from .baselines import ClassAttention
 
 __all__ = ["ClassAttentionPool"]
@@ -88,8 +88,7 @@ class ClassAttentionPool(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x (B, N, C), attn_mask (B, N) bool keep-mask -> pooled, normalised features (B, C)."""
-        check_tokens_input(x, "x", self.dim)
-        keep = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
+        keep = check_tokens_input(x, "x", self.dim, attn_mask=attn_mask)
         if keep is not None:
             keep = torch.cat([keep.new_ones(x.shape[0], 1), keep], dim=1)
         cls = self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype)

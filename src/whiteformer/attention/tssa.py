@@ -17,10 +17,9 @@ from einops import rearrange
 
 from .._checks import (
     check_divisible,
-    check_input_device,
-    check_mask,
+    check_int,
     check_probability,
-    check_tensor,
+    check_step_input,
     check_tokens_input,
 )
 from .._utils import zero_padded
@@ -97,9 +96,8 @@ class TSSA(ContextParallel, nn.Module):
         ``cu_seqlens`` (S + 1,) int32: x (1, N, C) holds S packed documents, each its own sequence
         (see :func:`whiteformer.ops.tssa`)."""
         with local_checks(self.context_parallel_group, x):  # split: a rank failing these stops every rank
-            check_tokens_input(x, "x", self.dim, like=self.qkv.weight,
-                               allow_no_tokens=self.context_parallel_group is not None)  # split: a chunk may be empty
-            attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
+            attn_mask = check_tokens_input(x, "x", self.dim, like=self.qkv.weight, attn_mask=attn_mask,
+                                           allow_no_tokens=self.context_parallel_group is not None)  # a chunk may be empty
         # padded tokens take no part: zeroed inputs (NaN/inf reach nothing), outputs 0 (not the bias)
         w = _heads(self.qkv(zero_padded(x, attn_mask)), self.num_heads, attn_mask, cu_seqlens, self.context_parallel_group)
         out, pi = tssa_impl(w, self.temp, attn_mask, True, self.attn_drop, self.training, self.normalize,
@@ -128,8 +126,7 @@ class CausalTSSA(ContextParallel, nn.Module):
                  proj_drop: float = 0.0):
         super().__init__()
         self.head_dim = check_divisible(dim, num_heads)
-        if not isinstance(max_len, int) or max_len <= 0:
-            raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
+        check_int(max_len, "max_len", 1)
         self.dim, self.num_heads, self.max_len = dim, num_heads, max_len
         self.attn_drop = check_probability(attn_drop, "attn_drop")
         self.qkv = nn.Linear(dim, dim, bias=qkv_bias)
@@ -150,9 +147,8 @@ class CausalTSSA(ContextParallel, nn.Module):
 
     def _run(self, x, attn_mask, cu_seqlens=None):
         with local_checks(self.context_parallel_group, x):  # split: a rank failing these stops every rank
-            check_tokens_input(x, "x", self.dim, like=self.qkv.weight,
-                               allow_no_tokens=self.context_parallel_group is not None)  # split: a chunk may be empty
-            attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
+            attn_mask = check_tokens_input(x, "x", self.dim, like=self.qkv.weight, attn_mask=attn_mask,
+                                           allow_no_tokens=self.context_parallel_group is not None)  # a chunk may be empty
         w = _heads(self.qkv(zero_padded(x, attn_mask)), self.num_heads, attn_mask, cu_seqlens, self.context_parallel_group)
         out, pi, state = causal_tssa_impl(w, self.temp, self.pos_bias, attn_mask, True, True, self.attn_drop,
                                           self.training, self.context_parallel_group, cu_seqlens)
@@ -178,13 +174,10 @@ class CausalTSSA(ContextParallel, nn.Module):
     def step(self, x_t: torch.Tensor, state: Optional[CausalTSSAState] = None
              ) -> Tuple[torch.Tensor, CausalTSSAState]:
         """One token x_t (B, C) -> (y_t (B, C), new state); memory independent of position."""
-        check_tensor(x_t, "x_t", 2)
+        check_step_input(x_t, self.dim, self.qkv.weight)
         if self.context_parallel_group is not None:
             raise ValueError("CausalTSSA.step runs on one process: call set_context_parallel(None) before "
                              "generating (the state of a split prefill is on the group's last rank)")
-        if x_t.shape[-1] != self.dim:
-            raise ValueError(f"x_t must have shape (B, {self.dim}), got {tuple(x_t.shape)}")
-        check_input_device(x_t, self.qkv.weight, "x_t")
         w_t = rearrange(self.qkv(x_t), "b (h d) -> b h d", h=self.num_heads)
         out, state = causal_tssa_step_impl(w_t, state, self.temp, self.pos_bias, False, self.attn_drop, self.training)
         y = self.proj_drop(self.proj(rearrange(out, "b h d -> b (h d)")))
