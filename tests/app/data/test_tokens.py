@@ -108,10 +108,10 @@ def test_a_file_far_larger_than_memory_is_read_only_where_the_windows_are(tmp_pa
     ds = build_dataset("tokens", "train", data_dir=str(d))
     assert len(ds) == 1 << 39
     g = torch.Generator().manual_seed(0)
-    for _ in range(20):
-        starts = torch.randint(0, len(ds) - 129, (16,), generator=g)
+    for _ in range(5):
+        starts = torch.randint(0, len(ds) - 129, (8,), generator=g)
         x, y = ds.get_windows(starts, 128)
-        assert x.shape == (16, 128) and int(x.max()) == 0
+        assert x.shape == (8, 128) and int(x.max()) == 0
     x, _ = ds.get_windows(torch.tensor([len(ds) - 129]), 128)  # the very end of the file
     assert x.shape == (1, 128)
     assert faults() - before < 20000
