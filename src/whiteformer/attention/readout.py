@@ -20,16 +20,10 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from .._checks import check_tokens_input, is_int, is_real
+from .._checks import check_int, check_positive_real, check_tokens_input
 from .baselines import ClassAttention
 
 __all__ = ["ClassAttentionPool"]
-
-
-def _positive_int(value, name: str) -> int:
-    if not is_int(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 class _ClassAttentionLayer(nn.Module):
@@ -72,9 +66,8 @@ class ClassAttentionPool(nn.Module):
     def __init__(self, dim: int, num_heads: int = 8, depth: int = 1, mlp_ratio: float = 4.0,
                  qkv_bias: bool = True, norm_eps: float = 1e-6):
         super().__init__()
-        _positive_int(depth, "depth")
-        if not is_real(mlp_ratio) or not mlp_ratio > 0:
-            raise ValueError(f"mlp_ratio must be a number > 0, got {mlp_ratio!r}")
+        check_int(depth, "depth", 1)
+        check_positive_real(mlp_ratio, "mlp_ratio")
         self.dim = dim
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         nn.init.trunc_normal_(self.cls_token, std=0.02)

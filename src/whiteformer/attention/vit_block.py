@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 from einops import rearrange
 
-from .._checks import check_tokens_input, is_int, is_real
+from .._checks import check_positive_real, check_tokens_input, is_int
 from .._utils import apply_layer_scale, layer_scale_param
 from .registry import build
 
@@ -27,13 +27,11 @@ __all__ = ["LocalPatchInteraction", "ViTBlock"]
 
 
 def _grid(grid_size, tokens: int) -> tuple:
-    if (not isinstance(grid_size, Sequence) or len(grid_size) != 2
-            or not all(is_int(v) and v > 0 for v in grid_size)):
-        raise ValueError(f"grid_size must be (H, W) positive ints, got {grid_size!r}")
-    h, w = grid_size
-    if h * w != tokens:
-        raise ValueError(f"grid_size {tuple(grid_size)} has {h * w} cells, but there are {tokens} patch tokens")
-    return h, w
+    if not isinstance(grid_size, Sequence) or len(grid_size) != 2 or not all(is_int(v) for v in grid_size) \
+            or grid_size[0] * grid_size[1] != tokens or min(grid_size) < 1:
+        raise ValueError(f"grid_size must be (H, W) positive ints with H * W = {tokens} (the patch tokens), "
+                         f"got {grid_size!r}")
+    return tuple(grid_size)
 
 
 class LocalPatchInteraction(nn.Module):
@@ -87,8 +85,7 @@ class ViTBlock(nn.Module):
         super().__init__()
         if attn_kwargs is not None and not isinstance(attn_kwargs, dict):
             raise TypeError(f"attn_kwargs must be a dict or None, got {type(attn_kwargs).__name__}")
-        if not is_real(mlp_ratio) or not mlp_ratio > 0:
-            raise ValueError(f"mlp_ratio must be a number > 0, got {mlp_ratio!r}")
+        check_positive_real(mlp_ratio, "mlp_ratio")
         self.dim = dim
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = build(attn, dim, num_heads=num_heads, **(attn_kwargs or {}))
@@ -109,15 +106,12 @@ class ViTBlock(nn.Module):
                 grid_size: Optional[Sequence[int]] = None, num_prefix_tokens: int = 0) -> torch.Tensor:
         """x (B, N, C) -> (B, N, C); see the class docstring for the arguments."""
         check_tokens_input(x, "x", self.dim)
+        if self.lpi is not None and attn_mask is not None:
+            raise ValueError("attn_mask is not supported with lpi=True (the convolution cannot skip padding)")
+        if self.lpi is not None and (not is_int(num_prefix_tokens) or not 0 <= num_prefix_tokens < x.shape[1]):
+            raise ValueError(f"num_prefix_tokens must be an int in [0, N), got {num_prefix_tokens!r}")
         x = x + apply_layer_scale(self.gamma1, self.attn(self.norm1(x), attn_mask=attn_mask))
-        if self.lpi is not None:
-            if attn_mask is not None:
-                raise ValueError("attn_mask is not supported with lpi=True (the convolution cannot skip padding)")
-            if grid_size is None:
-                raise ValueError("grid_size (H, W) is required with lpi=True")
-            if not is_int(num_prefix_tokens) \
-                    or not 0 <= num_prefix_tokens < x.shape[1]:
-                raise ValueError(f"num_prefix_tokens must be an int in [0, N), got {num_prefix_tokens!r}")
+        if self.lpi is not None:  # grid_size: checked by the LPI
             k = num_prefix_tokens
             local = self.lpi(self.norm3(x[:, k:]), grid_size)
             x = torch.cat([x[:, :k], x[:, k:] + apply_layer_scale(self.gamma3, local)], dim=1)
