@@ -16,7 +16,7 @@
 
 Sits above :mod:`whiteformer.attention` and below :mod:`whiteformer.models`.
 """
-from .checkpointing import GradCheckpointMixin
+from .recompute import GradCheckpointMixin
 from .class_attn import ClassAttentionBlock
 from .drop import DropPath, drop_path
 from .features import (FeatureGetterNet, FeatureInfo, TimmFeatureMixin, feature_take_indices, forward_intermediates,

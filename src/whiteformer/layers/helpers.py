@@ -1,7 +1,7 @@
 """Small argument helpers shared by the layers and models."""
 from __future__ import annotations
 
-from typing import Sequence, Tuple, Union
+from typing import Iterable, Sequence, Tuple, Union
 
 from .._checks import is_int
 
@@ -10,12 +10,11 @@ __all__ = ["to_2tuple"]
 
 def to_2tuple(v: Union[int, Sequence[int]], name: str = "value") -> Tuple[int, int]:
     """``v`` as an ``(h, w)`` pair of positive ints (an int is repeated)."""
-    if isinstance(v, bool):
-        raise TypeError(f"{name} must be an int or a pair of ints, got {v!r}")
-    if isinstance(v, int):
+    if is_int(v):
         v = (v, v)
-    v = tuple(v)
-    if len(v) != 2 or not all(is_int(a) for a in v):
+    elif isinstance(v, Iterable) and not isinstance(v, (str, bytes)):
+        v = tuple(v)
+    if not isinstance(v, tuple) or len(v) != 2 or not all(is_int(a) for a in v):
         raise TypeError(f"{name} must be an int or a pair of ints, got {v!r}")
     if min(v) <= 0:
         raise ValueError(f"{name} must be positive, got {v!r}")

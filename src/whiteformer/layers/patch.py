@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .._checks import check_tensor, is_int
+from .._checks import check_int, check_tensor
 from .helpers import to_2tuple
 from .pos_embed import resample_abs_pos_embed
 
@@ -29,8 +29,7 @@ class PatchGrid(nn.Module):
         self.patch_size = to_2tuple(patch_size, "patch_size")
         if self.img_size[0] % self.patch_size[0] or self.img_size[1] % self.patch_size[1]:
             raise ValueError(f"img_size {self.img_size} must be divisible by patch_size {self.patch_size}")
-        if not is_int(in_chans) or in_chans <= 0:
-            raise ValueError(f"in_chans must be a positive int, got {in_chans!r}")
+        check_int(in_chans, "in_chans", 1)
         for name, flag in (("dynamic_img_size", dynamic_img_size), ("dynamic_img_pad", dynamic_img_pad)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")

@@ -8,8 +8,9 @@ from typing import Tuple
 import torch
 import torch.nn as nn
 
-from .._checks import check_tensor
+from .._checks import check_tensor, is_int
 from .helpers import to_2tuple
+from .patch import PatchGrid
 
 __all__ = ["ConvPatchEmbed"]
 
@@ -34,32 +35,18 @@ class ConvPatchEmbed(nn.Module):
 
     def __init__(self, img_size=224, patch_size: int = 16, in_chans: int = 3, embed_dim: int = 768):
         super().__init__()
-        if isinstance(patch_size, (tuple, list)):
-            ps = to_2tuple(patch_size, "patch_size")
-            if ps[0] != ps[1]:
-                raise ValueError(f"patch_size must be square for the conv patch embedding, got {patch_size!r}")
-            patch_size = ps[0]
-        if patch_size not in self.SUPPORTED_PATCH_SIZES:
-            raise ValueError(
-                f"patch_size must be one of {self.SUPPORTED_PATCH_SIZES} (a power of two: one stride-2 conv "
-                f"per factor 2), got {patch_size!r}"
-            )
-        if not isinstance(in_chans, int) or in_chans <= 0:
-            raise ValueError(f"in_chans must be a positive int, got {in_chans!r}")
+        ps = to_2tuple(patch_size, "patch_size")
+        if ps[0] != ps[1] or ps[0] not in self.SUPPORTED_PATCH_SIZES:
+            raise ValueError(f"patch_size must be one of {self.SUPPORTED_PATCH_SIZES} (square, a power of two: one "
+                             f"stride-2 conv per factor 2), got {patch_size!r}")
+        patch_size = ps[0]
         stages = int(math.log2(patch_size))
-        if not isinstance(embed_dim, int) or embed_dim <= 0 or embed_dim % (2 ** (stages - 1)) != 0:
-            raise ValueError(
-                f"embed_dim must be a positive multiple of {2 ** (stages - 1)} for patch_size {patch_size}, "
-                f"got {embed_dim!r}"
-            )
-        img = to_2tuple(img_size, "img_size")
-        if img[0] % patch_size or img[1] % patch_size:
-            raise ValueError(f"img_size {img} must be divisible by patch_size {patch_size}")
-        self.img_size = img
-        self.patch_size = (patch_size, patch_size)
-        self.grid_size = (img[0] // patch_size, img[1] // patch_size)
-        self.num_patches = self.grid_size[0] * self.grid_size[1]
-        self.in_chans = in_chans
+        if not is_int(embed_dim) or embed_dim <= 0 or embed_dim % (2 ** (stages - 1)) != 0:
+            raise ValueError(f"embed_dim must be a positive multiple of {2 ** (stages - 1)} for patch_size "
+                             f"{patch_size}, got {embed_dim!r}")
+        grid = PatchGrid(img_size, ps, in_chans)  # checks img_size (divisible into patches) and in_chans
+        self.img_size, self.patch_size, self.in_chans = grid.img_size, grid.patch_size, in_chans
+        self.grid_size, self.num_patches = grid.grid_size, grid.num_patches
 
         chans = [in_chans] + [embed_dim // 2 ** (stages - 1 - i) for i in range(stages)]
         layers = []
@@ -71,12 +58,9 @@ class ConvPatchEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
         check_tensor(x, "x", 4)
-        if x.shape[1] != self.in_chans:
-            raise ValueError(
-                f"x must have {self.in_chans} channels (B, {self.in_chans}, H, W), got shape {tuple(x.shape)}"
-            )
-        if x.shape[0] == 0 or x.shape[2] == 0 or x.shape[3] == 0:
-            raise ValueError(f"x must be a non-empty image batch, got shape {tuple(x.shape)}")
+        if x.shape[1] != self.in_chans or 0 in (x.shape[0], x.shape[2], x.shape[3]):
+            raise ValueError(f"x must be a non-empty image batch with {self.in_chans} channels "
+                             f"(B, {self.in_chans}, H, W), got shape {tuple(x.shape)}")
         x = self.proj(x)
         hp, wp = x.shape[2], x.shape[3]
         return x.flatten(2).transpose(1, 2), (hp, wp)
