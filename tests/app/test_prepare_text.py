@@ -65,6 +65,10 @@ def test_files_become_documents_split_by_fraction_and_train_a_model(tmp_path, ca
     # the directory's tokenizer is saved with the model: generate reads it
     saved = Tokenizer.from_file(str(run / "final" / "tokenizer.json"))
     assert saved.token_to_id("<|endoftext|>") == meta["eod_id"] and saved.get_vocab_size() == 300
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(run / "final"))
+    assert hf.eos_token == "<|endoftext|>" and hf.decode(hf("the quick fox")["input_ids"]) == "the quick fox"
     capsys.readouterr()
     assert main(["generate", "--checkpoint", str(run), "--prompt", "the quick", "--max-new-tokens", "5"]) == 0
     assert capsys.readouterr().out.startswith("the quick")

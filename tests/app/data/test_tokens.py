@@ -115,3 +115,27 @@ def test_a_file_far_larger_than_memory_is_read_only_where_the_windows_are(tmp_pa
     x, _ = ds.get_windows(torch.tensor([len(ds) - 129]), 128)  # the very end of the file
     assert x.shape == (1, 128)
     assert faults() - before < 20000
+
+
+def test_nanogpt_meta_pkl_is_named_and_not_unpickled(tmp_path):
+    d = _write(tmp_path / "d", np.arange(100), np.arange(100))
+    (d / "meta.pkl").write_bytes(b"not a pickle: never read")
+    with pytest.raises(ValueError, match=r"meta.pkl' \(nanoGPT's pickle\) is not read.*data_args.vocab_size=V"):
+        build_dataset("tokens", "train", data_dir=str(d))
+    assert len(build_dataset("tokens", "train", data_dir=str(d), vocab_size=100)) == 100
+
+
+def test_a_given_tokenizer_decodes_the_ids_and_must_fit_the_vocabulary(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    words = ["<|endoftext|>", "a", "b", "c"]
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="a"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok.decoder = tokenizers.decoders.WordPiece()
+    tok.add_special_tokens(["<|endoftext|>"])
+    tok.save(str(tmp_path / "tok.json"))
+    d = _write(tmp_path / "d", [1, 2, 3, 0, 3, 2, 1, 0] * 10, [1, 2, 0] * 10, {"vocab_size": 8})
+    ds = build_dataset("tokens", "train", data_dir=str(d), tokenizer=str(tmp_path / "tok.json"))
+    assert ds.vocab.decode(ds.get_windows(torch.tensor([0]), 3)[0][0]) == "a b c" and ds.vocab.eod_id == 0
+    with pytest.raises(ValueError, match="has 4 tokens, more than the vocabulary size 3"):
+        build_dataset("tokens", "train", data_dir=str(_write(tmp_path / "d3", [1, 2, 0] * 9, [1, 2, 0])),
+                      tokenizer=str(tmp_path / "tok.json"), vocab_size=3)

@@ -168,6 +168,19 @@ def _dir_tokenizer(data_dir: Path, meta: Dict[str, Any]):
         return None
 
 
+def _given_tokenizer(path, meta: Dict[str, Any], vocab_size: int):
+    """The tokenizer at ``path`` (:func:`~.tokenizer.load_tokenizer`, with ``meta.json``'s ``eod_token``),
+    checked to fit the vocabulary."""
+    from .tokenizer import load_tokenizer
+
+    eod = meta.get("eod_token")
+    tok = load_tokenizer(path, eod if isinstance(eod, str) else None)
+    if tok.vocab_size > vocab_size:
+        raise ValueError(f"tokens: tokenizer {str(path)!r} has {tok.vocab_size} tokens, more than the vocabulary size "
+                         f"{vocab_size}: it is not the tokenizer of these files")
+    return tok
+
+
 def _resolve(meta: Dict[str, Any], dtype: Optional[str], vocab_size: Optional[int], meta_path: str) -> Tuple[str, int]:
     """(dtype, vocab_size) from the arguments and ``meta.json``, checked."""
     meta_dtype = meta.get("dtype")
@@ -184,8 +197,11 @@ def _resolve(meta: Dict[str, Any], dtype: Optional[str], vocab_size: Optional[in
     if vocab_size is not None and not (is_int(vocab_size) and vocab_size > 0):
         raise ValueError(f"tokens: vocab_size must be a positive integer, got {vocab_size!r}")
     if vocab_size is None and meta_vocab is None:
-        raise ValueError(f"tokens: the vocabulary size is unknown: {meta_path!r} does not give it; write "
-                         f"{{\"vocab_size\": V}} there or pass data_args.vocab_size=V")
+        pkl = Path(meta_path).with_suffix(".pkl")
+        why = (f"{str(pkl)!r} (nanoGPT's pickle) is not read, since unpickling can run code" if pkl.is_file()
+               else f"{meta_path!r} does not give it")
+        raise ValueError(f"tokens: the vocabulary size is unknown: {why}; write {{\"vocab_size\": V}} in "
+                         f"{meta_path!r} or pass data_args.vocab_size=V")
     if vocab_size is not None and meta_vocab is not None and vocab_size < meta_vocab:
         raise ValueError(f"tokens: data_args.vocab_size={vocab_size} is smaller than the vocabulary of "
                          f"{meta_path!r} ({meta_vocab})")
@@ -201,8 +217,12 @@ def _resolve(meta: Dict[str, Any], dtype: Optional[str], vocab_size: Optional[in
                   help="language modelling on token ids: nanoGPT's train.bin / val.bin memmaps in data_dir")
 def tokens(split: str = "train", data_dir: Optional[str] = None, dtype: Optional[str] = None,
            vocab_size: Optional[int] = None, pack: bool = False, eod_id: Optional[int] = None,
-           eod: Optional[str] = None) -> TokenFile:
+           eod: Optional[str] = None, tokenizer: Optional[str] = None) -> TokenFile:
     """Token file of ``split`` ("train" -> ``train.bin``, "val" -> ``val.bin``; "test" = "val").
+
+    ``tokenizer``: the tokenizer the ids were made with (a ``tokenizer.json`` or a transformers
+    tokenizer folder, e.g. GPT-2's for nanoGPT's OpenWebText files), in place of the one ``meta.json``
+    names; it decodes the report's sample and is saved beside the model.
 
     ``pack=True``: the windows are packed documents, each ended by the end-of-document token:
     ``eod_id``, the token ``eod`` of the directory's tokenizer, or ``meta.json``'s ``eod_id``."""
@@ -220,7 +240,7 @@ def tokens(split: str = "train", data_dir: Optional[str] = None, dtype: Optional
                                 f"train.bin and val.bin, e.g. written by whiteformer prepare-text)")
     meta_eod = meta.get("eod_id")
     meta_eod = int(meta_eod) if is_int(meta_eod) else None
-    tok = _dir_tokenizer(root, meta)
+    tok = _dir_tokenizer(root, meta) if tokenizer is None else _given_tokenizer(tokenizer, meta, vocab_size)
     if pack or eod_id is not None or eod is not None:
         eod_id = resolve_eod_id(tok, vocab_size, meta_eod if eod_id is None and eod is None else eod_id, eod,
                                 name="tokens")
