@@ -205,3 +205,33 @@ def test_lm_step_refuses_gpt():
     gpt, _, _ = tiny("gpt_base")
     with pytest.raises(TypeError, match="key/value cache"):
         LMStep(gpt)
+
+
+def _eca_eps0():
+    torch.manual_seed(0)
+    kw = dict(FAMILIES["eca_t"], attn_kwargs={"rank": 2, "eps": 0.0})
+    return create_model("eca_t", **kw).eval(), torch.randn(2, 3, kw["img_size"], kw["img_size"])
+
+
+@pytest.mark.parametrize("dynamo", [True, False])
+def test_onnx_eca_eps0_says_why_it_cannot_export(tmp_path, dynamo):
+    """ECA with eps=0 needs a Cholesky factorisation with a QR fallback: ONNX has neither, so both
+    exporters stop with an error that names eps, not with an unsupported-operator message."""
+    model, images = _eca_eps0()
+    with pytest.raises(Exception, match=r"eps=0 cannot be exported to ONNX") as info:
+        torch.onnx.export(model, (images,), tmp_path / "eca.onnx", dynamo=dynamo)
+    chain, err = [], info.value
+    while err is not None:
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    assert any(isinstance(e, ValueError) for e in chain)
+
+
+def test_torch_export_eca_eps0_keeps_the_cholesky_basis():
+    """torch.export has the Cholesky and QR operators: eps=0 exports there and matches eager."""
+    model, images = _eca_eps0()
+    program = torch.export.export(model, (images,), dynamic_shapes=({0: Dim("B", max=64)},))
+    _check_graph(program)
+    x = torch.randn(3, *images.shape[1:])
+    with torch.no_grad():
+        assert _max_diff([program.module()(x)], [model(x)]) <= TOL

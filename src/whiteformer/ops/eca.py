@@ -45,7 +45,7 @@ from .._checks import (
     check_tensor,
 )
 from .._dtypes import autocast_off, stats_dtype
-from ._kernels.registry import exporting
+from ._kernels.registry import exporting, onnx_exporting
 
 __all__ = [
     "orthonormal_basis",
@@ -196,11 +196,28 @@ def _basis(y: torch.Tensor, eps: float) -> torch.Tensor:
 def _projector(y: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
     """Factors (A, B) of the projector ``Q Q^T = A B^T`` onto range(y) of :func:`orthonormal_basis`
     (``z - (z @ A) @ B^T`` is the null-space part of z): (Q, Q) with Q from :func:`_basis`; while a
-    graph is exported with eps > 0, :func:`_ridge_projector` (ONNX has no Cholesky)."""
+    graph is exported with eps > 0, :func:`_ridge_projector` (ONNX has no Cholesky).
+
+    With eps = 0 the Gram matrix may be singular: only the Cholesky factorisation with its QR
+    fallback gives the basis, and ONNX has neither, so an ONNX export stops here with a ValueError
+    (``torch.export`` keeps both as standard ATen operators)."""
     if eps > 0 and exporting():
         return _ridge_projector(y, eps)
+    if exporting():
+        _check_onnx_eps()
     q = _basis(y, eps)
     return q, q
+
+
+@torch.compiler.disable
+def _check_onnx_eps() -> None:
+    """Raise when an ONNX export reaches the eps = 0 basis. Run outside Dynamo's tracing: there the
+    ONNX flag would be folded to False and the strict capture would go on to the Cholesky."""
+    if onnx_exporting():
+        raise ValueError(
+            "ECA with eps=0 cannot be exported to ONNX: its orthonormal basis needs a Cholesky "
+            "factorisation (with a QR fallback for singular Gram matrices), which ONNX has no operator "
+            "for. Export a model built with eps > 0 (the paper's default is 1e-2), or use torch.export.")
 
 
 def _ridge_projector(y: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor]:

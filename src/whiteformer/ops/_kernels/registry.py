@@ -63,8 +63,12 @@ def exporting() -> bool:
     dynamo=True)``) or the TorchScript-based ``torch.onnx.export``. The ops then take their PyTorch
     path, so an exported program holds standard operators only: ONNX needs no custom-op
     translation, and a saved ``.pt2`` loads and runs where whiteformer is not installed."""
-    if torch.compiler.is_exporting():
-        return True
+    return torch.compiler.is_exporting() or onnx_exporting()
+
+
+def onnx_exporting() -> bool:
+    """True while ``torch.onnx.export`` runs (either exporter): for the operations that ONNX has no
+    operator for (e.g. a Cholesky factorisation), which ``torch.export`` keeps."""
     onnx = sys.modules.get("torch.onnx")  # not imported: no ONNX export is running
     return onnx is not None and onnx.is_in_onnx_export()
 
