@@ -77,3 +77,24 @@ def test_registry_register_get_list_metadata():
     swap.register("a", 1)
     swap.register("a", 2)
     assert swap["a"] == 2 and reg.copy().list() == reg.list() and reg.pop("alpha") is len and "alpha" not in reg
+
+
+@pytest.mark.parametrize("name", [n for n in list_attention() if not n.startswith("_")])
+def test_shell_options_are_what_the_layer_takes(name):
+    """A model passes a layer exactly the shell options it declares (``shell_options``), so the
+    declaration must name each one of qkv_bias / attn_drop / proj_drop its constructor takes."""
+    import inspect
+
+    from whiteformer.attention.registry import SHELL_OPTIONS, get_attention_class, shell_options
+
+    params = inspect.signature(get_attention_class(name).__init__).parameters
+    assert set(shell_options(name)) == {k for k in SHELL_OPTIONS if k in params}
+
+
+def test_a_dropout_the_layer_cannot_take_is_refused():
+    from whiteformer.models import create_model
+
+    with pytest.raises(ValueError, match=r"attention 'eca' \(ECAttention\) has no 'attn_drop'"):
+        create_model("tost_t12_p16", attn="eca", attn_drop_rate=0.1, depth=1, embed_dim=32, num_heads=2)
+    m = create_model("tost_t12_p16", attn="eca", depth=1, embed_dim=32, num_heads=2, img_size=32)
+    assert type(m.blocks[0].attn).__name__ == "ECAttention"

@@ -129,6 +129,8 @@ class MSSA(nn.Module):
     Shapes: x (B, N, C) -> (B, N, C).
     """
 
+    shell_options = ("attn_drop", "proj_drop")  # one shared projection, no bias
+
     def __init__(self, dim: int, num_heads: int = 8, dim_head: int | None = None,
                  attn_drop: float = 0.0, proj_drop: float = 0.0):
         super().__init__()

@@ -110,6 +110,7 @@ class ECAttention(nn.Module):
     """
 
     learned_scale = True  # alpha and beta scale the update: no extra layer scale in a block
+    shell_options = ()  # no qkv projection and no dropout
 
     def __init__(
         self,

@@ -92,6 +92,8 @@ class CompressedAttention(nn.Module):
     logits (B, H, N, N)) and, when SDPA applies, ``_sdpa_qk(proj)`` -> q, k (B, H, N, E).
     """
 
+    shell_options = ("attn_drop", "proj_drop")  # the query/key maps are the subclass's
+
     def __init__(self, dim: int, num_heads: int, vo_ranks: Ranks = None, proj_bias: bool = True,
                  attn_drop: float = 0.0, proj_drop: float = 0.0):
         super().__init__()

@@ -10,7 +10,7 @@ Sec. 4 / Appendix C; official code ``tost_vision/tost.py``, itself XCiT without 
 
 The attention is any layer of the :mod:`whiteformer.attention` registry (``attn="tssa"``, "dmsa",
 "eca", "xca", "mhsa", ...) built as ``build(attn, D, num_heads=H, qkv_bias=..., attn_drop=...,
-proj_drop=..., **attn_kwargs)`` (the drop/bias arguments only when the layer takes them).
+proj_drop=..., **attn_kwargs)`` (the drop/bias arguments a layer takes: its class's ``shell_options``).
 
 Module and parameter names are those of the official ToST state dict (``patch_embed.proj.i.j``,
 ``blocks.i.{norm1,attn,norm2,mlp,gamma1,gamma2}``, ``cls_attn_blocks``, ``norm``, ``head``) except
@@ -68,6 +68,7 @@ from .._checks import (
 )
 from .._utils import apply_layer_scale, layer_scale_param
 from ..attention.context_parallel import ContextParallel
+from ..attention.registry import shell_options
 from ..layers import (
     ISTA,
     ClassAttentionBlock,
@@ -108,17 +109,17 @@ def check_attn_args(attn: Any, attn_kwargs: Any) -> None:
 def _attention_kwargs(
     attn: str, qkv_bias: bool, attn_drop: float, proj_drop: float, attn_kwargs: Optional[Dict[str, Any]]
 ) -> Dict[str, Any]:
-    """Constructor kwargs for the registered layer ``attn``: the shell's options it accepts (a
-    non-zero dropout it cannot honour raises), then ``attn_kwargs`` (passed through unchanged)."""
-    cls = _attention.get_attention_class(attn)
-    params = inspect.signature(cls.__init__).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    """Constructor kwargs for the registered layer ``attn``: the shell's options it takes
+    (:func:`whiteformer.attention.registry.shell_options`; a non-zero dropout it cannot honour
+    raises), then ``attn_kwargs`` (passed through unchanged)."""
+    takes = shell_options(attn)
     kwargs: Dict[str, Any] = {}
     for name, value, must in (("qkv_bias", qkv_bias, False), ("attn_drop", attn_drop, True),
                               ("proj_drop", proj_drop, True)):
-        if name in params or takes_any:
+        if name in takes:
             kwargs[name] = value
         elif must and value > 0:
+            cls = _attention.get_attention_class(attn)
             raise ValueError(f"attention {attn!r} ({cls.__name__}) has no {name!r}; set the shell's rate to 0")
     kwargs.update(attn_kwargs or {})
     return kwargs
