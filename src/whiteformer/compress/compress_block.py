@@ -107,6 +107,26 @@ def _ranks_arg(rank, name: str):
     raise TypeError(f"{name} must be an int, a sequence of ints or None, got {type(rank).__name__}")
 
 
+def check_attention_options(qk, qk_rank, qk_flops_ratio, fusion: str, rank_allocation: str, protocol: str):
+    """The options of :func:`compress_attention` that do not depend on the block (also those of
+    :func:`whiteformer.compress.compress`, checked once for all blocks); returns ``(qk, qk_rank)``
+    with ``qk`` None for "none" and a rank sequence as a tuple."""
+    if qk not in _QK_METHODS:
+        raise ValueError(f"qk must be one of 'truncatt', 'cp', 'irratt' or None, got {qk!r}")
+    if fusion not in ("general", "identity"):
+        raise ValueError(f"fusion must be 'general' or 'identity', got {fusion!r}")
+    if rank_allocation not in ("btd", "spectral"):
+        raise ValueError(f"rank_allocation must be 'btd' or 'spectral', got {rank_allocation!r}")
+    if protocol not in ("flops", "rank"):
+        raise ValueError(f"protocol must be 'flops' (equal QK MACs) or 'rank' (equal total QK rank), got {protocol!r}")
+    qk, qk_rank = None if qk == "none" else qk, _ranks_arg(qk_rank, "qk_rank")
+    if qk is None and (qk_rank is not None or qk_flops_ratio is not None):
+        raise ValueError("qk_rank / qk_flops_ratio given but qk=None (QK kept exact)")
+    if qk is not None and (qk_rank is None) == (qk_flops_ratio is None):
+        raise ValueError(f"qk={qk!r} needs exactly one of qk_rank and qk_flops_ratio")
+    return qk, qk_rank
+
+
 def check_growth(macs: int, num_tokens: int, dim: int, num_heads: int, head_dim: int, allow_growth: bool,
                  what: str) -> None:
     """Refuse (``ValueError``) a compressed attention whose MACs (QK + VO) exceed the original
@@ -165,26 +185,22 @@ def compress_attention(attn: nn.Module, *, qk: Optional[str] = "truncatt",
     spec: MHSASpec = mhsa_spec(attn)
     if getattr(attn, "causal", False):
         raise ValueError("causal attention blocks are not supported by compress_attention")
-    if qk not in _QK_METHODS:
-        raise ValueError(f"qk must be one of 'truncatt', 'cp', 'irratt' or None, got {qk!r}")
-    qk = None if qk == "none" else qk
-    if fusion not in ("general", "identity"):
-        raise ValueError(f"fusion must be 'general' or 'identity', got {fusion!r}")
-    if rank_allocation not in ("btd", "spectral"):
-        raise ValueError(f"rank_allocation must be 'btd' or 'spectral', got {rank_allocation!r}")
-    if protocol not in ("flops", "rank"):
-        raise ValueError(f"protocol must be 'flops' (equal QK MACs) or 'rank' (equal total QK rank), got {protocol!r}")
+    qk, qk_rank = check_attention_options(qk, qk_rank, qk_flops_ratio, fusion, rank_allocation, protocol)
     check_int(num_tokens, "num_tokens", 1)
-    qk_rank, vo_rank = _ranks_arg(qk_rank, "qk_rank"), _ranks_arg(vo_rank, "vo_rank")
-    if qk is None and (qk_rank is not None or qk_flops_ratio is not None):
-        raise ValueError("qk_rank / qk_flops_ratio given but qk=None (QK kept exact)")
-    if qk is not None and (qk_rank is None) == (qk_flops_ratio is None):
-        raise ValueError(f"qk={qk!r} needs exactly one of qk_rank and qk_flops_ratio")
+    if calib is not None and (not isinstance(calib, torch.Tensor) or calib.shape[-1] != spec.dim):
+        raise ValueError(f"calib must be a tensor of tokens (..., {spec.dim}), got "
+                         f"{getattr(calib, 'shape', type(calib).__name__)}")
+    return _compress_attention(attn, spec, qk, qk_rank, qk_flops_ratio, _ranks_arg(vo_rank, "vo_rank"), num_tokens,
+                               calib, fusion, rank_allocation, protocol, seed, cp_kwargs, btd_kwargs, allow_growth)
+
+
+def _compress_attention(attn: nn.Module, spec: MHSASpec, qk, qk_rank, qk_flops_ratio, vo_rank, num_tokens: int,
+                        calib, fusion: str, rank_allocation: str, protocol: str, seed: int, cp_kwargs, btd_kwargs,
+                        allow_growth: bool) -> Tuple[CompressedAttention, BlockReport]:
+    """:func:`compress_attention` on checked options (:func:`check_attention_options`; ``spec`` the
+    MHSA's, ``calib`` tokens (..., F) or None): the per-block step of
+    :func:`whiteformer.compress.compress`. The ranks are checked here, against this block's heads."""
     F, H, p = spec.dim, spec.num_heads, spec.head_dim
-    if calib is not None:
-        if not isinstance(calib, torch.Tensor) or calib.shape[-1] != F:
-            raise ValueError(f"calib must be a tensor of tokens (..., {F}), got "
-                             f"{getattr(calib, 'shape', type(calib).__name__)}")
     if qk_flops_ratio is not None:
         qk_rank = qk_rank_for_budget(qk, qk_flops_ratio, num_tokens=num_tokens, dim=F, num_heads=H,
                                      fusion=fusion, protocol=protocol)

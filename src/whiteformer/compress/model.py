@@ -28,12 +28,12 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from .._checks import check_finite, check_tensor, is_int
+from .._checks import check_finite, check_int, check_tensor, is_int
 from .._utils import count_params, eval_mode, to_jsonable
 from ..models import create_model, from_pretrained, from_transformers_vit, resolve_model_dir
 from ..models.hf_vit import HF_VIT_MODEL_TYPES, init_kwargs_from_config, is_hf_vit_config, model_name_for
 from ..models.read import read_config
-from .compress_block import BlockReport, compress_attention
+from .compress_block import BlockReport, _compress_attention, _ranks_arg, check_attention_options
 from .constraints import apply_fusion_constraints  # noqa: F401  (re-exported: whiteformer.compress.model)
 from .flops import count_flops, mhsa_qk_macs, mhsa_vo_macs
 from .latency import compare_latency, example_images
@@ -46,7 +46,6 @@ from .surgery import layer_spec, mlp_spec, record_compression_spec
 
 __all__ = ["compress", "CompressionReport", "apply_fusion_constraints", "collect_block_inputs", "model_flops"]
 
-_QK = (None, "none", "truncatt", "cp", "irratt")
 _VO = (None, "none", "truncatt")
 
 
@@ -288,20 +287,12 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
         raise ValueError("compress() needs the model's weights, but they are on the meta device (no values); "
                          "load or materialise the model first (e.g. create_model(..., checkpoint_path=...))")
     idx = _select(blocks, len(bl))
-    if qk not in _QK:
-        raise ValueError(f"qk must be one of 'irratt', 'cp', 'truncatt' or None, got {qk!r}")
+    qk, qk_rank = check_attention_options(qk, qk_rank, qk_flops_ratio, fusion, rank_allocation, protocol)
     if vo not in _VO:
         raise ValueError(f"vo must be 'truncatt' or None, got {vo!r}")
-    qk = None if qk == "none" else qk
-    vo = None if vo == "none" else vo
-    if protocol not in ("flops", "rank"):
-        raise ValueError(f"protocol must be 'flops' (equal QK MACs) or 'rank' (equal total QK rank), got {protocol!r}")
-    if vo is None and vo_rank is not None:
+    if vo in (None, "none") and vo_rank is not None:
         raise ValueError("vo_rank given but vo=None (VO kept exact); pass vo='truncatt'")
-    if qk is None and (qk_rank is not None or qk_flops_ratio is not None):
-        raise ValueError("qk_rank / qk_flops_ratio given but qk=None (QK kept exact)")
-    if qk is not None and (qk_rank is None) == (qk_flops_ratio is None):
-        raise ValueError(f"qk={qk!r} needs exactly one of qk_rank and qk_flops_ratio")
+    vo_rank = _ranks_arg(vo_rank, "vo_rank")
     do_attn = qk is not None or vo_rank is not None
     if not do_attn and mlp_rank is None:
         raise ValueError("nothing to compress: give qk (with qk_rank or qk_flops_ratio), vo_rank or mlp_rank")
@@ -310,9 +301,7 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
             _check_mhsa(model, i)
         if mlp_rank is not None:
             _check_mlp(model, i)
-    N = _num_tokens(model) if num_tokens is None else num_tokens
-    if not is_int(N) or N < 1:
-        raise ValueError(f"num_tokens must be a positive int, got {N!r}")
+    N = _num_tokens(model) if num_tokens is None else check_int(num_tokens, "num_tokens", 1)
 
     inputs: Dict[int, Dict[str, torch.Tensor]] = {}
     if calib is not None:
@@ -332,11 +321,10 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
         t0 = time.perf_counter()
         try:
             if do_attn:
-                layer, rep = compress_attention(
-                    blk.attn, qk=qk, qk_rank=qk_rank, qk_flops_ratio=qk_flops_ratio, vo_rank=vo_rank,
-                    num_tokens=N, calib=inputs.get(i, {}).get("attn"), fusion=fusion,
-                    rank_allocation=rank_allocation, protocol=protocol, seed=seed, cp_kwargs=cp_kwargs,
-                    btd_kwargs=btd_kwargs, allow_growth=allow_growth)
+                layer, rep = _compress_attention(  # options checked above, the block by _check_mhsa
+                    blk.attn, mhsa_spec(blk.attn), qk, qk_rank, qk_flops_ratio, vo_rank, N,
+                    inputs.get(i, {}).get("attn"), fusion, rank_allocation, protocol, seed, cp_kwargs,
+                    btd_kwargs, allow_growth)
                 blk.attn = layer
                 reports[i] = rep
                 entry["attn"] = layer_spec(layer)
