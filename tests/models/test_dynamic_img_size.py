@@ -69,3 +69,66 @@ def test_sizes_refused_with_the_flag_that_takes_them(name, tmp_path):
     from whiteformer.models import from_pretrained
 
     assert from_pretrained(tmp_path / "m").patch_embed.dynamic_img_size is True
+
+
+# --------------------------------------------------------------------------- the ToST shell (Fourier positions)
+SHELL = dict(img_size=16, patch_size=4, in_chans=3, num_classes=5, embed_dim=32, depth=1, num_heads=4)
+SHELL_FAMILIES = ["tost_t12_p16", "dmst_t12_p16", "eca_t", "xcit_s12_p16", "vit_cab_s12_p16"]
+
+
+def _logits_with_positions_by_hand(model, x):
+    """The shell's forward with the Fourier positions of x's grid projected by hand (1x1 conv = matmul)."""
+    tokens, (hp, wp) = model.patch_embed(x)
+    proj = model.pos_embed.token_projection
+    feats = model.pos_embed.features(hp, wp).flatten(2).transpose(1, 2)  # (1, Hp*Wp, 2 * hidden)
+    tokens = tokens + feats @ proj.weight.flatten(1).T + proj.bias
+    for blk in model.blocks:
+        tokens = blk(tokens)
+    return model.forward_head(model._head_tokens(tokens))
+
+
+@pytest.mark.parametrize("name", SHELL_FAMILIES)
+def test_shell_dynamic_img_size_equals_positions_computed_for_the_grid(name):
+    torch.manual_seed(0)
+    dyn = create_model(name, dynamic_img_size=True, **SHELL).eval()
+    x = torch.randn(2, 3, 24, 32)
+    fixed = create_model(name, **{**SHELL, "img_size": (24, 32)}).eval()  # built for that size
+    fixed.load_state_dict(dyn.state_dict())
+    with torch.no_grad():
+        logits = dyn(x)
+        torch.testing.assert_close(logits, _logits_with_positions_by_hand(dyn, x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(logits, fixed(x), rtol=0, atol=0)
+        _, maps = dyn.forward_intermediates(x, indices=1)
+    assert maps[0].shape == (2, 32, 6, 8)
+    assert dyn.patch_embed.dynamic_img_size is True and dyn.pretrained_cfg["fixed_input_size"] is False
+
+
+@pytest.mark.parametrize("name", SHELL_FAMILIES)
+def test_shell_dynamic_img_pad_pads_right_and_bottom_with_zeros(name, tmp_path):
+    torch.manual_seed(0)
+    model = create_model(name, dynamic_img_size=True, dynamic_img_pad=True, **SHELL).eval()
+    plain = create_model(name, **SHELL).eval()
+    plain.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 22, 29)
+    padded = F.pad(x, (0, 3, 0, 2))  # up to 24 x 32
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), model(padded), rtol=0, atol=0)
+        torch.testing.assert_close(model(x), plain(padded), rtol=0, atol=0)
+        # without the flag the stem takes x as it is (its convolutions pad the borders): another result
+        assert plain(x).shape == (2, 5) and not torch.allclose(plain(x), model(x), atol=1e-4)
+    model.save_pretrained(tmp_path / "m")  # constructor arguments: saved and loaded back
+    from whiteformer.models import from_pretrained
+
+    back = from_pretrained(tmp_path / "m").patch_embed
+    assert (back.dynamic_img_size, back.dynamic_img_pad) == (True, True)
+
+
+@pytest.mark.parametrize("name", SHELL_FAMILIES)
+def test_shell_refuses_what_it_refused_without_the_flag(name):
+    for flags in ({}, {"dynamic_img_size": True}):
+        model = create_model(name, **flags, **SHELL)
+        with pytest.raises(ValueError, match=r"^x must be a non-empty image batch with 3 channels \(B, 3, H, W\), "
+                                             r"got shape \(1, 1, 24, 24\)$"):
+            model(torch.randn(1, 1, 24, 24))
+    with pytest.raises(TypeError, match="dynamic_img_pad must be a bool"):
+        create_model(name, dynamic_img_pad=1, **SHELL)

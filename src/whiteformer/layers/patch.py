@@ -11,7 +11,14 @@ from .._checks import check_int, check_tensor
 from .helpers import to_2tuple
 from .pos_embed import resample_abs_pos_embed
 
-__all__ = ["PatchGrid"]
+__all__ = ["PatchGrid", "pad_to_patches"]
+
+
+def pad_to_patches(x: torch.Tensor, patch_size: Tuple[int, int]) -> torch.Tensor:
+    """Images (B, C, H, W) padded with zeros at the right and bottom up to multiples of ``patch_size``
+    (timm's ``dynamic_img_pad``); ``x`` itself when they already are."""
+    pad_h, pad_w = (-x.shape[2]) % patch_size[0], (-x.shape[3]) % patch_size[1]
+    return F.pad(x, (0, pad_w, 0, pad_h)) if pad_h or pad_w else x
 
 
 class PatchGrid(nn.Module):
@@ -62,11 +69,7 @@ class PatchGrid(nn.Module):
     def check_images(self, x: torch.Tensor) -> torch.Tensor:
         """Checked images (:meth:`input_grid`), padded at the right and bottom with ``dynamic_img_pad``."""
         self.input_grid(x)
-        if self.dynamic_img_pad:
-            pad_h, pad_w = (-x.shape[2]) % self.patch_size[0], (-x.shape[3]) % self.patch_size[1]
-            if pad_h or pad_w:
-                x = F.pad(x, (0, pad_w, 0, pad_h))
-        return x
+        return pad_to_patches(x, self.patch_size) if self.dynamic_img_pad else x
 
     def pos_embed_for(self, pos_embed: torch.Tensor, grid: Tuple[int, int], num_prefix_tokens: int = 1
                       ) -> torch.Tensor:

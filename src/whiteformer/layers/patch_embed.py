@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from .._checks import check_tensor, is_int
 from .helpers import to_2tuple
-from .patch import PatchGrid
+from .patch import PatchGrid, pad_to_patches
 
 __all__ = ["ConvPatchEmbed"]
 
@@ -27,13 +27,19 @@ class ConvPatchEmbed(nn.Module):
     (none after the last); p8 = 3 stages ``-> D/4 -> D/2 -> D``; p4 = 2; p2 = 1. The module
     names (``proj.{0,2,4,6}.{0,1}``) are those of the official ToST/XCiT code.
 
-    Shapes: images (B, in_chans, H, W) -> tokens (B, Hp*Wp, D) and ``(Hp, Wp)``, with
-    ``Hp = ceil(H / patch)`` (= H / patch for the divisible sizes checked at construction).
+    Shapes: images (B, in_chans, H, W) of any size -> tokens (B, Hp*Wp, D) and ``(Hp, Wp)``, with
+    ``Hp = ceil(H / patch)`` (each stride-2 stage pads its borders by one pixel).
+
+    timm's flags: ``dynamic_img_size`` is accepted and changes nothing, since this stem already takes
+    any size (the Fourier position encoding is computed for each grid); ``dynamic_img_pad`` pads the
+    images with zeros at the right and bottom up to multiples of the patch size before the stem, as
+    timm's ``PatchEmbed`` (same grid, the padding seen as image content rather than as border).
     """
 
     SUPPORTED_PATCH_SIZES = (2, 4, 8, 16)
 
-    def __init__(self, img_size=224, patch_size: int = 16, in_chans: int = 3, embed_dim: int = 768):
+    def __init__(self, img_size=224, patch_size: int = 16, in_chans: int = 3, embed_dim: int = 768,
+                 dynamic_img_size: bool = False, dynamic_img_pad: bool = False):
         super().__init__()
         ps = to_2tuple(patch_size, "patch_size")
         if ps[0] != ps[1] or ps[0] not in self.SUPPORTED_PATCH_SIZES:
@@ -44,9 +50,11 @@ class ConvPatchEmbed(nn.Module):
         if not is_int(embed_dim) or embed_dim <= 0 or embed_dim % (2 ** (stages - 1)) != 0:
             raise ValueError(f"embed_dim must be a positive multiple of {2 ** (stages - 1)} for patch_size "
                              f"{patch_size}, got {embed_dim!r}")
-        grid = PatchGrid(img_size, ps, in_chans)  # checks img_size (divisible into patches) and in_chans
+        # checks img_size (divisible into patches), in_chans and the flags
+        grid = PatchGrid(img_size, ps, in_chans, dynamic_img_size, dynamic_img_pad)
         self.img_size, self.patch_size, self.in_chans = grid.img_size, grid.patch_size, in_chans
         self.grid_size, self.num_patches = grid.grid_size, grid.num_patches
+        self.dynamic_img_size, self.dynamic_img_pad = dynamic_img_size, dynamic_img_pad
 
         chans = [in_chans] + [embed_dim // 2 ** (stages - 1 - i) for i in range(stages)]
         layers = []
@@ -61,6 +69,8 @@ class ConvPatchEmbed(nn.Module):
         if x.shape[1] != self.in_chans or 0 in (x.shape[0], x.shape[2], x.shape[3]):
             raise ValueError(f"x must be a non-empty image batch with {self.in_chans} channels "
                              f"(B, {self.in_chans}, H, W), got shape {tuple(x.shape)}")
+        if self.dynamic_img_pad:
+            x = pad_to_patches(x, self.patch_size)
         x = self.proj(x)
         hp, wp = x.shape[2], x.shape[3]
         return x.flatten(2).transpose(1, 2), (hp, wp)

@@ -213,6 +213,11 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
             ``x_{l+1} = x_l + ECAttention(x_l)``, the ECAttention paper's Eq. (4) literally).
         global_pool: what the head reads: "token" (the class token after class attention, official)
             or "avg" (the mean of the normalised patch tokens, as timm's XCiT).
+        dynamic_img_size, dynamic_img_pad: timm's flags. Images of any size already run (the
+            Fourier position encoding is computed for each input's grid), so ``dynamic_img_size``
+            changes nothing and is accepted for timm's callers; ``dynamic_img_pad`` pads the images
+            with zeros at the right and bottom up to multiples of ``patch_size`` before the stem
+            (:class:`~whiteformer.layers.ConvPatchEmbed`).
 
     Shapes: ``forward`` (B, in_chans, H, W) -> logits (B, num_classes) (in training mode too; the
     official returns ``(x, x)`` there). ``forward_features`` -> (B, 1 + N, D) normalised tokens
@@ -265,6 +270,8 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
         use_pos: bool = True,
         prenorm: bool = True,
         global_pool: str = "token",
+        dynamic_img_size: bool = False,
+        dynamic_img_pad: bool = False,
     ):
         super().__init__()
         check_divisible(embed_dim, num_heads, "embed_dim")
@@ -291,7 +298,8 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
         self.use_pos = use_pos
         self.img_size = to_2tuple(img_size, "img_size")
 
-        self.patch_embed = ConvPatchEmbed(self.img_size, patch_size, in_chans, embed_dim)
+        self.patch_embed = ConvPatchEmbed(self.img_size, patch_size, in_chans, embed_dim, dynamic_img_size,
+                                          dynamic_img_pad)
         self.num_patches = self.patch_embed.num_patches
         self.pos_embed = FourierPositionalEncoding(dim=embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
