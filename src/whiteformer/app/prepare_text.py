@@ -170,7 +170,7 @@ class PrepareResult:
     val_documents: int
 
 
-def _progress_bar(total: int, enabled: bool, desc: str):
+def _progress_bar(total: Optional[int], enabled: bool, desc: str):
     if not (enabled and sys.stderr.isatty()):
         return None
     from tqdm.auto import tqdm
@@ -212,11 +212,16 @@ def prepare_text(inputs: Sequence[str], out, *, tokenizer: Optional[str] = None,
     # pass 1: the documents' lengths, for the split
     lengths: List[int] = []
     size = 0
+    bar = _progress_bar(None, progress, "scan")
     for piece, end in iter_pieces(files, documents):
         size += len(piece)
         if end:
             lengths.append(size)
             size = 0
+        if bar is not None:
+            bar.update(len(piece))
+    if bar is not None:
+        bar.close()
     if not lengths:
         raise ConfigError(f"the inputs hold no text ({len(files)} file(s), all empty)")
     if len(lengths) == 1 and lengths[0] < 2:
@@ -262,11 +267,14 @@ def prepare_text(inputs: Sequence[str], out, *, tokenizer: Optional[str] = None,
 
             def flush():
                 encoded = tok.backend.encode_batch([text for _, text, _ in batch], add_special_tokens=False)
+                ids: dict = {"train": [], "val": []}
                 for (split, text, end), enc in zip(batch, encoded):
-                    writers[split].write(np.asarray(enc.ids + ([eod_id] if end else []), dtype=np.int64))
+                    ids[split] += enc.ids + [eod_id] if end else enc.ids
                     counts[split] += int(end)
-                    if bar is not None:
-                        bar.update(len(text))
+                for split, part in ids.items():  # one write per split and batch
+                    writers[split].write(np.asarray(part, dtype=np.int64))
+                if bar is not None:
+                    bar.update(sum(len(text) for _, text, _ in batch))
                 batch.clear()
 
             for item in split_pieces():
