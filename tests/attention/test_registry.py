@@ -98,3 +98,12 @@ def test_a_dropout_the_layer_cannot_take_is_refused():
         create_model("tost_t12_p16", attn="eca", attn_drop_rate=0.1, depth=1, embed_dim=32, num_heads=2)
     m = create_model("tost_t12_p16", attn="eca", depth=1, embed_dim=32, num_heads=2, img_size=32)
     assert type(m.blocks[0].attn).__name__ == "ECAttention"
+
+
+@pytest.mark.parametrize("name", [n for n in list_attention() if not n.startswith("_")])
+def test_returns_pi_is_declared_by_the_layers_that_take_return_pi(name):
+    """The white-box tools ask a layer's ``returns_pi`` for memberships; it must match ``forward``."""
+    import inspect
+
+    cls = get_attention_class(name)
+    assert getattr(cls, "returns_pi", False) == ("return_pi" in inspect.signature(cls.forward).parameters)

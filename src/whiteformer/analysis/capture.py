@@ -155,14 +155,9 @@ def _default_attn_types() -> Tuple[Tuple[type, ...], Tuple[type, ...]]:
 
 
 def supports_pi(attn: nn.Module) -> bool:
-    """Whether ``attn.forward`` accepts ``return_pi`` and can return memberships."""
-    try:
-        params = inspect.signature(attn.forward).parameters
-    except (TypeError, ValueError):  # pragma: no cover - builtins
-        return False
-    if "return_pi" not in params:
-        return False
-    return getattr(attn, "use_compress", True) is not False  # ECA without compression has no Pi
+    """Whether ``attn`` returns memberships: its class says so (``returns_pi = True``: ``forward``
+    takes ``return_pi``), and it computes them (ECA without compression has no Pi)."""
+    return getattr(attn, "returns_pi", False) and getattr(attn, "use_compress", True) is not False
 
 
 def attention_basis(attn: nn.Module) -> Optional[torch.Tensor]:

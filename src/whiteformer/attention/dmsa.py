@@ -36,6 +36,8 @@ class DMSA(nn.Module):
     the angles are computed for any length.
     """
 
+    returns_pi = True  # forward(..., return_pi=True) -> (out, {"pi": memberships, ...})
+
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, attn_drop: float = 0.0,
                  proj_drop: float = 0.0, sparsity: str = "heads", activation: str = "sigmoid",
                  mode: str = "membership", gate_activation: str = "sparsemax", rope_base: float = 10000.0):

@@ -111,6 +111,7 @@ class ECAttention(nn.Module):
 
     learned_scale = True  # alpha and beta scale the update: no extra layer scale in a block
     shell_options = ()  # no qkv projection and no dropout
+    returns_pi = True  # forward(..., return_pi=True) -> (out, {"pi": memberships, ...}) when use_compress
 
     def __init__(
         self,

@@ -70,6 +70,8 @@ class TSSA(ContextParallel, nn.Module):
     token 58.0 %.
     """
 
+    returns_pi = True  # forward(..., return_pi=True) -> (out, {"pi": memberships, ...})
+
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, attn_drop: float = 0.0,
                  proj_drop: float = 0.0, normalize: bool = True):
         super().__init__()
@@ -120,6 +122,8 @@ class CausalTSSA(ContextParallel, nn.Module):
     Implements :class:`~whiteformer.attention.CausalAttention`: :meth:`step` generates with
     constant memory; :meth:`prefill` runs a prompt and returns the state to continue from.
     """
+
+    returns_pi = True  # forward(..., return_pi=True) -> (out, {"pi": memberships, ...})
 
     def __init__(self, dim: int, num_heads: int = 8, max_len: int = 1024, pos_bias: bool = True,
                  qkv_bias: bool = False, proj_bias: bool = False, attn_drop: float = 0.0,

@@ -49,7 +49,6 @@ Baselines on the same shell: ``xcit_s12_p16`` (XCA, no LPI; = official ``xcit_ca
 """
 from __future__ import annotations
 
-import inspect
 from typing import Any, Dict, Optional, Sequence, Set, Tuple, Union
 
 import torch
@@ -435,7 +434,7 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
         if not return_pi:
             return super().forward_intermediates(x, indices, return_prefix_tokens, norm, stop_early, output_fmt,
                                                  intermediates_only)
-        if "return_pi" not in inspect.signature(self.blocks[0].attn.forward).parameters:
+        if not getattr(self.blocks[0].attn, "returns_pi", False):
             raise ValueError(f"attention {self.attn_name!r} does not support return_pi")
         take = set(feature_take_indices(len(self.blocks), indices)[0])
         stats: Dict[int, Dict[str, torch.Tensor]] = {}
