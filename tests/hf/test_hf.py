@@ -384,3 +384,17 @@ def test_transformers_deit_distillation_is_refused(tmp_path):
         whiteformer.create_model("deit_t_p16", checkpoint_path=str(tmp_path))
     with pytest.raises(ValueError, match="loads into the vit / deit_\\* models"):
         whiteformer.create_model("tost_t12_p16", checkpoint_path=str(tmp_path))
+
+
+@pytest.mark.parametrize("model_type", list(LM))
+def test_forward_checks_input_ids_once(model_type, monkeypatch):
+    """The wrapper's forward checks input_ids at its door; the model's prefill and steps from the
+    cache trust it."""
+    model = _lm(model_type)
+    names, check = [], model.whiteformer._check_idx
+    monkeypatch.setattr(model.whiteformer, "_check_idx",
+                        lambda idx, name="idx": (names.append(name), check(idx, name))[1])
+    out = model(torch.tensor([[1, 2, 3]]), use_cache=True)
+    model(torch.tensor([[4, 5]]), cache=cache_of(out), use_cache=True)
+    model(torch.tensor([[1, 2, 3]]))
+    assert names == ["input_ids"] * 3

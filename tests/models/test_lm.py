@@ -440,3 +440,15 @@ def test_targets_outside_the_vocabulary_are_named(name):
         with pytest.raises(ValueError, match=r"\[-100\].*-100 is transformers' ignore index; here it is -1"):
             model(idx, idx.index_fill(1, torch.tensor([0]), -100), loss_chunk=loss_chunk)
     assert torch.isfinite(model(idx, idx.index_fill(1, torch.tensor([0]), -1))[1])
+
+
+@pytest.mark.parametrize("name", ["tost_lm_base", "gpt_base"])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_generate_checks_its_ids_once(name, use_cache, monkeypatch):
+    """generate checks idx at its door; prefill, the steps and the re-run windows it makes trust it
+    (each check reads the ids' min and max: one host sync per token before)."""
+    model = _tiny(name).eval()
+    names, check = [], model._check_idx
+    monkeypatch.setattr(model, "_check_idx", lambda idx, name="idx": (names.append(name), check(idx, name))[1])
+    out = model.generate(torch.randint(0, 61, (2, 3)), 6, temperature=0, use_cache=use_cache)
+    assert out.shape == (2, 9) and names == ["idx"]

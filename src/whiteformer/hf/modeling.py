@@ -235,7 +235,8 @@ def _lm_hidden_states(net: nn.Module, input_ids: torch.Tensor, mask: Optional[to
                       cu_seqlens: Optional[torch.Tensor] = None):
     """``(final hidden after ln_f, hidden_states)``: embeddings, then each block's output, the last
     one replaced by the final hidden (after ``ln_f``), as GPT-2 / Llama report them."""
-    final, states = net.forward_hidden_states(input_ids, attn_mask=mask, cu_seqlens=cu_seqlens)
+    states: list = []
+    final = net._run_blocks(input_ids, mask, cu_seqlens, states, idx_checked=True)  # input_ids checked at the door
     return final, tuple(states[:-1]) + (final,)
 
 
@@ -291,7 +292,7 @@ class _WhiteformerLMModel(_WhiteformerLMBase):
         if output_hidden_states:
             final, hidden = _lm_hidden_states(net, input_ids, mask, cu_seqlens)
         else:
-            final, hidden = net.forward_features(input_ids, attn_mask=mask, cu_seqlens=cu_seqlens), None
+            final, hidden = net._run_blocks(input_ids, mask, cu_seqlens, idx_checked=True), None
         return _output(BaseModelOutputWithPast, last_hidden_state=final, hidden_states=hidden)
 
 
@@ -407,7 +408,7 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         if cache is None or cache.state is None:
             if use_cache or cache is not None:
                 # prefill without the lm_head
-                final, state = net._prefill_hidden(input_ids, attn_mask=attention_mask)
+                final, state = net._prefill_hidden(input_ids, net._check_prompt_mask(input_ids, attention_mask))
                 logits = net.lm_head(kept_positions(final, keep))
                 cache = cache if cache is not None else WhiteformerCache()
                 cache.update_state(state, input_ids.shape[1])
@@ -417,7 +418,8 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
                 final, hidden = _lm_hidden_states(net, input_ids, attention_mask)
                 logits = net.lm_head(kept_positions(final, keep))
             else:
-                logits = net.lm_head(kept_positions(net.forward_features(input_ids, attn_mask=attention_mask), keep))
+                final = net._run_blocks(input_ids, attention_mask, None, idx_checked=True)
+                logits = net.lm_head(kept_positions(final, keep))
         else:
             if cache.batch_size != input_ids.shape[0]:
                 raise ValueError(f"the cache holds the state of {cache.batch_size} sequences, input_ids has "
@@ -428,7 +430,8 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
                                  "only supported in the prompt")
             state, finals, columns = cache.state, [], []
             for j in range(new):
-                final, state, per_block = net.step_hidden_states(input_ids[:, j], state)
+                per_block = []  # (input_ids checked at the door)
+                final, state = net._step_hidden(input_ids[:, j], net._check_state(state), per_block)
                 finals.append(final)
                 columns.append(per_block)
             final = torch.stack(finals, dim=1)
@@ -483,7 +486,7 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         if output_hidden_states:
             final, hidden = _lm_hidden_states(net, input_ids, None, cu_seqlens.to(input_ids.device))
         else:
-            final = net.forward_features(input_ids, cu_seqlens=cu_seqlens.to(input_ids.device))
+            final = net._run_blocks(input_ids, None, cu_seqlens.to(input_ids.device), idx_checked=True)
         logits = net.lm_head(kept_positions(final, logits_to_keep))
         loss = None
         if labels is not None:

@@ -315,14 +315,17 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
                 raise ValueError(f"targets hold token ids outside [0, {self.vocab_size - 1}] (-1 = ignored): "
                                  f"{sorted(set(targets[bad].tolist()))[:5]}{hint}")
 
-    def _check_inputs(self, idx, attn_mask, cu_seqlens, targets=None) -> Tuple[Optional[torch.Tensor], List[int]]:
+    def _check_inputs(self, idx, attn_mask, cu_seqlens, targets=None, idx_checked: bool = False
+                      ) -> Tuple[Optional[torch.Tensor], List[int]]:
         """This rank's checks of a forward's arguments, before any collective (context-parallel: a
         rank failing them stops every rank of the group, :class:`~whiteformer.ops.context_parallel.local_checks`).
         Returns the bool attn_mask and, for packed documents split over the group, the fingerprint of
-        ``cu_seqlens`` (:func:`~whiteformer.ops.packing.split_cu_seqlens`) that the ranks compare."""
+        ``cu_seqlens`` (:func:`~whiteformer.ops.packing.split_cu_seqlens`) that the ranks compare.
+        ``idx_checked``: the caller (the ``transformers`` wrapper's door) checked idx already."""
         group = self.context_parallel_group
         with local_checks(group, idx):
-            self._check_idx(idx)
+            if not idx_checked:
+                self._check_idx(idx)
             attn_mask = self._check_attn_mask(attn_mask, idx, whole=group is None)
             if targets is not None:
                 self._check_targets(targets, idx)
@@ -390,11 +393,12 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         return self._run_blocks(idx, attn_mask, cu_seqlens)
 
     def _run_blocks(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
-                    states: Optional[List[torch.Tensor]] = None, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Checks (``targets`` too, when given), embedding, blocks, ``ln_f``; the embeddings and each
-        block's output are appended to ``states`` when a list is given."""
+                    states: Optional[List[torch.Tensor]] = None, targets: Optional[torch.Tensor] = None,
+                    idx_checked: bool = False) -> torch.Tensor:
+        """Checks (``targets`` too, when given; idx unless ``idx_checked``), embedding, blocks, ``ln_f``;
+        the embeddings and each block's output are appended to ``states`` when a list is given."""
         group = self.context_parallel_group
-        attn_mask, fingerprint = self._check_inputs(idx, attn_mask, cu_seqlens, targets)
+        attn_mask, fingerprint = self._check_inputs(idx, attn_mask, cu_seqlens, targets, idx_checked)
         if cu_seqlens is not None:
             x = self._embed(idx, positions=self._packed_positions(idx, cu_seqlens, fingerprint))
         else:
@@ -405,6 +409,11 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
                     raise ValueError("attn_mask has a sequence without any real token on any rank (an all-False row)")
             self._check_len(real)
             x = self._embed(idx, start, attn_mask)
+        return self._blocks(x, attn_mask, cu_seqlens, states)
+
+    def _blocks(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, cu_seqlens=None,
+                states: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
+        """Embeddings x (B, T, D) of checked inputs through the blocks and ``ln_f``."""
         if states is not None:
             states.append(x)
         for blk in self.transformer.h:
@@ -510,13 +519,17 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         return self.transformer.ln_f(x), inter
 
     # ---- recurrent / cached inference ------------------------------------------------------------
+    def _check_prompt_mask(self, idx: torch.Tensor, attn_mask) -> Optional[torch.Tensor]:
+        """A prompt's keep-mask (bool, or None), its real tokens within the context limit (idx checked)."""
+        attn_mask = self._check_attn_mask(attn_mask, idx)
+        self._check_len(self._real_len(idx, attn_mask))
+        return attn_mask
+
     def _prefill_hidden(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor] = None
                         ) -> Tuple[torch.Tensor, LMState]:
+        """:meth:`prefill` of checked arguments (:meth:`_check_prompt_mask`), without the ``lm_head``."""
         self._one_process("prefill / generation")
-        self._check_idx(idx)
-        attn_mask = self._check_attn_mask(attn_mask, idx)
         real = self._real_len(idx, attn_mask)
-        self._check_len(real)
         x = self._embed(idx, 0, attn_mask)
         states = []
         for blk in self.transformer.h:
@@ -528,7 +541,8 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         """Run a prompt idx (B, T) (``attn_mask`` (B, T) keep-mask for a padded batch):
         ``(logits (B, T, V), state)`` to continue with :meth:`step`. Steps after a padded
         prefill continue each sequence from its own real tokens."""
-        h, state = self._prefill_hidden(idx, attn_mask)
+        self._check_idx(idx)
+        h, state = self._prefill_hidden(idx, self._check_prompt_mask(idx, attn_mask))
         return self.lm_head(h), state
 
     def step(self, idx_t: torch.Tensor, state: Optional[LMState] = None) -> Tuple[torch.Tensor, LMState]:
@@ -537,7 +551,7 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         ToST: constant memory and time per token; GPT: the key/value cache grows by one token.
         Raises ``ValueError`` past the context limit (see :attr:`context_limit`).
         """
-        h, state = self._step_hidden(idx_t, state)
+        h, state = self._step_hidden(idx_t, self._check_step(idx_t, state))
         return self.lm_head(h), state
 
     def step_hidden_states(self, idx_t: torch.Tensor, state: Optional[LMState] = None
@@ -546,23 +560,32 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         new state, [embedding, block 1 output, ..., block L output])``, each (B, D) (the token's
         column of :meth:`forward_hidden_states`)."""
         states: List[torch.Tensor] = []
-        h, state = self._step_hidden(idx_t, state, states)
+        h, state = self._step_hidden(idx_t, self._check_step(idx_t, state), states)
         return h, state, states
 
-    def _step_hidden(self, idx_t: torch.Tensor, state: Optional[LMState],
-                     states: Optional[List[torch.Tensor]] = None) -> Tuple[torch.Tensor, LMState]:
-        """One token through the blocks -> ``(hidden after ln_f (B, D), new state)``; the embedding
-        and each block's output are appended to ``states`` when a list is given."""
-        self._one_process("step")
+    def _check_step(self, idx_t, state) -> LMState:
+        """:meth:`step`'s arguments: idx_t (B,) token ids and a state (:meth:`_check_state`), returned."""
         if not isinstance(idx_t, torch.Tensor) or idx_t.dim() != 1:
             raise ValueError(f"idx_t must be a (B,) tensor of token ids, got "
                              f"{getattr(idx_t, 'shape', type(idx_t).__name__)}")
         self._check_idx(idx_t[:, None], "idx_t")
+        return self._check_state(state)
+
+    def _check_state(self, state) -> LMState:
+        """An LMState of this model (None: a new one) whose next position is within the context limit."""
         if state is None:
             state = LMState(0, (None,) * self.depth)
         elif not isinstance(state, LMState) or len(state.layers) != self.depth:
             raise TypeError(f"state must be an LMState with {self.depth} layer states (from prefill/step) or None")
         self._check_len(state.pos + 1)
+        return state
+
+    def _step_hidden(self, idx_t: torch.Tensor, state: LMState,
+                     states: Optional[List[torch.Tensor]] = None) -> Tuple[torch.Tensor, LMState]:
+        """One token of checked arguments (:meth:`_check_step`) through the blocks -> ``(hidden after
+        ln_f (B, D), new state)``; the embedding and each block's output are appended to ``states``
+        when a list is given."""
+        self._one_process("step")
         x = self._embed(idx_t[:, None], state.pos)[:, 0]
         if states is not None:
             states.append(x)
@@ -645,7 +668,7 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         out = _output_buffer(idx, max_new_tokens)
         out[:, :t] = idx
         state = None
-        if use_cache and (limit is None or t <= limit):
+        if use_cache and (limit is None or t <= limit):  # internal calls: idx checked above, sampled ids in range
             h, state = self._prefill_hidden(idx)
             logits = self.lm_head(h[:, -1])
         else:
@@ -656,17 +679,19 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
             if i == max_new_tokens - 1:
                 break
             if state is not None and (limit is None or t <= limit):  # feeding position t - 1
-                logits, state = self.step(out[:, t - 1], state)
+                h, state = self._step_hidden(out[:, t - 1], state)
+                logits = self.lm_head(h)
             else:
                 state = None
                 logits = self._window_logits(out[:, :t], limit)
         return out
 
     def _window_logits(self, seq: torch.Tensor, window: Optional[int]) -> torch.Tensor:
-        """Next-token logits (B, V) from the last ``window`` tokens of seq (all when None)."""
+        """Next-token logits (B, V) from the last ``window`` tokens of seq (all when None; ids checked
+        or sampled by generate, within the context limit)."""
         if window is not None and seq.shape[1] > window:
             seq = seq[:, -window:]
-        return self.lm_head(self.forward_features(seq)[:, -1])
+        return self.lm_head(self._blocks(self._embed(seq))[:, -1])
 
     # ---- checkpoints --------------------------------------------------------------------------
     def convert_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
