@@ -51,14 +51,20 @@ def test_each_process_reads_its_share_of_the_one_process_batch(tmp_path, world, 
     context-parallel group take consecutive chunks of every window: together, the one-process batch."""
     d = _token_dir(tmp_path / "data")
     ds, ev = build_dataset("tokens", "train", data_dir=str(d)), build_dataset("tokens", "val", data_dir=str(d))
+    read = []
+    get_windows = ds.get_windows
+    ds.get_windows = lambda starts, n: read.append((len(starts), n)) or get_windows(starts, n)
     opts = dict(batch_size=8, block_size=16, seed=5)
     x1, y1 = make_task(ds, ev, DistInfo(), **opts).train_batch(7)
+    assert read == [(8, 16)]
     parts = {r: make_task(ds, ev, DistInfo(rank=r, world_size=world, cp_size=cp), **opts).train_batch(7)
              for r in range(world)}
     for which, full in ((0, x1), (1, y1)):
         groups = [torch.cat([parts[g * cp + c][which] for c in range(cp)], dim=1) for g in range(world // cp)]
         assert torch.equal(torch.cat(groups, dim=0), full)
     assert not torch.equal(parts[0][0], parts[1][0])
+    # each process read only its windows, and only its chunk of them: the file is read once in all
+    assert read[1:] == [(8 // (world // cp), 16 // cp)] * world
 
 
 def _error(capsys, argv):

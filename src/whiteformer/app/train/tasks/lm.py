@@ -69,9 +69,15 @@ class LMTask(CausalLMData, Task):
 
     def _batch(self, ds, starts: torch.Tensor):
         """(x, y) of the windows at ``starts``, this process's share under context parallelism, on
-        the device; packed (``ds.pack``): x a :class:`PackedWindows`, y (1, chunk) targets."""
+        the device; packed (``ds.pack``): x a :class:`PackedWindows`, y (1, chunk) targets. Unpacked
+        windows under context parallelism read only this process's chunk of each window."""
+        packed = getattr(ds, "pack", False)
+        if self.dist.cp_size > 1 and not packed:  # the documents of packed windows need whole windows
+            part = self._part(self.block_size)
+            if part.stop > part.start:
+                return self._to(*ds.get_windows(starts + part.start, part.stop - part.start))
         x, y = ds.get_windows(starts, self.block_size)
-        if getattr(ds, "pack", False):
+        if packed:
             x, y = pack_windows(x, y, ds.eod_id)
             if self.dist.cp_size > 1:
                 part = self._part(y.shape[1])
