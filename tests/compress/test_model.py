@@ -362,3 +362,19 @@ def test_project_fusion_with_fewer_columns_than_heads():
         project_fusion(S)
     P = project_fusion(S, fewer_columns=True)
     assert torch.equal(P, torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]], dtype=torch.float64))
+
+
+def test_the_spec_goes_into_the_constructor_arguments_when_the_model_takes_it():
+    """record_compression_spec writes the spec into init_kwargs (what save_pretrained saves) for a
+    model whose constructor takes ``compression``, and warns for one whose constructor does not."""
+    from whiteformer.compress.surgery import record_compression_spec
+
+    deit = create_model("deit_t_p16", img_size=8, patch_size=4, in_chans=1, num_classes=10, depth=1, embed_dim=16,
+                        num_heads=2)
+    record_compression_spec(deit, {0: {"qk": "truncatt"}})
+    assert deit.init_kwargs["compression"]["blocks"] == [{"qk": "truncatt"}]
+    tost = create_model("tost_t12_p16", img_size=8, patch_size=4, in_chans=1, num_classes=10, depth=1,
+                        embed_dim=16, num_heads=2)
+    with pytest.warns(UserWarning, match="has no `compression` constructor argument"):
+        record_compression_spec(tost, {0: {"qk": "truncatt"}})
+    assert "compression" not in tost.init_kwargs and tost.compression["blocks"] == [{"qk": "truncatt"}]

@@ -12,7 +12,6 @@ constructor applies). The decompositions that fill the layers with values live i
 """
 from __future__ import annotations
 
-import inspect
 import warnings
 from collections.abc import Mapping
 from typing import Dict, List, Optional
@@ -137,9 +136,8 @@ def record_compression_spec(model: nn.Module, entries: Dict[int, dict]) -> None:
     for i, e in entries.items():
         blocks[i] = {**(blocks[i] or {}), **e}
     spec = {"format": SPEC_FORMAT, "blocks": blocks}
-    kwargs = getattr(model, "init_kwargs", None)
-    params = inspect.signature(type(model).__init__).parameters
-    if isinstance(kwargs, dict) and "compression" in params:
+    kwargs = getattr(model, "init_kwargs", None)  # every constructor argument, defaults included
+    if isinstance(kwargs, dict) and "compression" in kwargs:
         kwargs["compression"] = spec
     else:
         model.compression = spec
