@@ -68,9 +68,13 @@ def test_subcommand_registry_is_extensible(capsys):
         COMMANDS.pop("lazy-ok")
 
 
-def test_one_parser_holds_every_command():
+def test_one_parser_holds_every_command(capsys):
     """Every registered command is a subparser of the one ``whiteformer`` parser, compress included,
     and no other module of the package builds an ArgumentParser."""
+    assert main(["--version"]) == 0 and capsys.readouterr().out.startswith("whiteformer ")
+    assert main(["compress", "--help"]) == 0 and "--qk-flops-ratio" in capsys.readouterr().out
+    assert main(["--bogus"]) == 2
+    assert capsys.readouterr().err.startswith("whiteformer: error: give a command (unrecognized arguments: --bogus)")
     parser = build_parser()
     assert set(parser.subcommands) == set(COMMANDS)
     assert "--qk-flops-ratio" in parser.subcommands["compress"].format_help()
