@@ -158,6 +158,13 @@ def is_real(value) -> bool:
     return isinstance(value, Real) and not isinstance(value, bool)
 
 
+def check_choice(value, name: str, choices: Sequence):
+    """``value`` is one of ``choices`` (option names, None included); returns it."""
+    if isinstance(value, torch.Tensor) or value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+    return value
+
+
 def check_int(value, name: str, minimum: int | None = None) -> int:
     """An integer (not a bool) ``>= minimum`` when given; returns it as an ``int``."""
     if not is_int(value) or (minimum is not None and value < minimum):

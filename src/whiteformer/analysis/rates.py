@@ -31,7 +31,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .._checks import check_finite, check_int, check_nonempty, check_positive_real, check_tensor
+from .._checks import check_choice, check_finite, check_int, check_nonempty, check_positive_real, check_tensor
 from .._dtypes import stats_dtype
 
 __all__ = [
@@ -57,8 +57,7 @@ def _check_rate_args(Z, eps, reduction: str = "sum", f=None, Pi=None, simplex: b
     check_nonempty(Z, "Z", -2)
     check_nonempty(Z, "Z", -1, "features")
     check_finite(Z, "Z")
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    check_choice(reduction, "reduction", _REDUCTIONS)
     if f is not None and not callable(f):
         raise TypeError(f"f must be a callable applied element-wise to a tensor, got {type(f).__name__}")
     if Pi is not None:

@@ -51,7 +51,7 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 import torch.nn as nn
 
-from .._checks import check_positive_real, check_tensor
+from .._checks import check_choice, check_positive_real, check_tensor
 from .._files import save_figure, write_text
 from . import hidden_states, rates
 from ._viz import new_figure, require_matplotlib
@@ -307,8 +307,7 @@ def layerwise_report(
         ValueError: bad ``features``/``eps``, or no block ran; ImportError (naming the ``viz``
         extra) when a plot is requested without matplotlib (checked before running the model).
     """
-    if features not in _FEATURES:
-        raise ValueError(f"features must be one of {_FEATURES}, got {features!r}")
+    check_choice(features, "features", _FEATURES)
     check_positive_real(eps, "eps")
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")

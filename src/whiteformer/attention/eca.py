@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .._checks import (
+    check_choice,
     check_divisible,
     check_eps,
     check_finite_real,
@@ -233,8 +234,7 @@ class ECAttention(nn.Module):
         """The sketch the layer uses for ``num_tokens`` tokens: ``kind`` "expand" (N, expand_rank)
         or "compress" (N, rank). In training mode with ``resample_omega`` a fresh ``torch.randn``
         draw (as each forward makes); otherwise the fixed seeded sketch."""
-        if kind not in ("expand", "compress"):
-            raise ValueError(f"kind must be 'expand' or 'compress', got {kind!r}")
+        check_choice(kind, "kind", ("expand", "compress"))
         cols, stream = (self.expand_rank, _EXPAND_STREAM) if kind == "expand" else (self.rank, _COMPRESS_STREAM)
         if isinstance(num_tokens, torch.Tensor) and torch.jit.is_tracing():
             num_tokens = int(num_tokens)  # a traced size (TorchScript ONNX export): the sketch is a constant

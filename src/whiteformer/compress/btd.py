@@ -31,7 +31,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .._checks import check_int, normalize_ranks
+from .._checks import check_choice, check_int, normalize_ranks
 from ._tensor import TensorLike, as_float64, check_tensor_like, to_dense
 from .cp import CPResult, cp
 from .truncatt import allocate_ranks_spectral
@@ -315,8 +315,7 @@ def btd_ll1(Y: TensorLike, rank: Optional[int] = None, *, ranks: Optional[Sequen
         :class:`BTDResult` (factors in the dtype of Y).
     """
     check_tensor_like(Y)
-    if impl not in ("fast", "reference"):
-        raise ValueError(f"impl must be 'fast' or 'reference', got {impl!r}")
+    check_choice(impl, "impl", ("fast", "reference"))
     fast = impl == "fast"
     n_iter_max = (100 if fast else 10) if n_iter_max is None else n_iter_max
     tol = (1e-5 if fast else 1e-3) if tol is None else tol

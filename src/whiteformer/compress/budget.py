@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .._checks import is_int, is_real
+from .._checks import check_choice, is_int, is_real
 from .flops import cp_qk_macs, irratt_qk_macs, mhsa_qk_macs, truncatt_qk_macs
 
 __all__ = ["qk_rank_for_budget", "rank_for_method"]
@@ -54,16 +54,15 @@ def qk_rank_for_budget(method: str, qk_flops_ratio: float, *, num_tokens: int, d
     Raises:
         ValueError if the ratio is out of range or leaves no rank >= 1.
     """
-    if protocol not in ("flops", "rank"):
-        raise ValueError(f"protocol must be 'flops' or 'rank', got {protocol!r}")
+    check_choice(protocol, "protocol", ("flops", "rank"))
+    check_choice(method, "method", ("truncatt", "cp", "irratt"))
+    check_choice(fusion, "fusion", ("identity", "general"))
+    if not is_real(qk_flops_ratio) or not 0 < qk_flops_ratio <= 1:
+        raise ValueError(f"qk_flops_ratio must be a number in (0, 1], got {qk_flops_ratio!r}")
     if protocol == "rank":
-        if method not in ("truncatt", "cp", "irratt"):
-            raise ValueError(f"method must be 'truncatt', 'cp' or 'irratt', got {method!r}")
         r = qk_rank_for_budget("truncatt", qk_flops_ratio, num_tokens=num_tokens, dim=dim, num_heads=num_heads,
                                head_dim=head_dim)
         return rank_for_method(method, r * num_heads, num_heads)
-    if not is_real(qk_flops_ratio) or not 0 < qk_flops_ratio <= 1:
-        raise ValueError(f"qk_flops_ratio must be a number in (0, 1], got {qk_flops_ratio!r}")
     D = dim // num_heads if head_dim is None else head_dim
     N, F, H = num_tokens, dim, num_heads
     budget = float(qk_flops_ratio) * mhsa_qk_macs(N, F, H, D)
@@ -71,9 +70,7 @@ def qk_rank_for_budget(method: str, qk_flops_ratio: float, *, num_tokens: int, d
         r = _largest(lambda r: truncatt_qk_macs(N, F, [r] * H), budget, D)
     elif method == "cp":
         r = _largest(lambda R: cp_qk_macs(N, F, H, R) if R else 0, budget, D * H)
-    elif method == "irratt":
-        if fusion not in ("identity", "general"):
-            raise ValueError(f"fusion must be 'identity' or 'general', got {fusion!r}")
+    else:  # irratt
 
         def macs(total: int) -> int:
             if total == 0:
@@ -82,8 +79,6 @@ def qk_rank_for_budget(method: str, qk_flops_ratio: float, *, num_tokens: int, d
             return base + (N * N * H * H if fusion == "general" else 0)
 
         r = _largest(macs, budget, H * D)
-    else:
-        raise ValueError(f"method must be 'truncatt', 'cp' or 'irratt', got {method!r}")
     if r < 1:
         raise ValueError(f"qk_flops_ratio={qk_flops_ratio} is too small for method {method!r}: "
                          "no rank >= 1 fits the budget")

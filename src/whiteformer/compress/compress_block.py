@@ -13,7 +13,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from .._checks import check_int, is_int, normalize_ranks
+from .._checks import check_choice, check_int, is_int, normalize_ranks
 from .._utils import count_params
 from . import flops
 from .btd import btd_ll1
@@ -111,14 +111,10 @@ def check_attention_options(qk, qk_rank, qk_flops_ratio, fusion: str, rank_alloc
     """The options of :func:`compress_attention` that do not depend on the block (also those of
     :func:`whiteformer.compress.compress`, checked once for all blocks); returns ``(qk, qk_rank)``
     with ``qk`` None for "none" and a rank sequence as a tuple."""
-    if qk not in _QK_METHODS:
-        raise ValueError(f"qk must be one of 'truncatt', 'cp', 'irratt' or None, got {qk!r}")
-    if fusion not in ("general", "identity"):
-        raise ValueError(f"fusion must be 'general' or 'identity', got {fusion!r}")
-    if rank_allocation not in ("btd", "spectral"):
-        raise ValueError(f"rank_allocation must be 'btd' or 'spectral', got {rank_allocation!r}")
-    if protocol not in ("flops", "rank"):
-        raise ValueError(f"protocol must be 'flops' (equal QK MACs) or 'rank' (equal total QK rank), got {protocol!r}")
+    check_choice(qk, "qk", _QK_METHODS)
+    check_choice(fusion, "fusion", ("general", "identity"))
+    check_choice(rank_allocation, "rank_allocation", ("btd", "spectral"))
+    check_choice(protocol, "protocol", ("flops", "rank"))
     qk, qk_rank = None if qk == "none" else qk, _ranks_arg(qk_rank, "qk_rank")
     if qk is None and (qk_rank is not None or qk_flops_ratio is not None):
         raise ValueError("qk_rank / qk_flops_ratio given but qk=None (QK kept exact)")

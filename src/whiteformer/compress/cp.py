@@ -28,7 +28,7 @@ from typing import Optional, Union
 
 import torch
 
-from .._checks import check_int
+from .._checks import check_choice, check_int
 from ._tensor import TensorLike, as_float64, check_tensor_like, norm_sq
 from .cp_fast import cp_als_fast, epc_correction_fast
 from .cp_reference import _error_sq, cp_als, cp_norm_sq, cp_sensitivity, epc_correction
@@ -95,10 +95,8 @@ def cp(Y: TensorLike, rank: int, *, n_iter_max: int = 100, tol: float = 1e-8, in
     """
     check_tensor_like(Y)
     check_int(rank, "rank", 1)
-    if init not in ("svd", "random"):
-        raise ValueError(f"init must be 'svd' or 'random', got {init!r}")
-    if impl not in _IMPLS:
-        raise ValueError(f"impl must be 'fast' or 'reference', got {impl!r}")
+    check_choice(init, "init", ("svd", "random"))
+    check_choice(impl, "impl", _IMPLS)
     als, correct = _IMPLS[impl]
     Y64 = as_float64(Y)
     wh = None

@@ -35,7 +35,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import check_divisible, check_mask, check_probability, check_tokens_input, is_int, normalize_ranks
+from .._checks import (
+    check_choice,
+    check_divisible,
+    check_mask,
+    check_probability,
+    check_tokens_input,
+    is_int,
+    normalize_ranks,
+)
 from .._dtypes import autocast_off, stats_dtype
 from .._utils import zero_padded
 from ..attention.registry import register_attention
@@ -278,8 +286,7 @@ class IrrAtt(_LowRankQK):
     def __init__(self, dim: int, num_heads: int = 8, ranks: Ranks = None, fusion: str = "general",
                  vo_ranks: Ranks = None, qk_bias: bool = True, proj_bias: bool = True, attn_drop: float = 0.0,
                  proj_drop: float = 0.0):
-        if fusion not in ("general", "identity"):
-            raise ValueError(f"fusion must be 'general' or 'identity', got {fusion!r}")
+        check_choice(fusion, "fusion", ("general", "identity"))
         n_blocks = num_heads
         if fusion == "general" and isinstance(ranks, (list, tuple)):
             n_blocks = len(ranks)

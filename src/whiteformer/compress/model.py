@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from .._checks import check_finite, check_int, check_tensor, is_int
+from .._checks import check_choice, check_finite, check_int, check_tensor, is_int
 from .._utils import count_params, eval_mode, to_jsonable
 from ..models import create_model, from_pretrained, from_transformers_vit, resolve_model_dir
 from ..models.hf_vit import HF_VIT_MODEL_TYPES, init_kwargs_from_config, is_hf_vit_config, model_name_for
@@ -288,8 +288,7 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
                          "load or materialise the model first (e.g. create_model(..., checkpoint_path=...))")
     idx = _select(blocks, len(bl))
     qk, qk_rank = check_attention_options(qk, qk_rank, qk_flops_ratio, fusion, rank_allocation, protocol)
-    if vo not in _VO:
-        raise ValueError(f"vo must be 'truncatt' or None, got {vo!r}")
+    check_choice(vo, "vo", _VO)
     if vo in (None, "none") and vo_rank is not None:
         raise ValueError("vo_rank given but vo=None (VO kept exact); pass vo='truncatt'")
     vo_rank = _ranks_arg(vo_rank, "vo_rank")

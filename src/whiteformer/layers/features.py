@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from .._checks import is_int
+from .._checks import check_choice, is_int
 
 __all__ = ["feature_take_indices", "forward_intermediates", "prune_intermediate_layers", "token_states",
            "FeatureInfo", "FeatureGetterNet", "OUTPUT_FORMATS", "pretrained_cfg",
@@ -61,8 +61,7 @@ def _run(model: nn.Module, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _check_fmt(output_fmt: str) -> None:
-    if output_fmt not in OUTPUT_FORMATS:
-        raise ValueError(f"output_fmt must be one of {OUTPUT_FORMATS}, got {output_fmt!r}")
+    check_choice(output_fmt, "output_fmt", OUTPUT_FORMATS)
 
 
 def forward_intermediates(model: nn.Module, x: torch.Tensor, indices: Indices = None, norm: bool = False,

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from .._checks import (
     as_keep_mask,
+    check_choice,
     check_heads_input,
     check_mask,
     check_probability,
@@ -62,17 +63,12 @@ GATE_ACTIVATIONS = ("sparsemax", "sigmoid", "relu", "gelu")
 MODES = ("membership", "channel")
 
 
-def _choice(value, name: str, choices) -> None:
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
-
-
 def check_dmsa_options(sparsity: str, activation: str, mode: str, gate_activation: str = "sparsemax") -> None:
     """Raise ValueError (listing the choices) for an unknown or unusable option combination."""
-    _choice(sparsity, "sparsity", SPARSITY)
-    _choice(activation, "activation", ACTIVATIONS)
-    _choice(mode, "mode", MODES)
-    _choice(gate_activation, "gate_activation", GATE_ACTIVATIONS)
+    check_choice(sparsity, "sparsity", SPARSITY)
+    check_choice(activation, "activation", ACTIVATIONS)
+    check_choice(mode, "mode", MODES)
+    check_choice(gate_activation, "gate_activation", GATE_ACTIVATIONS)
     if sparsity == "tokens" and gate_activation != "sparsemax":
         raise ValueError(f"gate_activation={gate_activation!r} needs the head gate on S, which sparsity='tokens' "
                          "(TPUSA) does not have; use sparsity='heads' or 'both'")
