@@ -49,6 +49,8 @@ from .._import_hooks import when_imported
 from ..models import create_model
 from ..models.hf_remote import REMOTE_CODE_NAME, write_remote_code
 from ..models.load import check_file_dtypes
+from ..models.model_card import CARD_NAME
+from ..models.save import card_is_ours, complete_hub_folder
 from .cache import WhiteformerCache
 from .configuration import ToSTLMConfig, WhiteformerConfig, WhiteformerGPTConfig, WhiteformerVisionConfig
 from .generation import (
@@ -58,6 +60,7 @@ from .generation import (
     kept_positions,
     refuse_continuous_batching,
 )
+from .hub import file_times, push_folder
 from .labels import check_classification_labels, check_lm_labels
 from .packing import mask_document_starts, packed_cu_seqlens
 
@@ -177,18 +180,32 @@ class WhiteformerPreTrainedModel(PreTrainedModel):
         weights, a failed save (a full disk) leaves the model already there, and a second save into the
         folder while one is writing is refused. As for any ``transformers`` model, the files it writes
         (``config.json``, ``generation_config.json``, ``model*.safetensors``, the shard index) are
-        replaced and the folder's other files kept; a link there is replaced, never written through."""
+        replaced and the folder's other files kept; a link there is replaced, never written through.
+
+        For the Hub's two audiences the folder also gets timm's ``config.json`` fields (``architecture``,
+        ``num_classes``, ``model_args``, ``pretrained_cfg``; ``transformers`` ignores them on loading) and
+        the model card ``README.md`` of :func:`whiteformer.models.save_pretrained` (a README of the
+        user's is kept). With ``push_to_hub=True`` the complete folder is uploaded after the save
+        (:func:`whiteformer.hf.hub.push_folder`)."""
         written = _written(kwargs.get("variant"))
-        if kwargs.get("push_to_hub"):  # the repository is named after the folder, not its stage
-            kwargs.setdefault("repo_id", Path(save_directory).name)
+        folder = Path(save_directory)
+        main = args[0] if args else kwargs.get("is_main_process", True)
+        push = bool(kwargs.pop("push_to_hub", False)) and main  # uploaded below, once the folder is complete
+        hub = {key: kwargs.pop(key) for key in ("commit_message", "create_pr", "private") if key in kwargs}
+        repo_id = kwargs.pop("repo_id", folder.name)  # (named after the folder, not its stage)
+        before = file_times(folder) if push else {}
+        card = card_is_ours(folder / CARD_NAME)
         out = []
 
         def write(stage: Path) -> None:
             out.append(super(WhiteformerPreTrainedModel, self).save_pretrained(stage, *args, **kwargs))
             write_remote_code(stage)
+            complete_hub_folder(self.whiteformer, stage, card=card)
 
-        replace_folder(save_directory, write,
-                       keep=lambda name: not written.fullmatch(name) and name != REMOTE_CODE_NAME)
+        replace_folder(save_directory, write, keep=lambda name: not written.fullmatch(name)
+                       and name != REMOTE_CODE_NAME and not (card and name == CARD_NAME))
+        if push:
+            push_folder(self, folder, before, repo_id, token=kwargs.get("token"), **hub)
         return out[0]
 
     def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,

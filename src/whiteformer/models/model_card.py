@@ -1,5 +1,6 @@
 """The model card (``README.md``) that ``save_pretrained`` writes beside the weights: the Hub's
-front matter (``library_name: whiteformer``, license, tags), how to load the folder, its
+front matter (``library_name: whiteformer``, license, tags), how to load the folder (whiteformer, timm's
+``pretrained_cfg_overlay``, transformers' Auto classes), its
 constructor arguments and the paper the model implements (title, authors, arXiv number)."""
 from __future__ import annotations
 
@@ -41,6 +42,11 @@ def model_card(config: Dict[str, Any], num_params: int, extra: str = "") -> str:
     args = config.get("init_kwargs", {})
     title, authors, where = paper_for(config.get("model_name"), args)
     task = "text-generation" if "vocab_size" in args else "image-classification"
+    auto = "AutoModelForCausalLM" if task == "text-generation" else "AutoModelForImageClassification"
+    hf_use = "" if not config.get("auto_map") else f"""
+# with transformers alone (the folder's code imports whiteformer):
+# from transformers import {auto}
+# model = {auto}.from_pretrained("org/name", trust_remote_code=True)"""
     return f"""---
 library_name: whiteformer
 license: apache-2.0
@@ -61,7 +67,7 @@ import whiteformer
 
 model = whiteformer.from_pretrained("path/to/this/folder")
 # from the Hub, as in timm:
-# model = whiteformer.create_model("{name}", pretrained=True, pretrained_cfg_overlay=dict(hf_hub_id="org/name"))
+# model = whiteformer.create_model("{name}", pretrained=True, pretrained_cfg_overlay=dict(hf_hub_id="org/name")){hf_use}
 ```
 
 ## Constructor arguments

@@ -42,7 +42,8 @@ from .hf_remote import REMOTE_CODE_NAME, auto_map, write_remote_code
 from .model_card import CARD_MARK, CARD_NAME, model_card
 from .read import ALIAS_KEY, CONFIG_NAME, WEIGHTS_NAME, PathLike
 
-__all__ = ["PretrainedMixin", "save_pretrained", "write_model_files", "MODEL_FILES"]
+__all__ = ["PretrainedMixin", "save_pretrained", "write_model_files", "complete_hub_folder", "card_is_ours",
+           "MODEL_FILES"]
 
 #: the files of a model folder (a new save replaces them all; the folder's other files stay)
 MODEL_FILES = (WEIGHTS_NAME, CONFIG_NAME, REMOTE_CODE_NAME)
@@ -109,6 +110,17 @@ class PretrainedMixin:
         return state_dict
 
 
+def _ident(t: torch.Tensor) -> tuple:
+    """What makes two state-dict entries one tensor (tied weights): the same view of the same storage."""
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device)
+
+
+def count_values(state_dict: Mapping[str, torch.Tensor]) -> int:
+    """Number of values a state dict holds, a tensor that several entries name counted once."""
+    seen = {_ident(t): t.numel() for t in state_dict.values() if t.numel() > 0}
+    return sum(seen.values())
+
+
 def _dedup_state_dict(state_dict: Mapping[str, torch.Tensor]):
     """Tensors for safetensors (contiguous, CPU, no shared memory) and ``{alias: kept_key}``."""
     tensors: Dict[str, torch.Tensor] = {}
@@ -120,7 +132,7 @@ def _dedup_state_dict(state_dict: Mapping[str, torch.Tensor]):
             raise TypeError(f"state_dict entry {key!r} is not a tensor ({type(t).__name__})")
         if t.device.type == "meta":
             raise ValueError(f"cannot save {key!r}: it is on the meta device (no data)")
-        ident = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device)
+        ident = _ident(t)
         if t.numel() > 0 and ident in seen:
             aliases[key] = seen[ident]
             continue
@@ -142,12 +154,12 @@ def save_pretrained(model: nn.Module, save_dir: PathLike) -> Path:
     if save_dir.exists() and not save_dir.is_dir():
         raise ValueError(f"save_dir {str(save_dir)!r} exists and is not a directory")
     _model_config(model)  # refused before anything is written
-    ours = _card_is_ours(save_dir / CARD_NAME)
+    ours = card_is_ours(save_dir / CARD_NAME)
     return replace_folder(save_dir, lambda folder: write_model_files(model, folder, card=ours),
                           keep=lambda name: name not in MODEL_FILES and not (ours and name == CARD_NAME))
 
 
-def _card_is_ours(path: Path) -> bool:
+def card_is_ours(path: Path) -> bool:
     """Whether a save may write the model card at ``path``: there is none, or one written here
     (a user's README.md, or a link, is kept)."""
     if path.is_symlink() or (path.exists() and not path.is_file()):
@@ -158,26 +170,35 @@ def _card_is_ours(path: Path) -> bool:
         return CARD_MARK in f.read(4096)
 
 
-def _model_config(model: nn.Module) -> Dict[str, Any]:
+def _init_kwargs(model: nn.Module) -> Dict[str, Any]:
     init_kwargs = getattr(model, "init_kwargs", None)
     if init_kwargs is None:
         raise TypeError(f"{type(model).__name__} does not record init_kwargs; inherit PretrainedMixin")
-    name = getattr(model, "model_name", None)
-    args = to_jsonable(dict(init_kwargs), "init_kwargs")
-    config = {
-        "format": FORMAT,
-        "model_name": name,
-        "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
-        "init_kwargs": args,
-        # timm's fields (timm.create_model reads a Hub folder's config.json by them)
-        "architecture": name or type(model).__name__,
-        "model_args": args,
-    }
+    return to_jsonable(dict(init_kwargs), "init_kwargs")
+
+
+def timm_fields(model: nn.Module) -> Dict[str, Any]:
+    """timm's ``config.json`` fields (``timm.create_model("hf-hub:...")`` reads a Hub folder by them):
+    ``architecture`` (the model name), ``model_args`` (the constructor arguments), ``num_classes``
+    and ``pretrained_cfg`` where the model has them."""
+    fields: Dict[str, Any] = {"architecture": getattr(model, "model_name", None) or type(model).__name__,
+                              "model_args": _init_kwargs(model)}
     if isinstance(getattr(model, "num_classes", None), int):
-        config["num_classes"] = model.num_classes
+        fields["num_classes"] = model.num_classes
     cfg = getattr(model, "pretrained_cfg", None)
     if isinstance(cfg, dict):
-        config["pretrained_cfg"] = to_jsonable({k: v for k, v in cfg.items() if v is not None}, "pretrained_cfg")
+        fields["pretrained_cfg"] = to_jsonable({k: v for k, v in cfg.items() if v is not None}, "pretrained_cfg")
+    return fields
+
+
+def _model_config(model: nn.Module) -> Dict[str, Any]:
+    config = {
+        "format": FORMAT,
+        "model_name": getattr(model, "model_name", None),
+        "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "init_kwargs": _init_kwargs(model),
+        **timm_fields(model),
+    }
     if getattr(model, "hf_model_type", None):
         config["model_type"] = model.hf_model_type
         config["auto_map"] = auto_map(model.hf_model_type)  # transformers loads the folder with trust_remote_code
@@ -205,3 +226,17 @@ def write_model_files(model: nn.Module, folder: PathLike, card: bool = False, ca
         (folder / CARD_NAME).write_text(model_card(config, n, card_extra), encoding="utf-8")
     (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return folder
+
+
+def complete_hub_folder(model: nn.Module, folder: PathLike, card: bool = False) -> None:
+    """Add to a folder that ``transformers``' ``save_pretrained`` wrote for ``model`` (a stage of
+    :func:`whiteformer._files.staged_folder`) what timm's users and the Hub read: timm's fields in its
+    ``config.json`` (:func:`timm_fields`; ``transformers`` ignores them on loading) and, with ``card``,
+    the model card ``README.md``."""
+    folder = Path(folder)
+    config = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8"))
+    config.update(timm_fields(model))
+    if card:
+        text = model_card(config, count_values(model.state_dict()))
+        (folder / CARD_NAME).write_text(text, encoding="utf-8")
+    (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
