@@ -285,12 +285,11 @@ def generation_section(gen: Dict[str, Any], results: Path, suffix: str = "") -> 
 def compression_section(comp: Optional[Dict[str, Any]]) -> List[str]:
     from . import compressed_attention as C
 
-    out = ["## 3. Compressed attention (IrrAtt paper): latency at the same QK FLOPs ratio", ""]
     if not comp or not comp.get("rows"):
-        return out + ["Pending the compression toolkit (`whiteformer.compress` has no layers yet).", ""]
+        return prose("compression_pending")
     rows = comp["rows"]
     plan = comp["plan"]
-    out += prose("compression", ratios=", ".join(map(str, plan["ratios"])), tokens=plan["tokens"],
+    out = prose("compression", ratios=", ".join(map(str, plan["ratios"])), tokens=plan["tokens"],
                  batch=plan["batch"], rounds=plan["rounds"]) + [C.tables(rows), ""]
     ex = [r for r in rows if r["path"] == "explicit" and r["layer"] != "mhsa"]
     irr_parts = []
@@ -326,14 +325,10 @@ def compression_section(comp: Optional[Dict[str, Any]]) -> List[str]:
 
 
 def fused_section(results: Path, suffix: str = "") -> List[str]:
-    out = ["## 4. Fused TSSA kernel", ""]
     data = _load(results, f"tssa_fused{suffix}.json")
     if not data:
-        return out + ["`benchmarks/tssa_fused.py` (its own benchmark; `python -m benchmarks.run fused`) has not "
-                      "written `benchmarks/results/tssa_fused.json` yet.", ""]
-    out += [f"Written by `{data.get('command', 'python -m benchmarks.tssa_fused')}` (the fused-kernel benchmark, "
-            "`benchmarks/tssa_fused.py`, documented in its module docstring): time of `tssa` / `causal_tssa` as a "
-            "multiple of one `w.clone()` measured side by side, and the memory saved for backward.", ""]
+        return prose("fused_not_run")
+    out = prose("fused", command=data.get("command", "python -m benchmarks.tssa_fused"))
     try:
         mod = importlib.import_module("benchmarks.tssa_fused")
         out += [mod.table(data["results"]), ""]
