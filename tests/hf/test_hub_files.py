@@ -111,3 +111,20 @@ def test_push_to_hub_uploads_the_complete_folder(hub, tmp_path):
     model.save_pretrained(tmp_path / "my-model", push_to_hub=True, repo_id="org/other")
     assert hub.repos[-1][0] == "org/other" and "README.md" not in hub.commits[-1]["files"]
     assert "whiteformer_auto.py" in hub.commits[-1]["files"]
+
+
+def test_push_to_hub_uploads_whiteformers_folder_and_card(hub):
+    model = _wrapper("lm")
+    model.push_to_hub("tiny-lm", commit_message="hello", tags=["mine"])
+    (commit,) = hub.commits
+    files = commit["files"]
+    assert set(files) >= {"config.json", "model.safetensors", "whiteformer_auto.py", "README.md"}
+    assert commit["repo_id"] == "user/tiny-lm" and commit["commit_message"] == "hello"
+    card = files["README.md"].decode()
+    assert "library_name: whiteformer" in card and "- mine" in card.split("---")[1] and "arXiv:2412.17810" in card
+    assert json.loads(files["config.json"])["architecture"] == "tost_lm_base"
+    # a repository whose card is its author's: the card is tagged, not replaced (as transformers does)
+    hub.card = "---\nlicense: mit\n---\nThe author's card.\n"
+    model.push_to_hub("tiny-lm", tags=["mine"])
+    card = hub.commits[-1]["files"]["README.md"].decode()
+    assert "The author's card." in card and "- mine" in card and "library_name: whiteformer" not in card

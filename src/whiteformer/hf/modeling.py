@@ -29,6 +29,7 @@ its class token joins after the blocks). Saved folders carry an ``auto_map`` and
 from __future__ import annotations
 
 import re
+import tempfile
 from pathlib import Path
 from typing import Optional, Union
 
@@ -205,8 +206,25 @@ class WhiteformerPreTrainedModel(PreTrainedModel):
         replace_folder(save_directory, write, keep=lambda name: not written.fullmatch(name)
                        and name != REMOTE_CODE_NAME and not (card and name == CARD_NAME))
         if push:
-            push_folder(self, folder, before, repo_id, token=kwargs.get("token"), **hub)
+            push_folder(folder, before, repo_id, token=kwargs.get("token"), tags=self.model_tags, **hub)
         return out[0]
+
+    def push_to_hub(self, repo_id: str, *, commit_message: Optional[str] = None,
+                    commit_description: Optional[str] = None, private: Optional[bool] = None, token=None,
+                    revision: Optional[str] = None, create_pr: bool = False, max_shard_size="50GB",
+                    tags=None):
+        """``transformers``' ``push_to_hub`` (same arguments): the folder :meth:`save_pretrained` writes
+        (timm's fields, ``whiteformer_auto.py``, whiteformer's model card with ``tags``; a card the
+        repository already has stays) uploaded in one commit (:func:`whiteformer.hf.hub.push_folder`).
+        Returns the commit info."""
+        tags = [tags] if isinstance(tags, str) else list(tags or [])
+        tags = list(self.model_tags or []) + [t for t in tags if t not in (self.model_tags or [])]
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp) / "model"
+            self.save_pretrained(folder, max_shard_size=max_shard_size)
+            return push_folder(folder, {}, repo_id, token=token, private=private, commit_message=commit_message,
+                               commit_description=commit_description, create_pr=create_pr, revision=revision,
+                               tags=tags)
 
     def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,
                                     every_n_layers: int = 1) -> None:
