@@ -18,6 +18,8 @@ from typing import Dict, Optional
 
 import torch
 
+from ..._checks import is_int
+
 __all__ = ["RandomErasing", "ERASE_MODES"]
 
 ERASE_MODES = ("const", "rand", "pixel")
@@ -40,7 +42,7 @@ class RandomErasing:
             raise ValueError(f"prob must be a probability in [0, 1], got {self.prob!r}")
         if self.mode not in ERASE_MODES:
             raise ValueError(f"mode must be one of {', '.join(ERASE_MODES)}, got {self.mode!r}")
-        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
+        if not is_int(self.count) or self.count < 1:
             raise ValueError(f"count must be an int >= 1, got {self.count!r}")
 
     def sample(self, n: int, generator: torch.Generator) -> Dict[str, torch.Tensor]:

@@ -26,6 +26,8 @@ from typing import Dict, Iterable, Iterator, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from ..._checks import is_int
+
 __all__ = ["EOD_TOKEN", "TextTokenizer", "load_tokenizer", "train_bpe", "check_bpe_size", "char_tokenizer",
            "same_tokenizer", "text_chunks"]
 
@@ -207,7 +209,7 @@ def _load_folder(p: Path, eod_token: Optional[str]) -> TextTokenizer:
 
 def check_bpe_size(vocab_size) -> None:
     """``ValueError`` unless ``vocab_size`` is an int of at least :data:`MIN_BPE_VOCAB`."""
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < MIN_BPE_VOCAB:
+    if not is_int(vocab_size) or vocab_size < MIN_BPE_VOCAB:
         raise ValueError(f"train_tokenizer must be a vocabulary size of at least {MIN_BPE_VOCAB} (the 256 bytes "
                          f"and the end-of-document token), got {vocab_size!r}")
 
