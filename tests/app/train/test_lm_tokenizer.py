@@ -25,7 +25,8 @@ pytest.importorskip("tokenizers", reason="needs the data extra: pip install whit
 
 SRC = str(Path(__file__).resolve().parents[3] / "src")
 LM_ARGS = {"dim": 16, "depth": 1, "num_heads": 2}
-#: the data options of each run (a run's name -> data_args); "packed": documents packed with cu_seqlens
+#: the data options of each run (a run's name -> data_args); "packed": documents packed with cu_seqlens,
+#: trained by ``whiteformer train ... data_args.train_tokenizer=300 data_args.pack=true``
 RUNS = {"bpe": {"train_tokenizer": 300}, "char": {}, "packed": {"train_tokenizer": 300, "pack": True}}
 PROMPT = "KING LEAR"
 
@@ -41,6 +42,14 @@ def runs(tmp_path_factory):
     corpus.write_text("".join(scene + "<|endoftext|>" for scene in text.split("\n\n\n")))
     try:
         for name, data_args in RUNS.items():
+            if name == "packed":  # through the command line, as a user types it
+                options = [f"data_args.{k}={str(v).lower()}" for k, v in data_args.items()]
+                options += [f"model_args.{k}={v}" for k, v in LM_ARGS.items()]
+                assert main(["train", "--model", "tost_lm_base", "--dataset", "text", "--data-dir", str(corpus),
+                             *options, "--steps", "2", "--batch-size", "4", "--block-size", "16",
+                             "--eval-batches", "1", "--out", str(root / name), "--no-progress",
+                             "--no-tensorboard", "--no-report"]) == 0
+                continue
             train(TrainConfig(model="tost_lm_base", model_args=dict(LM_ARGS), dataset="text", data_dir=str(corpus),
                               data_args=data_args, steps=2, batch_size=4, block_size=16, eval_batches=1,
                               out=str(root / name), progress=False, tensorboard=False, report=False))
@@ -58,6 +67,8 @@ def test_final_holds_the_tokenizer_files(runs):
     assert json.loads((bpe / "generation_config.json").read_text())["eos_token_id"] == 0
     assert not (bpe / "vocab.json").exists() and (char / "vocab.json").is_file()
     assert not (char / "generation_config.json").exists()  # no end-of-document token in a character vocabulary
+    packed = json.loads((runs["packed"] / "final" / "train_config.json").read_text())
+    assert packed["data_args"] == RUNS["packed"] and packed["unlimited_length"] is True  # the command's options
     ckpt = sorted((runs["bpe"] / "checkpoints").iterdir())[-1]
     assert (ckpt / "tokenizer.json").read_text() == (bpe / "tokenizer.json").read_text()
 
