@@ -31,6 +31,10 @@ LAYERS = {
     "models": 4,
     "analysis": 5,
     "hf": 7,
+    # the transformers formats the models read and write (a ViT checkpoint's key layout, a saved folder's
+    # remote-code module): modules of hf/ that import no transformers, below the models
+    "hf.vit_weights": 3.5,
+    "hf.remote_code": 3.5,
     "compress": 7,
     "timm": 7,
     "app": 8,
@@ -103,7 +107,10 @@ def _imports(functions: bool = True):
 
 
 def _top(module: str) -> str:
+    """The entry of LAYERS that ``module`` belongs to: its module when LAYERS names it, else its package."""
     parts = module.split(".")
+    if ".".join(parts[1:3]) in LAYERS:
+        return ".".join(parts[1:3])
     return parts[1] if len(parts) > 1 else "__init__"
 
 

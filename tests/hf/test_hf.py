@@ -241,8 +241,12 @@ def test_bad_input():
     out = model(torch.tensor([[1, 2]]), use_cache=True)
     with pytest.raises(ValueError, match="must be real"):
         model(torch.tensor([[3]]), attention_mask=torch.tensor([[1, 1, 0]]), cache=cache_of(out))
+    # the library, the transformers formats of hf/ the models use included, imports without transformers;
+    # the integration's classes say what to install
     code = ("import sys; sys.modules['transformers'] = None\n"
-            "try:\n    import whiteformer.hf\nexcept ImportError as e:\n    print(e)\n")
+            "import whiteformer, whiteformer.models, whiteformer.compress, whiteformer.hf\n"
+            "from whiteformer.hf.vit_weights import convert_hf_vit_state_dict\n"
+            "try:\n    whiteformer.hf.ToSTLMConfig\nexcept ImportError as e:\n    print(e)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert "pip install whiteformer[hf]" in res.stdout, res.stderr
@@ -343,7 +347,7 @@ def _hf_vit(kind="vit", labels=5):
 
 @pytest.mark.parametrize("target", ["dir", "file", "state_dict"])
 def test_transformers_vit_converts_to_deit_with_equal_logits(tmp_path, target):
-    from whiteformer.models.hf_vit import convert_hf_vit_state_dict
+    from whiteformer.hf.vit_weights import convert_hf_vit_state_dict
 
     hf = _hf_vit()
     hf.save_pretrained(tmp_path)

@@ -19,46 +19,57 @@ all through ``trust_remote_code=True`` (its ``config.json`` has an ``auto_map``)
 - ``"whiteformer-gpt"``: :class:`WhiteformerGPTModel`, :class:`WhiteformerGPTForCausalLM`;
 - ``"whiteformer-vision"``: :class:`WhiteformerVisionModel`, :class:`WhiteformerForImageClassification`.
 
-The model classes (:mod:`whiteformer.hf.modeling`) are imported on first use, and registered with
-``AutoModel*`` once ``transformers``' ``modeling_auto`` is loaded. :data:`LORA_TARGET_MODULES` are
-the default LoRA targets ``peft`` uses for each ``model_type`` (registered when ``peft`` loads).
+The configurations and model classes (:mod:`whiteformer.hf.modeling`) are imported on first use
+(importing the package alone needs no ``transformers``), and registered with ``AutoConfig`` /
+``AutoModel*`` once ``transformers``' ``configuration_auto`` / ``modeling_auto`` is loaded.
+:data:`LORA_TARGET_MODULES` are the default LoRA targets ``peft`` uses for each ``model_type``
+(registered when ``peft`` loads).
 """
-try:
-    import transformers  # noqa: F401
-except ImportError as err:  # pragma: no cover - exercised in a subprocess test
-    raise ImportError("whiteformer.hf needs Hugging Face transformers: pip install whiteformer[hf]") from err
-
 import importlib
 
 from .._import_hooks import when_imported
-from .configuration import ToSTLMConfig, WhiteformerConfig, WhiteformerGPTConfig, WhiteformerVisionConfig
 from .lora import LORA_TARGET_MODULES
 
+_CONFIGURATION = ("WhiteformerConfig", "ToSTLMConfig", "WhiteformerGPTConfig", "WhiteformerVisionConfig")
 _MODELING = ("WhiteformerPreTrainedModel", "ToSTModel", "ToSTForCausalLM", "WhiteformerGPTModel",
              "WhiteformerGPTForCausalLM", "WhiteformerVisionModel", "WhiteformerForImageClassification")
 
-__all__ = ["WhiteformerCache", "WhiteformerConfig", "ToSTLMConfig", "WhiteformerGPTConfig", "WhiteformerVisionConfig",
-           "LORA_TARGET_MODULES", *_MODELING]
+__all__ = ["WhiteformerCache", *_CONFIGURATION, "LORA_TARGET_MODULES", *_MODELING]
+
+
+def _with_transformers(module: str):
+    """The submodule ``module`` of this package, which imports ``transformers``."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError as err:
+        raise ImportError("whiteformer.hf needs Hugging Face transformers: pip install whiteformer[hf]") from err
+    return importlib.import_module(module, __name__)
 
 
 def __getattr__(name: str):
-    """The model classes and the cache, imported on first use (they import ``transformers``' models)."""
+    """The configurations, model classes and the cache, imported on first use (they import
+    ``transformers``; the package itself does not, so :mod:`whiteformer.models` reads and writes
+    the formats of :mod:`.vit_weights` and :mod:`.remote_code` without it)."""
+    if name in _CONFIGURATION:
+        return getattr(_with_transformers(".configuration"), name)
     if name in _MODELING:
-        return getattr(importlib.import_module(".modeling", __name__), name)
+        return getattr(_with_transformers(".modeling"), name)
     if name == "WhiteformerCache":
-        return importlib.import_module(".cache", __name__).WhiteformerCache
+        return _with_transformers(".cache").WhiteformerCache
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _register_configs() -> None:
     from transformers.models.auto.configuration_auto import AutoConfig
 
+    from .configuration import ToSTLMConfig, WhiteformerGPTConfig, WhiteformerVisionConfig
+
     for config in (ToSTLMConfig, WhiteformerGPTConfig, WhiteformerVisionConfig):
         AutoConfig.register(config.model_type, config, exist_ok=True)
 
 
-_register_configs()
-# the model classes register themselves at the end of their module (they need modeling_auto)
-when_imported("transformers.models.auto.modeling_auto",
-              lambda: importlib.import_module(".modeling", __name__))
+# registered once transformers' Auto modules load (the model classes register themselves at the end
+# of their module, which needs modeling_auto)
+when_imported("transformers.models.auto.configuration_auto", _register_configs)
+when_imported("transformers.models.auto.modeling_auto", lambda: importlib.import_module(".modeling", __name__))
 when_imported("peft.utils.constants", lambda: importlib.import_module(".lora", __name__).register_with_peft())

@@ -20,8 +20,8 @@ from transformers import PretrainedConfig
 
 from .._checks import is_int
 from ..models import list_models
-from ..models.hf_remote import auto_map, write_remote_code
 from ..models.size import max_params
+from .remote_code import auto_map, write_remote_code
 
 __all__ = ["WhiteformerConfig", "ToSTLMConfig", "WhiteformerGPTConfig", "WhiteformerVisionConfig"]
 
@@ -54,7 +54,7 @@ class WhiteformerConfig(PretrainedConfig):
                              f"whiteformer.list_models()")
         if init_kwargs is not None and not isinstance(init_kwargs, dict):
             raise TypeError(f"init_kwargs must be a dict of constructor arguments, got {type(init_kwargs).__name__}")
-        kwargs.pop("auto_map", None)  # always ours (models.hf_remote), never another module's
+        kwargs.pop("auto_map", None)  # always ours (hf.remote_code), never another module's
         super().__init__(**kwargs)  # (resets the instance's attributes: set ours after it)
         self.auto_map = auto_map(self.model_type)
         self.model_name = model_name

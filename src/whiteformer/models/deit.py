@@ -23,8 +23,8 @@ import torch.nn as nn
 
 from .._checks import check_divisible, check_finite_real, check_int, check_positive_real, check_probability
 from ..attention.baselines import MHSA
+from ..hf.vit_weights import convert_hf_vit_state_dict, is_hf_vit_state_dict
 from ..layers import DropPath, GradCheckpointMixin, LayerScale, Mlp, PatchGrid, TimmFeatureMixin, resample_abs_pos_embed
-from .hf_vit import convert_hf_vit_state_dict, is_hf_vit_state_dict
 from .registry import apply_structure, build_with_defaults, register_model
 from .save import PretrainedMixin
 
@@ -201,7 +201,7 @@ class VisionTransformer(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, 
 
     def convert_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """timm / official DeiT state_dicts have this model's keys; transformers ViT / DeiT ones are
-        converted (:mod:`whiteformer.models.hf_vit`); a position embedding on another grid is
+        converted (:mod:`whiteformer.hf.vit_weights`); a position embedding on another grid is
         resampled to ``patch_embed.grid_size`` (bicubic + antialias, as timm)."""
         out = dict(state_dict)
         if is_hf_vit_state_dict(out):

@@ -20,14 +20,14 @@ from typing import Any, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
-from ..layers import FeatureGetterNet
-from .hf_vit import (
+from ..hf.vit_weights import (
     HF_VIT_MODEL_TYPES,
     convert_hf_vit_state_dict,
     init_kwargs_from_config,
     is_hf_vit_config,
     model_name_for,
 )
+from ..layers import FeatureGetterNet
 from .load import load_checkpoint
 from .pretrained import merge_pretrained_cfg, pretrained_source
 from .read import CONFIG_NAME, PathLike, read_config
@@ -208,7 +208,7 @@ def from_pretrained(path: PathLike, **overrides: Any) -> nn.Module:
 def from_transformers_vit(model: nn.Module) -> nn.Module:
     """A ``transformers`` ``ViTForImageClassification`` / ``ViTModel`` (or DeiT without distillation
     token) object -> the timm-layout whiteformer ViT with the same weights and logits
-    (:mod:`whiteformer.models.hf_vit`), named by its sizes (:func:`~whiteformer.models.hf_vit.model_name_for`),
+    (:mod:`whiteformer.hf.vit_weights`), named by its sizes (:func:`~whiteformer.hf.vit_weights.model_name_for`),
     on the same device and dtype."""
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) not in HF_VIT_MODEL_TYPES:

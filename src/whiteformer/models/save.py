@@ -5,10 +5,10 @@
     <dir>/model.safetensors   weights (tensors sharing storage, e.g. tied embeddings, stored once)
     <dir>/config.json         {"format", "model_name", "model_class", "init_kwargs", "version",
                                "model_type" (the family's name in transformers, see whiteformer.hf),
-                               "auto_map" (transformers' remote-code entry, see models.hf_remote),
+                               "auto_map" (transformers' remote-code entry, see hf.remote_code),
                                timm's fields: "architecture" (the model name), "num_classes",
                                "model_args" (= init_kwargs), "pretrained_cfg"}
-    <dir>/whiteformer_auto.py the module auto_map names (imports whiteformer.hf; models.hf_remote)
+    <dir>/whiteformer_auto.py the module auto_map names (imports whiteformer.hf; hf.remote_code)
     <dir>/README.md           the model card (models.model_card; a README.md of the user's is kept)
 
 written by ``model.save_pretrained(dir)`` as one unit: the files go into a new folder beside
@@ -38,7 +38,7 @@ import torch.nn as nn
 
 from .._files import replace_folder
 from .._utils import to_jsonable
-from .hf_remote import REMOTE_CODE_NAME, auto_map, write_remote_code
+from ..hf.remote_code import REMOTE_CODE_NAME, auto_map, write_remote_code
 from .model_card import CARD_MARK, CARD_NAME, model_card
 from .read import ALIAS_KEY, CONFIG_NAME, WEIGHTS_NAME, PathLike
 
