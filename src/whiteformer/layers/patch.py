@@ -21,6 +21,11 @@ def pad_to_patches(x: torch.Tensor, patch_size: Tuple[int, int]) -> torch.Tensor
     return F.pad(x, (0, pad_w, 0, pad_h)) if pad_h or pad_w else x
 
 
+def _side(size: Tuple[int, int]):
+    """A square size as its one side (as the user usually writes it), else the pair."""
+    return size[0] if size[0] == size[1] else size
+
+
 class PatchGrid(nn.Module):
     """Geometry and input check shared by the non-overlapping patch embeddings (ViT, CRATE):
     ``img_size`` divisible by ``patch_size``; ``grid_size``, ``num_patches``.
@@ -35,7 +40,7 @@ class PatchGrid(nn.Module):
         self.img_size = to_2tuple(img_size, "img_size")
         self.patch_size = to_2tuple(patch_size, "patch_size")
         if self.img_size[0] % self.patch_size[0] or self.img_size[1] % self.patch_size[1]:
-            raise ValueError(f"img_size {self.img_size} must be divisible by patch_size {self.patch_size}")
+            raise ValueError(f"img_size {_side(self.img_size)} must be divisible by patch_size {_side(self.patch_size)}")
         check_int(in_chans, "in_chans", 1)
         for name, flag in (("dynamic_img_size", dynamic_img_size), ("dynamic_img_pad", dynamic_img_pad)):
             if not isinstance(flag, bool):
