@@ -62,9 +62,11 @@ class Packing(NamedTuple):
     flat: torch.Tensor
 
 
-def packing(cu_seqlens: torch.Tensor, total: int, device: torch.device) -> Packing:
-    """Validate ``cu_seqlens`` (see :func:`whiteformer._checks.check_cu_seqlens`) and build the layout."""
-    lengths = check_cu_seqlens(cu_seqlens, total)
+def packing(cu_seqlens: torch.Tensor, total: int, device: torch.device, lengths: List[int] | None = None) -> Packing:
+    """The padded layout of the documents of ``cu_seqlens``: validated here (see
+    :func:`whiteformer._checks.check_cu_seqlens`) unless the caller gives their checked ``lengths``."""
+    if lengths is None:
+        lengths = check_cu_seqlens(cu_seqlens, total)
     return _layout(cu_seqlens[:-1].to(device=device, dtype=torch.long), lengths, total, device)
 
 
@@ -93,18 +95,18 @@ def check_packed(w: torch.Tensor, attn_mask, cu_seqlens) -> None:
         raise ValueError(f"cu_seqlens must be on w's device ({w.device}), got {cu_seqlens.device}")
 
 
-def pads_little(cu_seqlens: torch.Tensor, total: int) -> bool:
-    """Whether the padded layout of these documents has at most ``PADDED_WASTE_MAX * total`` slots
-    (validates ``cu_seqlens``)."""
-    lengths = check_cu_seqlens(cu_seqlens, total)
-    return len(lengths) * max(lengths) <= PADDED_WASTE_MAX * max(total, 1)
+def pads_little(lengths: List[int]) -> bool:
+    """Whether the padded layout of documents of these (checked) ``lengths`` has at most
+    ``PADDED_WASTE_MAX * total`` slots."""
+    return len(lengths) * max(lengths) <= PADDED_WASTE_MAX * max(sum(lengths), 1)
 
 
-def packed_layout(w: torch.Tensor, attn_mask, cu_seqlens, group=None) -> Packing:
-    """The padded layout of checked arguments (:func:`check_packed`; with a ``group``: of this
-    rank's chunk, see the module docstring)."""
+def packed_layout(w: torch.Tensor, attn_mask, cu_seqlens, group=None, lengths: List[int] | None = None) -> Packing:
+    """The padded layout of checked arguments (:func:`check_packed`; without a ``group``, the
+    documents' ``lengths`` when the caller checked them; with a ``group``: of this rank's chunk, see
+    the module docstring)."""
     if group is None:
-        return packing(cu_seqlens, w.shape[2], w.device)
+        return packing(cu_seqlens, w.shape[2], w.device, lengths)
     return _chunk_packing(w, cu_seqlens, group)
 
 
@@ -150,12 +152,13 @@ def from_padded(y: torch.Tensor, pk: Packing) -> torch.Tensor:
 
 def segment_ids(cu_seqlens: torch.Tensor, total: int, device: torch.device) -> torch.Tensor:
     """(total,) long: the document index of each packed token (validates ``cu_seqlens``)."""
-    return segments(cu_seqlens, total, device).ids
+    return segments(cu_seqlens, check_cu_seqlens(cu_seqlens, total), device).ids
 
 
 def segment_positions(cu_seqlens: torch.Tensor, total: int, device: torch.device) -> torch.Tensor:
-    """(total,) long: each packed token's position within its document (0 at every start)."""
-    return segments(cu_seqlens, total, device).positions
+    """(total,) long: each packed token's position within its document (0 at every start;
+    validates ``cu_seqlens``)."""
+    return segments(cu_seqlens, check_cu_seqlens(cu_seqlens, total), device).positions
 
 
 class Segments(NamedTuple):
@@ -177,9 +180,10 @@ class Segments(NamedTuple):
     order: torch.Tensor
 
 
-def segments(cu_seqlens: torch.Tensor, total: int, device: torch.device) -> Segments:
-    """Validate ``cu_seqlens`` and index its S documents (one host sync, as :func:`packing`)."""
-    lengths = check_cu_seqlens(cu_seqlens, total)
+def segments(cu_seqlens: torch.Tensor, lengths: List[int], device: torch.device) -> Segments:
+    """Index the S documents of ``cu_seqlens``, of checked ``lengths``
+    (:func:`whiteformer._checks.check_cu_seqlens`, one host sync)."""
+    total = sum(lengths)
     starts = cu_seqlens[:-1].to(device=device, dtype=torch.long)
     ids = torch.repeat_interleave(torch.arange(len(lengths), device=device),
                                   torch.tensor(lengths, device=device), output_size=total)

@@ -7,6 +7,7 @@ from typing import Optional, Union
 import torch
 
 from ..._checks import (
+    check_cu_seqlens,
     check_heads_input,
     check_mask,
     check_nonempty,
@@ -120,9 +121,12 @@ def causal_tssa_impl(w, temp, pos_bias, attn_mask, return_pi, return_state, attn
     the shapes of ``cu_seqlens``' row; its values and the length limit are checked here): the entry
     of the layers, which check their own input."""
     # packed: the fused kernels run the padded layout when it wastes little, else the PyTorch path
+    lengths = None
+    if cu_seqlens is not None and group is None:  # the documents' lengths: read and checked once, here
+        lengths = check_cu_seqlens(cu_seqlens, w.shape[2])
     if cu_seqlens is not None and (group is not None or has_kernel("causal_tssa", w, training and attn_drop)
-                                   and pads_little(cu_seqlens, w.shape[2])):
-        pk = packed_layout(w, attn_mask, cu_seqlens, group)
+                                   and pads_little(lengths)):
+        pk = packed_layout(w, attn_mask, cu_seqlens, group, lengths)
         out, pi, *state = causal_tssa_impl(to_padded(w, pk), temp, pos_bias, pk.mask, True, return_state, attn_drop,
                                            training, group, None)
         res = (from_padded(out, pk),) + ((from_padded(pi, pk),) if return_pi else ()) + tuple(state)
@@ -130,7 +134,7 @@ def causal_tssa_impl(w, temp, pos_bias, attn_mask, return_pi, return_state, attn
     n, p = w.shape[2], w.shape[3]
     drop_p = attn_drop if training else 0.0
     if cu_seqlens is not None:  # the PyTorch path on the packed tokens, no padded layout
-        return _causal_varlen(w, temp, pos_bias, cu_seqlens, drop_p, return_pi, return_state)
+        return _causal_varlen(w, temp, pos_bias, cu_seqlens, lengths, drop_p, return_pi, return_state)
     start, total = 0, n
     if group is not None:  # the table's length too: each rank checks the whole length against it below
         start, total, real = chunk_layout(w, group, attn_mask, same=[0 if pos_bias is None else pos_bias.shape[1]],
@@ -172,9 +176,10 @@ def causal_tssa_impl(w, temp, pos_bias, attn_mask, return_pi, return_state, attn
     return res
 
 
-def _causal_varlen(w, temp, pos_bias, cu_seqlens, drop_p, return_pi, return_state):
-    """:func:`causal_tssa` of a packed row on validated arguments, without a padded layout."""
-    seg = segments(cu_seqlens, w.shape[2], w.device)
+def _causal_varlen(w, temp, pos_bias, cu_seqlens, lengths, drop_p, return_pi, return_state):
+    """:func:`causal_tssa` of a packed row on validated arguments (the documents' ``lengths``),
+    without a padded layout."""
+    seg = segments(cu_seqlens, lengths, w.device)
     longest = max(seg.lengths)
     if pos_bias is not None and longest > pos_bias.shape[1]:
         raise ValueError(

@@ -5,7 +5,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..._checks import check_heads_input, check_mask, check_probability, check_same_device, check_temp
+from ..._checks import check_cu_seqlens, check_heads_input, check_mask, check_probability, check_same_device, check_temp
 from .._kernels import fused_supported, has_kernel, kernel_for
 from .._kernels.fused import tssa_fused
 from ..context_parallel import chunk_layout, local_checks
@@ -88,16 +88,18 @@ def tssa_impl(w, temp, attn_mask, return_pi, attn_drop, training, normalize, gro
     shapes of ``cu_seqlens``' row; its values are read once here): the entry of the layers, which
     check their own input."""
     # packed: the fused kernels run the padded layout when it wastes little, else the PyTorch path
+    lengths = None
+    if cu_seqlens is not None and group is None:  # the documents' lengths: read and checked once, here
+        lengths = check_cu_seqlens(cu_seqlens, w.shape[2])
     torch_only = not normalize or training and attn_drop
-    if cu_seqlens is not None and (group is not None or has_kernel("tssa", w, torch_only)
-                                   and pads_little(cu_seqlens, w.shape[2])):
-        pk = packed_layout(w, attn_mask, cu_seqlens, group)
+    if cu_seqlens is not None and (group is not None or has_kernel("tssa", w, torch_only) and pads_little(lengths)):
+        pk = packed_layout(w, attn_mask, cu_seqlens, group, lengths)
         out, pi = tssa_impl(to_padded(w, pk), temp, pk.mask, True, attn_drop, training, normalize, group, None)
         out, pi = from_padded(out, pk), from_padded(pi, pk)
         return (out, pi) if return_pi else out
     drop_p = attn_drop if training else 0.0
     if cu_seqlens is not None:  # the PyTorch path on the packed tokens, no padded layout
-        out, pi = tssa_varlen(w, temp, segments(cu_seqlens, w.shape[2], w.device), drop_p, normalize=normalize)
+        out, pi = tssa_varlen(w, temp, segments(cu_seqlens, lengths, w.device), drop_p, normalize=normalize)
     elif group is not None:
         # the same (B, H, p) on every rank, and the arguments that decide the collectives below
         chunk_layout(w, group, same=[normalize, drop_p > 0], same_name="cu_seqlens, normalize and attn_drop (training)")
