@@ -50,6 +50,8 @@ def test_wrapper_save_writes_timm_fields_and_a_model_card(kind, tmp_path):
     assert "Token Statistics Transformer" in card and "arXiv:2412.17810" in card
     auto = "AutoModelForImageClassification" if kind == "vision" else "AutoModelForCausalLM"
     assert f"{auto}.from_pretrained(" in card and "trust_remote_code=True" in card
+    net.save_pretrained(tmp_path / "own")  # the zoo's own save writes the same card
+    assert (tmp_path / "own" / "README.md").read_text() == card
     # the same folder loads back both ways, with the same outputs
     x = torch.randn(2, 3, 32, 32) if kind == "vision" else torch.randint(0, 61, (2, 7))
     back = type(model).from_pretrained(out).eval()

@@ -110,15 +110,12 @@ class PretrainedMixin:
         return state_dict
 
 
-def _ident(t: torch.Tensor) -> tuple:
-    """What makes two state-dict entries one tensor (tied weights): the same view of the same storage."""
-    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device)
-
-
-def count_values(state_dict: Mapping[str, torch.Tensor]) -> int:
-    """Number of values a state dict holds, a tensor that several entries name counted once."""
-    seen = {_ident(t): t.numel() for t in state_dict.values() if t.numel() > 0}
-    return sum(seen.values())
+def count_values(model: nn.Module) -> int:
+    """Number of values the model saves: its parameters (a tied one counted once) and persistent
+    buffers. Sizes only, so sharded (DTensor) and meta tensors count as their full shape."""
+    buffers = {id(b): b.numel() for m in model.modules() for name, b in m._buffers.items()
+               if b is not None and name not in m._non_persistent_buffers_set}
+    return sum(p.numel() for p in model.parameters()) + sum(buffers.values())
 
 
 def _dedup_state_dict(state_dict: Mapping[str, torch.Tensor]):
@@ -132,7 +129,7 @@ def _dedup_state_dict(state_dict: Mapping[str, torch.Tensor]):
             raise TypeError(f"state_dict entry {key!r} is not a tensor ({type(t).__name__})")
         if t.device.type == "meta":
             raise ValueError(f"cannot save {key!r}: it is on the meta device (no data)")
-        ident = _ident(t)
+        ident = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device)
         if t.numel() > 0 and ident in seen:
             aliases[key] = seen[ident]
             continue
@@ -222,8 +219,7 @@ def write_model_files(model: nn.Module, folder: PathLike, card: bool = False, ca
     if config.get("auto_map"):
         write_remote_code(folder)
     if card:
-        n = sum(t.numel() for t in tensors.values())
-        (folder / CARD_NAME).write_text(model_card(config, n, card_extra), encoding="utf-8")
+        (folder / CARD_NAME).write_text(model_card(config, count_values(model), card_extra), encoding="utf-8")
     (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return folder
 
@@ -237,6 +233,5 @@ def complete_hub_folder(model: nn.Module, folder: PathLike, card: bool = False) 
     config = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8"))
     config.update(timm_fields(model))
     if card:
-        text = model_card(config, count_values(model.state_dict()))
-        (folder / CARD_NAME).write_text(text, encoding="utf-8")
+        (folder / CARD_NAME).write_text(model_card(config, count_values(model)), encoding="utf-8")
     (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
