@@ -252,10 +252,8 @@ def capture(model: nn.Module, *, attn_types: Optional[Sequence[Type[nn.Module]]]
         cls_types = _default_attn_types()[1]
     modules, pairs, cls_names = _find(model, tracked, cls_types)
     if not pairs and not cls_names:
-        raise ValueError(
-            f"model ({type(model).__name__}) contains no attention layer to record; tracked classes: "
-            f"{sorted(t.__name__ for t in tracked)}"
-        )
+        raise ValueError(f"model ({type(model).__name__}) contains no attention layer to record; tracked classes: "
+                         f"{sorted(t.__name__ for t in tracked)}")
 
     def keep(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         if t is None:

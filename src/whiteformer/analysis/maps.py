@@ -227,10 +227,8 @@ def membership_maps(
     for i in wanted:
         r = rec.blocks[i]
         if r.pi is None:
-            raise ValueError(
-                f"block {r.name!r} ({type(r.attn).__name__}) has no memberships Pi; membership maps need "
-                "TSSA, DMSA or ECA attention"
-            )
+            raise ValueError(f"block {r.name!r} ({type(r.attn).__name__}) has no memberships Pi; membership maps "
+                             "need TSSA, DMSA or ECA attention")
         pis.append(r.pi.float().cpu())  # (B, H, N)
     pre, hp, wp = patch_grid(model, tuple(images.shape[-2:]), pis[0].shape[-1])
     n = _count(max_images, pis[0].shape[0])

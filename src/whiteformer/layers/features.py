@@ -60,10 +60,6 @@ def _run(model: nn.Module, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return run(block, x) if run is not None else block(x)
 
 
-def _check_fmt(output_fmt: str) -> None:
-    check_choice(output_fmt, "output_fmt", OUTPUT_FORMATS)
-
-
 def forward_intermediates(model: nn.Module, x: torch.Tensor, indices: Indices = None, norm: bool = False,
                           stop_early: bool = False, output_fmt: str = "NCHW", intermediates_only: bool = False,
                           return_prefix_tokens: bool = False, inter_norm: Optional[nn.Module] = None,
@@ -79,7 +75,7 @@ def forward_intermediates(model: nn.Module, x: torch.Tensor, indices: Indices = 
     ``stop_early`` equals ``forward_features(x)``. Each block runs through ``model.run_block`` (activation
     checkpointing when enabled) unless ``block_fn(i, block, x)`` is given.
     """
-    _check_fmt(output_fmt)
+    check_choice(output_fmt, "output_fmt", OUTPUT_FORMATS)
     take, max_index = feature_take_indices(len(model.blocks), indices)
     if norm and inter_norm is None:
         raise ValueError(f"{type(model).__name__} has no norm to apply to its intermediates; use norm=False")
@@ -156,7 +152,7 @@ class FeatureGetterNet(nn.Module):
     def __init__(self, model: nn.Module, out_indices: Indices = None, output_fmt: str = "NCHW",
                  norm: bool = False):
         super().__init__()
-        _check_fmt(output_fmt)
+        check_choice(output_fmt, "output_fmt", OUTPUT_FORMATS)
         if out_indices is None:  # timm's default for ViTs: the last 3 blocks
             out_indices = min(3, len(model.blocks))
         self.out_indices = model.prune_intermediate_layers(out_indices, prune_norm=not norm, prune_head=True)

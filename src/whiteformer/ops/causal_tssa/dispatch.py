@@ -145,10 +145,8 @@ def causal_tssa_impl(w, temp, pos_bias, attn_mask, return_pi, return_state, attn
         # padding has no position: the limit is on the real tokens (none in an empty batch)
         total = int(attn_mask.sum(dim=-1).max()) if attn_mask.shape[0] else 0
     if pos_bias is not None and total > pos_bias.shape[1]:
-        raise ValueError(
-            f"sequence length N = {total} exceeds the positional bias table length T_max = "
-            f"{pos_bias.shape[1]} (pos_bias has shape {tuple(pos_bias.shape)})"
-        )
+        raise ValueError(f"sequence length N = {total} exceeds the positional bias table length T_max = "
+                         f"{pos_bias.shape[1]} (pos_bias has shape {tuple(pos_bias.shape)})")
     if pos_bias is not None and isinstance(start, torch.Tensor):  # rows without real tokens on this rank
         start = start.clamp_max(pos_bias.shape[1] - 1)
 
@@ -182,10 +180,8 @@ def _causal_varlen(w, temp, pos_bias, cu_seqlens, lengths, drop_p, return_pi, re
     seg = segments(cu_seqlens, lengths, w.device)
     longest = max(seg.lengths)
     if pos_bias is not None and longest > pos_bias.shape[1]:
-        raise ValueError(
-            f"the longest packed document ({longest} tokens) exceeds the positional bias table length "
-            f"T_max = {pos_bias.shape[1]} (pos_bias has shape {tuple(pos_bias.shape)})"
-        )
+        raise ValueError(f"the longest packed document ({longest} tokens) exceeds the positional bias table "
+                         f"length T_max = {pos_bias.shape[1]} (pos_bias has shape {tuple(pos_bias.shape)})")
     out, pi, *sums = causal_tssa_varlen(w, temp, seg, pos_bias, drop_p)
     res = (out,) + ((pi,) if return_pi else ())
     if return_state:
@@ -247,10 +243,8 @@ def causal_tssa_step_impl(w_t, state, temp, pos_bias, return_pi, attn_drop, trai
         else:
             too_long = t >= t_max
         if too_long:
-            raise ValueError(
-                f"position t = {t} reached the positional bias table length T_max = {t_max}; "
-                f"causal TSSA with pos_bias cannot go past T_max tokens"
-            )
+            raise ValueError(f"position t = {t} reached the positional bias table length T_max = {t_max}; "
+                             f"causal TSSA with pos_bias cannot go past T_max tokens")
         bias = position_logit_bias(pos_bias, p, 1, start=t)  # (H, 1) or (B, H, 1)
     sums = tuple(s.to(sd) for s in state[:3])
     kernel = kernel_for("causal_tssa_step", w_t) if drop_p == 0.0 else None
