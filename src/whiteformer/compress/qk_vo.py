@@ -23,7 +23,7 @@ from typing import Tuple
 import torch
 import torch.nn as nn
 
-from .._checks import is_int
+from .._checks import check_divisible
 from ._tensor import HeadFactors
 
 __all__ = ["MHSASpec", "mhsa_spec", "qk_factors", "vo_factors"]
@@ -71,21 +71,15 @@ def mhsa_spec(attn: nn.Module) -> MHSASpec:
     if not isinstance(qkv, nn.Linear) or not isinstance(proj, nn.Linear) or heads is None:
         raise TypeError(f"{type(attn).__name__} is not a timm-layout MHSA block: expected attributes "
                         "`qkv` (nn.Linear(F, 3F)), `proj` (nn.Linear(F, F)) and `num_heads`")
-    if not is_int(heads) or heads <= 0:
-        raise ValueError(f"num_heads must be a positive int, got {heads!r}")
     F = qkv.in_features
-    if qkv.out_features != 3 * F:
-        raise ValueError(f"qkv must map F -> 3F, got Linear({qkv.in_features}, {qkv.out_features})")
-    if proj.in_features != F or proj.out_features != F:
-        raise ValueError(f"proj must be Linear({F}, {F}) to match qkv, got Linear({proj.in_features}, "
-                         f"{proj.out_features})")
-    if F % heads != 0:
-        raise ValueError(f"dim ({F}) must be divisible by num_heads ({heads})")
+    p = check_divisible(F, heads)
+    if qkv.out_features != 3 * F or proj.in_features != F or proj.out_features != F:
+        raise ValueError(f"qkv must map F -> 3F and proj must be Linear({F}, {F}); got qkv Linear({qkv.in_features}, "
+                         f"{qkv.out_features}) and proj Linear({proj.in_features}, {proj.out_features})")
     for name in ("q_norm", "k_norm", "norm"):
         if not _is_identity(getattr(attn, name, None)):
             raise ValueError(f"attn.{name} is {type(getattr(attn, name)).__name__}: the QK/VO forms are only "
                              "defined for blocks without q/k normalisation or a norm before proj")
-    p = F // heads
     scale = getattr(attn, "scale", None)
     scale = float(p ** -0.5) if scale is None else float(scale)
     return MHSASpec(F, heads, p, scale, qkv.bias is not None, proj.bias is not None,
