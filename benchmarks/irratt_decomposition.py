@@ -7,7 +7,9 @@ rank ``R`` that ``compress(model, qk="irratt", qk_flops_ratio=0.5)`` gives it, t
 
 * ``reference``: ``impl="reference"``, the plain CP-ALS (100 iterations) + CPD-EPC (50) loops and
   Algorithm 3 as written (eigenvector restarts, 3 inner iterations, stop at a 1e-3 gain);
-* ``fast``: the default, ``impl="fast"``.
+* ``fast``: the default, ``impl="fast"``: an early-stopped CP, then the blocks of both the ALS model
+  and its EPC correction refined by warm single-block sweeps, the better kept (its CP iterations
+  and sweeps are those of the start kept).
 
 The two run back to back on the same block, in alternating order (reference first on even blocks),
 so that both see the same machine load. Each row records both times and both relative errors
@@ -119,7 +121,8 @@ def section(result: Optional[Dict[str, Any]]) -> List[str]:
         "decomposed by `btd_ll1` (CPD-EPC initialisation, then BTD-(L, L, 1) refinement) at the rank "
         f"`compress(..., qk=\"irratt\", qk_flops_ratio={result['qk_flops_ratio']})` gives it, with "
         "`impl=\"reference\"` (the plain loops: 100 CP-ALS + 50 EPC iterations, Algorithm 3 as written) and "
-        "the default fast path, back to back on the same block in alternating order, "
+        "the default fast path (an early-stopped CP, both the ALS and the EPC-corrected start refined by "
+        "warm single-block sweeps, the better kept), back to back on the same block in alternating order, "
         f"{result['threads']} thread(s). Relative error ||Y - Yhat|| / ||Y||. The machine was shared: 1-minute "
         f"load {min(loads):.1f}-{max(loads):.1f} on {result['machine']['logical_cpus']} CPUs during the run, so "
         "absolute times are several times those of an idle machine; the ratios are measured side by side.",

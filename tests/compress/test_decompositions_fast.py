@@ -9,6 +9,7 @@ import torch
 
 from test_decompositions import planted_btd  # the planted BTD tensor of the reference tests
 from whiteformer.compress import HeadFactors, Whitening, btd_ll1, compress, cp
+from whiteformer.compress.cp import correct_cp
 from whiteformer.compress._tensor import StackedSlices, mttkrp
 from whiteformer.compress.cp_fast import grid_lambda
 from whiteformer.compress.cp_reference import bisect_lambda
@@ -107,17 +108,40 @@ def test_btd_fast_recovers_planted_blocks():
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_btd_fast_error_no_worse_than_reference_at_a_head_size(seed):
     """H 4 heads of dim p 16 (F 64, one bias row), total rank 24: the fast path (early-stopped CP,
-    warm single refits, tighter sweep tolerance) reaches the reference's error (within 0.1 %)."""
+    warm single refits, tighter sweep tolerance, two starts) reaches the reference's error (within
+    0.1 %), and each of its starts alone does no better than both."""
     g = torch.Generator().manual_seed(seed)
     Y = HeadFactors(torch.randn(4, 65, 16, generator=g, dtype=DT), torch.randn(4, 64, 16, generator=g, dtype=DT))
     ref = btd_ll1(Y, 24, max_rank=16, impl="reference")
     fast = btd_ll1(Y, 24, max_rank=16)
     assert fast.rel_error <= ref.rel_error * 1.001
     assert sum(fast.ranks) == 24 and max(fast.ranks) <= 16
+    als_only = btd_ll1(Y, 24, max_rank=16, cp_kwargs=dict(epc=False))
+    epc_only = btd_ll1(Y, cp_result=cp(Y, 24, tol=1e-3, epc_tol=3e-3), max_rank=16)
+    assert not als_only.cp_result.epc and epc_only.cp_result.epc
+    assert fast.rel_error <= min(als_only.rel_error, epc_only.rel_error) * (1 + 1e-5)
     hist = fast.history
     assert all(b <= a + 1e-12 for a, b in zip(hist, hist[1:]))
     # the tracked error is the error of the returned blocks
     assert fast.rel_error == pytest.approx(rel(fast.to_tensor(), Y.to_tensor()), rel=1e-9)
+
+
+@pytest.mark.parametrize("activation_aware", [False, True])
+def test_correct_cp_is_cp_in_two_steps(activation_aware):
+    """cp(Y, R) == correct_cp(Y, cp(Y, R, epc=False)): the ALS model, then its EPC correction."""
+    Y = random_factors()
+    calib = torch.randn(50, Y.shape[0] - 1, generator=torch.Generator().manual_seed(3), dtype=DT) \
+        if activation_aware else None
+    whole = cp(Y, 6, calib=calib, epc_iter_max=20)
+    als = cp(Y, 6, calib=calib, epc=False)
+    two = correct_cp(Y, als, calib=calib, n_iter_max=20)
+    assert not als.epc and two.epc and two.n_iter == whole.n_iter
+    for got, want in ((two.A, whole.A), (two.B, whole.B), (two.C, whole.C)):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    assert two.rel_error == pytest.approx(whole.rel_error, rel=1e-12)
+    assert two.sensitivity == pytest.approx(whole.sensitivity, rel=1e-9)
+    with pytest.raises(ValueError, match="epc=False"):
+        correct_cp(Y, whole)
 
 
 def test_btd_bad_impl():

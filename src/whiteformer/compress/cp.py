@@ -34,7 +34,7 @@ from .cp_fast import cp_als_fast, epc_correction_fast
 from .cp_reference import _error_sq, cp_als, cp_norm_sq, cp_sensitivity, epc_correction
 from .whitening import Whitening
 
-__all__ = ["CPResult", "cp", "cp_als", "epc_correction", "cp_als_fast", "epc_correction_fast", "cp_sensitivity",
+__all__ = ["CPResult", "cp", "correct_cp", "cp_als", "epc_correction", "cp_als_fast", "epc_correction_fast", "cp_sensitivity",
            "cp_norm_sq"]
 
 _IMPLS = {"fast": (cp_als_fast, epc_correction_fast), "reference": (cp_als, epc_correction)}
@@ -97,23 +97,55 @@ def cp(Y: TensorLike, rank: int, *, n_iter_max: int = 100, tol: float = 1e-8, in
     check_int(rank, "rank", 1)
     check_choice(init, "init", ("svd", "random"))
     check_choice(impl, "impl", _IMPLS)
-    als, correct = _IMPLS[impl]
+    als = _IMPLS[impl][0]
     Y64 = as_float64(Y)
-    wh = None
-    if calib is not None:
-        wh = calib if isinstance(calib, Whitening) else Whitening.from_calibration(calib, Y64.shape)
-        Y64 = wh.apply(Y64)
-    factors, als_rel, it = als(Y64, rank, n_iter_max=n_iter_max, tol=tol, init=init, seed=seed)
-    normY2 = float(norm_sq(Y64))
-    als_ss = cp_sensitivity(factors)
-    rel = als_rel
-    if epc and als_rel > 0:
-        delta = als_rel * math.sqrt(normY2)
-        factors = correct(Y64, factors, delta, n_iter_max=epc_iter_max, tol=epc_tol)
-        rel = math.sqrt(max(_error_sq(Y64, factors, normY2), 0.0) / normY2)
+    wh, Yw = _whiten(Y64, calib)
+    factors, als_rel, it = als(Yw, rank, n_iter_max=n_iter_max, tol=tol, init=init, seed=seed)
     ss = cp_sensitivity(factors)
+    result = _result(factors, wh, Y.dtype, als_rel, als_rel, ss, ss, it, False)
+    if epc and als_rel > 0:
+        result = _correct(Yw, factors, result, wh, epc_iter_max, epc_tol, impl)
+    return result
+
+
+def correct_cp(Y: TensorLike, als: CPResult, *, n_iter_max: int = 50, tol: float = 1e-6,
+              calib: Optional[Union[torch.Tensor, Whitening]] = None, impl: str = "fast") -> CPResult:
+    """The CPD-EPC correction of an ALS result ``als = cp(Y, R, epc=False, ...)`` (same ``Y`` and
+    ``calib``): ``cp(Y, R, epc=True, ...)`` in two steps, for callers that use both CP models."""
+    check_tensor_like(Y)
+    check_choice(impl, "impl", _IMPLS)
+    if not isinstance(als, CPResult) or als.epc:
+        raise ValueError("als must be a CPResult of cp(..., epc=False)")
+    Y64 = as_float64(Y)
+    wh, Yw = _whiten(Y64, calib)
+    A, B, C = (f.to(torch.float64) for f in (als.A, als.B, als.C))
+    if wh is not None:
+        A, B = wh.whiten_q(A), wh.whiten_k(B)
+    if als.rel_error <= 0:
+        return als
+    return _correct(Yw, [A, B, C], als, wh, n_iter_max, tol, impl)
+
+
+def _whiten(Y64, calib):
+    """(Whitening or None, the tensor to decompose) for the optional calibration."""
+    if calib is None:
+        return None, Y64
+    wh = calib if isinstance(calib, Whitening) else Whitening.from_calibration(calib, Y64.shape)
+    return wh, wh.apply(Y64)
+
+
+def _correct(Yw, factors, als: CPResult, wh, n_iter_max: int, tol: float, impl: str) -> CPResult:
+    """Apply the EPC to the (whitened) ALS factors at the ALS error; the result in the caller's dtype."""
+    normY2 = float(norm_sq(Yw))
+    delta = als.als_rel_error * math.sqrt(normY2)
+    factors = _IMPLS[impl][1](Yw, factors, delta, n_iter_max=n_iter_max, tol=tol)
+    rel = math.sqrt(max(_error_sq(Yw, factors, normY2), 0.0) / normY2)
+    return _result(factors, wh, als.A.dtype, rel, als.als_rel_error, cp_sensitivity(factors), als.als_sensitivity,
+                   als.n_iter, True)
+
+
+def _result(factors, wh, dtype, rel, als_rel, ss, als_ss, n_iter, epc) -> CPResult:
     A, B, C = factors
     if wh is not None:
         A, B = wh.unwhiten_q(A), wh.unwhiten_k(B)
-    dt = Y.dtype
-    return CPResult(A.to(dt), B.to(dt), C.to(dt), rel, als_rel, ss, als_ss, it, bool(epc and als_rel > 0))
+    return CPResult(A.to(dtype), B.to(dtype), C.to(dtype), rel, als_rel, ss, als_ss, n_iter, epc)
