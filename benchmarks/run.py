@@ -1,4 +1,5 @@
-"""Benchmark runner: ``python -m benchmarks.run [attention|generation|compression|fused|all] [--quick]``.
+"""Benchmark runner: ``python -m benchmarks.run [attention|target|generation|compression|latency|irratt|fused|all]
+[--quick]``.
 
 * ``attention``: time and peak memory of 12 stacked attention layers vs n and d
   (:mod:`benchmarks.attention_scaling`);
@@ -9,6 +10,11 @@
   (:mod:`benchmarks.generation`);
 * ``compression``: TruncAtt / CP SlimAtt / IrrAtt vs MHSA at the same QK FLOPs ratio
   (:mod:`benchmarks.compressed_attention`);
+* ``latency``: whole compressed DeiT-T / DeiT-S against the original, interleaved, at batch 1 and 32
+  on 1 and 2 threads, next to the FLOPs ratio (:mod:`benchmarks.compressed_latency`; it sets its
+  own thread counts);
+* ``irratt``: IrrAtt's decomposition per block, fast path against the reference, time and error
+  (:mod:`benchmarks.irratt_decomposition`; 1 thread unless ``--threads`` says otherwise);
 * ``fused``: the fused TSSA kernel benchmark (:mod:`benchmarks.tssa_fused`), when present;
 * ``lm``: ToST Table 4 (right), the 12-layer base LMs' training step / forward time and memory
   (:mod:`benchmarks.lm_model`; slow on a CPU: not part of ``all``);
@@ -32,7 +38,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from . import common
 
-TARGETS = ("attention", "target", "generation", "compression", "fused")
+TARGETS = ("attention", "target", "generation", "compression", "latency", "irratt", "fused")
 
 
 def _fused_available() -> bool:
@@ -119,6 +125,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             results[t] = generation.run(**kw)
         elif t == "compression":
             results[t] = compressed_attention.run(**kw)
+        elif t == "latency":
+            from . import compressed_latency
+
+            results[t] = compressed_latency.run(quick=a.quick, out_dir=a.out, command=command)
+        elif t == "irratt":
+            from . import irratt_decomposition
+
+            results[t] = irratt_decomposition.run(quick=a.quick, out_dir=a.out, threads=threads or 1,
+                                                  command=command)
         elif t == "fused":
             results[t] = _run_fused(a.quick, a.out)
         elif t == "lm":

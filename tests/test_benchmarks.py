@@ -214,11 +214,16 @@ def test_runner_cli_parses_and_dispatches(tmp_path, monkeypatch):
                       (compressed_attention, "compression")):
         monkeypatch.setattr(mod, "run", lambda name=name, **kw: calls.append((name, kw["quick"])) or {})
     monkeypatch.setattr(attention_target, "run", lambda **kw: calls.append(("target", kw["n"] == 1024)) or {})
+    from benchmarks import compressed_latency, irratt_decomposition
+
+    monkeypatch.setattr(compressed_latency, "run", lambda **kw: calls.append(("latency", kw["quick"])) or {})
+    monkeypatch.setattr(irratt_decomposition, "run",
+                        lambda **kw: calls.append(("irratt", kw["quick"], kw["threads"])) or {})
     monkeypatch.setattr(bench_run, "_run_fused", lambda quick, out: calls.append(("fused", quick)) or {})
-    out = bench_run.main(["all", "--quick", "--out", str(tmp_path)])
+    out = bench_run.main(["all", "--quick", "--out", str(tmp_path), "--threads", "1"])
     assert calls == [("attention", True), ("target", True), ("generation", True), ("compression", True),
-                     ("fused", True)]
-    assert set(out) == {"attention", "target", "generation", "compression", "fused"}
+                     ("latency", True), ("irratt", True, 1), ("fused", True)]
+    assert set(out) == {"attention", "target", "generation", "compression", "latency", "irratt", "fused"}
     with pytest.raises(SystemExit):
         bench_run.main(["nonsense"])
 
