@@ -26,6 +26,14 @@ def test_compressed_latency_quick(tmp_path):
     assert text.count("| deit_t_p16 |") == len(rows) and "interleaved" in text
 
 
+def test_compressed_latency_rounds_per_batch_in_the_docs():
+    rows = [dict(batch=1, runs=7), dict(batch=32, runs=3), dict(batch=1, runs=7)]
+    assert compressed_latency._rounds(dict(rows=rows)) == "7 rounds at batch 1, 3 at batch 32"
+    assert compressed_latency._rounds(dict(rows=rows[:1])) == "7 rounds"
+    a = compressed_latency.build_parser().parse_args(["--runs-large", "2"])
+    assert (a.runs, a.runs_large) == (7, 2)
+
+
 def test_irratt_decomposition_quick(tmp_path):
     res = irratt_decomposition.run(quick=True, out_dir=tmp_path, command="pytest")
     (row,) = res["rows"]
