@@ -203,21 +203,13 @@ def _projector(y: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor]
     (``torch.export`` keeps both as standard ATen operators)."""
     if eps > 0 and exporting():
         return _ridge_projector(y, eps)
-    if exporting():
-        _check_onnx_eps()
-    q = _basis(y, eps)
-    return q, q
-
-
-@torch.compiler.disable
-def _check_onnx_eps() -> None:
-    """Raise when an ONNX export reaches the eps = 0 basis. Run outside Dynamo's tracing: there the
-    ONNX flag would be folded to False and the strict capture would go on to the Cholesky."""
     if onnx_exporting():
         raise ValueError(
             "ECA with eps=0 cannot be exported to ONNX: its orthonormal basis needs a Cholesky "
             "factorisation (with a QR fallback for singular Gram matrices), which ONNX has no operator "
             "for. Export a model built with eps > 0 (the paper's default is 1e-2), or use torch.export.")
+    q = _basis(y, eps)
+    return q, q
 
 
 def _ridge_projector(y: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor]:

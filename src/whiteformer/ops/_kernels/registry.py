@@ -70,7 +70,14 @@ def onnx_exporting() -> bool:
     """True while ``torch.onnx.export`` runs (either exporter): for the operations that ONNX has no
     operator for (e.g. a Cholesky factorisation), which ``torch.export`` keeps."""
     onnx = sys.modules.get("torch.onnx")  # not imported: no ONNX export is running
-    return onnx is not None and onnx.is_in_onnx_export()
+    if onnx is None:
+        return False
+    if not torch.compiler.is_dynamo_compiling():
+        return onnx.is_in_onnx_export()
+    # Dynamo folds is_in_onnx_export() to False while it traces (the strict torch.export capture that
+    # torch.onnx.export(dynamo=True) falls back to): read the flag of the dynamo exporter instead
+    flags = sys.modules.get("torch.onnx._internal.exporter._flags")
+    return bool(getattr(flags, "_is_onnx_exporting", False))
 
 
 def kernels_disabled() -> bool:
