@@ -127,6 +127,26 @@ def check_tokens_input(x, name: str = "x", dim: int | None = None, like: torch.T
     return check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)
 
 
+TOKEN_ID_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def check_token_ids(ids, name: str, vocab_size: int, shape: str = "(B, T)", ndim: int = 2,
+                    allow_no_tokens: bool = False) -> None:
+    """Token ids of a model's input: an integer tensor (``TOKEN_ID_DTYPES``) of ``ndim`` dims (``shape``
+    in the message), not empty (no tokens only with ``allow_no_tokens``), each in [0, vocab_size)."""
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    if ids.dtype not in TOKEN_ID_DTYPES:
+        raise TypeError(f"{name} must be an integer tensor of token ids, got {ids.dtype}")
+    if ids.dim() != ndim:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(ids.shape)}")
+    if ids.shape[0] == 0 or ids.shape[-1] == 0 and not allow_no_tokens:
+        raise ValueError(f"{name} must be non-empty, got shape {tuple(ids.shape)}")
+    lo, hi = (int(ids.min()), int(ids.max())) if can_read_values() and ids.numel() else (0, 0)
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"{name} has token ids in [{lo}, {hi}], expected [0, {vocab_size - 1}]")
+
+
 def check_step_input(x_t, dim: int, like: torch.Tensor, name: str = "x_t") -> None:
     """Check one generated token's input (B, C) of a causal layer: C == dim, on the device of
     ``like`` (one of the layer's weights)."""

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 from einops import rearrange
 
-from .._checks import check_finite_real, check_int, check_probability
+from .._checks import check_choice, check_finite_real, check_int, check_probability
 from ..attention.baselines import MSSA
 from ..layers import GradCheckpointMixin, PatchGrid, TimmFeatureMixin, resample_abs_pos_embed
 from ..layers.mlp import ISTA
@@ -110,8 +110,7 @@ class CRATE(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, nn.Module):
                  eta: float = 0.1, lambd: float = 0.1, global_pool: str = "token", attn_drop_rate: float = 0.0,
                  pos_drop_rate: float = 0.0, dynamic_img_size: bool = False, dynamic_img_pad: bool = False):
         super().__init__()
-        if global_pool not in ("token", "avg"):
-            raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
+        check_choice(global_pool, "global_pool", ("token", "avg"))
         check_int(num_classes, "num_classes", 0)
         check_int(depth, "depth", 0)
         for name, val in (("attn_drop_rate", attn_drop_rate), ("pos_drop_rate", pos_drop_rate)):
@@ -144,8 +143,7 @@ class CRATE(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, nn.Module):
         """New head (PyTorch default init) for ``num_classes`` (0: identity); optional new pooling."""
         check_int(num_classes, "num_classes", 0)
         if global_pool is not None:
-            if global_pool not in ("token", "avg"):
-                raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
+            check_choice(global_pool, "global_pool", ("token", "avg"))
             self.global_pool = global_pool
             self.init_kwargs["global_pool"] = global_pool
         self.num_classes = num_classes

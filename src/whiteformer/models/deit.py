@@ -21,7 +21,14 @@ from typing import Dict, Optional, Set
 import torch
 import torch.nn as nn
 
-from .._checks import check_divisible, check_finite_real, check_int, check_positive_real, check_probability
+from .._checks import (
+    check_choice,
+    check_divisible,
+    check_finite_real,
+    check_int,
+    check_positive_real,
+    check_probability,
+)
 from ..attention.baselines import MHSA
 from ..hf.vit_weights import convert_hf_vit_state_dict, is_hf_vit_state_dict
 from ..layers import DropPath, GradCheckpointMixin, LayerScale, Mlp, PatchGrid, TimmFeatureMixin, resample_abs_pos_embed
@@ -100,8 +107,7 @@ class VisionTransformer(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, 
                  attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0, compression: Optional[dict] = None,
                  norm_eps: float = 1e-6, dynamic_img_size: bool = False, dynamic_img_pad: bool = False):
         super().__init__()
-        if global_pool not in ("token", "avg"):
-            raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
+        check_choice(global_pool, "global_pool", ("token", "avg"))
         check_int(num_classes, "num_classes", 0)
         check_int(depth, "depth", 0)
         check_divisible(embed_dim, num_heads, "embed_dim")
@@ -159,8 +165,7 @@ class VisionTransformer(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, 
         or 'avg' switches the pooling (the norms are left as built, as timm)."""
         check_int(num_classes, "num_classes", 0)
         if global_pool is not None:
-            if global_pool not in ("token", "avg"):
-                raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
+            check_choice(global_pool, "global_pool", ("token", "avg"))
             self.global_pool = global_pool
             self.init_kwargs["global_pool"] = global_pool
         self.num_classes = num_classes

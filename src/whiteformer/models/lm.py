@@ -43,6 +43,7 @@ from .._checks import (
     check_mask,
     check_positive_real,
     check_probability,
+    check_token_ids,
     is_int,
     is_real,
 )
@@ -255,19 +256,7 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
 
     # ---- checks -------------------------------------------------------------------------------
     def _check_idx(self, idx, name: str = "idx") -> None:
-        if not isinstance(idx, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(idx).__name__}")
-        if idx.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
-            raise TypeError(f"{name} must be an integer tensor of token ids, got {idx.dtype}")
-        if idx.dim() != 2:
-            raise ValueError(f"{name} must have shape (B, T), got {tuple(idx.shape)}")
-        if idx.shape[0] == 0 or idx.shape[1] == 0 and self.context_parallel_group is None:  # split: a chunk may be empty
-            raise ValueError(f"{name} must be non-empty, got shape {tuple(idx.shape)}")
-        if not can_read_values() or idx.numel() == 0:
-            return
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < 0 or hi >= self.vocab_size:
-            raise ValueError(f"{name} has token ids in [{lo}, {hi}], expected [0, {self.vocab_size - 1}]")
+        check_token_ids(idx, name, self.vocab_size, allow_no_tokens=self.context_parallel_group is not None)
 
     def check_context_parallel(self) -> None:
         for i, blk in enumerate(self.transformer.h):

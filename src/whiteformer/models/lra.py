@@ -40,7 +40,7 @@ import torch
 import torch.nn as nn
 
 from .. import attention as _attention
-from .._checks import as_keep_mask, check_divisible, check_mask, check_probability, is_int
+from .._checks import as_keep_mask, check_divisible, check_mask, check_probability, check_token_ids, is_int
 from .._compile import can_read_values
 from ..layers import GradCheckpointMixin, Mlp
 from .registry import build_with_defaults, register_model
@@ -189,20 +189,12 @@ class LRAClassifier(GradCheckpointMixin, PretrainedMixin, nn.Module):
 
     # ---- input checks -------------------------------------------------------------------------
     def _check_tokens(self, tokens, attn_mask, pair: bool):
-        if not isinstance(tokens, torch.Tensor):
-            raise TypeError(f"tokens must be a torch.Tensor of token ids, got {type(tokens).__name__}")
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise TypeError(f"tokens must be an integer tensor of token ids, got {tokens.dtype}")
         want = "(B, 2, N) (two documents: the model is dual)" if pair else "(B, N)"
-        if (pair and (tokens.dim() != 3 or tokens.shape[1] != 2)) or (not pair and tokens.dim() != 2):
+        check_token_ids(tokens, "tokens", self.vocab_size, want, 3 if pair else 2)
+        if pair and tokens.shape[1] != 2:
             raise ValueError(f"tokens must have shape {want}, got {tuple(tokens.shape)}")
-        if tokens.numel() == 0:
-            raise ValueError(f"tokens must be non-empty, got shape {tuple(tokens.shape)}")
         if tokens.shape[-1] > self.max_len:
             raise ValueError(f"sequence length {tokens.shape[-1]} exceeds the model's max_len {self.max_len}")
-        lo, hi = (int(tokens.min()), int(tokens.max())) if can_read_values() else (0, 0)
-        if lo < 0 or hi >= self.vocab_size:
-            raise ValueError(f"tokens has ids in [{lo}, {hi}], expected [0, {self.vocab_size - 1}]")
         if attn_mask is not None:
             if not isinstance(attn_mask, torch.Tensor) or attn_mask.shape != tokens.shape:
                 got = tuple(attn_mask.shape) if isinstance(attn_mask, torch.Tensor) else type(attn_mask).__name__

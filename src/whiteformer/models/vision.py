@@ -56,6 +56,7 @@ import torch.nn as nn
 
 from .. import attention as _attention
 from .._checks import (
+    check_choice,
     check_divisible,
     check_finite_real,
     check_int,
@@ -89,11 +90,6 @@ __all__ = ["Block", "ToSTVision"]
 
 _MLP_KINDS = ("mlp", "ista", "none")
 _NO_DECAY_SUFFIXES = ("temp", "temperature", "pos_bias", "cls_token", "pos_embed")
-
-
-def _check_pool(global_pool: Any) -> None:
-    if global_pool not in ("token", "avg"):
-        raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
 
 
 def check_attn_args(attn: Any, attn_kwargs: Any) -> None:
@@ -155,8 +151,7 @@ class Block(nn.Module):
         prenorm: bool = True,
     ):
         super().__init__()
-        if mlp not in _MLP_KINDS:
-            raise ValueError(f"mlp must be one of {_MLP_KINDS}, got {mlp!r}")
+        check_choice(mlp, "mlp", _MLP_KINDS)
         eta = check_finite_real(eta, "eta", allow_none=True)
         mlp_ratio = check_positive_real(mlp_ratio, "mlp_ratio")
         self.dim = dim
@@ -279,15 +274,12 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
                 low = 0 if name == "depth" else 1
                 raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
         check_int(num_classes, "num_classes", 0)
-        _check_pool(global_pool)
+        check_choice(global_pool, "global_pool", ("token", "avg"))
         check_attn_args(attn, attn_kwargs)
-        if mlp not in _MLP_KINDS:
-            raise ValueError(f"mlp must be one of {_MLP_KINDS}, got {mlp!r}")
+        check_choice(mlp, "mlp", _MLP_KINDS)
         drop_rate = check_probability(drop_rate, "drop_rate")
         attn_drop_rate = check_probability(attn_drop_rate, "attn_drop_rate")
-        drop_path_rate = check_probability(drop_path_rate, "drop_path_rate")
-        eta = check_finite_real(eta, "eta", allow_none=True)
-        mlp_ratio = check_positive_real(mlp_ratio, "mlp_ratio")
+        drop_path_rate = check_probability(drop_path_rate, "drop_path_rate")  # eta, mlp_ratio: checked by the blocks
 
         self.num_classes = num_classes
         self.global_pool = global_pool
@@ -354,7 +346,7 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
         ``global_pool`` "token" or "avg" switches the pooling (see the class docstring)."""
         check_int(num_classes, "num_classes", 0)
         if global_pool is not None:
-            _check_pool(global_pool)
+            check_choice(global_pool, "global_pool", ("token", "avg"))
             self.global_pool = global_pool
             if hasattr(self, "init_kwargs"):
                 self.init_kwargs = {**self.init_kwargs, "global_pool": global_pool}
