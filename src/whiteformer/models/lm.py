@@ -40,11 +40,11 @@ from .._checks import (
     check_cu_seqlens,
     check_divisible,
     check_finite_real,
+    check_int,
     check_mask,
     check_positive_real,
     check_probability,
     check_token_ids,
-    is_int,
     is_real,
 )
 from .._compile import can_read_values
@@ -111,12 +111,6 @@ class LMState(NamedTuple):
     layers: Tuple[Any, ...]
 
 
-def _check_pos_int(value, name: str, minimum: int = 1) -> int:
-    if not is_int(value) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
 class LMMlp(nn.Module):
     """nanoGPT MLP: ``c_fc`` (D -> hidden), exact GELU, ``c_proj`` (hidden -> D), dropout."""
 
@@ -180,9 +174,9 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
                  pos_emb: bool, mlp_ratio: float, bias: bool, dropout: float, init_values: float,
                  **attn_opts: Any):
         super().__init__()
-        _check_pos_int(vocab_size, "vocab_size")
-        _check_pos_int(depth, "depth", 0)
-        _check_pos_int(max_len, "max_len")
+        check_int(vocab_size, "vocab_size", 1)
+        check_int(depth, "depth", 0)
+        check_int(max_len, "max_len", 1)
         check_divisible(dim, num_heads)
         check_probability(dropout, "dropout")
         mlp_ratio = check_positive_real(mlp_ratio, "mlp_ratio")
@@ -641,10 +635,10 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         """
         self._one_process("generate")
         self._check_idx(idx)
-        _check_pos_int(max_new_tokens, "max_new_tokens", 0)
+        check_int(max_new_tokens, "max_new_tokens", 0)
         check_temperature(temperature)
         if top_k is not None:
-            _check_pos_int(top_k, "top_k")
+            check_int(top_k, "top_k", 1)
         if top_p is not None and (not is_real(top_p)
                                   or not 0.0 < top_p <= 1.0):
             raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")

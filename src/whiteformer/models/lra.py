@@ -40,7 +40,16 @@ import torch
 import torch.nn as nn
 
 from .. import attention as _attention
-from .._checks import as_keep_mask, check_divisible, check_mask, check_probability, check_token_ids, is_int
+from .._checks import (
+    as_keep_mask,
+    check_choice,
+    check_divisible,
+    check_int,
+    check_mask,
+    check_probability,
+    check_token_ids,
+    is_int,
+)
 from .._compile import can_read_values
 from ..layers import GradCheckpointMixin, Mlp
 from .registry import build_with_defaults, register_model
@@ -142,10 +151,8 @@ class LRAClassifier(GradCheckpointMixin, PretrainedMixin, nn.Module):
         check_divisible(embed_dim, num_heads, "embed_dim")
         for name, v, low in (("vocab_size", vocab_size, 1), ("num_classes", num_classes, 1), ("max_len", max_len, 1),
                              ("depth", depth, 0), ("mlp_dim", mlp_dim, 1)):
-            if not is_int(v) or v < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
-        if pool not in _POOLS:
-            raise ValueError(f"pool must be one of {_POOLS}, got {pool!r}")
+            check_int(v, name, low)
+        check_choice(pool, "pool", _POOLS)
         if pad_id is not None and (not is_int(pad_id)
                                    or not 0 <= pad_id < vocab_size):
             raise ValueError(f"pad_id must be None or a token id in [0, {vocab_size}), got {pad_id!r}")

@@ -64,7 +64,6 @@ from .._checks import (
     check_probability,
     check_tensor,
     check_tokens_input,
-    is_int,
 )
 from .._utils import apply_layer_scale, layer_scale_param
 from ..attention.context_parallel import ContextParallel
@@ -270,9 +269,7 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
         super().__init__()
         check_divisible(embed_dim, num_heads, "embed_dim")
         for name, v in (("depth", depth), ("cls_attn_layers", cls_attn_layers)):
-            if not is_int(v) or v < (0 if name == "depth" else 1):
-                low = 0 if name == "depth" else 1
-                raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+            check_int(v, name, 0 if name == "depth" else 1)
         check_int(num_classes, "num_classes", 0)
         check_choice(global_pool, "global_pool", ("token", "avg"))
         check_attn_args(attn, attn_kwargs)
