@@ -390,6 +390,16 @@ def test_transformers_deit_distillation_is_refused(tmp_path):
         whiteformer.create_model("tost_t12_p16", checkpoint_path=str(tmp_path))
 
 
+@pytest.mark.parametrize("extra", ["other.weight", "vit.encoder.layer.0.foo.weight", "vit.blah", "cls_classifier.weight"])
+def test_transformers_vit_unknown_key_is_refused(extra):
+    from whiteformer.hf.vit_weights import convert_hf_vit_state_dict
+
+    state = _hf_vit().state_dict()
+    assert {"blocks.0.attn.qkv.weight", "head.weight"} <= set(convert_hf_vit_state_dict(state))
+    with pytest.raises(ValueError, match=f"unexpected key '{extra}' in a transformers ViT/DeiT state dict"):
+        convert_hf_vit_state_dict({**state, extra: torch.zeros(1)})
+
+
 @pytest.mark.parametrize("model_type", list(LM))
 def test_forward_checks_input_ids_once(model_type, monkeypatch):
     """The wrapper's forward checks input_ids at its door; the model's prefill and steps from the

@@ -67,6 +67,11 @@ _BLOCK = {  # transformers block sub-key (both layouts) -> timm sub-key
 }
 _QKV = {"attention.attention.query": 0, "attention.attention.key": 1, "attention.attention.value": 2,
         "attention.q_proj": 0, "attention.k_proj": 1, "attention.v_proj": 2}
+_TOP = {"embeddings.cls_token": "cls_token", "embeddings.position_embeddings": "pos_embed",  # outside the blocks
+        "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
+        "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
+        "layernorm.weight": "norm.weight", "layernorm.bias": "norm.bias",
+        "classifier.weight": "head.weight", "classifier.bias": "head.bias"}
 _BLOCK_KEY = re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.(.+)\.(weight|bias)$")
 
 
@@ -119,32 +124,17 @@ def convert_hf_vit_state_dict(state_dict: Mapping[str, torch.Tensor]) -> Dict[st
     out: Dict[str, torch.Tensor] = {}
     qkv: Dict[tuple, Dict[int, torch.Tensor]] = {}
     for key, val in state_dict.items():
-        if key.startswith(prefix):
-            sub = key[len(prefix):]
-        elif prefix and not key.startswith(("classifier.", "cls_classifier.", "distillation_classifier.")):
-            raise ValueError(f"unexpected key {key!r} in a transformers ViT/DeiT state dict")
-        else:
-            sub = key
+        own = key.startswith(prefix) or key.startswith(("classifier.", "cls_classifier.", "distillation_classifier."))
+        sub = key[len(prefix):] if key.startswith(prefix) else key if own else ""  # "": an unexpected key
         block = _BLOCK_KEY.match(sub)
-        if block:
-            i, name, kind = block.groups()
-            if name in _QKV:
-                qkv.setdefault((i, kind), {})[_QKV[name]] = val
-                continue
-            if name not in _BLOCK:
+        i, name, kind = block.groups() if block else (None, None, None)
+        if name in _QKV:
+            qkv.setdefault((i, kind), {})[_QKV[name]] = val
+        elif not sub.startswith(("pooler.", "embeddings.mask_token")):  # ViTModel's pooler / MIM token: unused
+            target = f"blocks.{i}.{_BLOCK[name]}.{kind}" if name in _BLOCK else None if block else _TOP.get(sub)
+            if target is None:
                 raise ValueError(f"unexpected key {key!r} in a transformers ViT/DeiT state dict")
-            out[f"blocks.{i}.{_BLOCK[name]}.{kind}"] = val
-            continue
-        if sub.startswith(("pooler.", "embeddings.mask_token")):
-            continue  # ViTModel's pooler / masked-image-modeling token: unused by a classifier
-        top = {"embeddings.cls_token": "cls_token", "embeddings.position_embeddings": "pos_embed",
-               "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
-               "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
-               "layernorm.weight": "norm.weight", "layernorm.bias": "norm.bias",
-               "classifier.weight": "head.weight", "classifier.bias": "head.bias"}.get(sub)
-        if top is None:
-            raise ValueError(f"unexpected key {key!r} in a transformers ViT/DeiT state dict")
-        out[top] = val
+            out[target] = val
     for (i, kind), parts in qkv.items():
         if sorted(parts) != [0, 1, 2]:
             raise ValueError(f"block {i}: the transformers checkpoint lacks some of query/key/value {kind}")
