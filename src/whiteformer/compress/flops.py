@@ -21,16 +21,10 @@ from typing import Sequence, Union
 
 import torch
 
-from .._checks import is_int
+from .._checks import check_int, is_int
 
 __all__ = ["mhsa_macs", "mhsa_qk_macs", "mhsa_vo_macs", "truncatt_qk_macs", "cp_qk_macs", "irratt_qk_macs",
            "vo_truncatt_macs", "linear_macs", "lowrank_linear_macs", "count_flops"]
-
-
-def _int(v, name: str, minimum: int = 0) -> int:
-    if not is_int(v) or v < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
-    return v
 
 
 def _ranks(ranks, name: str = "ranks") -> Sequence[int]:
@@ -38,19 +32,19 @@ def _ranks(ranks, name: str = "ranks") -> Sequence[int]:
         ranks = (ranks,)
     if not isinstance(ranks, (list, tuple)):
         raise ValueError(f"{name} must be a sequence of non-negative ints, got {ranks!r}")
-    return [_int(r, name) for r in ranks]
+    return [check_int(r, name, 0) for r in ranks]
 
 
 def mhsa_macs(num_tokens: int, dim: int, num_heads: int, head_dim: int) -> int:
     """Whole MHSA block: ``4 N F D H + 2 H N^2 D``."""
-    N, F, H, D = (_int(v, n, 1) for v, n in ((num_tokens, "num_tokens"), (dim, "dim"), (num_heads, "num_heads"),
+    N, F, H, D = (check_int(v, n, 1) for v, n in ((num_tokens, "num_tokens"), (dim, "dim"), (num_heads, "num_heads"),
                                                (head_dim, "head_dim")))
     return 4 * N * F * D * H + 2 * H * N * N * D
 
 
 def mhsa_qk_macs(num_tokens: int, dim: int, num_heads: int, head_dim: int) -> int:
     """QK part of MHSA: ``N D H (2F + N)``."""
-    N, F, H, D = (_int(v, n, 1) for v, n in ((num_tokens, "num_tokens"), (dim, "dim"), (num_heads, "num_heads"),
+    N, F, H, D = (check_int(v, n, 1) for v, n in ((num_tokens, "num_tokens"), (dim, "dim"), (num_heads, "num_heads"),
                                                (head_dim, "head_dim")))
     return N * D * H * (2 * F + N)
 
@@ -62,16 +56,16 @@ def mhsa_vo_macs(num_tokens: int, dim: int, num_heads: int, head_dim: int) -> in
 
 def truncatt_qk_macs(num_tokens: int, dim: int, ranks: Union[int, Sequence[int]], num_heads: int = 1) -> int:
     """TruncAtt QK: ``sum_h N r_h (2F + N)``; an int ``ranks`` means that rank for each of ``num_heads``."""
-    N, F = _int(num_tokens, "num_tokens", 1), _int(dim, "dim", 1)
+    N, F = check_int(num_tokens, "num_tokens", 1), check_int(dim, "dim", 1)
     rs = _ranks(ranks)
     if isinstance(ranks, int):
-        rs = rs * _int(num_heads, "num_heads", 1)
+        rs = rs * check_int(num_heads, "num_heads", 1)
     return sum(N * r * (2 * F + N) for r in rs)
 
 
 def cp_qk_macs(num_tokens: int, dim: int, num_heads: int, rank: int) -> int:
     """CP SlimAtt QK: ``2 N F R + N (N+1) H R``."""
-    N, F, H, R = (_int(v, n, 1) for v, n in ((num_tokens, "num_tokens"), (dim, "dim"), (num_heads, "num_heads"),
+    N, F, H, R = (check_int(v, n, 1) for v, n in ((num_tokens, "num_tokens"), (dim, "dim"), (num_heads, "num_heads"),
                                                (rank, "rank")))
     return 2 * N * F * R + N * (N + 1) * H * R
 
@@ -80,12 +74,12 @@ def irratt_qk_macs(num_tokens: int, dim: int, ranks: Sequence[int], num_heads: i
                    fusion: str = "identity") -> int:
     """IrrAtt QK: ``2 N F sum L + N^2 sum L`` (+ ``N^2 H B`` for ``fusion="general"``, B = number of
     non-empty blocks)."""
-    N, F = _int(num_tokens, "num_tokens", 1), _int(dim, "dim", 1)
+    N, F = check_int(num_tokens, "num_tokens", 1), check_int(dim, "dim", 1)
     rs = _ranks(ranks)
     total = sum(rs)
     macs = 2 * N * F * total + N * N * total
     if fusion == "general":
-        macs += N * N * _int(num_heads, "num_heads", 1) * sum(1 for r in rs if r > 0)
+        macs += N * N * check_int(num_heads, "num_heads", 1) * sum(1 for r in rs if r > 0)
     elif fusion != "identity":
         raise ValueError(f"fusion must be 'identity' or 'general', got {fusion!r}")
     return macs
@@ -93,23 +87,23 @@ def irratt_qk_macs(num_tokens: int, dim: int, ranks: Sequence[int], num_heads: i
 
 def vo_truncatt_macs(num_tokens: int, dim: int, ranks: Union[int, Sequence[int]], num_heads: int = 1) -> int:
     """VO TruncAtt: ``sum_h r_h (2 N F + N^2)``."""
-    N, F = _int(num_tokens, "num_tokens", 1), _int(dim, "dim", 1)
+    N, F = check_int(num_tokens, "num_tokens", 1), check_int(dim, "dim", 1)
     rs = _ranks(ranks)
     if isinstance(ranks, int):
-        rs = rs * _int(num_heads, "num_heads", 1)
+        rs = rs * check_int(num_heads, "num_heads", 1)
     return sum(r * (2 * N * F + N * N) for r in rs)
 
 
 def linear_macs(num_tokens: int, in_features: int, out_features: int) -> int:
     """Dense linear layer: ``N in out``."""
-    return _int(num_tokens, "num_tokens", 1) * _int(in_features, "in_features", 1) * _int(out_features,
+    return check_int(num_tokens, "num_tokens", 1) * check_int(in_features, "in_features", 1) * check_int(out_features,
                                                                                          "out_features", 1)
 
 
 def lowrank_linear_macs(num_tokens: int, in_features: int, out_features: int, rank: int) -> int:
     """Rank-r factorised linear layer (truncated SVD, two linears): ``N r (in + out)``."""
-    return (_int(num_tokens, "num_tokens", 1) * _int(rank, "rank", 1)
-            * (_int(in_features, "in_features", 1) + _int(out_features, "out_features", 1)))
+    return (check_int(num_tokens, "num_tokens", 1) * check_int(rank, "rank", 1)
+            * (check_int(in_features, "in_features", 1) + check_int(out_features, "out_features", 1)))
 
 
 def count_flops(module: torch.nn.Module, *args, **kwargs) -> int:

@@ -20,17 +20,11 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from .._checks import is_int
+from .._checks import check_int
 from .._utils import eval_mode  # noqa: F401  (re-exported: whiteformer.compress.latency.eval_mode)
 
 __all__ = ["measure_latency", "compare_latency", "summarize_pair", "latency_verdict", "image_input_shape",
            "example_images", "eval_mode"]
-
-
-def _int(v, name: str, minimum: int) -> int:
-    if not is_int(v) or v < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
-    return v
 
 
 def image_input_shape(model: nn.Module) -> Tuple[int, int, int]:
@@ -52,7 +46,7 @@ def image_input_shape(model: nn.Module) -> Tuple[int, int, int]:
 
 def example_images(model: nn.Module, batch_size: int = 1, seed: int = 0) -> torch.Tensor:
     """A (B, C, H, W) standard-normal batch on the model's device and dtype."""
-    _int(batch_size, "batch_size", 1)
+    check_int(batch_size, "batch_size", 1)
     ref = next(model.parameters())
     g = torch.Generator().manual_seed(seed)
     x = torch.randn((batch_size, *image_input_shape(model)), generator=g)
@@ -76,12 +70,12 @@ def measure_latency(model: nn.Module, x: Optional[torch.Tensor] = None, *, batch
     Returns:
         ``{"median_ms", "min_ms", "runs", "batch_size", "device"}``.
     """
-    _int(runs, "runs", 1)
-    _int(warmup, "warmup", 0)
+    check_int(runs, "runs", 1)
+    check_int(warmup, "warmup", 0)
     if x is None:
         ref = next(model.parameters())
         shape = tuple(input_shape) if input_shape is not None else image_input_shape(model)
-        x = torch.randn((_int(batch_size, "batch_size", 1), *shape), device=ref.device, dtype=ref.dtype)
+        x = torch.randn((check_int(batch_size, "batch_size", 1), *shape), device=ref.device, dtype=ref.dtype)
     elif not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     device = x.device
@@ -165,10 +159,10 @@ def compare_latency(model_a: nn.Module, model_b: nn.Module, x: torch.Tensor, *, 
         "ratio", "overlap", "runs", "warmup", "threads", "batch_size", "device", "order"}``
         (``speedup`` None when the IQRs overlap, see :func:`latency_verdict`).
     """
-    _int(runs, "runs", 1)
-    _int(warmup, "warmup", 0)
+    check_int(runs, "runs", 1)
+    check_int(warmup, "warmup", 0)
     if threads is not None:
-        _int(threads, "threads", 1)
+        check_int(threads, "threads", 1)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     device = x.device
