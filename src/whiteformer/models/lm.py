@@ -57,6 +57,7 @@ from ..layers import GradCheckpointMixin, feature_take_indices
 from ..ops.context_parallel import all_reduce_sum, chunk_layout, local_checks
 from ..ops.linear_cross_entropy import linear_cross_entropy
 from ..ops.packing import segment_positions, split_cu_seqlens
+from ._context_parallel import check_blocks_split
 from .registry import build_with_defaults, register_model
 from .save import PretrainedMixin
 
@@ -253,11 +254,7 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         check_token_ids(idx, name, self.vocab_size, allow_no_tokens=self.context_parallel_group is not None)
 
     def check_context_parallel(self) -> None:
-        for i, blk in enumerate(self.transformer.h):
-            if not isinstance(blk.attn, ContextParallel):
-                raise ValueError(f"{type(self).__name__} cannot run context-parallel: block {i}'s attention "
-                                 f"({type(blk.attn).__name__}) mixes token contents and would need the keys and values "
-                                 "of the other ranks (ring attention); context parallelism is for ToST (TSSA) models")
+        check_blocks_split(self, self.transformer.h)
 
     def _one_process(self, what: str) -> None:
         if self.context_parallel_group is not None:

@@ -82,6 +82,7 @@ from ..layers import (
     to_2tuple,
 )
 from ..ops.context_parallel import group_chunk, local_checks
+from ._context_parallel import check_blocks_split
 from .registry import build_with_defaults, register_model
 from .save import PretrainedMixin
 
@@ -358,11 +359,7 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
             self.init_kwargs = {**self.init_kwargs, "num_classes": num_classes}
 
     def check_context_parallel(self) -> None:
-        for i, blk in enumerate(self.blocks):
-            if not isinstance(blk.attn, ContextParallel):
-                raise ValueError(f"{type(self).__name__} cannot run context-parallel: block {i}'s attention "
-                                 f"({type(blk.attn).__name__}) is not split exactly by combining per-rank sums; "
-                                 "context parallelism is for TSSA (ToST) models")
+        check_blocks_split(self, self.blocks)
         if self.global_pool == "avg":
             raise ValueError("global_pool='avg' averages the patch tokens of every rank; context parallelism "
                              "supports the class-token readout (global_pool='token')")
