@@ -330,3 +330,13 @@ def test_step_continues_each_packed_document():
     ref, _ = causal_tssa_step(w_t, alone, temp, bias)
     assert state.t.tolist() == [n + 1 for n in lengths]
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=0)
+
+
+def test_segment_positions_of_checked_lengths():
+    """The caller checks cu_seqlens once and passes the lengths it got: no second check here."""
+    from whiteformer._checks import check_cu_seqlens
+    from whiteformer.ops.packing import segment_positions
+
+    cu = torch.tensor([0, 1, 4, 4, 6], dtype=torch.int32)
+    lengths = check_cu_seqlens(cu, 6)
+    assert segment_positions(cu, lengths, torch.device("cpu")).tolist() == [0, 0, 1, 2, 0, 1]

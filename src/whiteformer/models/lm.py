@@ -323,8 +323,9 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         (1, T) positions within the documents (context-parallel: idx is this rank's chunk of the row
         that ``cu_seqlens`` describes)."""
         start, total = self._row_span(idx, fingerprint)
-        self._check_len(max(check_cu_seqlens(cu_seqlens, total)))
-        return segment_positions(cu_seqlens, total, idx.device)[None, start:start + idx.shape[1]]
+        lengths = check_cu_seqlens(cu_seqlens, total)
+        self._check_len(max(lengths))
+        return segment_positions(cu_seqlens, lengths, idx.device)[None, start:start + idx.shape[1]]
 
     def _row_span(self, idx: torch.Tensor, fingerprint: Sequence[int] = ()) -> Tuple[int, int]:
         """(first token's index in the whole row, the row's length): this rank's chunk when

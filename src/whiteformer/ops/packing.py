@@ -155,10 +155,10 @@ def segment_ids(cu_seqlens: torch.Tensor, total: int, device: torch.device) -> t
     return segments(cu_seqlens, check_cu_seqlens(cu_seqlens, total), device).ids
 
 
-def segment_positions(cu_seqlens: torch.Tensor, total: int, device: torch.device) -> torch.Tensor:
-    """(total,) long: each packed token's position within its document (0 at every start;
-    validates ``cu_seqlens``)."""
-    return segments(cu_seqlens, check_cu_seqlens(cu_seqlens, total), device).positions
+def segment_positions(cu_seqlens: torch.Tensor, lengths: List[int], device: torch.device) -> torch.Tensor:
+    """(sum(lengths),) long: each packed token's position within its document (0 at every start),
+    for documents of checked ``lengths`` (:func:`whiteformer._checks.check_cu_seqlens`)."""
+    return segments(cu_seqlens, lengths, device).positions
 
 
 class Segments(NamedTuple):
