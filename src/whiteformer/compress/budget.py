@@ -87,7 +87,8 @@ def qk_rank_for_budget(method: str, qk_flops_ratio: float, *, num_tokens: int, d
 
 def rank_for_method(method: str, total_rank: int, num_heads: int) -> int:
     """The rank argument that gives ``method`` the total QK rank ``total_rank``: truncatt
-    ``total / H`` per head (must divide), cp R = total, irratt the total (split over the heads)."""
+    ``total / H`` per head (must divide), cp R = total, irratt the total (split over the heads).
+    ``method`` is one of those three, checked by the caller."""
     if not is_int(total_rank) or total_rank < 1:
         raise ValueError(f"the total QK rank must be a positive int with protocol='rank', got {total_rank!r}")
     if method == "truncatt":
@@ -95,6 +96,4 @@ def rank_for_method(method: str, total_rank: int, num_heads: int) -> int:
             raise ValueError(f"total QK rank {total_rank} is not a multiple of num_heads={num_heads}: TruncAtt "
                              "gives every head the same rank")
         return total_rank // num_heads
-    if method in ("cp", "irratt"):
-        return total_rank
-    raise ValueError(f"method must be 'truncatt', 'cp' or 'irratt', got {method!r}")
+    return total_rank  # cp: R, irratt: the total
