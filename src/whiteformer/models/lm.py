@@ -546,10 +546,7 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
 
     def _check_step(self, idx_t, state) -> LMState:
         """:meth:`step`'s arguments: idx_t (B,) token ids and a state (:meth:`_check_state`), returned."""
-        if not isinstance(idx_t, torch.Tensor) or idx_t.dim() != 1:
-            raise ValueError(f"idx_t must be a (B,) tensor of token ids, got "
-                             f"{getattr(idx_t, 'shape', type(idx_t).__name__)}")
-        self._check_idx(idx_t[:, None], "idx_t")
+        check_token_ids(idx_t, "idx_t", self.vocab_size, "(B,)", ndim=1)
         return self._check_state(state)
 
     def _check_state(self, state) -> LMState:
