@@ -25,6 +25,7 @@ from .._checks import check_choice, check_finite_real, check_int, check_probabil
 from ..attention.baselines import MSSA
 from ..layers import GradCheckpointMixin, PatchGrid, TimmFeatureMixin, resample_abs_pos_embed
 from ..layers.mlp import ISTA
+from ._head import set_head_args
 from .registry import build_with_defaults, register_model
 from .save import PretrainedMixin
 
@@ -141,13 +142,7 @@ class CRATE(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, nn.Module):
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         """New head (PyTorch default init) for ``num_classes`` (0: identity); optional new pooling."""
-        check_int(num_classes, "num_classes", 0)
-        if global_pool is not None:
-            check_choice(global_pool, "global_pool", ("token", "avg"))
-            self.global_pool = global_pool
-            self.init_kwargs["global_pool"] = global_pool
-        self.num_classes = num_classes
-        self.init_kwargs["num_classes"] = num_classes
+        set_head_args(self, num_classes, global_pool)
         w = self.pos_embed
         self.head = (nn.Linear(self.embed_dim, num_classes, device=w.device, dtype=w.dtype)
                      if num_classes > 0 else nn.Identity())

@@ -32,6 +32,7 @@ from .._checks import (
 from ..attention.baselines import MHSA
 from ..hf.vit_weights import convert_hf_vit_state_dict, is_hf_vit_state_dict
 from ..layers import DropPath, GradCheckpointMixin, LayerScale, Mlp, PatchGrid, TimmFeatureMixin, resample_abs_pos_embed
+from ._head import set_head_args
 from .registry import apply_structure, build_with_defaults, register_model
 from .save import PretrainedMixin
 
@@ -163,13 +164,7 @@ class VisionTransformer(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         """New (re-initialised) head for ``num_classes`` (0: identity); ``global_pool`` 'token'
         or 'avg' switches the pooling (the norms are left as built, as timm)."""
-        check_int(num_classes, "num_classes", 0)
-        if global_pool is not None:
-            check_choice(global_pool, "global_pool", ("token", "avg"))
-            self.global_pool = global_pool
-            self.init_kwargs["global_pool"] = global_pool
-        self.num_classes = num_classes
-        self.init_kwargs["num_classes"] = num_classes
+        set_head_args(self, num_classes, global_pool)
         w = self.pos_embed
         if num_classes > 0:
             self.head = nn.Linear(self.embed_dim, num_classes, device=w.device, dtype=w.dtype)

@@ -83,6 +83,7 @@ from ..layers import (
 )
 from ..ops.context_parallel import group_chunk, local_checks
 from ._context_parallel import check_blocks_split
+from ._head import set_head_args
 from .registry import build_with_defaults, register_model
 from .save import PretrainedMixin
 
@@ -342,21 +343,13 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         """Replace the head by a freshly initialised ``Linear(D, num_classes)`` (0: identity);
         ``global_pool`` "token" or "avg" switches the pooling (see the class docstring)."""
-        check_int(num_classes, "num_classes", 0)
-        if global_pool is not None:
-            check_choice(global_pool, "global_pool", ("token", "avg"))
-            self.global_pool = global_pool
-            if hasattr(self, "init_kwargs"):
-                self.init_kwargs = {**self.init_kwargs, "global_pool": global_pool}
-        self.num_classes = num_classes
+        set_head_args(self, num_classes, global_pool)
         ref = self.cls_token  # (the norm may be pruned: prune_intermediate_layers)
         if num_classes > 0:
             self.head = nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)
             self._init_weights(self.head)
         else:
             self.head = nn.Identity()
-        if hasattr(self, "init_kwargs"):
-            self.init_kwargs = {**self.init_kwargs, "num_classes": num_classes}
 
     def check_context_parallel(self) -> None:
         check_blocks_split(self, self.blocks)
