@@ -73,3 +73,14 @@ def test_classifier_labels():
         model(x, labels=torch.ones(2, 10, dtype=torch.long))
     with pytest.raises(ValueError, match="headless"):
         AutoModel.from_config(config)(x, labels=torch.tensor([1, 2]))
+
+
+def test_labels_that_are_not_a_tensor():
+    from types import SimpleNamespace
+
+    from whiteformer.hf.labels import check_classification_labels, check_lm_labels
+
+    with pytest.raises(TypeError, match="labels must be a torch.Tensor, got list"):
+        check_lm_labels([1, 2], torch.zeros(1, 2, dtype=torch.long), 61)
+    with pytest.raises(TypeError, match="labels must be a torch.Tensor, got list"):
+        check_classification_labels([1, 2], torch.zeros(2, 5), SimpleNamespace(problem_type=None))

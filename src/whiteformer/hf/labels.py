@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .._checks import check_tensor
 from .._compile import can_read_values
 
 __all__ = ["check_lm_labels", "check_classification_labels"]
@@ -29,8 +30,7 @@ def _outside(labels: torch.Tensor, n: int, ignore_index: int) -> list:
 def check_lm_labels(labels, input_ids: torch.Tensor, vocab_size: int, ignore_index: int = -100) -> None:
     """``labels`` of a causal language model: token ids (B, T), the shape of ``input_ids``, each in
     [0, vocab_size) or ``ignore_index`` (-100: not counted); ``transformers`` shifts them inside."""
-    if not isinstance(labels, torch.Tensor):
-        raise TypeError(f"labels must be a tensor of token ids, got {type(labels).__name__}")
+    check_tensor(labels, "labels", floating=False)
     if not _integer(labels):
         raise TypeError(f"labels must be an integer tensor of token ids ({ignore_index} = ignored), got {labels.dtype}")
     if tuple(labels.shape) != tuple(input_ids.shape):
@@ -47,8 +47,7 @@ def check_classification_labels(labels, logits: torch.Tensor, config) -> torch.T
     dtype): class indices (B,) or (B, 1) in [0, num_labels) (or -100) for single-label
     classification, (B, num_labels) floats for multi-label, (B,) or (B, 1) floats for regression
     (num_labels = 1). Returns the labels to use (class indices as int64, what cross-entropy takes)."""
-    if not isinstance(labels, torch.Tensor):
-        raise TypeError(f"labels must be a tensor, got {type(labels).__name__}")
+    check_tensor(labels, "labels", floating=False)
     b, n = logits.shape[0], logits.shape[-1]
     kind = config.problem_type or ("regression" if n == 1 else "single_label_classification"
                                    if labels.dtype in (torch.long, torch.int) else "multi_label_classification")
