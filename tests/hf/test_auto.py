@@ -36,6 +36,16 @@ def _run(code, tmp_path):
     return res.stdout
 
 
+def test_registers_when_transformers_auto_models_load_first(tmp_path):
+    """transformers' Auto model classes imported before whiteformer: the registration runs while
+    whiteformer.models is still loading and must not fail (a RuntimeWarning, here an error)."""
+    out = _run("import warnings; warnings.simplefilter('error', RuntimeWarning)\n"
+               "from transformers import AutoConfig, AutoModelForCausalLM\n"
+               "import whiteformer\n"
+               "print(AutoConfig.for_model('whiteformer-tost-lm').__class__.__name__)", tmp_path)
+    assert out.strip() == "ToSTLMConfig"
+
+
 # The script run in a fresh process: never imports whiteformer itself.
 REMOTE_SCRIPT = r"""
 import json, sys, torch

@@ -19,7 +19,7 @@ from typing import Any, Dict, Optional
 from transformers import PretrainedConfig
 
 from .._checks import is_int
-from ..models import list_models
+from ..models.registry import list_models
 from ..models.size import max_params
 from .remote_code import auto_map, write_remote_code
 

@@ -47,7 +47,7 @@ from transformers.modeling_outputs import (
 from .._checks import is_int
 from .._files import replace_folder
 from .._import_hooks import when_imported
-from ..models import create_model
+from ..models.factory import create_model
 from ..models.load import check_file_dtypes
 from ..models.model_card import CARD_NAME
 from ..models.save import card_is_ours, complete_hub_folder

@@ -38,15 +38,11 @@ import torch.nn as nn
 
 from .._files import replace_folder
 from .._utils import to_jsonable
-from ..hf.remote_code import REMOTE_CODE_NAME, auto_map, write_remote_code
 from .model_card import CARD_MARK, CARD_NAME, model_card
 from .read import ALIAS_KEY, CONFIG_NAME, WEIGHTS_NAME, PathLike
 
-__all__ = ["PretrainedMixin", "save_pretrained", "write_model_files", "complete_hub_folder", "card_is_ours",
-           "MODEL_FILES"]
+__all__ = ["PretrainedMixin", "save_pretrained", "write_model_files", "complete_hub_folder", "card_is_ours"]
 
-#: the files of a model folder (a new save replaces them all; the folder's other files stay)
-MODEL_FILES = (WEIGHTS_NAME, CONFIG_NAME, REMOTE_CODE_NAME)
 FORMAT = "whiteformer-v1"
 
 
@@ -152,8 +148,11 @@ def save_pretrained(model: nn.Module, save_dir: PathLike) -> Path:
         raise ValueError(f"save_dir {str(save_dir)!r} exists and is not a directory")
     _model_config(model)  # refused before anything is written
     ours = card_is_ours(save_dir / CARD_NAME)
+    from ..hf.remote_code import REMOTE_CODE_NAME  # (not at import: whiteformer.hf needs whiteformer.models loaded)
+
+    model_files = (WEIGHTS_NAME, CONFIG_NAME, REMOTE_CODE_NAME)  # a new save replaces them all; other files stay
     return replace_folder(save_dir, lambda folder: write_model_files(model, folder, card=ours),
-                          keep=lambda name: name not in MODEL_FILES and not (ours and name == CARD_NAME))
+                          keep=lambda name: name not in model_files and not (ours and name == CARD_NAME))
 
 
 def card_is_ours(path: Path) -> bool:
@@ -197,6 +196,8 @@ def _model_config(model: nn.Module) -> Dict[str, Any]:
         **timm_fields(model),
     }
     if getattr(model, "hf_model_type", None):
+        from ..hf.remote_code import auto_map
+
         config["model_type"] = model.hf_model_type
         config["auto_map"] = auto_map(model.hf_model_type)  # transformers loads the folder with trust_remote_code
     from .._version import __version__
@@ -217,6 +218,8 @@ def write_model_files(model: nn.Module, folder: PathLike, card: bool = False, ca
     tensors, aliases = _dedup_state_dict(model.state_dict())
     save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt", ALIAS_KEY: json.dumps(aliases)})
     if config.get("auto_map"):
+        from ..hf.remote_code import write_remote_code
+
         write_remote_code(folder)
     if card:
         (folder / CARD_NAME).write_text(model_card(config, count_values(model), card_extra), encoding="utf-8")
