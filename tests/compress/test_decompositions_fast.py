@@ -9,8 +9,8 @@ import torch
 
 from test_decompositions import planted_btd  # the planted BTD tensor of the reference tests
 from whiteformer.compress import HeadFactors, Whitening, btd_ll1, compress, cp
-from whiteformer.compress.cp import correct_cp
 from whiteformer.compress._tensor import StackedSlices, mttkrp
+from whiteformer.compress.cp import correct_cp
 from whiteformer.compress.cp_fast import grid_lambda
 from whiteformer.compress.cp_reference import bisect_lambda
 from whiteformer.compress.progress import BlockProgress

@@ -245,8 +245,9 @@ def _refine_fast(X, blocks_a, blocks_b, C, ranks, *, n_iter_max: int, inner_iter
     refit takes ``M = sum_h c_h X'_h = sum_h c_h R_h + (c . c') A' B'^T`` (c = c' / |c'|), its rank-L
     SVD ``U S V^T`` (randomised, ``_SWEEP_POWER_ITERS`` power iterations from the current B'),
     ``T[h, l] = u_l^T X'_h v_l`` and ``T ~= s c d^T``, so that
-    ``|X' - c o (U diag(w) V^T)|^2 = |X'|^2 - |w|^2`` (w = s d). For the current c the SVD step is the best rank-L matrix and the T step the best fusion column, so a
-    refit cannot increase the error (up to the randomised SVD, hence the acceptance test). Each refit
+    ``|X' - c o (U diag(w) V^T)|^2 = |X'|^2 - |w|^2`` (w = s d). For the current c the SVD step is
+    the best rank-L matrix and the T step the best fusion column, so a refit cannot increase the error
+    (up to the randomised SVD, hence the acceptance test). Each refit
     reads R three times (M, one batched product R_h [V, B'], the rank-2 update of R); the error is
     tracked by the identity above and recomputed exactly after each sweep (``inner_iter`` is not
     used: one alternation per refit, more sweeps instead). Returns (blocks_a, blocks_b, C, history).
