@@ -416,6 +416,15 @@ def write_json(path: Path, obj: Any) -> Path:
     return write_text(path, json.dumps(obj, indent=1, default=_json_default) + "\n")
 
 
+def write_results(out_dir: Path, name: str, quick: bool, result: Any, markdown: str) -> str:
+    """A benchmark's ``<name>.json`` (``result``) and ``<name>.md`` (``markdown``) in ``out_dir``,
+    ``<name>_quick.*`` for --quick runs; returns that suffix (for the benchmark's other files)."""
+    suffix = "_quick" if quick else ""
+    write_json(out_dir / f"{name}{suffix}.json", result)
+    write_text(out_dir / f"{name}{suffix}.md", markdown)
+    return suffix
+
+
 def fmt_time(s: Optional[float]) -> str:
     if s is None or (isinstance(s, float) and math.isnan(s)):
         return "-"

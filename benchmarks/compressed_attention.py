@@ -185,9 +185,7 @@ def run(*, quick: bool = False, out_dir: Optional[Path] = None, threads: Optiona
     result = {"benchmark": "compressed_attention", "quick": quick, "plan": plan, "machine": info, "command": command,
               "loadavg_end": common.loadavg(), "rows": rows}
     if write and rows:
-        suffix = "_quick" if quick else ""
-        common.write_json(out_dir / f"compressed_attention{suffix}.json", result)
-        common.write_text(out_dir / f"compressed_attention{suffix}.md", tables(rows))
+        common.write_results(out_dir, "compressed_attention", quick, result, tables(rows))
     return result
 
 

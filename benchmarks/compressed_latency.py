@@ -178,9 +178,7 @@ def run(*, quick: bool = False, models: Sequence[str] = ("deit_t_p16", "deit_s_p
                   "runs_large": runs_large, "machine": info, "command": command, "loadavg_end": common.loadavg(),
                   "rows": rows}
         if write and rows:  # written after each model: a long run leaves what it measured
-            suffix = "_quick" if quick else ""
-            common.write_json(out_dir / f"compressed_latency{suffix}.json", result)
-            common.write_text(out_dir / f"compressed_latency{suffix}.md", tables(rows))
+            common.write_results(out_dir, "compressed_latency", quick, result, tables(rows))
     return result
 
 

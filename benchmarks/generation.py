@@ -274,9 +274,7 @@ def run(*, quick: bool = False, out_dir: Optional[Path] = None, configs: Optiona
     result = {"benchmark": "generation", "quick": quick, "plan": plan, "machine": info, "command": command,
               "loadavg_end": common.loadavg(), "summary": summary, "rows": rows}
     if write and rows:
-        suffix = "_quick" if quick else ""
-        common.write_json(out_dir / f"generation{suffix}.json", result)
-        common.write_text(out_dir / f"generation{suffix}.md", tables(rows, summary))
+        suffix = common.write_results(out_dir, "generation", quick, result, tables(rows, summary))
         result["plots"] = [str(plot(rows, out_dir, suffix))]
     return result
 

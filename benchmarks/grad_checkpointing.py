@@ -95,9 +95,7 @@ def run(*, quick: bool = False, out_dir: Optional[Path] = None, overrides: Optio
     result = {"benchmark": "grad_checkpointing", "quick": quick, "plan": plan, "machine": info, "command": command,
               "loadavg_end": common.loadavg(), "rows": rows}
     if rows:
-        suffix = "_quick" if quick else ""
-        common.write_json(out_dir / f"grad_checkpointing{suffix}.json", result)
-        common.write_text(out_dir / f"grad_checkpointing{suffix}.md", tables(result))
+        common.write_results(out_dir, "grad_checkpointing", quick, result, tables(result))
     return result
 
 

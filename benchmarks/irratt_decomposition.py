@@ -156,9 +156,7 @@ def run(*, quick: bool = False, models: Sequence[str] = MODELS, blocks: Optional
               "machine": info, "command": command, "loadavg_end": common.loadavg(), "rows": rows,
               "summary": summary(rows)}
     if write and rows:
-        suffix = "_quick" if quick else ""
-        common.write_json(out_dir / f"irratt_decomposition{suffix}.json", result)
-        common.write_text(out_dir / f"irratt_decomposition{suffix}.md", tables(result))
+        common.write_results(out_dir, "irratt_decomposition", quick, result, tables(result))
     return result
 
 

@@ -277,9 +277,7 @@ def run(*, quick: bool = False, out_dir: Optional[Path] = None, overrides: Optio
               "loadavg_end": common.loadavg(), "paper": {str(k): v for k, v in PAPER.items()},
               "summary": summarize(rows), "rows": rows}
     if write and rows:
-        suffix = "_quick" if quick else ""
-        common.write_json(out_dir / f"lm_model{suffix}.json", result)
-        common.write_text(out_dir / f"lm_model{suffix}.md", tables(result))
+        common.write_results(out_dir, "lm_model", quick, result, tables(result))
     return result
 
 
