@@ -20,8 +20,7 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def check_tensor(x, name: str, ndim: int | Sequence[int] | None = None, *, floating: bool = True) -> None:
     """Check that ``x`` is a tensor with the given number of dims and a floating dtype."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_instance(x, name, torch.Tensor, "a torch.Tensor")
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if x.dim() not in allowed:
@@ -176,6 +175,14 @@ def is_int(value) -> bool:
 def is_real(value) -> bool:
     """A real number (int or float, NumPy scalars included) that is not a bool."""
     return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def check_instance(value, name: str, types, what: str, *, optional: bool = False, error: type = TypeError):
+    """``value`` is an instance of ``types`` (or None when ``optional``); otherwise ``error`` says
+    "{name} must be {what}, got {type name}". Returns ``value``."""
+    if not (isinstance(value, types) or optional and value is None):
+        raise error(f"{name} must be {what}, got {type(value).__name__}")
+    return value
 
 
 def check_choice(value, name: str, choices: Sequence):
