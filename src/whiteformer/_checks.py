@@ -40,10 +40,8 @@ def check_nonempty(x: torch.Tensor, name: str, dim: int, what: str = "tokens") -
 
 def check_divisible(dim: int, num_heads: int, dim_name: str = "dim") -> int:
     """Return the head dimension ``dim // num_heads`` or raise a clear error."""
-    if not is_int(num_heads) or num_heads <= 0:
-        raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
-    if not is_int(dim) or dim <= 0:
-        raise ValueError(f"{dim_name} must be a positive integer, got {dim!r}")
+    check_int(num_heads, "num_heads", 1)
+    check_int(dim, dim_name, 1)
     if dim % num_heads != 0:
         raise ValueError(f"{dim_name} ({dim}) must be divisible by num_heads ({num_heads})")
     return dim // num_heads
@@ -71,8 +69,7 @@ def check_mask(attn_mask, batch: int, tokens: int, name: str = "attn_mask",
     bool, or None."""
     if attn_mask is None:
         return None
-    if not isinstance(attn_mask, torch.Tensor):
-        raise TypeError(f"{name} must be a bool tensor of shape (B, N), got {type(attn_mask).__name__}")
+    check_instance(attn_mask, name, torch.Tensor, "a bool tensor of shape (B, N)")
     if device is not None and attn_mask.device != device:
         raise ValueError(f"{name} must be on the input's device ({device}), got {attn_mask.device}")
     attn_mask = as_keep_mask(attn_mask, name)
@@ -91,8 +88,7 @@ def check_cu_seqlens(cu_seqlens, total: int, name: str = "cu_seqlens") -> list:
     (int32, or int64) of shape (S + 1,) with ``cu_seqlens[0] = 0``, non-decreasing, ending at
     ``total`` (the packed token count); segment s is tokens ``cu_seqlens[s]:cu_seqlens[s + 1]``.
     Returns the S segment lengths as Python ints (reads the values: one host sync)."""
-    if not isinstance(cu_seqlens, torch.Tensor):
-        raise TypeError(f"{name} must be an int32 tensor of shape (S + 1,), got {type(cu_seqlens).__name__}")
+    check_instance(cu_seqlens, name, torch.Tensor, "an int32 tensor of shape (S + 1,)")
     if cu_seqlens.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{name} must have dtype torch.int32 (FlashAttention's convention) or torch.int64, "
                         f"got {cu_seqlens.dtype}")
@@ -133,8 +129,7 @@ def check_token_ids(ids, name: str, vocab_size: int, shape: str = "(B, T)", ndim
                     allow_no_tokens: bool = False) -> None:
     """Token ids of a model's input: an integer tensor (``TOKEN_ID_DTYPES``) of ``ndim`` dims (``shape``
     in the message), not empty (no tokens only with ``allow_no_tokens``), each in [0, vocab_size)."""
-    if not isinstance(ids, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    check_instance(ids, name, torch.Tensor, "a torch.Tensor of token ids")
     if ids.dtype not in TOKEN_ID_DTYPES:
         raise TypeError(f"{name} must be an integer tensor of token ids, got {ids.dtype}")
     if ids.dim() != ndim:
