@@ -249,6 +249,8 @@ def test_decomposition_bad_inputs():
         btd_ll1(Y, 4, ranks=(1, 1, 2))
     with pytest.raises(ValueError, match="needs the total rank"):
         btd_ll1(Y)
+    with pytest.raises(TypeError, match="cp_result must be a CPResult, got tuple"):
+        btd_ll1(Y, cp_result=(Y.P, Y.K))
     with pytest.raises(ValueError, match="must agree"):
         HeadFactors(torch.randn(2, 5, 3), torch.randn(3, 5, 3))
     with pytest.raises(ValueError, match="does not fit"):

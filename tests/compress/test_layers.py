@@ -392,6 +392,8 @@ def test_compress_linear_and_mlp():
     torch.testing.assert_close(same(y), mlp(y), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="out of range"):
         compress_linear(lin, 13)
+    with pytest.raises(TypeError, match="linear must be an nn.Linear, got Mlp"):
+        compress_linear(Mlp(), 2)
     with pytest.raises(TypeError, match="Mlp"):
         compress_mlp(nn.Linear(3, 3), 2)
 

@@ -354,6 +354,8 @@ def test_latency():
     assert "Latency (batch 2" in rep.to_markdown()
     with pytest.raises(ValueError, match="runs"):
         measure_latency(model, runs=0)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
+        measure_latency(model, [1.0])
 
 
 def test_project_fusion_with_fewer_columns_than_heads():

@@ -31,7 +31,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .._checks import check_choice, check_int, normalize_ranks
+from .._checks import check_choice, check_instance, check_int, normalize_ranks
 from ._tensor import TensorLike, as_float64, check_tensor_like, to_dense
 from .cp import CPResult, correct_cp, cp
 from .truncatt import allocate_ranks_spectral
@@ -375,8 +375,7 @@ def btd_ll1(Y: TensorLike, rank: Optional[int] = None, *, ranks: Optional[Sequen
             check_int(rank, "rank", 1)
             cp_results = _cp_starts(Y64, rank, wh, seed, impl, cp_kwargs)
         else:
-            if not isinstance(cp_result, CPResult):
-                raise TypeError(f"cp_result must be a CPResult, got {type(cp_result).__name__}")
+            check_instance(cp_result, "cp_result", CPResult, "a CPResult")
             shp = (cp_result.A.shape[0], cp_result.B.shape[0], cp_result.C.shape[0])
             if shp != (I, J, H):
                 raise ValueError(f"cp_result is for a tensor of shape {shp}, Y has shape {(I, J, H)}")

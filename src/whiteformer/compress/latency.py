@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from .._checks import check_int
+from .._checks import check_instance, check_int
 from .._utils import eval_mode  # noqa: F401  (re-exported: whiteformer.compress.latency.eval_mode)
 
 __all__ = ["measure_latency", "compare_latency", "summarize_pair", "latency_verdict", "image_input_shape",
@@ -76,8 +76,7 @@ def measure_latency(model: nn.Module, x: Optional[torch.Tensor] = None, *, batch
         ref = next(model.parameters())
         shape = tuple(input_shape) if input_shape is not None else image_input_shape(model)
         x = torch.randn((check_int(batch_size, "batch_size", 1), *shape), device=ref.device, dtype=ref.dtype)
-    elif not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    check_instance(x, "x", torch.Tensor, "a torch.Tensor")
     device = x.device
     times = []
     with eval_mode(model), torch.inference_mode():
@@ -163,8 +162,7 @@ def compare_latency(model_a: nn.Module, model_b: nn.Module, x: torch.Tensor, *, 
     check_int(warmup, "warmup", 0)
     if threads is not None:
         check_int(threads, "threads", 1)
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    check_instance(x, "x", torch.Tensor, "a torch.Tensor")
     device = x.device
     times = ([], [])
     with _num_threads(threads) as n_threads, eval_mode(model_a), eval_mode(model_b), torch.inference_mode():

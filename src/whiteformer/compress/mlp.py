@@ -12,7 +12,7 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
-from .._checks import is_int
+from .._checks import check_instance, is_int
 from .lowrank import LowRankLinear
 from .whitening import second_moment, whitening_factor
 
@@ -27,8 +27,7 @@ def compress_linear(linear: nn.Linear, rank: int, *, calib: Optional[torch.Tenso
         linear: nn.Linear(in, out); rank: 1 <= r <= min(in, out).
         calib: optional inputs (..., in) of the layer for the activation-aware variant.
     """
-    if not isinstance(linear, nn.Linear):
-        raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+    check_instance(linear, "linear", nn.Linear, "an nn.Linear")
     n_in, n_out = linear.in_features, linear.out_features
     if not is_int(rank) or not 1 <= rank <= min(n_in, n_out):
         raise ValueError(f"rank out of range: must be an int in [1, {min(n_in, n_out)}], got {rank!r}")

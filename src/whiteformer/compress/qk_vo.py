@@ -23,7 +23,7 @@ from typing import Tuple
 import torch
 import torch.nn as nn
 
-from .._checks import check_divisible
+from .._checks import check_divisible, check_instance
 from ._tensor import HeadFactors
 
 __all__ = ["MHSASpec", "mhsa_spec", "qk_factors", "vo_factors"]
@@ -64,8 +64,7 @@ def mhsa_spec(attn: nn.Module) -> MHSASpec:
     ``num_heads``) and ValueError for mismatched sizes or options that a bilinear QK form cannot
     express (q/k normalisation, a norm before ``proj``).
     """
-    if not isinstance(attn, nn.Module):
-        raise TypeError(f"attn must be an nn.Module (timm-layout MHSA), got {type(attn).__name__}")
+    check_instance(attn, "attn", nn.Module, "an nn.Module (timm-layout MHSA)")
     qkv, proj = getattr(attn, "qkv", None), getattr(attn, "proj", None)
     heads = getattr(attn, "num_heads", None)
     if not isinstance(qkv, nn.Linear) or not isinstance(proj, nn.Linear) or heads is None:
