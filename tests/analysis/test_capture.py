@@ -301,3 +301,5 @@ def test_layerwise_report_bad_args():
         layerwise_report(model, x, eps=0.0)
     with pytest.raises(TypeError, match="images_or_tokens"):
         layerwise_report(model, [x])
+    with pytest.raises(TypeError, match="out_dir must be a str or Path, got int"):
+        layerwise_report(model, x, out_dir=3)

@@ -465,6 +465,8 @@ def test_bad_operator_inputs_raise():
         eca_compress(x, U, om, torch.ones(3), 2)
     with pytest.raises(ValueError, match="temperature"):
         eca_compress(x, U, om, 0.0, 2)
+    with pytest.raises(TypeError, match="temperature must be a torch.Tensor, got bool"):
+        eca_compress(x, U, om, True, 2)
     with pytest.raises(ValueError, match="num_heads"):
         eca_compress(x, U, om, 1.0, 0)
     with pytest.raises(ValueError, match="rank"):

@@ -137,6 +137,7 @@ def test_bfloat16_and_float64():
         (dict(attn_mask=torch.ones(2, 6, dtype=torch.bool)), ValueError, "attn_mask must have shape"),
         (dict(attn_mask=torch.ones(2, 7)), TypeError, "additive"),
         (dict(attn_drop=1.0), ValueError, "attn_drop"),
+        (dict(normalize=1), TypeError, "normalize must be a bool, got int"),
     ],
 )
 def test_bad_inputs_raise(kwargs, err, match):

@@ -45,6 +45,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Type
 import torch
 import torch.nn as nn
 
+from .._checks import check_instance
 from .._utils import eval_mode  # noqa: F401  (re-exported: whiteformer.analysis.capture.eval_mode)
 
 __all__ = ["BlockRecord", "ClassAttentionRecord", "Recording", "capture", "attention_basis", "supports_pi", "eval_mode"]
@@ -241,8 +242,7 @@ def capture(model: nn.Module, *, attn_types: Optional[Sequence[Type[nn.Module]]]
     Raises:
         TypeError: ``model`` is not an ``nn.Module``; ValueError: it has no attention layer.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_instance(model, "model", nn.Module, "a torch.nn.Module")
     if attn_types is None:
         tracked, cls_types = _default_attn_types()
     else:

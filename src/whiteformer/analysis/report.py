@@ -51,7 +51,7 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 import torch.nn as nn
 
-from .._checks import check_choice, check_positive_real, check_tensor
+from .._checks import check_choice, check_instance, check_positive_real, check_tensor
 from .._files import save_figure, write_text
 from . import hidden_states, rates
 from ._viz import new_figure, require_matplotlib
@@ -134,8 +134,7 @@ def _layer_row(r: BlockRecord, features: str, eps: float, dtype: torch.dtype) ->
 # ----------------------------------------------------------------------------- report
 def _check_out_dir(out_dir) -> Path:
     """``out_dir`` as a Path: a directory or a path to create, not an existing file."""
-    if not isinstance(out_dir, (str, Path)):
-        raise TypeError(f"out_dir must be a str or Path, got {type(out_dir).__name__}")
+    check_instance(out_dir, "out_dir", (str, Path), "a str or Path")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"out_dir {str(out)!r} exists and is not a directory")

@@ -41,16 +41,16 @@ def _check_same(ref: torch.Tensor, other: torch.Tensor, ref_name: str, name: str
         raise TypeError(f"{name} must have the dtype of {ref_name} ({ref.dtype}), got {other.dtype}")
 
 
-def _check_attention(q, k, v, attn_mask, dropout_p):
+def _check_attention(q, k, v, attn_mask, dropout_p, **operands):
     """The operands of :func:`mhsa`, :func:`mhsa_explicit` and :func:`xca`: q, k, v (B, H, N, p) of
-    one shape, dtype and device, the (B, N) keep-mask on their device and the dropout probability;
-    returns ``(keep, dropout_p)``."""
+    one shape, dtype and device, the (B, N) keep-mask and the tensors of ``operands`` (name=value)
+    on their device, and the dropout probability; returns ``(keep, dropout_p)``."""
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         check_heads_input(t, name)
     _check_same(q, k, "q", "k")
     _check_same(q, v, "q", "v")
     keep = check_mask(attn_mask, q.shape[0], q.shape[2])
-    check_same_device(q, "q", k=k, v=v, attn_mask=keep)
+    check_same_device(q, "q", k=k, v=v, attn_mask=keep, **operands)
     return keep, check_probability(dropout_p, "dropout_p")
 
 
@@ -166,7 +166,6 @@ def _check_temperature(temperature, heads: int, q: torch.Tensor) -> torch.Tensor
         value = check_finite_real(temperature, "temperature")
         return torch.full((1, heads, 1, 1), value, dtype=stats_dtype(q), device=q.device)
     check_tensor(temperature, "temperature")
-    check_same_device(q, "q", temperature=temperature)
     if temperature.numel() != heads or temperature.dim() > 3 or any(s != 1 for s in temperature.shape[1:]):
         raise ValueError(f"temperature must have shape (H, 1, 1) with H = {heads} heads, got {tuple(temperature.shape)}")
     return temperature.reshape(1, heads, 1, 1).to(stats_dtype(q))
@@ -186,7 +185,7 @@ def xca(q, k, v, temperature, attn_mask=None, *, dropout_p: float = 0.0):
     Returns:
         (B, H, N, p). Norms, logits and softmax in float32 under half precision.
     """
-    keep, dropout_p = _check_attention(q, k, v, attn_mask, dropout_p)
+    keep, dropout_p = _check_attention(q, k, v, attn_mask, dropout_p, temperature=temperature)
     return _xca(q, k, v, _check_temperature(temperature, q.shape[1], q), keep, dropout_p)
 
 

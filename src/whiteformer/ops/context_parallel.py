@@ -37,6 +37,8 @@ from typing import Iterator, List, NamedTuple, Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
+from .._checks import check_instance
+
 __all__ = ["ChunkLayout", "CommRecord", "CommLog", "all_reduce_max", "all_reduce_sum", "broadcast_from_first",
            "check_group", "chunk_layout", "count_communication", "exclusive_prefix_sum", "group_chunk", "local_checks",
            "token_chunk"]
@@ -119,8 +121,7 @@ def check_group(group, name: str = "group") -> None:
     """``group`` is a torch.distributed process group of an initialised default group."""
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError(f"{name} needs torch.distributed initialised (dist.init_process_group), it is not")
-    if not isinstance(group, dist.ProcessGroup):
-        raise TypeError(f"{name} must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
+    check_instance(group, name, dist.ProcessGroup, "a torch.distributed ProcessGroup or None")
     if dist.get_rank(group) < 0:
         raise ValueError(f"{name} does not contain this process (global rank {dist.get_rank()})")
 

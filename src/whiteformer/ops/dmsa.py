@@ -45,6 +45,7 @@ from .._checks import (
     as_keep_mask,
     check_choice,
     check_heads_input,
+    check_instance,
     check_mask,
     check_probability,
     check_same_device,
@@ -100,9 +101,7 @@ def sparsemax(z: torch.Tensor, dim: int = -1, mask: Optional[torch.Tensor] = Non
         raise ValueError(f"sparsemax over an empty dimension: z has size 0 along dim {dim} (shape "
                          f"{tuple(z.shape)}); the simplex of 0 entries is empty")
     if mask is not None:
-        if not isinstance(mask, torch.Tensor):
-            raise TypeError(f"mask must be a bool (or 0/1 integer) tensor broadcastable to z, got "
-                            f"{type(mask).__name__}")
+        check_instance(mask, "mask", torch.Tensor, "a bool (or 0/1 integer) tensor broadcastable to z")
         check_same_device(z, "z", mask=mask)
         mask = as_keep_mask(mask, "mask")
         try:

@@ -40,9 +40,11 @@ from .._checks import (
     check_int,
     check_mask,
     check_nonempty,
+    check_positive_real,
     check_same_device,
     check_sketch_rank,
     check_tensor,
+    is_real,
 )
 from .._dtypes import autocast_off, stats_dtype
 from ._kernels.registry import exporting, onnx_exporting
@@ -357,11 +359,8 @@ def _expand(x: torch.Tensor, omega: torch.Tensor, eps: float, attn_mask: Optiona
 # compression (Eqs. 6-8, Algorithm 2)
 # --------------------------------------------------------------------------------------------
 def _check_temperature(temperature, heads: int) -> None:
-    if isinstance(temperature, bool):
-        raise TypeError("temperature must be a positive number or a tensor of shape (), (1,) or (H,)")
-    if isinstance(temperature, (int, float)):
-        if not math.isfinite(temperature) or temperature <= 0:
-            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    if is_real(temperature):
+        check_positive_real(temperature, "temperature")
         return
     check_tensor(temperature, "temperature", (0, 1))
     if temperature.dim() == 1 and temperature.shape[0] not in (1, heads):

@@ -37,7 +37,7 @@ from typing import Dict, List, NamedTuple, Tuple
 
 import torch
 
-from .._checks import check_cu_seqlens
+from .._checks import check_cu_seqlens, check_same_device
 from .context_parallel import chunk_layout, local_checks
 
 __all__ = ["Packing", "packing", "check_packed", "packed_layout", "to_padded", "from_padded", "segment_ids", "segment_positions",
@@ -91,8 +91,7 @@ def check_packed(w: torch.Tensor, attn_mask, cu_seqlens) -> None:
     if attn_mask is not None:
         raise ValueError("attn_mask and cu_seqlens cannot be combined: a packed row has no padding (leave "
                          "attn_mask None)")
-    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != w.device:
-        raise ValueError(f"cu_seqlens must be on w's device ({w.device}), got {cu_seqlens.device}")
+    check_same_device(w, "w", cu_seqlens=cu_seqlens)
 
 
 def pads_little(lengths: List[int]) -> bool:

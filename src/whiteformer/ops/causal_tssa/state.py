@@ -5,7 +5,7 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from ..._checks import check_tensor, is_int
+from ..._checks import check_instance, check_same_device, check_tensor, is_int
 
 __all__ = ["CausalTSSAState", "check_state", "position_logit_bias"]
 
@@ -29,24 +29,20 @@ class CausalTSSAState(NamedTuple):
 
 def check_state(state, w_t: torch.Tensor) -> None:
     """``state`` continues a sequence of ``w_t`` (B, H, p): field shapes, device and ``t``."""
-    if not isinstance(state, CausalTSSAState):
-        raise TypeError(f"state must be a CausalTSSAState or None, got {type(state).__name__}")
+    check_instance(state, "state", CausalTSSAState, "a CausalTSSAState or None")
     b, h, p = w_t.shape
     for name, shape in (("sum_sq", (b, h, p)), ("sum_pi", (b, h)), ("sum_sq_pi", (b, h, p))):
         val = getattr(state, name)
         check_tensor(val, f"state.{name}")
         if val.shape != shape:
             raise ValueError(f"state.{name} must have shape {shape} to match w_t, got {tuple(val.shape)}")
-        if val.device != w_t.device:
-            raise ValueError(f"state.{name} must be on w_t's device ({w_t.device}), got {val.device}")
     t = state.t
     if isinstance(t, torch.Tensor):
         if t.dtype.is_floating_point or t.dtype == torch.bool or t.shape not in ((), (b,)):
             raise ValueError(f"state.t must be an int or an integer tensor of shape () or ({b},), got {t}")
-        if t.device != w_t.device:
-            raise ValueError(f"state.t must be on w_t's device ({w_t.device}), got {t.device}")
     elif not is_int(t) or t < 0:
         raise ValueError(f"state.t must be a non-negative int or an integer tensor, got {t!r}")
+    check_same_device(w_t, "w_t", **{f"state.{name}": value for name, value in zip(state._fields, state)})
 
 
 def position_logit_bias(

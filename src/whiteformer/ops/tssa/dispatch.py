@@ -5,7 +5,15 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..._checks import check_cu_seqlens, check_heads_input, check_mask, check_probability, check_same_device, check_temp
+from ..._checks import (
+    check_cu_seqlens,
+    check_heads_input,
+    check_instance,
+    check_mask,
+    check_probability,
+    check_same_device,
+    check_temp,
+)
 from .._kernels import fused_supported, has_kernel, kernel_for
 from .._kernels.fused import tssa_fused
 from ..context_parallel import chunk_layout, local_checks
@@ -78,8 +86,7 @@ def tssa(
         attn_mask = check_mask(attn_mask, w.shape[0], w.shape[2])
         check_same_device(w, temp=temp, attn_mask=attn_mask)
         drop = check_probability(attn_drop, "attn_drop")
-        if not isinstance(normalize, bool):
-            raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
+        check_instance(normalize, "normalize", bool, "a bool")
     return tssa_impl(w, temp, attn_mask, return_pi, drop, training, normalize, group, cu_seqlens)
 
 
