@@ -2,7 +2,7 @@
 JSON spec and rebuild them (IrrAtt paper layers) on a fresh model before its weights are loaded.
 
 Each replaced layer is described by :func:`layer_spec` (layer type + sizes + ranks) and rebuilt
-empty by :func:`build_attention_layer`; a compressed MLP by :func:`mlp_spec` (the two ranks). A
+empty by :func:`_build_attention_layer`; a compressed MLP by :func:`mlp_spec` (the two ranks). A
 model's ``init_kwargs["compression"]`` holds ``{"format": 1, "blocks": [{"attn": spec, "mlp": spec}
 or None, ...]}`` (:func:`record_compression_spec`), so ``save_pretrained`` records it and
 ``create_model(name, checkpoint_path=dir)`` rebuilds the compressed blocks
@@ -22,7 +22,7 @@ from ..models.registry import register_structure
 from .layers import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt
 from .lowrank import LowRankLinear
 
-__all__ = ["SPEC_FORMAT", "layer_spec", "build_attention_layer", "mlp_spec", "compression_spec",
+__all__ = ["SPEC_FORMAT", "layer_spec", "mlp_spec", "compression_spec",
            "apply_compression_spec", "record_compression_spec"]
 
 SPEC_FORMAT = 1
@@ -30,26 +30,24 @@ SPEC_FORMAT = 1
 
 def layer_spec(layer: nn.Module) -> dict:
     """JSON description (type + sizes + ranks) of a compressed attention layer, enough to rebuild an
-    empty layer of the same shapes with :func:`build_attention_layer`."""
-    if not isinstance(layer, CompressedAttention):
-        raise TypeError(f"layer_spec needs a compressed attention layer, got {type(layer).__name__}")
-    common = {"dim": layer.dim, "num_heads": layer.num_heads, "vo_ranks": list(layer.vo_ranks),
-              "proj_bias": layer.proj.bias is not None, "attn_drop": float(layer.attn_drop.p),
-              "proj_drop": float(layer.proj_drop.p), "qk_bias": layer.q.bias is not None}
+    empty layer of the same shapes with :func:`_build_attention_layer`."""
     if isinstance(layer, TruncAtt):
-        return {"type": "truncatt", "qk_ranks": list(layer.qk_ranks), **common}
-    if isinstance(layer, IrrAtt):
-        return {"type": "irratt", "ranks": list(layer.block_ranks),
-                "fusion": "identity" if layer.fusion is None else "general", **common}
-    if isinstance(layer, CPSlimAtt):
-        return {"type": "cp_slimatt", "rank": int(layer.rank), **common}
-    raise TypeError(f"no spec for {type(layer).__name__}")
+        qk = {"type": "truncatt", "qk_ranks": list(layer.qk_ranks)}
+    elif isinstance(layer, IrrAtt):
+        qk = {"type": "irratt", "ranks": list(layer.block_ranks),
+              "fusion": "identity" if layer.fusion is None else "general"}
+    elif isinstance(layer, CPSlimAtt):
+        qk = {"type": "cp_slimatt", "rank": int(layer.rank)}
+    else:
+        raise TypeError(f"layer_spec needs a compressed attention layer, got {type(layer).__name__}")
+    return {**qk, "dim": layer.dim, "num_heads": layer.num_heads, "vo_ranks": list(layer.vo_ranks),
+            "proj_bias": layer.proj.bias is not None, "attn_drop": float(layer.attn_drop.p),
+            "proj_drop": float(layer.proj_drop.p), "qk_bias": layer.q.bias is not None}
 
 
-def build_attention_layer(spec: Mapping) -> CompressedAttention:
-    """A fresh (untrained) compressed attention layer from :func:`layer_spec`'s description."""
-    if not isinstance(spec, Mapping):
-        raise ValueError(f"an attention spec must be a dict, got {type(spec).__name__}")
+def _build_attention_layer(spec: Mapping) -> CompressedAttention:
+    """A fresh (untrained) compressed attention layer from :func:`layer_spec`'s description (a
+    dict, checked by :func:`apply_compression_spec`)."""
     kind = spec.get("type")
     try:
         kw = dict(vo_ranks=list(spec["vo_ranks"]), qk_bias=bool(spec["qk_bias"]), proj_bias=bool(spec["proj_bias"]),
@@ -103,9 +101,10 @@ def apply_compression_spec(model: nn.Module, spec: Mapping) -> nn.Module:
     for i, entry in enumerate(spec["blocks"]):
         if entry is None:
             continue
-        if not isinstance(entry, Mapping) or set(entry) - {"attn", "mlp"}:
+        if not isinstance(entry, Mapping) or set(entry) - {"attn", "mlp"} \
+                or not all(v is None or isinstance(v, Mapping) for v in entry.values()):
             raise ValueError(f"compression spec entry of block {i} must be a dict with keys 'attn' and/or 'mlp', "
-                             f"got {entry!r:.200}")
+                             f"each a dict or None, got {entry!r:.200}")
         blk = blocks[i]
         if entry.get("attn") is not None:
             old = blk.attn
@@ -116,7 +115,7 @@ def apply_compression_spec(model: nn.Module, spec: Mapping) -> nn.Module:
                 raise ValueError(f"compression spec of block {i}: attention (dim {a.get('dim')}, heads "
                                  f"{a.get('num_heads')}) does not fit the model's (dim {dim}, heads "
                                  f"{getattr(old, 'num_heads', None)})")
-            blk.attn = build_attention_layer(a).to(device=ref.device, dtype=ref.dtype)
+            blk.attn = _build_attention_layer(a).to(device=ref.device, dtype=ref.dtype)
         if entry.get("mlp") is not None:
             m = entry["mlp"]
             try:
