@@ -93,3 +93,5 @@ def test_vit_block_layout_and_errors():
         ViTBlock(16, num_heads=2, attn="nope")
     with pytest.raises(TypeError, match="attn_kwargs"):
         ViTBlock(16, num_heads=2, attn_kwargs=[1])
+    with pytest.raises(TypeError, match="normalize must be a bool, got int"):
+        ViTBlock(16, num_heads=2, attn="tssa", attn_kwargs={"normalize": 1})

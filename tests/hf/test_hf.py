@@ -229,6 +229,8 @@ def test_torch_compile_forward():
 def test_bad_input():
     with pytest.raises(ValueError, match="not a registered whiteformer model"):
         whiteformer.hf.ToSTLMConfig(model_name="tost_lm_huge")
+    with pytest.raises(TypeError, match="init_kwargs must be a dict of constructor arguments, got list"):
+        whiteformer.hf.ToSTLMConfig(model_name="tost_lm_base", init_kwargs=[("dim", 32)])
     with pytest.raises(ValueError, match="not a whiteformer-tost-lm model"):
         AutoModelForCausalLM.from_config(whiteformer.hf.ToSTLMConfig(model_name="gpt_base", init_kwargs=TINY))
     with pytest.raises(ValueError):

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 os.environ["HF_HUB_OFFLINE"] = "1"
 transformers = pytest.importorskip("transformers", reason="needs the hf extra: pip install whiteformer[hf]")
 
-from transformers import AutoConfig, AutoModelForCausalLM, DataCollatorWithFlattening  # noqa: E402
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DataCollatorWithFlattening  # noqa: E402
 
 import whiteformer.hf  # noqa: E402,F401
 from hf_versions import activation_checkpointing, cache_of  # noqa: E402
@@ -60,8 +60,6 @@ def test_flattened_batch_equals_each_document_alone(model_type, flash_kwargs):
 def test_headless_model_takes_packed_batches(model_type):
     """AutoModel (hidden states only) honours a flattened batch too; it ignored position_ids and
     cu_seq_lens_q and mixed the documents."""
-    from transformers import AutoModel
-
     model = _lm(model_type)
     head = AutoModel.from_config(model.config).eval()
     head.load_state_dict(model.state_dict())
@@ -98,6 +96,10 @@ def test_packed_batches_that_cannot_be_honoured_raise():
         model(ids[:1], position_ids=torch.tensor([[0.0, 1, 2, 0, 1, 2]]))
     with pytest.raises(TypeError, match="cu_seq_lens_q must be an int32 tensor"):
         model(ids[:1], cu_seq_lens_q=[0, 3, 6])
+    cu, pad = torch.tensor([0, 3, 6], dtype=torch.int32), torch.tensor([[1, 1, 1, 1, 1, 0]])
+    for net in (model, AutoModel.from_config(model.config)):  # the headless model too
+        with pytest.raises(ValueError, match="a packed batch has no padding: attention_mask must be all 1"):
+            net(ids[:1], attention_mask=pad, cu_seq_lens_q=cu, use_cache=False)
     with pytest.raises(ValueError, match=r"input_ids must have shape \(B, T\)"):
         model(ids[0], position_ids=torch.tensor([0, 1, 2, 0, 1, 2]))
     torch.testing.assert_close(  # position_ids and cu_seq_lens_q that agree: the packed documents

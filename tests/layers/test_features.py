@@ -116,6 +116,8 @@ def test_timm_model_api(name):
     torch.manual_seed(1)
     torch.testing.assert_close(model(x), want)
     model.set_grad_checkpointing(False)
+    with pytest.raises(TypeError, match="enable must be a bool, got str"):
+        model.set_grad_checkpointing("yes")
 
 
 def test_timm_registry():

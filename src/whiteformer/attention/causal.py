@@ -20,6 +20,7 @@ from einops import rearrange
 
 from .._checks import (
     check_divisible,
+    check_instance,
     check_probability,
     check_step_input,
     check_tokens_input,
@@ -130,8 +131,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self._qkv(x_t.unsqueeze(1))
         mask = None
         if state is not None:
-            if not isinstance(state, KVCache):
-                raise TypeError(f"state must be a KVCache or None, got {type(state).__name__}")
+            check_instance(state, "state", KVCache, "a KVCache or None")
             if state.k.shape[0] != k.shape[0] or state.k.shape[1] != k.shape[1] or state.k.shape[3] != k.shape[3]:
                 raise ValueError(f"state holds keys of shape {tuple(state.k.shape)} (B, H, T, p), not those of x_t "
                                  f"({k.shape[0]}, {k.shape[1]}, T, {k.shape[3]}): a cache of another batch or layer")

@@ -17,6 +17,7 @@ from einops import rearrange
 
 from .._checks import (
     check_divisible,
+    check_instance,
     check_int,
     check_probability,
     check_step_input,
@@ -75,8 +76,7 @@ class TSSA(ContextParallel, nn.Module):
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, attn_drop: float = 0.0,
                  proj_drop: float = 0.0, normalize: bool = True):
         super().__init__()
-        if not isinstance(normalize, bool):
-            raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
+        check_instance(normalize, "normalize", bool, "a bool")
         self.normalize = normalize
         self.head_dim = check_divisible(dim, num_heads)
         self.dim, self.num_heads = dim, num_heads

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 from einops import rearrange
 
-from .._checks import check_positive_real, check_tokens_input, is_int
+from .._checks import check_instance, check_positive_real, check_tokens_input, is_int
 from .._utils import apply_layer_scale, layer_scale_param
 from .registry import build
 
@@ -83,8 +83,7 @@ class ViTBlock(nn.Module):
                  mlp_ratio: float = 4.0, lpi: bool = False, layer_scale: Optional[float] = None,
                  norm_eps: float = 1e-6):
         super().__init__()
-        if attn_kwargs is not None and not isinstance(attn_kwargs, dict):
-            raise TypeError(f"attn_kwargs must be a dict or None, got {type(attn_kwargs).__name__}")
+        check_instance(attn_kwargs, "attn_kwargs", dict, "a dict or None", optional=True)
         check_positive_real(mlp_ratio, "mlp_ratio")
         self.dim = dim
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)

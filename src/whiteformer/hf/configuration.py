@@ -18,7 +18,7 @@ from typing import Any, Dict, Optional
 
 from transformers import PretrainedConfig
 
-from .._checks import is_int
+from .._checks import check_instance, is_int
 from ..models.registry import list_models
 from ..models.size import max_params
 from .remote_code import auto_map, write_remote_code
@@ -52,8 +52,7 @@ class WhiteformerConfig(PretrainedConfig):
         if not isinstance(model_name, str) or model_name not in list_models():
             raise ValueError(f"model_name {model_name!r} is not a registered whiteformer model; see "
                              f"whiteformer.list_models()")
-        if init_kwargs is not None and not isinstance(init_kwargs, dict):
-            raise TypeError(f"init_kwargs must be a dict of constructor arguments, got {type(init_kwargs).__name__}")
+        check_instance(init_kwargs, "init_kwargs", dict, "a dict of constructor arguments", optional=True)
         kwargs.pop("auto_map", None)  # always ours (hf.remote_code), never another module's
         super().__init__(**kwargs)  # (resets the instance's attributes: set ours after it)
         self.auto_map = auto_map(self.model_type)

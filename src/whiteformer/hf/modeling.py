@@ -101,11 +101,6 @@ def _check_input_ids(net: nn.Module, input_ids) -> None:
     net._check_idx(input_ids, "input_ids")
 
 
-def _check_packed_mask(attention_mask: Optional[torch.Tensor]) -> None:
-    if attention_mask is not None and not bool((attention_mask != 0).all()):
-        raise ValueError("a packed batch has no padding: attention_mask must be all 1 (or None)")
-
-
 def _refuse_labels(model, kwargs, head_class: str) -> None:
     """A headless model computes no loss: ``labels`` are refused, not silently dropped."""
     if kwargs.get("labels") is not None:
@@ -322,7 +317,6 @@ class _WhiteformerLMModel(_WhiteformerLMBase):
         net, mask = self.whiteformer, attention_mask
         cu_seqlens = packed_cu_seqlens(attention_mask, position_ids, kwargs, input_ids)
         if cu_seqlens is not None:
-            _check_packed_mask(attention_mask)
             cu_seqlens, mask = cu_seqlens.to(input_ids.device), None
         if output_hidden_states:
             final, hidden = _lm_hidden_states(net, input_ids, mask, cu_seqlens)
@@ -515,7 +509,6 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         if use_cache or (cache is not None and cache.get_seq_length() != 0):
             raise ValueError("a packed batch (position_ids restarting / cu_seq_lens_q) runs without a cache: pass "
                              "use_cache=False and no past_key_values")
-        _check_packed_mask(attention_mask)
         net = self.whiteformer
         hidden = None
         if output_hidden_states:

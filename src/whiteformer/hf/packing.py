@@ -11,6 +11,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from .._checks import check_instance
 from .._compile import compile_disabled
 
 __all__ = ["packed_cu_seqlens", "mask_document_starts"]
@@ -55,13 +56,17 @@ def packed_cu_seqlens(attention_mask: Optional[torch.Tensor], position_ids: Opti
                       kwargs: Dict[str, Any], input_ids: torch.Tensor) -> Optional[torch.Tensor]:
     """The documents' ``cu_seqlens`` of a packed batch of ``input_ids`` (B, T), or None; pops the
     collator's flash-attention keys (``cu_seq_lens_q/k``, ``max_length_q/k``, ``seq_idx``) from
-    ``kwargs``. ``position_ids`` given with ``cu_seq_lens_q`` must describe the same documents."""
+    ``kwargs``. ``position_ids`` given with ``cu_seq_lens_q`` must describe the same documents, and
+    ``attention_mask`` of a packed batch must be all 1 (or None)."""
     cu_q, cu_k = kwargs.pop("cu_seq_lens_q", None), kwargs.pop("cu_seq_lens_k", None)
     for key in ("max_length_q", "max_length_k", "seq_idx"):
         kwargs.pop(key, None)
     if cu_q is None and cu_k is None and position_ids is None:
         return None
-    return _documents(cu_q, cu_k, position_ids, attention_mask, input_ids.shape[0], input_ids.shape[-1])
+    cu = _documents(cu_q, cu_k, position_ids, attention_mask, input_ids.shape[0], input_ids.shape[-1])
+    if cu is not None and attention_mask is not None and not bool((attention_mask != 0).all()):
+        raise ValueError("a packed batch has no padding: attention_mask must be all 1 (or None)")
+    return cu
 
 
 @compile_disabled("position_ids / cu_seq_lens_q: the transformers wrappers read them on the host to find packed "
@@ -71,8 +76,7 @@ def _documents(cu_q, cu_k, position_ids, attention_mask, batch: int, tokens: int
     """The ``cu_seqlens`` that ``cu_seq_lens_q/k`` and ``position_ids`` describe (checked to agree), or
     None for ordinary positions."""
     for name, value in (("cu_seq_lens_q", cu_q), ("cu_seq_lens_k", cu_k)):
-        if value is not None and not isinstance(value, torch.Tensor):
-            raise TypeError(f"{name} must be an int32 tensor of shape (S + 1,), got {type(value).__name__}")
+        check_instance(value, name, torch.Tensor, "an int32 tensor of shape (S + 1,)", optional=True)
     if cu_q is not None and cu_k is not None and not torch.equal(cu_q.cpu(), cu_k.cpu()):
         raise ValueError("cu_seq_lens_q and cu_seq_lens_k differ: a causal language model attends within the same "
                          "documents for queries and keys")

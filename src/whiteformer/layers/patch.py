@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .._checks import check_int, check_tensor
+from .._checks import check_instance, check_int, check_tensor
 from .helpers import to_2tuple
 from .pos_embed import resample_abs_pos_embed
 
@@ -43,8 +43,7 @@ class PatchGrid(nn.Module):
             raise ValueError(f"img_size {_side(self.img_size)} must be divisible by patch_size {_side(self.patch_size)}")
         check_int(in_chans, "in_chans", 1)
         for name, flag in (("dynamic_img_size", dynamic_img_size), ("dynamic_img_pad", dynamic_img_pad)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+            check_instance(flag, name, bool, "a bool")
         self.in_chans = in_chans
         self.dynamic_img_size, self.dynamic_img_pad = dynamic_img_size, dynamic_img_pad
         self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])

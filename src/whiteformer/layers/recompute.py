@@ -15,6 +15,8 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
+from .._checks import check_instance
+
 __all__ = ["GradCheckpointMixin"]
 
 
@@ -28,8 +30,7 @@ class GradCheckpointMixin:
     def set_grad_checkpointing(self, enable: bool = True, checkpoint_fn: Optional[Callable] = None) -> None:
         """Checkpoint every block in training (``enable=False`` turns it off). ``checkpoint_fn``
         replaces ``torch.utils.checkpoint.checkpoint(use_reentrant=False)`` (same signature)."""
-        if not isinstance(enable, bool):
-            raise TypeError(f"enable must be a bool, got {type(enable).__name__}")
+        check_instance(enable, "enable", bool, "a bool")
         self.grad_checkpointing = enable
         self._checkpoint_fn = checkpoint_fn
 
