@@ -306,9 +306,6 @@ def chunk_layout(
     raise instead of crashing in a collective. A rank that failed its local checks sends that header
     marked failed (:class:`local_checks`): every other rank then raises ``ValueError`` here.
     """
-    if len(same) > SAME_MAX or x.dim() > HEADER_DIMS:
-        raise ValueError(f"chunk_layout compares at most {SAME_MAX} integers (same) and {HEADER_DIMS} dims, got "
-                         f"{len(same)} and {x.dim()}")
     rank = dist.get_rank(group)
     sizes = list(x.shape)
     dtype = _DTYPE_CODES.get(x.dtype, len(_DTYPE_CODES)) if x.is_floating_point() else -1
