@@ -252,7 +252,11 @@ def test_decomposition_bad_inputs():
     with pytest.raises(TypeError, match="cp_result must be a CPResult, got tuple"):
         btd_ll1(Y, cp_result=(Y.P, Y.K))
     with pytest.raises(ValueError, match="must agree"):
-        HeadFactors(torch.randn(2, 5, 3), torch.randn(3, 5, 3))
+        truncatt(HeadFactors(torch.randn(2, 5, 3), torch.randn(3, 5, 3)), 1)
+    with pytest.raises(ValueError, match=r"HeadFactors.P must be a 3-D tensor \(H, I, p\), got shape \(5, 3\)"):
+        cp(HeadFactors(torch.randn(5, 3), torch.randn(2, 5, 3)), 1)
+    with pytest.raises(TypeError, match="HeadFactors.K must be a floating tensor"):
+        btd_ll1(HeadFactors(torch.randn(2, 5, 3), torch.ones(2, 5, 3, dtype=torch.long)), 2)
     with pytest.raises(ValueError, match="does not fit"):
         truncatt(Y, 2, calib=torch.randn(10, 5))
     with pytest.raises(ValueError, match="exceeds"):

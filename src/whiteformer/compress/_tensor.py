@@ -14,6 +14,8 @@ from typing import Sequence, Tuple, Union
 
 import torch
 
+from .._checks import check_instance
+
 __all__ = ["HeadFactors", "TensorLike", "check_tensor_like", "as_float64", "tensor_shape", "to_dense",
            "norm_sq", "mttkrp", "unfolding_gram", "head_slice", "StackedSlices"]
 
@@ -25,21 +27,11 @@ class HeadFactors:
     ``Y[:, :, h] = P[h] @ K[h].T`` with ``P`` of shape (H, I, p) and ``K`` of shape (H, J, p).
     For attention, ``P[h] = W_h^Q`` (F x p, the query map x -> x @ W_h^Q) and ``K[h] = W_h^K``,
     so that ``Y[:, :, h] = W_h^Q (W_h^K)^T`` is the query-key form of the IrrAtt paper, Sec. 2.3.
+    A plain container: the decompositions that take it check it (:func:`check_tensor_like`).
     """
 
     P: torch.Tensor
     K: torch.Tensor
-
-    def __post_init__(self) -> None:
-        for name, t in (("P", self.P), ("K", self.K)):
-            if not isinstance(t, torch.Tensor) or t.dim() != 3:
-                raise ValueError(f"HeadFactors.{name} must be a 3-D tensor (H, dim, p), got "
-                                 f"{getattr(t, 'shape', type(t).__name__)}")
-            if not t.is_floating_point():
-                raise TypeError(f"HeadFactors.{name} must be floating, got {t.dtype}")
-        if self.P.shape[0] != self.K.shape[0] or self.P.shape[2] != self.K.shape[2]:
-            raise ValueError(f"HeadFactors: P {tuple(self.P.shape)} and K {tuple(self.K.shape)} must agree "
-                             "in the number of heads (dim 0) and the head dim p (dim 2)")
 
     @property
     def shape(self) -> Tuple[int, int, int]:
@@ -65,21 +57,26 @@ TensorLike = Union[torch.Tensor, HeadFactors]
 
 
 def check_tensor_like(Y, name: str = "Y") -> None:
-    """Raise unless ``Y`` is a floating 3-D tensor (I, J, H) or a :class:`HeadFactors`, non-empty."""
-    if isinstance(Y, HeadFactors):
-        shape = Y.shape
-    elif isinstance(Y, torch.Tensor):
-        if Y.dim() != 3:
-            raise ValueError(f"{name} must be a 3-D tensor (I, J, H), got shape {tuple(Y.shape)}")
-        if not Y.is_floating_point():
-            raise TypeError(f"{name} must be a floating tensor, got {Y.dtype}")
-        shape = tuple(Y.shape)
-    else:
-        raise TypeError(f"{name} must be a torch.Tensor (I, J, H) or HeadFactors, got {type(Y).__name__}")
-    if min(shape) == 0:
-        raise ValueError(f"{name} must be non-empty, got shape {shape}")
-    parts = (Y.P, Y.K) if isinstance(Y, HeadFactors) else (Y,)
-    if not all(bool(torch.isfinite(t).all()) for t in parts):
+    """Raise unless ``Y`` is a floating 3-D tensor (I, J, H) or a :class:`HeadFactors` of floating
+    3-D tensors P (H, I, p) and K (H, J, p), non-empty and finite (the input check of the
+    decompositions, which are the doors for user-built tensors and factors)."""
+    factors = isinstance(Y, HeadFactors)
+    if not factors:
+        check_instance(Y, name, torch.Tensor, "a torch.Tensor (I, J, H) or HeadFactors")
+    parts = ((("HeadFactors.P", Y.P, "(H, I, p)"), ("HeadFactors.K", Y.K, "(H, J, p)")) if factors
+             else ((name, Y, "(I, J, H)"),))
+    for part, t, layout in parts:
+        got = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"{part} must be a 3-D tensor {layout}, got {got}")
+        if not t.is_floating_point():
+            raise TypeError(f"{part} must be a floating tensor, got {t.dtype}")
+    if factors and (Y.P.shape[0] != Y.K.shape[0] or Y.P.shape[2] != Y.K.shape[2]):
+        raise ValueError(f"HeadFactors: P {tuple(Y.P.shape)} and K {tuple(Y.K.shape)} must agree "
+                         "in the number of heads (dim 0) and the head dim p (dim 2)")
+    if min(Y.shape) == 0:
+        raise ValueError(f"{name} must be non-empty, got shape {tuple(Y.shape)}")
+    if not all(bool(torch.isfinite(t).all()) for _, t, _ in parts):
         raise ValueError(f"{name} contains NaN or inf")
 
 
