@@ -44,6 +44,7 @@ from .._checks import (
     check_same_device,
     check_sketch_rank,
     check_tensor,
+    check_tokens_input,
     is_real,
 )
 from .._dtypes import autocast_off, stats_dtype
@@ -128,8 +129,7 @@ def _check_omega(omega, tokens: int) -> int:
 
 
 def _check_x(x) -> None:
-    check_tensor(x, "x", 3)
-    check_nonempty(x, "x", 1)
+    check_tokens_input(x)
     check_nonempty(x, "x", 2, "features")
 
 

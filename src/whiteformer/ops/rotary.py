@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from .._checks import check_nonempty, check_positive_real, check_same_device, check_tensor
+from .._checks import check_positive_real, check_same_device, check_tensor, check_tokens_input
 
 __all__ = ["rotary", "rotary_angles"]
 
@@ -44,8 +44,7 @@ def rotary(x: torch.Tensor, base: float = 10000.0, positions: Optional[torch.Ten
         for float64 (angles in float32 as LLaMA computes them). Position 0 is the identity; the
         map preserves norms and ``<rot(q, m), rot(k, n)>`` depends only on ``m - n``.
     """
-    check_tensor(x, "x", 3)
-    check_nonempty(x, "x", 1)
+    check_tokens_input(x)
     if x.shape[-1] % 2 != 0:
         raise ValueError(f"rotary needs an even channel dimension (pairs (2i, 2i+1)), got C = {x.shape[-1]}")
     base = check_positive_real(base, "base")
