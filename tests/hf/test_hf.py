@@ -254,6 +254,40 @@ def test_bad_input():
     assert "pip install whiteformer[hf]" in res.stdout, res.stderr
 
 
+def test_each_unsupported_option_is_refused_by_name():
+    """What the wrappers do not implement raises a ValueError / TypeError saying so, instead of
+    being ignored (each refusal at the door where a user passes it)."""
+    from transformers import AutoModel
+
+    model = _lm("whiteformer-tost-lm")
+    head = AutoModel.from_config(model.config).eval()
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match="input_ids is required: a \\(B, T\\) tensor of token ids"):
+        model(attention_mask=torch.ones(1, 3))
+    with pytest.raises(ValueError, match="output_attentions is not supported by whiteformer models"):
+        model(ids, output_attentions=True)
+    with pytest.raises(ValueError, match="return_dict=False is not supported"):
+        head(ids, return_dict=False)
+    with pytest.raises(ValueError, match="labels: ToSTModel is headless .* with AutoModelForCausalLM"):
+        head(ids, labels=ids)
+    with pytest.raises(ValueError, match="ToSTModel is headless and keeps no cache"):
+        head(ids, use_cache=True)
+    with pytest.raises(ValueError, match="pass the cache once \\(cache or past_key_values\\), not both"):
+        model(ids, cache=WhiteformerCache(), past_key_values=WhiteformerCache())
+    # (what activation_checkpointing_enable(every_n_layers=2) hands the model in recent transformers)
+    with pytest.raises(ValueError, match="checkpoint every block \\(every_n_layers=1\\), got 2"):
+        model._set_gradient_checkpointing(True, every_n_layers=2)
+    with pytest.raises(ValueError, match="a whiteformer cache cannot be cropped"):
+        WhiteformerCache().crop(1)
+    with pytest.raises(TypeError, match="ToSTForCausalLM needs a ToSTLMConfig, got WhiteformerVisionConfig"):
+        whiteformer.hf.ToSTForCausalLM(_vision().config)
+    vision = _vision()
+    with pytest.raises(ValueError, match="pixel_values is required: a \\(B, C, H, W\\) image tensor"):
+        vision(labels=torch.tensor([1]))
+    with pytest.raises(ValueError, match="labels: WhiteformerVisionModel is headless"):
+        AutoModel.from_config(vision.config)(torch.randn(1, 1, 8, 8), labels=torch.tensor([1]))
+
+
 def _vision(**init):
     config = AutoConfig.for_model("whiteformer-vision", model_name="deit_t_p16",
                                   init_kwargs=dict(img_size=8, patch_size=4, in_chans=1, num_classes=10, depth=1,
