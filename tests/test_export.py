@@ -205,6 +205,8 @@ def test_lm_step_refuses_gpt():
     gpt, _, _ = tiny("gpt_base")
     with pytest.raises(TypeError, match="key/value cache"):
         LMStep(gpt)
+    with pytest.raises(TypeError, match="model must be a CausalLM"):
+        LMStep(gpt.transformer)
 
 
 def _eca_eps0():

@@ -55,6 +55,15 @@ def test_paths_without_a_model_are_refused(tmp_path):
         create_model("tost_t12_p16", checkpoint_path=tmp_path / "nowhere")
 
 
+def test_feature_arguments_are_checked():
+    with pytest.raises(TypeError, match="features_only must be a bool, got str"):
+        create_model("tost_t12_p16", features_only="yes", **TINY)
+    with pytest.raises(ValueError, match="go with features_only=True"):
+        create_model("tost_t12_p16", out_indices=[0], **TINY)
+    with pytest.raises(TypeError, match=r"feature_cfg must be a dict \(output_fmt, norm\), got list"):
+        create_model("tost_t12_p16", features_only=True, feature_cfg=["NLC"], **TINY)
+
+
 def test_absurd_config_sizes_refused_before_allocation(run_dir):
     run, _ = run_dir
     cfg_path = run / "final" / "config.json"

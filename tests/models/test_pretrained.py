@@ -128,6 +128,8 @@ def test_argument_errors(tmp_path, hub_cache):
         create_model("tost_t12_p16", pretrained="yes")
     with pytest.raises(TypeError, match="pretrained_cfg_overlay must be a dict"):
         create_model("tost_t12_p16", pretrained=True, pretrained_cfg_overlay="org/name")
+    with pytest.raises(TypeError, match=r"pretrained_cfg\['file'\] must be a str, got int"):
+        create_model("tost_t12_p16", pretrained=True, pretrained_cfg_overlay=dict(file=3))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         create_model("tost_t12_p16", pretrained=True, pretrained_cfg_overlay=dict(file=str(tmp_path / "nope.pth")))
     with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE"):  # not in the cache, and offline

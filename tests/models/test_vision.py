@@ -138,6 +138,10 @@ def test_bad_overrides_raise():
         create_model("tost_t12_p16", embed_dim=190)
     with pytest.raises(ValueError, match="unknown attention"):
         create_model("tost_t12_p16", attn="no_such_attention")
+    with pytest.raises(TypeError, match=r"attn must be a registered attention name \(str\), got int"):
+        create_model("tost_t12_p16", attn=3)
+    with pytest.raises(TypeError, match="attn_kwargs must be a dict or None, got list"):
+        create_model("tost_t12_p16", attn_kwargs=[("rank", 2)])
     with pytest.raises(ValueError, match="mlp must be one of"):
         create_model("tost_t12_p16", mlp="moe")
     with pytest.raises(ValueError, match="drop_path_rate"):

@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
+from .._checks import check_instance
 from ..hf.vit_weights import (
     HF_VIT_MODEL_TYPES,
     convert_hf_vit_state_dict,
@@ -136,12 +137,10 @@ def create_model(name: str, num_classes: Optional[int] = None, img_size: Optiona
     of the blocks ``out_indices`` (int n: the last n, default 3; list: those), the model pruned
     after the last of them; ``feature_cfg`` may set ``output_fmt`` ("NCHW" / "NLC") and ``norm``.
     """
-    if not isinstance(features_only, bool):
-        raise TypeError(f"features_only must be a bool, got {type(features_only).__name__}")
+    check_instance(features_only, "features_only", bool, "a bool")
     if not features_only and (out_indices is not None or feature_cfg is not None):
         raise ValueError("out_indices and feature_cfg go with features_only=True")
-    if not isinstance(pretrained, bool):
-        raise TypeError(f"pretrained must be a bool, got {type(pretrained).__name__}")
+    check_instance(pretrained, "pretrained", bool, "a bool")
     entry = get_model_entry(name)
     cfg = None
     if pretrained or pretrained_cfg is not None or pretrained_cfg_overlay is not None:
@@ -185,8 +184,7 @@ def create_model(name: str, num_classes: Optional[int] = None, img_size: Optiona
         if not callable(getattr(model, "prune_intermediate_layers", None)):
             raise ValueError(f"features_only=True needs a vision model with timm's feature API; {name!r} is a "
                              f"{type(model).__name__}")
-        if feature_cfg is not None and not isinstance(feature_cfg, dict):
-            raise TypeError(f"feature_cfg must be a dict (output_fmt, norm), got {type(feature_cfg).__name__}")
+        check_instance(feature_cfg, "feature_cfg", dict, "a dict (output_fmt, norm)", optional=True)
         return FeatureGetterNet(model, out_indices, **(feature_cfg or {}))
     return model
 

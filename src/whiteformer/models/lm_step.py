@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 from torch.export import Dim
 
+from .._checks import check_instance
 from .._dtypes import stats_dtype
 from ..attention.tssa import CausalTSSA
 from ..ops.causal_tssa import CausalTSSAState
@@ -44,8 +45,7 @@ class LMStep(nn.Module):
 
     def __init__(self, model: CausalLM):
         super().__init__()
-        if not isinstance(model, CausalLM):
-            raise TypeError(f"model must be a CausalLM (whiteformer language model), got {type(model).__name__}")
+        check_instance(model, "model", CausalLM, "a CausalLM (whiteformer language model)")
         kinds = {type(blk.attn).__name__ for blk in model.transformer.h if not isinstance(blk.attn, CausalTSSA)}
         if kinds:
             raise TypeError(f"LMStep needs causal TSSA in every block (a constant-size state); this model has "

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 from urllib.parse import urlparse
 
+from .._checks import check_instance
+
 __all__ = ["merge_pretrained_cfg", "pretrained_source", "NoPretrainedWeights"]
 
 #: the keys of a pretrained_cfg that name where the weights are, in the order they are tried
@@ -37,9 +39,8 @@ class NoPretrainedWeights(ValueError):
 def merge_pretrained_cfg(base: Optional[Dict[str, Any]], pretrained_cfg: Any, overlay: Any) -> Dict[str, Any]:
     """``{**base, **pretrained_cfg, **overlay}``; the two caller arguments must be dicts (or None)."""
     for arg, value in (("pretrained_cfg", pretrained_cfg), ("pretrained_cfg_overlay", overlay)):
-        if value is not None and not isinstance(value, dict):
-            raise TypeError(f"{arg} must be a dict (e.g. dict(file='model.safetensors') or dict(hf_hub_id='org/name')),"
-                            f" got {type(value).__name__}")
+        check_instance(value, arg, dict, "a dict (e.g. dict(file='model.safetensors') or dict(hf_hub_id='org/name'))",
+                       optional=True)
     return {**(base or {}), **(pretrained_cfg or {}), **(overlay or {})}
 
 
@@ -105,8 +106,7 @@ def pretrained_source(name: str, cfg: Dict[str, Any]) -> Path:
         value = cfg.get(key)
         if value in (None, ""):
             continue
-        if not isinstance(value, (str, os.PathLike)):
-            raise TypeError(f"pretrained_cfg[{key!r}] must be a str, got {type(value).__name__}")
+        check_instance(value, f"pretrained_cfg[{key!r}]", (str, os.PathLike), "a str")
         if key == "file":
             path = Path(value).expanduser()
             if not path.exists():

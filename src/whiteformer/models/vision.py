@@ -59,6 +59,7 @@ from .._checks import (
     check_choice,
     check_divisible,
     check_finite_real,
+    check_instance,
     check_int,
     check_positive_real,
     check_probability,
@@ -95,11 +96,9 @@ _NO_DECAY_SUFFIXES = ("temp", "temperature", "pos_bias", "cls_token", "pos_embed
 
 def check_attn_args(attn: Any, attn_kwargs: Any) -> None:
     """``attn`` names a registered attention (else a ValueError listing them); ``attn_kwargs`` is a dict or None."""
-    if not isinstance(attn, str):
-        raise TypeError(f"attn must be a registered attention name (str), got {type(attn).__name__}")
+    check_instance(attn, "attn", str, "a registered attention name (str)")
     _attention.get_attention_class(attn)  # unknown name -> ValueError listing the choices
-    if attn_kwargs is not None and not isinstance(attn_kwargs, dict):
-        raise TypeError(f"attn_kwargs must be a dict or None, got {type(attn_kwargs).__name__}")
+    check_instance(attn_kwargs, "attn_kwargs", dict, "a dict or None", optional=True)
 
 
 def _attention_kwargs(
