@@ -8,8 +8,6 @@ import torch
 
 from ..._checks import (
     check_cu_seqlens,
-    check_heads_input,
-    check_mask,
     check_nonempty,
     check_pos_bias,
     check_probability,
@@ -22,8 +20,9 @@ from ..._dtypes import stats_dtype
 from .._kernels import fused_supported, has_kernel, kernel_for
 from .._kernels.fused import causal_tssa_fused
 from ..context_parallel import chunk_layout, local_checks
-from ..packing import check_packed, from_padded, packed_layout, pads_little, segments, to_padded
+from ..packing import from_padded, packed_layout, pads_little, segments, to_padded
 from ..scaling import beyond_kernel_range
+from ..tssa.dispatch import check_tssa_args
 from .parallel import causal_tssa_parallel
 from .recurrent import causal_tssa_recurrent
 from .state import CausalTSSAState, check_state, position_logit_bias
@@ -105,14 +104,7 @@ def causal_tssa(
     (float32 for float32/half inputs) when they exceed its range (|w| ~ 1.8e19).
     """
     with local_checks(group, w):  # split: a rank failing these stops every rank (no wait in a collective)
-        check_heads_input(w, allow_no_tokens=group is not None)  # split: a rank may hold no tokens
-        if cu_seqlens is not None:
-            check_packed(w, attn_mask, cu_seqlens)
-        temp = check_temp(temp, w.shape[1], w)
-        check_pos_bias(pos_bias, w.shape[1])
-        attn_mask = check_mask(attn_mask, w.shape[0], w.shape[2])
-        check_same_device(w, temp=temp, pos_bias=pos_bias, attn_mask=attn_mask)
-        drop = check_probability(attn_drop, "attn_drop")
+        temp, attn_mask, drop = check_tssa_args(w, temp, attn_mask, cu_seqlens, attn_drop, group, pos_bias)
     return causal_tssa_impl(w, temp, pos_bias, attn_mask, return_pi, return_state, drop, training, group, cu_seqlens)
 
 

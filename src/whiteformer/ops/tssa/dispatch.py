@@ -10,6 +10,7 @@ from ..._checks import (
     check_heads_input,
     check_instance,
     check_mask,
+    check_pos_bias,
     check_probability,
     check_same_device,
     check_temp,
@@ -23,6 +24,22 @@ from .parallel import tssa_parallel
 from .varlen import tssa_varlen
 
 __all__ = ["tssa", "tssa_impl"]
+
+
+def check_tssa_args(w, temp, attn_mask, cu_seqlens, attn_drop, group, pos_bias=None):
+    """The arguments that :func:`tssa` and :func:`~whiteformer.ops.causal_tssa` share (checked inside
+    their ``local_checks``): w (B, H, N, p) (N = 0 too on a rank of a ``group``), the packed row of
+    ``cu_seqlens``, ``temp``, ``pos_bias``, the (B, N) keep-mask, their devices and ``attn_drop``.
+    Returns ``(temp (H, 1), attn_mask as bool or None, attn_drop as a float)``."""
+    check_heads_input(w, allow_no_tokens=group is not None)  # split: a rank may hold no tokens
+    if cu_seqlens is not None:
+        check_packed(w, attn_mask, cu_seqlens)
+    temp = check_temp(temp, w.shape[1], w)
+    check_pos_bias(pos_bias, w.shape[1])
+    attn_mask = check_mask(attn_mask, w.shape[0], w.shape[2])
+    check_same_device(w, temp=temp, pos_bias=pos_bias, attn_mask=attn_mask)
+    drop = check_probability(attn_drop, "attn_drop")
+    return temp, attn_mask, drop
 
 
 def tssa(
@@ -79,13 +96,7 @@ def tssa(
     one.
     """
     with local_checks(group, w):  # split: a rank failing these stops every rank (no wait in a collective)
-        check_heads_input(w, allow_no_tokens=group is not None)  # split: a rank may hold no tokens
-        if cu_seqlens is not None:
-            check_packed(w, attn_mask, cu_seqlens)
-        temp = check_temp(temp, w.shape[1], w)
-        attn_mask = check_mask(attn_mask, w.shape[0], w.shape[2])
-        check_same_device(w, temp=temp, attn_mask=attn_mask)
-        drop = check_probability(attn_drop, "attn_drop")
+        temp, attn_mask, drop = check_tssa_args(w, temp, attn_mask, cu_seqlens, attn_drop, group)
         check_instance(normalize, "normalize", bool, "a bool")
     return tssa_impl(w, temp, attn_mask, return_pi, drop, training, normalize, group, cu_seqlens)
 
