@@ -353,8 +353,10 @@ def test_compress_attention_bad_inputs():
         compress_attention(attn, qk="truncatt", qk_flops_ratio=1.5)
     with pytest.raises(ValueError, match="exceeds"):
         compress_attention(attn, qk="irratt", qk_rank=33, fusion="identity")
-    with pytest.raises(ValueError, match="calib"):
+    with pytest.raises(ValueError, match="calib has feature size 16"):
         compress_attention(attn, qk="truncatt", qk_rank=2, calib=torch.randn(5, 16))
+    with pytest.raises(ValueError, match=r"calib must be a tensor of tokens \(\.\.\., F\), got list"):
+        compress_attention(attn, qk="truncatt", qk_rank=2, calib=[[0.0] * 32])
 
 
 # ----------------------------------------------------------------------------- MLP and fusion constraints
@@ -396,6 +398,11 @@ def test_compress_linear_and_mlp():
         compress_linear(Mlp(), 2)
     with pytest.raises(TypeError, match="Mlp"):
         compress_mlp(nn.Linear(3, 3), 2)
+    # the MLP's calibration inputs are checked before fc1 runs on them
+    with pytest.raises(ValueError, match=r"calib must be a tensor of inputs \(\.\.\., 16\)"):
+        compress_mlp(mlp, 4, calib=torch.randn(5, 7))
+    with pytest.raises(ValueError, match=r"calib must be a tensor of inputs \(\.\.\., 16\), got list"):
+        compress_mlp(mlp, 4, calib=[[0.0] * 16])
 
 
 def test_rank_constrained_fusion_projection():

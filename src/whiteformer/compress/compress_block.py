@@ -13,7 +13,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from .._checks import check_choice, check_int, is_int, normalize_ranks
+from .._checks import check_choice, check_instance, check_int, is_int, normalize_ranks
 from .._utils import count_params
 from . import flops
 from .btd import btd_ll1
@@ -183,9 +183,7 @@ def compress_attention(attn: nn.Module, *, qk: Optional[str] = "truncatt",
         raise ValueError("causal attention blocks are not supported by compress_attention")
     qk, qk_rank = check_attention_options(qk, qk_rank, qk_flops_ratio, fusion, rank_allocation, protocol)
     check_int(num_tokens, "num_tokens", 1)
-    if calib is not None and (not isinstance(calib, torch.Tensor) or calib.shape[-1] != spec.dim):
-        raise ValueError(f"calib must be a tensor of tokens (..., {spec.dim}), got "
-                         f"{getattr(calib, 'shape', type(calib).__name__)}")
+    check_instance(calib, "calib", torch.Tensor, "a tensor of tokens (..., F)", optional=True, error=ValueError)
     return _compress_attention(attn, spec, qk, qk_rank, qk_flops_ratio, _ranks_arg(vo_rank, "vo_rank"), num_tokens,
                                calib, fusion, rank_allocation, protocol, seed, cp_kwargs, btd_kwargs, allow_growth)
 
@@ -194,8 +192,9 @@ def _compress_attention(attn: nn.Module, spec: MHSASpec, qk, qk_rank, qk_flops_r
                         calib, fusion: str, rank_allocation: str, protocol: str, seed: int, cp_kwargs, btd_kwargs,
                         allow_growth: bool) -> Tuple[CompressedAttention, BlockReport]:
     """:func:`compress_attention` on checked options (:func:`check_attention_options`; ``spec`` the
-    MHSA's, ``calib`` tokens (..., F) or None): the per-block step of
-    :func:`whiteformer.compress.compress`. The ranks are checked here, against this block's heads."""
+    MHSA's, ``calib`` a tensor or None): the per-block step of :func:`whiteformer.compress.compress`.
+    The ranks are checked here, against this block's heads, and the calibration tokens' feature size
+    by :meth:`Whitening.from_calibration`."""
     F, H, p = spec.dim, spec.num_heads, spec.head_dim
     if qk_flops_ratio is not None:
         qk_rank = qk_rank_for_budget(qk, qk_flops_ratio, num_tokens=num_tokens, dim=F, num_heads=H,

@@ -79,6 +79,8 @@ def compress_mlp(mlp: nn.Module, rank: Union[int, Sequence[int]], *, calib: Opti
             raise ValueError(f"MLP rank {r} for {name} ({fc.in_features} -> {fc.out_features}) costs more MACs than "
                              f"the dense layer (r (in + out) > in out): a compression that grows the model is "
                              "refused; lower the rank, or pass allow_growth=True (whiteformer compress --allow-growth)")
+    new = copy.deepcopy(mlp)
+    new.fc1 = compress_linear(fc1, r1, calib=calib)  # checks r1 and calib (..., fc1.in_features)
     hidden = None
     if calib is not None:
         act = getattr(mlp, "act", nn.Identity())
@@ -86,7 +88,5 @@ def compress_mlp(mlp: nn.Module, rank: Union[int, Sequence[int]], *, calib: Opti
         norm = getattr(mlp, "norm", None)
         if norm is not None:
             hidden = norm(hidden)
-    new = copy.deepcopy(mlp)
-    new.fc1 = compress_linear(fc1, r1, calib=calib)
     new.fc2 = compress_linear(fc2, r2, calib=hidden)
     return new
