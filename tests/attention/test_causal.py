@@ -57,8 +57,16 @@ def test_padded_prefill_then_step(name):
 
 def test_step_refuses_a_foreign_state():
     layer = _layers()["causal_mhsa"]
-    with pytest.raises(TypeError, match="state"):
+    with pytest.raises(TypeError, match="state must be a KVCache or None, got tuple"):
         layer.step(torch.randn(2, DIM, dtype=torch.float64), state=(1, 2))
+
+
+def test_packed_documents_come_in_one_unpadded_row():
+    layer, cu = _layers()["causal_mhsa"], torch.tensor([0, 2, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"with cu_seqlens, x must hold the packed documents in one row \(1, N, C\)"):
+        layer(torch.randn(2, 5, DIM, dtype=torch.float64), cu_seqlens=cu)
+    with pytest.raises(ValueError, match="attn_mask must be None"):
+        layer(torch.randn(1, 5, DIM, dtype=torch.float64), torch.ones(1, 5, dtype=torch.bool), cu_seqlens=cu)
 
 
 @pytest.mark.parametrize("name", ["causal_mhsa", "causal_tssa"])

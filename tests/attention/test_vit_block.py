@@ -59,7 +59,7 @@ def test_local_patch_interaction_is_local():
     assert changed[:3, :3].all() and not changed[3:].any() and not changed[:, 3:].any()
     with pytest.raises(ValueError, match="grid_size"):
         lpi(x, (5, 5))
-    with pytest.raises(ValueError, match="kernel_size"):
+    with pytest.raises(ValueError, match="kernel_size must be an odd positive int, got 2"):
         LocalPatchInteraction(8, kernel_size=2)
 
 
@@ -85,8 +85,10 @@ def test_vit_block_layout_and_errors():
     lpi = ViTBlock(16, num_heads=2, attn="tssa", lpi=True)
     with pytest.raises(ValueError, match="grid_size"):
         lpi(torch.randn(2, 9, 16))
-    with pytest.raises(ValueError, match="attn_mask"):
+    with pytest.raises(ValueError, match=r"attn_mask is not supported with lpi=True"):
         lpi(torch.randn(2, 9, 16), attn_mask=torch.ones(2, 9, dtype=torch.bool), grid_size=(3, 3))
+    with pytest.raises(ValueError, match=r"num_prefix_tokens must be an int in \[0, N\), got 10"):
+        lpi(torch.randn(2, 10, 16), grid_size=(3, 3), num_prefix_tokens=10)
     with pytest.raises(ValueError, match="grid_size"):
         lpi(torch.randn(2, 10, 16), grid_size=(3, 3))  # the [CLS] token was not declared as a prefix
     with pytest.raises(ValueError, match="unknown attention"):
