@@ -121,16 +121,24 @@ def cholesky_stats() -> Dict[str, float]:
 # --------------------------------------------------------------------------------------------
 
 
-def _check_omega(omega, tokens: int) -> int:
-    check_tensor(omega, "omega", 2)
-    if omega.shape[0] != tokens:
-        raise ValueError(f"omega must have shape (N, R) with N = {tokens} (the tokens of x), got {tuple(omega.shape)}")
-    return omega.shape[1]
-
-
 def _check_x(x) -> None:
     check_tokens_input(x)
     check_nonempty(x, "x", 2, "features")
+
+
+def _check_sketch(x, omega, eps, attn_mask, features: int, features_name: str, **operands):
+    """The arguments that :func:`eca_expand` and :func:`eca_compress` share, after ``x`` (B, N, C)
+    (:func:`_check_x`): ``omega`` (N, R) with a rank R that a basis of ``features`` dimensions can
+    hold (:func:`~whiteformer._checks.check_sketch_rank`), ``eps``, the (B, N) keep-mask, and the
+    devices of omega, the mask and ``operands`` (name=value). Returns ``(eps, attn_mask)``."""
+    check_tensor(omega, "omega", 2)
+    if omega.shape[0] != x.shape[1]:
+        raise ValueError(f"omega must have shape (N, R) with N = {x.shape[1]} (the tokens of x), got {tuple(omega.shape)}")
+    eps = check_eps(eps)
+    check_sketch_rank(omega.shape[1], x.shape[1], features, features_name, eps=eps)
+    attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
+    check_same_device(x, "x", omega=omega, attn_mask=attn_mask, **operands)
+    return eps, attn_mask
 
 
 # --------------------------------------------------------------------------------------------
@@ -336,11 +344,7 @@ def eca_expand(
         (B, N, C): ``(I - Q Q^T) z_n`` with Q = basis(range(Z Omega)); 0 at padded tokens.
     """
     _check_x(x)
-    rank = _check_omega(omega, x.shape[1])
-    eps = check_eps(eps)
-    check_sketch_rank(rank, x.shape[1], x.shape[2], "the feature dimension C", eps=eps)
-    attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
-    check_same_device(x, "x", omega=omega, attn_mask=attn_mask)
+    eps, attn_mask = _check_sketch(x, omega, eps, attn_mask, x.shape[2], "the feature dimension C")
     cd = stats_dtype(x)
     with autocast_off(x):
         out = _expand(x.to(cd), omega.to(cd), eps, attn_mask)
@@ -403,13 +407,9 @@ def eca_compress(
     if U.shape[0] != x.shape[2] or U.shape[1] == 0 or U.shape[1] % num_heads != 0:
         raise ValueError(f"U must have shape (C, H*p) with C = {x.shape[2]} and H*p a positive multiple of "
                          f"num_heads = {num_heads}, got {tuple(U.shape)}")
-    head_dim = U.shape[1] // num_heads
-    rank = _check_omega(omega, x.shape[1])
-    eps = check_eps(eps)
-    check_sketch_rank(rank, x.shape[1], head_dim, "the head dimension p", eps=eps)
     _check_temperature(temperature, num_heads)
-    attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1])
-    check_same_device(x, "x", U=U, omega=omega, temperature=temperature, attn_mask=attn_mask)
+    eps, attn_mask = _check_sketch(x, omega, eps, attn_mask, U.shape[1] // num_heads, "the head dimension p",
+                                   U=U, temperature=temperature)
     cd = torch.promote_types(stats_dtype(x), stats_dtype(U))
     if isinstance(temperature, torch.Tensor):
         cd = torch.promote_types(cd, stats_dtype(temperature))
