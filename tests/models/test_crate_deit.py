@@ -168,6 +168,20 @@ def test_deit_timm_protocol():
     torch.testing.assert_close(model(x), feats[:, 1:].mean(1))
 
 
+@pytest.mark.parametrize("name", ["tost_t12_p16", "crate_t", "deit_t_p16"])
+def test_head_arguments_checked_by_every_vision_family(name):
+    tiny = dict(img_size=32, patch_size=8, embed_dim=48, depth=1, num_heads=4)
+    with pytest.raises(ValueError, match=r"global_pool must be one of \['token', 'avg'\], got 'max'"):
+        create_model(name, global_pool="max", **tiny)
+    with pytest.raises(ValueError, match=r"global_pool must be one of \['token', 'avg'\], got None"):
+        create_model(name, global_pool=None, **tiny)
+    with pytest.raises(ValueError, match="num_classes must be a non-negative integer, got -1"):
+        create_model(name, num_classes=-1, **tiny)
+    model = create_model(name, num_classes=3, global_pool="avg", **tiny)
+    assert (model.num_classes, model.global_pool) == (3, "avg")
+    assert model.init_kwargs["num_classes"] == 3 and model.init_kwargs["global_pool"] == "avg"
+
+
 def test_deit_bad_inputs():
     model = _tiny_deit()
     with pytest.raises(ValueError, match=r"\(B, 1, 28, 28\)"):

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 from einops import rearrange
 
-from .._checks import check_choice, check_finite_real, check_int, check_probability
+from .._checks import check_finite_real, check_int, check_probability
 from ..attention.baselines import MSSA
 from ..layers import GradCheckpointMixin, PatchGrid, TimmFeatureMixin, resample_abs_pos_embed
 from ..layers.mlp import ISTA
@@ -111,15 +111,12 @@ class CRATE(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, nn.Module):
                  eta: float = 0.1, lambd: float = 0.1, global_pool: str = "token", attn_drop_rate: float = 0.0,
                  pos_drop_rate: float = 0.0, dynamic_img_size: bool = False, dynamic_img_pad: bool = False):
         super().__init__()
-        check_choice(global_pool, "global_pool", ("token", "avg"))
-        check_int(num_classes, "num_classes", 0)
+        set_head_args(self, num_classes, global_pool)
         check_int(depth, "depth", 0)
         for name, val in (("attn_drop_rate", attn_drop_rate), ("pos_drop_rate", pos_drop_rate)):
             check_probability(val, name)
         check_finite_real(eta, "eta")
         check_finite_real(lambd, "lambd")
-        self.num_classes = num_classes
-        self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_prefix_tokens = 1
 

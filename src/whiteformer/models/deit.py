@@ -22,7 +22,6 @@ import torch
 import torch.nn as nn
 
 from .._checks import (
-    check_choice,
     check_divisible,
     check_finite_real,
     check_int,
@@ -108,8 +107,7 @@ class VisionTransformer(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, 
                  attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0, compression: Optional[dict] = None,
                  norm_eps: float = 1e-6, dynamic_img_size: bool = False, dynamic_img_pad: bool = False):
         super().__init__()
-        check_choice(global_pool, "global_pool", ("token", "avg"))
-        check_int(num_classes, "num_classes", 0)
+        set_head_args(self, num_classes, global_pool)
         check_int(depth, "depth", 0)
         check_divisible(embed_dim, num_heads, "embed_dim")
         for name, val in (("drop_rate", drop_rate), ("pos_drop_rate", pos_drop_rate),
@@ -118,8 +116,6 @@ class VisionTransformer(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, 
             check_probability(val, name)
         init_values = check_finite_real(init_values, "init_values", allow_none=True)
         mlp_ratio = check_positive_real(mlp_ratio, "mlp_ratio")
-        self.num_classes = num_classes
-        self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_prefix_tokens = 1
 

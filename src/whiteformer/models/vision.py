@@ -271,16 +271,13 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
         check_divisible(embed_dim, num_heads, "embed_dim")
         for name, v in (("depth", depth), ("cls_attn_layers", cls_attn_layers)):
             check_int(v, name, 0 if name == "depth" else 1)
-        check_int(num_classes, "num_classes", 0)
-        check_choice(global_pool, "global_pool", ("token", "avg"))
+        set_head_args(self, num_classes, global_pool)
         check_attn_args(attn, attn_kwargs)
         check_choice(mlp, "mlp", _MLP_KINDS)
         drop_rate = check_probability(drop_rate, "drop_rate")
         attn_drop_rate = check_probability(attn_drop_rate, "attn_drop_rate")
         drop_path_rate = check_probability(drop_path_rate, "drop_path_rate")  # eta, mlp_ratio: checked by the blocks
 
-        self.num_classes = num_classes
-        self.global_pool = global_pool
         self.num_features = self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.attn_name = attn
