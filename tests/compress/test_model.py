@@ -38,6 +38,16 @@ def images(n=4, size=32, chans=3, seed=1):
     return torch.randn(n, chans, size, size, generator=torch.Generator().manual_seed(seed))
 
 
+def test_num_tokens_are_the_tokens_the_blocks_see():
+    """N (rank budget, MACs) is counted on the model's forward, not re-stated from its attributes."""
+    model = tiny()
+    del model.patch_embed.num_patches  # not needed to know the token count
+    _, rep = compress(model, qk="truncatt", qk_rank=4, vo=None, progress=False)
+    assert rep.num_tokens == (32 // 8) ** 2 + 1  # patches + the class token
+    _, rep = compress(model, qk="truncatt", qk_rank=4, vo=None, num_tokens=50, progress=False)
+    assert rep.num_tokens == 50
+
+
 def test_input_model_untouched():
     model = tiny()
     model.train()

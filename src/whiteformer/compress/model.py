@@ -115,15 +115,6 @@ def _select(blocks, n: int) -> List[int]:
     return sorted(set(out))
 
 
-def _num_tokens(model: nn.Module) -> int:
-    pe = getattr(model, "patch_embed", None)
-    n = getattr(pe, "num_patches", None)
-    if n is None:
-        raise ValueError(f"cannot infer the number of tokens of {type(model).__name__} (no patch_embed.num_patches); "
-                         "pass num_tokens")
-    return int(n) + int(getattr(model, "num_prefix_tokens", 1))
-
-
 # ----------------------------------------------------------------------------- measurements
 @torch.no_grad()
 def collect_block_inputs(model: nn.Module, images: torch.Tensor, indices: Optional[Sequence[int]] = None,
@@ -262,7 +253,8 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
             are collected with forward hooks and the decompositions become activation-aware.
         fusion, rank_allocation, seed, cp_kwargs, btd_kwargs: see :func:`compress_attention`.
         blocks: indices of the blocks to compress (default all).
-        num_tokens: N for the rank budget and the MACs (default: the model's patches + prefix tokens).
+        num_tokens: N for the rank budget and the MACs (default: the tokens the blocks see on an image
+            of the model's size, i.e. its patches + prefix tokens).
         latency_batch: if given, measure the latency of the original and the compressed model on a
             random batch of that size, interleaved (:func:`~.latency.compare_latency`: ``latency_warmup``
             untimed runs of each, then ``latency_runs`` timed pairs, on ``latency_threads`` CPU threads,
@@ -300,7 +292,7 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
             _check_mhsa(model, i)
         if mlp_rank is not None:
             _check_mlp(model, i)
-    N = _num_tokens(model) if num_tokens is None else check_int(num_tokens, "num_tokens", 1)
+    N = None if num_tokens is None else check_int(num_tokens, "num_tokens", 1)
 
     inputs: Dict[int, Dict[str, torch.Tensor]] = {}
     if calib is not None:
@@ -308,6 +300,8 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
 
     x = example_images(model, 1)
     flops_orig, attn_orig = model_flops(model, x)
+    if N is None:  # counted on the model, not re-stated from its patch and prefix-token counts
+        N = collect_block_inputs(model, x, idx[:1])[idx[0]]["attn"].shape[1]
 
     new = copy.deepcopy(model)
     reports: Dict[int, BlockReport] = {}
