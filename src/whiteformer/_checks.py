@@ -180,6 +180,14 @@ def check_instance(value, name: str, types, what: str, *, optional: bool = False
     return value
 
 
+def check_integer_tensor(x, name: str, what: str = "an integer tensor") -> torch.Tensor:
+    """``x`` is a tensor of an integer dtype (ids, labels, positions: not bool, float or complex);
+    otherwise a ``TypeError`` "{name} must be {what}, got {its dtype, or its type}". Returns ``x``."""
+    if not isinstance(x, torch.Tensor) or x.dtype == torch.bool or x.is_floating_point() or x.is_complex():
+        raise TypeError(f"{name} must be {what}, got {getattr(x, 'dtype', type(x).__name__)}")
+    return x
+
+
 def check_choice(value, name: str, choices: Sequence):
     """``value`` is one of ``choices`` (option names, None included); returns it."""
     if isinstance(value, torch.Tensor) or value not in choices:

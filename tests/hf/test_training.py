@@ -94,6 +94,8 @@ def test_packed_batches_that_cannot_be_honoured_raise():
         model(ids, position_ids=torch.arange(5)[None])
     with pytest.raises(TypeError, match="position_ids must be an integer tensor"):
         model(ids[:1], position_ids=torch.tensor([[0.0, 1, 2, 0, 1, 2]]))
+    with pytest.raises(TypeError, match="position_ids must be an integer tensor, got list"):
+        model(ids[:1], position_ids=[[0, 1, 2, 0, 1, 2]])
     with pytest.raises(TypeError, match="cu_seq_lens_q must be an int32 tensor"):
         model(ids[:1], cu_seq_lens_q=[0, 3, 6])
     cu, pad = torch.tensor([0, 3, 6], dtype=torch.int32), torch.tensor([[1, 1, 1, 1, 1, 0]])

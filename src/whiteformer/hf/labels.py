@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_tensor
+from .._checks import check_integer_tensor, check_tensor
 from .._compile import can_read_values
 
 __all__ = ["check_lm_labels", "check_classification_labels"]
-
-
-def _integer(labels: torch.Tensor) -> bool:
-    return not (labels.dtype == torch.bool or labels.is_floating_point() or labels.is_complex())
 
 
 def _outside(labels: torch.Tensor, n: int, ignore_index: int) -> list:
@@ -31,8 +27,7 @@ def check_lm_labels(labels, input_ids: torch.Tensor, vocab_size: int, ignore_ind
     """``labels`` of a causal language model: token ids (B, T), the shape of ``input_ids``, each in
     [0, vocab_size) or ``ignore_index`` (-100: not counted); ``transformers`` shifts them inside."""
     check_tensor(labels, "labels", floating=False)
-    if not _integer(labels):
-        raise TypeError(f"labels must be an integer tensor of token ids ({ignore_index} = ignored), got {labels.dtype}")
+    check_integer_tensor(labels, "labels", f"an integer tensor of token ids ({ignore_index} = ignored)")
     if tuple(labels.shape) != tuple(input_ids.shape):
         raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)} (the next-token targets "
                          f"are shifted inside), got {tuple(labels.shape)}")
@@ -59,8 +54,7 @@ def check_classification_labels(labels, logits: torch.Tensor, config) -> torch.T
         raise ValueError(f"labels must have shape {' or '.join(map(str, want))} ({what} for {kind}, batch {b}, "
                          f"{n} labels), got {tuple(labels.shape)} ({labels.dtype})")
     if kind == "single_label_classification":
-        if not _integer(labels):
-            raise TypeError(f"labels must be {what} for {kind}, got {labels.dtype}")
+        check_integer_tensor(labels, "labels", f"{what} for {kind}")
         bad = _outside(labels, n, -100)
         if bad:
             raise ValueError(f"labels must be class indices in [0, {n - 1}] ({n} labels; -100 = ignored), got {bad}")

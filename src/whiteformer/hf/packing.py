@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from .._checks import check_instance
+from .._checks import check_instance, check_integer_tensor
 from .._compile import compile_disabled
 
 __all__ = ["packed_cu_seqlens", "mask_document_starts"]
@@ -22,10 +22,7 @@ def _from_position_ids(position_ids: torch.Tensor, attention_mask: Optional[torc
     """None when ``position_ids`` are the ordinary ones (what the model derives from the mask),
     the documents' ``cu_seqlens`` when they restart at 0 in one unpadded row, else ``ValueError``
     (also for a shape other than the (batch, tokens) of ``input_ids``)."""
-    if not isinstance(position_ids, torch.Tensor) or position_ids.dtype == torch.bool \
-            or position_ids.is_floating_point() or position_ids.is_complex():
-        raise TypeError(f"position_ids must be an integer tensor, got "
-                        f"{getattr(position_ids, 'dtype', type(position_ids).__name__)}")
+    check_integer_tensor(position_ids, "position_ids")
     if position_ids.dim() == 1:
         position_ids = position_ids[None]
     if position_ids.dim() != 2 or position_ids.shape[1] != tokens or position_ids.shape[0] not in (1, batch):
