@@ -110,6 +110,11 @@ def sparsemax(z: torch.Tensor, dim: int = -1, mask: Optional[torch.Tensor] = Non
             fits = False
         if not fits:
             raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to z's shape {tuple(z.shape)}")
+    return _sparsemax(z, dim, mask)
+
+
+def _sparsemax(z: torch.Tensor, dim: int, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """:func:`sparsemax` on checked arguments (``mask`` bool or None): the entry of :func:`_dmsa_torch`."""
     z = z.movedim(dim, -1)
     n = z.shape[-1]
     # sparsemax is shift invariant: subtracting the (constant) max only improves rounding
@@ -231,11 +236,11 @@ def _dmsa_torch(s, logits, attn_mask, sparsity, activation, mode, gate_activatio
             else:
                 count = attn_mask.sum(dim=-1, keepdim=True).clamp_min(1).to(sd)  # (B, 1)
                 mean = lg.sum(dim=-1) / count
-            gate = sparsemax(mean, dim=-1) if gate_activation == "sparsemax" else _elementwise(gate_activation, mean)
+            gate = _sparsemax(mean, -1, None) if gate_activation == "sparsemax" else _elementwise(gate_activation, mean)
 
-        pi = sparsemax(lg, dim=1) if activation == "sparsemax" else _elementwise(activation, lg)
+        pi = _sparsemax(lg, 1, None) if activation == "sparsemax" else _elementwise(activation, lg)
         if sparsity != "heads":
-            pi = sparsemax(pi, dim=-1, mask=keep)
+            pi = _sparsemax(pi, -1, keep)
         elif keep is not None:
             pi = pi.masked_fill(~keep, 0.0)
 
