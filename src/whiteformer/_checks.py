@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from numbers import Integral, Real
-from typing import Sequence, Tuple
+from typing import Sequence
 
 import torch
 
@@ -307,28 +307,6 @@ def check_same_device(w: torch.Tensor, name: str = "w", **operands) -> None:
     for arg, value in operands.items():
         if isinstance(value, torch.Tensor) and value.device != w.device:
             raise ValueError(f"{arg} must be on {name}'s device ({w.device}), got {value.device}")
-
-
-def normalize_ranks(ranks, num_heads: int, max_rank: int, name: str = "ranks",
-                    allow_zero: bool = True) -> Tuple[int, ...]:
-    """Turn an int or a sequence of H ints into a validated tuple of per-head ranks."""
-    if isinstance(ranks, bool):
-        raise TypeError(f"{name} must be an int or a sequence of ints, got bool")
-    if is_int(ranks):
-        ranks = (ranks,) * num_heads
-    elif isinstance(ranks, (list, tuple)) or (isinstance(ranks, torch.Tensor) and ranks.dim() == 1):
-        ranks = tuple(int(r) for r in ranks)
-    else:
-        raise TypeError(f"{name} must be an int or a sequence of {num_heads} ints, got {type(ranks).__name__}")
-    if len(ranks) != num_heads:
-        raise ValueError(f"{name} must have one rank per head ({num_heads}), got {len(ranks)}")
-    lo = 0 if allow_zero else 1
-    for r in ranks:
-        if r < lo or r > max_rank:
-            raise ValueError(f"{name} out of range: each rank must be in [{lo}, {max_rank}], got {ranks}")
-    if sum(ranks) == 0:
-        raise ValueError(f"{name} must not all be zero")
-    return ranks
 
 
 def check_finite(x: torch.Tensor, name: str) -> None:

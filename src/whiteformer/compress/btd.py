@@ -31,9 +31,10 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .._checks import check_choice, check_instance, check_int, normalize_ranks
+from .._checks import check_choice, check_instance, check_int
 from ._tensor import TensorLike, as_float64, check_tensor_like, to_dense
 from .cp import CPResult, correct_cp, cp
+from .ranks import normalize_ranks
 from .truncatt import allocate_ranks_spectral
 from .whitening import Whitening
 

@@ -13,7 +13,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from .._checks import check_choice, check_instance, check_int, is_int, normalize_ranks
+from .._checks import check_choice, check_instance, check_int, is_int
 from .._utils import count_params
 from . import flops
 from .btd import btd_ll1
@@ -21,6 +21,7 @@ from .budget import qk_rank_for_budget, rank_for_method
 from .cp import cp
 from .layers import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt
 from .qk_vo import MHSASpec, mhsa_spec, qk_factors, vo_factors
+from .ranks import normalize_ranks
 from .truncatt import allocate_ranks_spectral, head_spectra, truncatt
 from .whitening import Whitening
 

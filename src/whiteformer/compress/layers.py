@@ -42,12 +42,12 @@ from .._checks import (
     check_probability,
     check_tokens_input,
     is_int,
-    normalize_ranks,
 )
 from .._dtypes import autocast_off, stats_dtype
 from .._utils import zero_padded
 from ..attention.registry import register_attention
 from . import flops as _flops
+from .ranks import normalize_ranks
 
 __all__ = ["CompressedAttention", "TruncAtt", "CPSlimAtt", "IrrAtt"]
 

@@ -14,8 +14,9 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .._checks import check_int, normalize_ranks
+from .._checks import check_int
 from ._tensor import HeadFactors, TensorLike, as_float64, check_tensor_like, head_slice, norm_sq
+from .ranks import normalize_ranks
 from .whitening import Whitening
 
 __all__ = ["TruncAttResult", "truncatt", "head_spectra", "allocate_ranks_spectral"]
