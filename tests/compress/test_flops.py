@@ -89,6 +89,10 @@ def test_flop_counter_matches_formulas(make, B, N):
 
 def test_flop_counter_lowrank_linear():
     lin = LowRankLinear(24, 40, 5)
+    with pytest.raises(ValueError, match="in_features must be a positive integer, got 0"):
+        LowRankLinear(0, 40, 5)
+    with pytest.raises(ValueError, match="rank must be a positive integer, got True"):
+        LowRankLinear(24, 40, True)
     assert count_flops(lin, torch.randn(2, 7, 24)) == 2 * 2 * lin.macs(7)
 
 

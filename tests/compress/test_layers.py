@@ -1,5 +1,6 @@
 """Compressed attention layers (TruncAtt, CP SlimAtt, IrrAtt, VO TruncAtt), compress_attention on a
 timm-layout MHSA block, MLP compression and the rank-constrained head fusion (IrrAtt paper)."""
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -353,6 +354,11 @@ def test_compress_attention_bad_inputs():
         compress_attention(attn, qk="truncatt", qk_flops_ratio=1.5)
     with pytest.raises(ValueError, match="exceeds"):
         compress_attention(attn, qk="irratt", qk_rank=33, fusion="identity")
+    with pytest.raises(ValueError, match="qk_rank must be a positive integer, got 0"):
+        compress_attention(attn, qk="irratt", qk_rank=0, fusion="identity")
+    # a NumPy integer is an integer total rank (it was refused as "not a positive total rank")
+    _, rep = compress_attention(attn, qk="irratt", qk_rank=np.int64(8), fusion="identity", rank_allocation="spectral")
+    assert rep.qk_total_rank == 8
     with pytest.raises(ValueError, match="calib has feature size 16"):
         compress_attention(attn, qk="truncatt", qk_rank=2, calib=torch.randn(5, 16))
     with pytest.raises(ValueError, match=r"calib must be a tensor of tokens \(\.\.\., F\), got list"):

@@ -250,9 +250,7 @@ def _compress_attention(attn: nn.Module, spec: MHSASpec, qk, qk_rank, qk_flops_r
             head_ranks = normalize_ranks(qk_rank, H, p, "qk_rank")
             total = sum(head_ranks)
         else:
-            if not isinstance(qk_rank, int) or qk_rank < 1:
-                raise ValueError(f"qk_rank for irratt must be a positive total rank or H ranks, got {qk_rank!r}")
-            total = qk_rank
+            total = check_int(qk_rank, "qk_rank", 1)  # a total rank (H per-head ranks: the branch above)
             if total > H * p:
                 raise ValueError(f"qk_rank out of range: total rank {total} exceeds H * p = {H * p}")
         cp_res = None

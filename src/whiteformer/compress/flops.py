@@ -21,7 +21,7 @@ from typing import Sequence, Union
 
 import torch
 
-from .._checks import check_int, is_int
+from .._checks import check_choice, check_int, is_int
 
 __all__ = ["mhsa_macs", "mhsa_qk_macs", "mhsa_vo_macs", "truncatt_qk_macs", "cp_qk_macs", "irratt_qk_macs",
            "vo_truncatt_macs", "linear_macs", "lowrank_linear_macs", "count_flops"]
@@ -74,14 +74,13 @@ def irratt_qk_macs(num_tokens: int, dim: int, ranks: Sequence[int], num_heads: i
                    fusion: str = "identity") -> int:
     """IrrAtt QK: ``2 N F sum L + N^2 sum L`` (+ ``N^2 H B`` for ``fusion="general"``, B = number of
     non-empty blocks)."""
+    check_choice(fusion, "fusion", ("identity", "general"))
     N, F = check_int(num_tokens, "num_tokens", 1), check_int(dim, "dim", 1)
     rs = _ranks(ranks)
     total = sum(rs)
     macs = 2 * N * F * total + N * N * total
     if fusion == "general":
         macs += N * N * check_int(num_heads, "num_heads", 1) * sum(1 for r in rs if r > 0)
-    elif fusion != "identity":
-        raise ValueError(f"fusion must be 'identity' or 'general', got {fusion!r}")
     return macs
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .._checks import is_int
+from .._checks import check_int
 from .flops import lowrank_linear_macs
 
 __all__ = ["LowRankLinear"]
@@ -20,8 +20,7 @@ class LowRankLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, rank: int, bias: bool = True):
         super().__init__()
         for v, n in ((in_features, "in_features"), (out_features, "out_features"), (rank, "rank")):
-            if not is_int(v) or v < 1:
-                raise ValueError(f"{n} must be a positive int, got {v!r}")
+            check_int(v, n, 1)
         if rank > min(in_features, out_features):
             raise ValueError(f"rank out of range: must be <= min(in_features, out_features) = "
                              f"{min(in_features, out_features)} (a factorisation of a larger rank is no lower), "
