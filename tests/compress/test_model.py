@@ -246,6 +246,9 @@ def test_errors():
     with pytest.raises(ValueError, match="unknown attention spec type"):
         apply_compression_spec(tiny(), {"format": 1, "blocks": [{"attn": {**spec["blocks"][0]["attn"],
                                                                            "type": "foo"}}, None]})
+    slim, _ = compress(tiny(), qk=None, vo=None, mlp_rank=4, progress=False)
+    with pytest.raises(ValueError, match="mlp.fc1 must be an nn.Linear to replace, got LowRankLinear"):
+        apply_compression_spec(slim, slim.init_kwargs["compression"])  # its MLPs are compressed already
     for bad in ({"attn": [1, 2]}, {"mlp": "fc1_rank=2"}):  # not dicts: a ValueError, not an AttributeError
         with pytest.raises(ValueError, match="block 0 must be a dict .* each a dict or None"):
             apply_compression_spec(tiny(), {"format": 1, "blocks": [bad, None]})

@@ -18,6 +18,7 @@ from typing import Dict, List, Optional
 
 import torch.nn as nn
 
+from .._checks import check_instance
 from ..models.registry import register_structure
 from .layers import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt
 from .lowrank import LowRankLinear
@@ -76,9 +77,7 @@ def compression_spec(model: nn.Module) -> Optional[dict]:
 
 
 def _replace_linear(mlp: nn.Module, name: str, rank: int, bias: bool) -> None:
-    fc = getattr(mlp, name)
-    if not isinstance(fc, nn.Linear):
-        raise ValueError(f"mlp.{name} is {type(fc).__name__}, expected an nn.Linear to replace")
+    fc = check_instance(getattr(mlp, name), f"mlp.{name}", nn.Linear, "an nn.Linear to replace", error=ValueError)
     new = LowRankLinear(fc.in_features, fc.out_features, int(rank), bias=bool(bias))
     setattr(mlp, name, new.to(device=fc.weight.device, dtype=fc.weight.dtype))
 
