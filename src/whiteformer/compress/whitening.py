@@ -65,14 +65,15 @@ class Whitening:
         I must be F or F + 1 (query side with the constant-1 bias row); J must be F.
         ``query``/``key`` select which modes are whitened.
         """
-        check_tensor(calib, "calib")
+        # one pass over the tokens (which second_moment checks): [[X^T X, X^T 1], [1^T X, n]] / n
+        sigma = second_moment(calib, augment=True)
         f = calib.shape[-1]
         i, j = shape[0], shape[1]
         if i not in (f, f + 1) or (key and j != f):
             raise ValueError(f"calib has feature size {f}, which does not fit a tensor of shape {tuple(shape)} "
                              "(expected I in {F, F+1} and J = F)")
-        lq = whitening_factor(second_moment(calib, augment=(i == f + 1)), eps) if query else None
-        lk = whitening_factor(second_moment(calib), eps) if key else None
+        lq = whitening_factor(sigma if i == f + 1 else sigma[:f, :f], eps) if query else None
+        lk = whitening_factor(sigma[:f, :f], eps) if key else None
         return cls(lq, lk)
 
     def apply(self, Y: TensorLike) -> TensorLike:
