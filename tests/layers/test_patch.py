@@ -1,5 +1,5 @@
-"""whiteformer.layers helpers no other test names: PatchGrid (patch geometry, image check) and
-feature_take_indices (timm's block selection)."""
+"""whiteformer.layers helpers no other test names: PatchGrid (patch geometry, image check),
+to_2tuple, ConvPatchEmbed's sizes and feature_take_indices (timm's block selection)."""
 import pytest
 import torch
 
@@ -30,3 +30,19 @@ def test_feature_take_indices_as_timm():
         feature_take_indices(4, [4])
     with pytest.raises(TypeError, match="must be ints"):
         feature_take_indices(4, [1.0])
+
+
+def test_sizes_and_images_of_other_shapes_are_named():
+    from whiteformer.layers import ConvPatchEmbed, to_2tuple
+
+    assert to_2tuple(4, "patch_size") == (4, 4) and to_2tuple([2, 3], "img_size") == (2, 3)
+    with pytest.raises(TypeError, match=r"img_size must be an int or a pair of ints, got \(1, 2, 3\)"):
+        to_2tuple((1, 2, 3), "img_size")
+    with pytest.raises(ValueError, match=r"patch_size must be positive, got \(0, 4\)"):
+        to_2tuple((0, 4), "patch_size")
+    dyn = PatchGrid(img_size=16, patch_size=8, in_chans=1, dynamic_img_size=True)
+    assert dyn.input_grid(torch.zeros(1, 1, 24, 40)) == (3, 5)
+    with pytest.raises(ValueError, match=r"x's height and width must be positive multiples of patch_size \(8, 8\)"):
+        dyn.input_grid(torch.zeros(1, 1, 20, 16))
+    with pytest.raises(ValueError, match="embed_dim must be a positive multiple of 8 for patch_size 16"):
+        ConvPatchEmbed(img_size=32, patch_size=16, in_chans=1, embed_dim=20)
