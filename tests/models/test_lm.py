@@ -411,6 +411,9 @@ def test_bad_inputs():
         model(torch.zeros(2, 0, dtype=torch.long))
     with pytest.raises(ValueError, match="targets must be a tensor of shape"):
         model(torch.randint(0, 61, (2, 5)), torch.randint(0, 61, (2, 4)))
+    for bad in (torch.zeros(2, 5), torch.zeros(2, 5, dtype=torch.bool)):
+        with pytest.raises(TypeError, match=f"targets must be an integer tensor of token ids, got {bad.dtype}"):
+            model(torch.randint(0, 61, (2, 5)), bad)
     with pytest.raises(ValueError, match="max_new_tokens"):
         model.generate(torch.randint(0, 61, (1, 3)), -1)
     with pytest.raises(ValueError, match="temperature"):

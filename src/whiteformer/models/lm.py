@@ -41,6 +41,7 @@ from .._checks import (
     check_divisible,
     check_finite_real,
     check_int,
+    check_integer_tensor,
     check_mask,
     check_positive_real,
     check_probability,
@@ -286,8 +287,7 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         if not isinstance(targets, torch.Tensor) or targets.shape != idx.shape:
             raise ValueError(f"targets must be a tensor of shape {tuple(idx.shape)}, got "
                              f"{getattr(targets, 'shape', type(targets).__name__)}")
-        if targets.dtype.is_floating_point or targets.dtype == torch.bool:
-            raise TypeError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
+        check_integer_tensor(targets, "targets", "an integer tensor of token ids")
         if can_read_values():
             bad = (targets != -1) & ((targets < 0) | (targets >= self.vocab_size))
             if bool(bad.any()):

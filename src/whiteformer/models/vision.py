@@ -63,7 +63,6 @@ from .._checks import (
     check_int,
     check_positive_real,
     check_probability,
-    check_tensor,
     check_tokens_input,
 )
 from .._utils import apply_layer_scale, layer_scale_param
@@ -354,8 +353,8 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
                              "supports the class-token readout (global_pool='token')")
 
     def _embed_grid(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
-        """Images -> (patch tokens + Fourier positions (B, N, D), grid (Hp, Wp))."""
-        check_tensor(x, "x", 4)
+        """Images -> (patch tokens + Fourier positions (B, N, D), grid (Hp, Wp)); the patch embedding
+        checks them."""
         tokens, (hp, wp) = self.patch_embed(x)
         if self.use_pos:
             tokens = tokens + self.pos_embed(tokens.shape[0], hp, wp).to(tokens.dtype)
