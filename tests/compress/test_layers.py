@@ -232,6 +232,8 @@ def test_layer_bad_inputs():
         IrrAtt(16, num_heads=4, ranks=[2, 0, 1], fusion="general")
     with pytest.raises(ValueError, match="rank out of range"):
         CPSlimAtt(16, num_heads=4, rank=0)
+    with pytest.raises(ValueError, match="ranks must not all be zero"):
+        IrrAtt(16, num_heads=4, ranks=[], fusion="general")
     with pytest.raises(ValueError, match="attn_drop"):
         TruncAtt(16, num_heads=4, attn_drop=1.5)
 
@@ -400,6 +402,9 @@ def test_compress_linear_and_mlp():
     torch.testing.assert_close(same(y), mlp(y), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="out of range"):
         compress_linear(lin, 13)
+    for bad in (0, "2", 2.0):  # the LowRankLinear it builds checks the rank
+        with pytest.raises(ValueError, match="rank must be a positive integer"):
+            compress_linear(lin, bad)
     with pytest.raises(TypeError, match="linear must be an nn.Linear, got Mlp"):
         compress_linear(Mlp(), 2)
     with pytest.raises(TypeError, match="Mlp"):

@@ -289,9 +289,7 @@ class IrrAtt(_LowRankQK):
         check_choice(fusion, "fusion", ("general", "identity"))
         n_blocks = num_heads
         if fusion == "general" and isinstance(ranks, (list, tuple)):
-            n_blocks = len(ranks)
-            if n_blocks < 1:
-                raise ValueError("ranks must not be empty")
+            n_blocks = len(ranks)  # none: "ranks must not all be zero" (normalize_ranks)
         super().__init__(dim, num_heads, ranks, n_blocks, vo_ranks, qk_bias, proj_bias, attn_drop, proj_drop,
                          "ranks", allow_zero=(fusion == "identity"))
         if fusion == "general":

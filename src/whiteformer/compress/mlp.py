@@ -29,8 +29,7 @@ def compress_linear(linear: nn.Linear, rank: int, *, calib: Optional[torch.Tenso
     """
     check_instance(linear, "linear", nn.Linear, "an nn.Linear")
     n_in, n_out = linear.in_features, linear.out_features
-    if not is_int(rank) or not 1 <= rank <= min(n_in, n_out):
-        raise ValueError(f"rank out of range: must be an int in [1, {min(n_in, n_out)}], got {rank!r}")
+    out = LowRankLinear(n_in, n_out, rank, bias=linear.bias is not None)  # checks rank: an int in [1, min(in, out)]
     W = linear.weight.detach().to(torch.float64)
     L = None
     if calib is not None:
@@ -45,7 +44,6 @@ def compress_linear(linear: nn.Linear, rank: int, *, calib: Optional[torch.Tenso
     if L is not None:  # first <- first L^{-1}
         first = torch.linalg.solve_triangular(L, first, upper=False, left=False)
     second = u[:, :rank] * root
-    out = LowRankLinear(n_in, n_out, rank, bias=linear.bias is not None)
     out.first.weight.copy_(first)
     out.second.weight.copy_(second)
     if linear.bias is not None:
