@@ -240,6 +240,9 @@ def test_bad_input():
         model(inputs_embeds=torch.randn(1, 3, 32))
     with pytest.raises(TypeError, match="WhiteformerCache"):
         model(torch.tensor([[1]]), cache=object())
+    with pytest.raises(TypeError, match="WhiteformerCache"):  # a packed batch too
+        model(torch.tensor([[1, 2, 1, 2]]), cache=object(), position_ids=torch.tensor([[0, 1, 0, 1]]),
+              use_cache=False)
     out = model(torch.tensor([[1, 2]]), use_cache=True)
     with pytest.raises(ValueError, match="must be real"):
         model(torch.tensor([[3]]), attention_mask=torch.tensor([[1, 1, 0]]), cache=cache_of(out))

@@ -420,7 +420,12 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
             raise ValueError("pass the cache once (cache or past_key_values), not both")
         cache = cache if cache is not None else past_key_values
         check_user_cache(cache)
-        in_prompt = cache is None or not isinstance(cache, WhiteformerCache) or cache.state is None
+        if cache is not None and not isinstance(cache, WhiteformerCache):
+            if not isinstance(cache, Cache) or cache.get_seq_length() != 0:
+                raise TypeError(f"cache must be a WhiteformerCache (from a previous forward), got "
+                                f"{type(cache).__name__}")
+            cache = None  # an empty transformers cache: start ours
+        in_prompt = cache is None or cache.state is None
         cu_seqlens = packed_cu_seqlens(attention_mask, position_ids if in_prompt else None, kwargs, input_ids)
         if cu_seqlens is not None:
             return self._forward_packed(input_ids, attention_mask, labels, cu_seqlens, use_cache, cache, kwargs,
@@ -428,11 +433,6 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         if use_cache is None:
             use_cache = bool(getattr(self.config, "use_cache", True)) and not self.training
         net = self.whiteformer
-        if cache is not None and not isinstance(cache, WhiteformerCache):
-            if not isinstance(cache, Cache) or cache.get_seq_length() != 0:
-                raise TypeError(f"cache must be a WhiteformerCache (from a previous forward), got "
-                                f"{type(cache).__name__}")
-            cache = None  # an empty transformers cache: start ours
         hidden = None
         if cache is None or cache.state is None:
             if use_cache or cache is not None:
