@@ -13,7 +13,6 @@ from typing import Sequence
 import torch
 
 from ._compile import can_read_values, compile_disabled
-from ._dtypes import stats_dtype
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -241,33 +240,6 @@ def check_heads_input(w, name: str = "w", allow_no_tokens: bool = False) -> None
     if not allow_no_tokens:
         check_nonempty(w, name, 2, "tokens")
     check_nonempty(w, name, 3, "features (head dim p)")
-
-
-def check_temp(temp, heads: int, like: torch.Tensor, name: str = "temp") -> torch.Tensor:
-    """A per-head temperature: a tensor of shape (H, 1), or a finite number, returned as the (H, 1)
-    tensor of that value on ``like``'s device (in :func:`stats_dtype` of ``like``). NaN/inf raise:
-    always for a number; for a tensor when it is on the CPU and torch.compile is not tracing (the
-    check reads H values: no device synchronisation, no graph break)."""
-    if is_real(temp):
-        value = check_finite_real(temp, name)
-        return torch.full((heads, 1), value, dtype=stats_dtype(like), device=like.device)
-    check_tensor(temp, name, 2)
-    if temp.shape != (heads, 1):
-        raise ValueError(f"{name} must have shape (H, 1) = ({heads}, 1) to match w, got {tuple(temp.shape)}")
-    if temp.device.type == "cpu" and not torch.compiler.is_compiling():
-        check_finite(temp, name)
-    return temp
-
-
-def check_pos_bias(pos_bias, heads: int, name: str = "pos_bias") -> None:
-    """None or a per-head, per-position bias of shape (H, T_max, 1) with T_max >= 1."""
-    if pos_bias is None:
-        return
-    check_tensor(pos_bias, name, 3)
-    if pos_bias.shape[0] != heads or pos_bias.shape[2] != 1 or pos_bias.shape[1] == 0:
-        raise ValueError(
-            f"{name} must have shape (H, T_max, 1) with H = {heads} and T_max >= 1, got {tuple(pos_bias.shape)}"
-        )
 
 
 def check_eps(eps, name: str = "eps") -> float:

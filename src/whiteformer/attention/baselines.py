@@ -19,7 +19,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import check_divisible, check_tokens_input, stats_dtype
+from .._checks import check_divisible, check_tokens_input
+from .._dtypes import stats_dtype
 from .._utils import zero_padded
 from ..ops.baselines import _class_attention, _mhsa, _mhsa_explicit, _xca
 from ..ops.context_parallel import local_checks

@@ -9,10 +9,8 @@ import torch
 from ..._checks import (
     check_cu_seqlens,
     check_nonempty,
-    check_pos_bias,
     check_probability,
     check_same_device,
-    check_temp,
     check_tensor,
 )
 from ..._compile import can_read_values
@@ -22,7 +20,7 @@ from .._kernels.fused import causal_tssa_fused
 from ..context_parallel import chunk_layout, local_checks
 from ..packing import from_padded, packed_layout, pads_little, segments, to_padded
 from ..scaling import beyond_kernel_range
-from ..tssa.dispatch import check_tssa_args
+from ..tssa.dispatch import check_pos_bias, check_temp, check_tssa_args
 from .parallel import causal_tssa_parallel
 from .recurrent import causal_tssa_recurrent
 from .state import CausalTSSAState, check_state, position_logit_bias

@@ -7,14 +7,17 @@ import torch
 
 from ..._checks import (
     check_cu_seqlens,
+    check_finite,
+    check_finite_real,
     check_heads_input,
     check_instance,
     check_mask,
-    check_pos_bias,
     check_probability,
     check_same_device,
-    check_temp,
+    check_tensor,
+    is_real,
 )
+from ..._dtypes import stats_dtype
 from .._kernels import fused_supported, has_kernel, kernel_for
 from .._kernels.fused import tssa_fused
 from ..context_parallel import chunk_layout, local_checks
@@ -24,6 +27,34 @@ from .parallel import tssa_parallel
 from .varlen import tssa_varlen
 
 __all__ = ["tssa", "tssa_impl"]
+
+
+def check_temp(temp, heads: int, like: torch.Tensor, name: str = "temp") -> torch.Tensor:
+    """TSSA's per-head temperature: a tensor of shape (H, 1), or a finite number, returned as the (H, 1)
+    tensor of that value on ``like``'s device (in :func:`stats_dtype` of ``like``). NaN/inf raise:
+    always for a number; for a tensor when it is on the CPU and torch.compile is not tracing (the
+    check reads H values: no device synchronisation, no graph break)."""
+    if is_real(temp):
+        value = check_finite_real(temp, name)
+        return torch.full((heads, 1), value, dtype=stats_dtype(like), device=like.device)
+    check_tensor(temp, name, 2)
+    if temp.shape != (heads, 1):
+        raise ValueError(f"{name} must have shape (H, 1) = ({heads}, 1) to match w, got {tuple(temp.shape)}")
+    if temp.device.type == "cpu" and not torch.compiler.is_compiling():
+        check_finite(temp, name)
+    return temp
+
+
+def check_pos_bias(pos_bias, heads: int, name: str = "pos_bias") -> None:
+    """Causal TSSA's position bias: None or a per-head, per-position bias of shape (H, T_max, 1)
+    with T_max >= 1."""
+    if pos_bias is None:
+        return
+    check_tensor(pos_bias, name, 3)
+    if pos_bias.shape[0] != heads or pos_bias.shape[2] != 1 or pos_bias.shape[1] == 0:
+        raise ValueError(
+            f"{name} must have shape (H, T_max, 1) with H = {heads} and T_max >= 1, got {tuple(pos_bias.shape)}"
+        )
 
 
 def check_tssa_args(w, temp, attn_mask, cu_seqlens, attn_drop, group, pos_bias=None):
