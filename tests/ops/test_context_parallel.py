@@ -154,6 +154,12 @@ def _check_lm(group, sizes) -> None:
         try:
             logits_r, loss_r = model(idx[rows, lo:hi], targets[rows, lo:hi], loss_chunk=loss_chunk, **kw_split)
             loss_r.backward()
+            for what, call in (("generate", lambda: model.generate(idx[:, :2], 1)),
+                               ("prefill / generation", lambda: model.prefill(idx[:, :2])),
+                               ("step", lambda: model.step(idx[:, 0])),
+                               ("forward_intermediates", lambda: model.forward_intermediates(idx[:, :2]))):
+                with pytest.raises(ValueError, match=f"^{what} runs on one process; the model is context-parallel"):
+                    call()
         finally:
             model.set_context_parallel(None)
         torch.testing.assert_close(loss_r, loss, **TOL)
@@ -188,6 +194,8 @@ def _check_vision(group, img_size: int = 16) -> None:
     try:
         logits_r = model(x)
         F.cross_entropy(logits_r, y).backward()
+        with pytest.raises(ValueError, match="^forward_intermediates runs on one process; the model is context-par"):
+            model.forward_intermediates(x)
     finally:
         model.set_context_parallel(None)
     torch.testing.assert_close(logits_r, logits, **TOL)

@@ -8,6 +8,14 @@ import torch.nn as nn
 from ..attention.context_parallel import ContextParallel
 
 
+def one_process(model: nn.Module, what: str) -> None:
+    """``ValueError`` when ``model`` is context-parallel: ``what`` (generation, intermediates) needs
+    the whole sequence on one process."""
+    if model.context_parallel_group is not None:
+        raise ValueError(f"{what} runs on one process; the model is context-parallel (call "
+                         "set_context_parallel(None) first)")
+
+
 def check_blocks_split(model: nn.Module, blocks: Iterable[nn.Module]) -> None:
     """``ValueError`` unless every block's attention is :class:`ContextParallel` (split exactly by
     combining per-rank sums, as TSSA); attention that mixes token contents would need ring attention."""

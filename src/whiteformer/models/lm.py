@@ -58,7 +58,7 @@ from ..layers import GradCheckpointMixin, feature_take_indices
 from ..ops.context_parallel import all_reduce_sum, chunk_layout, local_checks
 from ..ops.linear_cross_entropy import linear_cross_entropy
 from ..ops.packing import segment_positions, split_cu_seqlens
-from ._context_parallel import check_blocks_split
+from ._context_parallel import check_blocks_split, one_process
 from .registry import build_with_defaults, register_model
 from .save import PretrainedMixin
 
@@ -256,11 +256,6 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
 
     def check_context_parallel(self) -> None:
         check_blocks_split(self, self.transformer.h)
-
-    def _one_process(self, what: str) -> None:
-        if self.context_parallel_group is not None:
-            raise ValueError(f"{what} runs on one process; the model is context-parallel (call "
-                             "set_context_parallel(None) first)")
 
     def _check_attn_mask(self, attn_mask, idx: torch.Tensor, whole: bool = True) -> Optional[torch.Tensor]:
         """A (B, T) keep-mask (bool, or 0/1 integers as in ``transformers``) -> bool or None;
@@ -482,7 +477,7 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         """timm-style: outputs of the blocks selected by ``indices`` (None: all, int n: last n,
         list: those), each (B, T, D) (``ln_f`` applied when ``norm``). Returns the list when
         ``intermediates_only``, else ``(final hidden after ln_f, list)``."""
-        self._one_process("forward_intermediates")
+        one_process(self, "forward_intermediates")
         self._check_idx(idx)
         self._check_len(idx.shape[1])
         take, max_index = feature_take_indices(self.depth, indices)
@@ -509,7 +504,7 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
     def _prefill_hidden(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor] = None
                         ) -> Tuple[torch.Tensor, LMState]:
         """:meth:`prefill` of checked arguments (:meth:`_check_prompt_mask`), without the ``lm_head``."""
-        self._one_process("prefill / generation")
+        one_process(self, "prefill / generation")
         real = self._real_len(idx, attn_mask)
         x = self._embed(idx, 0, attn_mask)
         states = []
@@ -563,7 +558,7 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         """One token of checked arguments (:meth:`_check_step`) through the blocks -> ``(hidden after
         ln_f (B, D), new state)``; the embedding and each block's output are appended to ``states``
         when a list is given."""
-        self._one_process("step")
+        one_process(self, "step")
         x = self._embed(idx_t[:, None], state.pos)[:, 0]
         if states is not None:
             states.append(x)
@@ -628,7 +623,7 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         recurrent state or cache is rebuilt from it, since the positions shift). ``crop=False``
         raises ``ValueError`` before generating instead. Without a limit nothing is cropped.
         """
-        self._one_process("generate")
+        one_process(self, "generate")
         self._check_idx(idx)
         check_int(max_new_tokens, "max_new_tokens", 0)
         check_temperature(temperature)

@@ -82,7 +82,7 @@ from ..layers import (
     to_2tuple,
 )
 from ..ops.context_parallel import group_chunk, local_checks
-from ._context_parallel import check_blocks_split
+from ._context_parallel import check_blocks_split, one_process
 from ._head import set_head_args
 from .registry import build_with_defaults, register_model
 from .save import PretrainedMixin
@@ -402,9 +402,7 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
         plus ``return_pi``: the attention statistics of the selected blocks (e.g. ``{"pi": (B, H, N)}``
         memberships; TSSA, DMSA, ECA) appended as one more element, ``(list, stats)`` or
         ``(final, list, stats)``."""
-        if self.context_parallel_group is not None:
-            raise ValueError("forward_intermediates runs on one process; the model is context-parallel (call "
-                             "set_context_parallel(None) first)")
+        one_process(self, "forward_intermediates")
         if not return_pi:
             return super().forward_intermediates(x, indices, return_prefix_tokens, norm, stop_early, output_fmt,
                                                  intermediates_only)
