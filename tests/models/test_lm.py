@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from whiteformer.models import create_model, list_models
+from whiteformer.models.lm import check_temperature
 from whiteformer.models.load import load_checkpoint
 
 TOST = ["tost_lm_base", "tost_lm_medium", "tost_lm_large"]
@@ -418,6 +419,11 @@ def test_bad_inputs():
         model.generate(torch.randint(0, 61, (1, 3)), -1)
     with pytest.raises(ValueError, match="temperature"):
         model.generate(torch.randint(0, 61, (1, 3)), 2, temperature=-1.0)
+    for bad in (-1.0, float("nan"), True, "1"):
+        with pytest.raises(ValueError, match=rf"^temperature must be a finite number >= 0, got {bad!r}$"):
+            check_temperature(bad)
+    with pytest.raises(ValueError, match="temperature must be 0 .greedy. or at least 1e-06, got 1e-09"):
+        check_temperature(1e-9)
     with pytest.raises(ValueError, match="top_k"):
         model.generate(torch.randint(0, 61, (1, 3)), 2, top_k=0)
     with pytest.raises(ValueError, match="idx_t"):

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from .._checks import (
     check_cu_seqlens,
     check_divisible,
+    check_eps,
     check_finite_real,
     check_int,
     check_integer_tensor,
@@ -73,8 +74,7 @@ MIN_TEMPERATURE = 1e-6
 
 def check_temperature(temperature) -> None:
     """``temperature``: 0 (greedy) or a finite number >= :data:`MIN_TEMPERATURE` (ValueError otherwise)."""
-    if not is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    check_eps(temperature, "temperature")
     if 0 < temperature < MIN_TEMPERATURE:
         raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {temperature!r}: "
                          f"logits / temperature would overflow; sampling that cold is greedy, pass 0")
