@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from .read import PathLike, _open_safetensors, read_aliases, read_state_dict
 
-__all__ = ["check_file_dtypes", "check_state_dict", "load_checkpoint"]
+__all__ = ["check_file_dtypes", "load_checkpoint"]
 
 
 def _check_aliases_tied(model: nn.Module, aliases: Mapping[str, str], path) -> None:
@@ -38,7 +38,7 @@ def _fmt(keys: List[str], limit: int = 5) -> str:
     return ", ".join(keys[:limit]) + more
 
 
-def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> Dict[str, list]:
+def _compare_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> Dict[str, list]:
     """Compare keys and shapes with ``model.state_dict()``: ``{"missing", "unexpected", "mismatched"}``
     (``mismatched`` entries are ``(key, checkpoint_shape, model_shape)``)."""
     own = model.state_dict()
@@ -104,13 +104,13 @@ def load_checkpoint(model: nn.Module, path: PathLike, strict: bool = True,
     reset: List[str] = []
     if reset_prefix:
         under = lambda k: k == reset_prefix or k.startswith(reset_prefix + ".")  # noqa: E731
-        first = check_state_dict(model, sd)
+        first = _compare_state_dict(model, sd)
         if any(under(k) for k, _, _ in first["mismatched"]):
             reset = sorted(k for k in set(sd) | set(model.state_dict()) if under(k))
             sd = {k: v for k, v in sd.items() if not under(k)}
             sd.update({k: v for k, v in model.state_dict().items() if under(k)})
     _check_dtype_kinds(model, sd, path)
-    report = check_state_dict(model, sd)
+    report = _compare_state_dict(model, sd)
     if any(report.values()):
         if strict:
             parts = []
