@@ -209,6 +209,16 @@ def test_lm_step_refuses_gpt():
         LMStep(gpt.transformer)
 
 
+def test_lm_step_refuses_a_wrong_state():
+    lm, _, _ = tiny("tost_lm_base")
+    step = LMStep(lm).eval()
+    idx, pos, *state = step.example_inputs(2)
+    with pytest.raises(ValueError, match=rf"expected {len(state)} state tensors .* got {len(state) - 1}"):
+        step(idx, pos, *state[:-1])
+    with pytest.raises(ValueError, match=r"pos must be a \(B,\) integer tensor, got int"):
+        step(idx, 0, *state)
+
+
 def _eca_eps0():
     torch.manual_seed(0)
     kw = dict(FAMILIES["eca_t"], attn_kwargs={"rank": 2, "eps": 0.0})

@@ -432,6 +432,24 @@ def test_bad_inputs():
         create_model("tost_lm_base", dim=30, num_heads=4)
     with pytest.raises(TypeError, match="unknown argument"):
         create_model("tost_lm_base", num_classes=10)
+
+
+def test_forward_generate_and_step_arguments_refused_by_message():
+    model = _tiny("tost_lm_base")
+    idx = torch.randint(0, 61, (2, 5))
+    with pytest.raises(ValueError, match=r"^loss_chunk needs targets"):
+        model(idx, loss_chunk=2)
+    with pytest.raises(ValueError, match=r"with cu_seqlens, idx must hold the packed documents in one row \(1, T\)"):
+        model(idx, cu_seqlens=torch.tensor([0, 5], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"cu_seqlens must be on idx's device \(cpu\), got meta"):
+        model(idx[:1], cu_seqlens=torch.tensor([0, 5], dtype=torch.int32, device="meta"))
+    for top_p in (0.0, 1.5, "0.9"):
+        with pytest.raises(ValueError, match=r"top_p must be a number in \(0, 1\]"):
+            model.generate(idx, 1, top_p=top_p)
+    with pytest.raises(TypeError, match="state must be an LMState with 2 layer states"):
+        model.step(idx[:, 0], (0, ()))
+    with pytest.raises(ValueError, match=r"mlp_ratio must give an MLP width int\(dim \* mlp_ratio\) >= 1"):
+        create_model("tost_lm_base", **{**TINY, "mlp_ratio": 0.01})
     with pytest.raises(TypeError, match="unknown argument"):
         create_model("gpt_base", pos_bias=False)
     assert torch.equal(model.generate(torch.tensor([[1, 2]]), 0), torch.tensor([[1, 2]]))
