@@ -24,3 +24,9 @@ def test_bad_ranks_are_refused_naming_the_argument():
         normalize_ranks([0, 2], 2, 4, "qk_rank", allow_zero=False)
     with pytest.raises(ValueError, match="ranks must not all be zero"):
         normalize_ranks(0, 3, 4)
+
+
+@pytest.mark.parametrize("ranks", [[2.5, 3], (2, 3.0), torch.tensor([2.5, 3.0]), [True, 2], torch.tensor([True, False])])
+def test_non_integer_ranks_are_refused_not_truncated(ranks):
+    with pytest.raises(TypeError, match=r"ranks must hold ints \(one rank per head\)"):
+        normalize_ranks(ranks, 2, 4)

@@ -19,7 +19,10 @@ def normalize_ranks(ranks, num_heads: int, max_rank: int, name: str = "ranks",
     if is_int(ranks):
         ranks = (ranks,) * num_heads
     elif isinstance(ranks, (list, tuple)) or (isinstance(ranks, torch.Tensor) and ranks.dim() == 1):
-        ranks = tuple(int(r) for r in ranks)
+        values = ranks.tolist() if isinstance(ranks, torch.Tensor) else list(ranks)
+        if not all(is_int(r) for r in values):
+            raise TypeError(f"{name} must hold ints (one rank per head), got {values!r}")
+        ranks = tuple(int(r) for r in values)
     else:
         raise TypeError(f"{name} must be an int or a sequence of {num_heads} ints, got {type(ranks).__name__}")
     if len(ranks) != num_heads:
