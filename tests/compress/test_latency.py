@@ -125,3 +125,20 @@ def test_compare_latency_checks_its_arguments():
         compare_latency(m, m, torch.zeros(1), threads=0)
     with pytest.raises(TypeError, match="x must be"):
         compare_latency(m, m, [1.0])
+
+
+@pytest.mark.parametrize("arg, value, what", [("latency_batch", 0, "a positive integer"),
+                                              ("latency_runs", 0, "a positive integer"),
+                                              ("latency_warmup", -1, "a non-negative integer"),
+                                              ("latency_threads", 0, "a positive integer")])
+def test_compress_checks_its_latency_arguments_by_their_own_names(monkeypatch, arg, value, what):
+    """compress() refuses a bad latency setting before it compresses anything, naming the argument
+    the caller gave (not the batch_size / runs of the function measuring)."""
+    import whiteformer.compress.model as compress_model
+
+    model = create_model("deit_t_p16", img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2,
+                         num_classes=3)
+    monkeypatch.setattr(compress_model, "collect_block_inputs", None)  # no compression work before the check
+    kwargs = {"latency_batch": 1, arg: value}
+    with pytest.raises(ValueError, match=rf"^{arg} must be {what}, got {value}$"):
+        compress(model, qk="truncatt", qk_rank=4, **kwargs)

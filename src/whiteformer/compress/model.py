@@ -293,6 +293,12 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
         if mlp_rank is not None:
             _check_mlp(model, i)
     N = None if num_tokens is None else check_int(num_tokens, "num_tokens", 1)
+    if latency_batch is not None:  # checked before any compression work, named as the caller wrote them
+        check_int(latency_batch, "latency_batch", 1)
+        check_int(latency_runs, "latency_runs", 1)
+        check_int(latency_warmup, "latency_warmup", 0)
+        if latency_threads is not None:
+            check_int(latency_threads, "latency_threads", 1)
 
     inputs: Dict[int, Dict[str, torch.Tensor]] = {}
     if calib is not None:
