@@ -81,7 +81,7 @@ def check_tensor_like(Y, name: str = "Y") -> None:
 
 
 def as_float64(Y: TensorLike) -> TensorLike:
-    return Y.to(torch.float64) if isinstance(Y, HeadFactors) else Y.to(torch.float64)
+    return Y.to(torch.float64)
 
 
 def tensor_shape(Y: TensorLike) -> Tuple[int, int, int]:
