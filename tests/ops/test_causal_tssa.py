@@ -144,6 +144,15 @@ def test_bias_table_limits():
     w, temp, bias = _inputs((1, 2, 6, 3), torch.float32, t_max=5)
     with pytest.raises(ValueError, match="exceeds the positional bias table length T_max = 5"):
         causal_tssa(w, temp, bias)
+    # a packed row: each document restarts at position 0, so only the longest one must fit
+    causal_tssa(w, temp, bias, cu_seqlens=torch.tensor([0, 3, 6], dtype=torch.int32))
+    with pytest.raises(ValueError, match="exceeds the positional bias table length T_max = 5"):
+        causal_tssa(w, temp, bias, cu_seqlens=torch.tensor([0, 0, 6], dtype=torch.int32))
+    # one long document among short ones: padding would waste most slots, the packed tokens run as they are
+    many = torch.randn(1, 2, 12, 3)
+    with pytest.raises(ValueError, match=r"the longest packed document \(6 tokens\) exceeds the positional bias "
+                                         r"table length T_max = 5"):
+        causal_tssa(many, temp, bias, cu_seqlens=torch.tensor([0, 6, 7, 8, 9, 10, 11, 12], dtype=torch.int32))
     _, _, state = _step_through(w[:, :, :5], temp, bias)
     with pytest.raises(ValueError, match="reached the positional bias table length T_max = 5"):
         causal_tssa_step(w[:, :, 5], state, temp, bias)
