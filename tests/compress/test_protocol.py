@@ -126,3 +126,20 @@ def test_protocol_errors_and_model_level_option():
         compress(model, qk="cp", qk_flops_ratio=0.5, protocol="equal")
     _, rep = compress(model, qk="cp", qk_flops_ratio=0.5, protocol="rank", vo=None)
     assert rep.config["protocol"] == "rank" and rep.blocks[0]["qk_total_rank"] == 2 * 8
+
+
+@pytest.mark.parametrize("ratio", [0, 1.5, float("nan"), "0.5", True])
+def test_a_flops_ratio_outside_0_1_is_refused_before_any_block_is_compressed(monkeypatch, ratio):
+    """compress() checks qk_flops_ratio at its door, before calibrating or counting a block, as
+    qk_rank_for_budget does for a direct call."""
+    import whiteformer.compress.model as compress_model
+    from whiteformer import create_model
+
+    message = r"^qk_flops_ratio must be a number in \(0, 1\], got "
+    with pytest.raises(ValueError, match=message):
+        qk_rank_for_budget("truncatt", ratio, num_tokens=10, dim=16, num_heads=2, head_dim=8)
+    model = create_model("deit_t_p16", img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2,
+                         num_classes=3)
+    monkeypatch.setattr(compress_model, "collect_block_inputs", None)  # no block work before the check
+    with pytest.raises(ValueError, match=message):
+        compress(model, qk="truncatt", qk_flops_ratio=ratio, calib=torch.randn(2, 3, 16, 16))

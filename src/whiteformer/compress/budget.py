@@ -24,6 +24,12 @@ from .flops import cp_qk_macs, irratt_qk_macs, mhsa_qk_macs, truncatt_qk_macs
 __all__ = ["qk_rank_for_budget", "rank_for_method"]
 
 
+def check_flops_ratio(qk_flops_ratio) -> None:
+    """A QK FLOPs budget CR is a number in (0, 1]."""
+    if not is_real(qk_flops_ratio) or not 0 < qk_flops_ratio <= 1:
+        raise ValueError(f"qk_flops_ratio must be a number in (0, 1], got {qk_flops_ratio!r}")
+
+
 def _largest(fn: Callable[[int], int], budget: float, upper: int) -> int:
     """Largest r in [0, upper] with fn(r) <= budget (fn non-decreasing); 0 if none."""
     lo, hi = 0, upper
@@ -57,8 +63,7 @@ def qk_rank_for_budget(method: str, qk_flops_ratio: float, *, num_tokens: int, d
     check_choice(protocol, "protocol", ("flops", "rank"))
     check_choice(method, "method", ("truncatt", "cp", "irratt"))
     check_choice(fusion, "fusion", ("identity", "general"))
-    if not is_real(qk_flops_ratio) or not 0 < qk_flops_ratio <= 1:
-        raise ValueError(f"qk_flops_ratio must be a number in (0, 1], got {qk_flops_ratio!r}")
+    check_flops_ratio(qk_flops_ratio)
     if protocol == "rank":
         r = qk_rank_for_budget("truncatt", qk_flops_ratio, num_tokens=num_tokens, dim=dim, num_heads=num_heads,
                                head_dim=head_dim)

@@ -17,7 +17,7 @@ from .._checks import check_choice, check_instance, check_int, is_int
 from .._utils import count_params
 from . import flops
 from .btd import btd_ll1
-from .budget import qk_rank_for_budget, rank_for_method
+from .budget import check_flops_ratio, qk_rank_for_budget, rank_for_method
 from .cp import cp
 from .layers import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt
 from .qk_vo import MHSASpec, mhsa_spec, qk_factors, vo_factors
@@ -121,6 +121,8 @@ def check_attention_options(qk, qk_rank, qk_flops_ratio, fusion: str, rank_alloc
         raise ValueError("qk_rank / qk_flops_ratio given but qk=None (QK kept exact)")
     if qk is not None and (qk_rank is None) == (qk_flops_ratio is None):
         raise ValueError(f"qk={qk!r} needs exactly one of qk_rank and qk_flops_ratio")
+    if qk_flops_ratio is not None:  # before any block is calibrated or counted
+        check_flops_ratio(qk_flops_ratio)
     return qk, qk_rank
 
 
