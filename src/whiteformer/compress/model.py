@@ -148,11 +148,13 @@ def collect_block_inputs(model: nn.Module, images: torch.Tensor, indices: Option
     return out
 
 
-def model_flops(model: nn.Module, x: torch.Tensor) -> Tuple[int, List[int]]:
+def model_flops(model: nn.Module, x: torch.Tensor,
+                inputs: Optional[Dict[int, Dict[str, torch.Tensor]]] = None) -> Tuple[int, List[int]]:
     """``(total FLOPs of model(x), [FLOPs of blocks[i].attn])`` counted by
-    ``torch.utils.flop_counter`` on the explicit attention path (see :func:`~.flops.count_flops`)."""
+    ``torch.utils.flop_counter`` on the explicit attention path (see :func:`~.flops.count_flops`);
+    ``inputs``: :func:`collect_block_inputs` of every block on ``x``, when the caller has them."""
     blocks = _blocks(model)
-    inputs = collect_block_inputs(model, x)
+    inputs = collect_block_inputs(model, x) if inputs is None else inputs
     with eval_mode(model):
         total = count_flops(model, x)
         attn = [count_flops(blocks[i].attn, inputs[i]["attn"]) for i in range(len(blocks))]
@@ -305,9 +307,10 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
         inputs = collect_block_inputs(model, _check_calib(calib, model), idx, mlp=mlp_rank is not None)
 
     x = example_images(model, 1)
-    flops_orig, attn_orig = model_flops(model, x)
+    inputs_x = collect_block_inputs(model, x)
+    flops_orig, attn_orig = model_flops(model, x, inputs_x)
     if N is None:  # counted on the model, not re-stated from its patch and prefix-token counts
-        N = collect_block_inputs(model, x, idx[:1])[idx[0]]["attn"].shape[1]
+        N = inputs_x[idx[0]]["attn"].shape[1]
 
     new = copy.deepcopy(model)
     reports: Dict[int, BlockReport] = {}
