@@ -2,14 +2,14 @@
 
 A user's own TinyViT: 4x4 patches of the 28x28 digits (49 tokens), width 64,
 depth 4, 4 heads, learned absolute positions, pre-norm blocks with a GELU MLP (ratio 4,
-:class:`whiteformer.attention.ViTBlock`), then a readout and a linear head. Readouts:
+:class:`whiteformer.layers.ViTBlock`), then a readout and a linear head. Readouts:
 
 * ``cls``  -- a [CLS] token carried through the blocks, read at the end (plain ViT);
 * ``mean`` -- the mean of the final tokens;
-* ``pool`` -- :class:`whiteformer.attention.ClassAttentionPool` (one class-attention layer after
+* ``pool`` -- :class:`whiteformer.layers.ClassAttentionPool` (one class-attention layer after
   the blocks: a learned query attends to the final tokens);
 
-and ``+lpi``: XCiT's local patch interaction in every block (:class:`whiteformer.attention.LocalPatchInteraction`).
+and ``+lpi``: XCiT's local patch interaction in every block (:class:`whiteformer.layers.LocalPatchInteraction`).
 Every run: AdamW (lr, weight decay 0.05 except norms, biases, positions, tokens), linear warm-up
 then cosine decay, the first ``train_limit`` training images, the first ``test_limit`` test images,
 single-threaded, seed 0. A finished run leaves ``result.json`` in its run directory and is skipped
@@ -42,7 +42,7 @@ class TinyViT(nn.Module):
     def __init__(self, attn: str, readout: str, lpi: bool = False, img_size: int = 28, patch_size: int = 4,
                  in_chans: int = 1, num_classes: int = 10, dim: int = 64, depth: int = 4, num_heads: int = 4,
                  mlp_ratio: float = 4.0, attn_kwargs=None):
-        from whiteformer.attention import ClassAttentionPool, ViTBlock
+        from whiteformer.layers import ClassAttentionPool, ViTBlock
 
         super().__init__()
         if readout not in READOUTS:
@@ -143,7 +143,7 @@ def train_one(run_dir: Path, attn: str, readout: str, lpi: bool, train_ds, test_
 
 def _warm_up(cfg: dict) -> None:
     """One forward/backward per attention before any timing (one-time kernel builds/loads)."""
-    from whiteformer.attention import ViTBlock
+    from whiteformer.layers import ViTBlock
 
     m = cfg["model"]
     n = (m["img_size"] // m["patch_size"]) ** 2

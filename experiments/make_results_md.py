@@ -685,7 +685,7 @@ def plain_vit(out, verdicts):
                f"**first {c['train_limit']} training images, {t['epochs']} epochs** (the planned setting was 10k images "
                f"and 5 epochs; reduced for the shared 2-core CPU), tested on the first {c['test_limit']} test images. "
                "Readouts: a [CLS] token carried through the blocks, mean pooling, or "
-               "`whiteformer.attention.ClassAttentionPool` after the blocks; LPI: XCiT's local patch interaction "
+               "`whiteformer.layers.ClassAttentionPool` after the blocks; LPI: XCiT's local patch interaction "
                "(`LocalPatchInteraction`) in every block. Test accuracy %; '-' = not run.\n")
     runs = {(r["attn"], r["readout"], str(r["lpi"]) in ("True", "true", "1")): r for r in s["runs"]}
     attns = list(dict.fromkeys(r["attn"] for r in s["runs"]))

@@ -31,10 +31,6 @@ LAYERS = {
     "models": 4,
     "analysis": 5,
     "hf": 7,
-    # the transformers formats the models read and write (a ViT checkpoint's key layout, a saved folder's
-    # remote-code module): modules of hf/ that import no transformers, below the models
-    "hf.vit_weights": 3.5,
-    "hf.remote_code": 3.5,
     "compress": 7,
     "timm": 7,
     "app": 8,

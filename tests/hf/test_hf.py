@@ -250,7 +250,7 @@ def test_bad_input():
     # the integration's classes say what to install
     code = ("import sys; sys.modules['transformers'] = None\n"
             "import whiteformer, whiteformer.models, whiteformer.compress, whiteformer.hf\n"
-            "from whiteformer.hf.vit_weights import convert_hf_vit_state_dict\n"
+            "from whiteformer.models.formats.vit_weights import convert_hf_vit_state_dict\n"
             "try:\n    whiteformer.hf.ToSTLMConfig\nexcept ImportError as e:\n    print(e)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
@@ -386,7 +386,7 @@ def _hf_vit(kind="vit", labels=5):
 
 @pytest.mark.parametrize("target", ["dir", "file", "state_dict"])
 def test_transformers_vit_converts_to_deit_with_equal_logits(tmp_path, target):
-    from whiteformer.hf.vit_weights import convert_hf_vit_state_dict
+    from whiteformer.models.formats.vit_weights import convert_hf_vit_state_dict
 
     hf = _hf_vit()
     hf.save_pretrained(tmp_path)
@@ -431,7 +431,7 @@ def test_transformers_deit_distillation_is_refused(tmp_path):
 
 @pytest.mark.parametrize("extra", ["other.weight", "vit.encoder.layer.0.foo.weight", "vit.blah", "cls_classifier.weight"])
 def test_transformers_vit_unknown_key_is_refused(extra):
-    from whiteformer.hf.vit_weights import convert_hf_vit_state_dict
+    from whiteformer.models.formats.vit_weights import convert_hf_vit_state_dict
 
     state = _hf_vit().state_dict()
     assert {"blocks.0.attn.qkv.weight", "head.weight"} <= set(convert_hf_vit_state_dict(state))

@@ -17,8 +17,8 @@ pytest.importorskip("transformers", reason="needs the hf extra: pip install whit
 import whiteformer  # noqa: E402
 from test_hf import _hf_vit  # noqa: E402  (a small transformers ViT with non-trivial norms and biases)
 from whiteformer.compress import compress  # noqa: E402
-from whiteformer.hf.vit_weights import describe_sizes, model_name_for  # noqa: E402
 from whiteformer.models import from_transformers_vit  # noqa: E402
+from whiteformer.models.formats.vit_weights import describe_sizes, model_name_for  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 

@@ -155,7 +155,7 @@ def check_out(out, checkpoint, model_path: Path, overwrite: bool) -> Path:
 
 def _sizes(model) -> str:
     """The model's real sizes, e.g. "D 64, 2 blocks, 4 heads, patch 8, 32 px"."""
-    from ..hf.vit_weights import describe_sizes
+    from ..models.formats.vit_weights import describe_sizes
 
     return describe_sizes(getattr(model, "init_kwargs", {}))
 
@@ -179,7 +179,7 @@ def _run(args: argparse.Namespace) -> int:
         args.data, args.data_dir = run.get("dataset"), args.data_dir or run.get("data_dir")
     name = args.model
     if name is None:
-        from ..hf.vit_weights import init_kwargs_from_config, is_hf_vit_config, model_name_for
+        from ..models.formats.vit_weights import init_kwargs_from_config, is_hf_vit_config, model_name_for
 
         cfg = read_config(ckpt)
         name = (cfg or {}).get("model_name") or (model_name_for(init_kwargs_from_config(cfg))

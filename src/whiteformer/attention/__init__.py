@@ -12,13 +12,9 @@ from .dmsa import DMSA  # noqa: F401
 from .eca import ECAttention  # noqa: F401
 # --- baselines: mhsa, xca, mssa, class_attention ---
 from .baselines import MHSA, MSSA, XCA, ClassAttention  # noqa: F401
-# --- drop-in helpers: readout and ViT block (what TSSA needs around it) ---
-from .readout import ClassAttentionPool  # noqa: F401
-from .vit_block import LocalPatchInteraction, ViTBlock  # noqa: F401
 
 __all__ = [
     "build", "get_attention_class", "list_attention", "register_attention",
     "TSSA", "CausalTSSA", "CausalAttention", "CausalSelfAttention", "KVCache",
     "DMSA", "ECAttention", "MHSA", "MSSA", "XCA", "ClassAttention",
-    "ClassAttentionPool", "LocalPatchInteraction", "ViTBlock",
 ]

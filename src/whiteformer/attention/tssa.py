@@ -61,14 +61,11 @@ class TSSA(ContextParallel, nn.Module):
     per-channel statistics: it cannot read another token's content, so a [CLS] token learns almost
     nothing and there is no local (neighbour-to-neighbour) mixing. As a drop-in for softmax
     attention in a plain ViT it needs, around it, a content-based readout
-    (:class:`~whiteformer.attention.ClassAttentionPool` instead of a [CLS] token or mean pooling)
-    and a local mixer (:class:`~whiteformer.attention.LocalPatchInteraction`, XCiT's LPI; the
-    ready block is :class:`~whiteformer.attention.ViTBlock` ``(attn="tssa", lpi=True)``); keep
+    (:class:`~whiteformer.layers.ClassAttentionPool` instead of a [CLS] token or mean pooling)
+    and a local mixer (:class:`~whiteformer.layers.LocalPatchInteraction`, XCiT's LPI; the
+    ready block is :class:`~whiteformer.layers.ViTBlock` ``(attn="tssa", lpi=True)``); keep
     the position embedding and the pre-norm. The ToST models (``create_model("tost_*")``) have
-    both (conv stem, class attention). Measured (docs/results.md, section 8, a TinyViT on 4k MNIST
-    images for 3 epochs, test accuracy): [CLS] 32.1 %, mean pooling 41.4 %, ClassAttentionPool
-    58.4 %, [CLS] + LPI 64.0 %, ClassAttentionPool + LPI 92.4 %; softmax attention with a [CLS]
-    token 58.0 %.
+    both (conv stem, class attention). docs/results.md (section 8) measures each readout and mixer.
     """
 
     returns_pi = True  # forward(..., return_pi=True) -> (out, {"pi": memberships, ...})

@@ -30,8 +30,8 @@ import torch.nn as nn
 
 from .._checks import check_choice, check_finite, check_int, check_tensor, is_int
 from .._utils import count_params, eval_mode, to_jsonable
-from ..hf.vit_weights import HF_VIT_MODEL_TYPES, init_kwargs_from_config, is_hf_vit_config, model_name_for
 from ..models import create_model, from_pretrained, from_transformers_vit, resolve_model_dir
+from ..models.formats.vit_weights import HF_VIT_MODEL_TYPES, init_kwargs_from_config, is_hf_vit_config, model_name_for
 from ..models.read import read_config
 from .compress_block import BlockReport, _compress_attention, _ranks_arg, check_attention_options
 from .constraints import apply_fusion_constraints  # noqa: F401  (re-exported: whiteformer.compress.model)

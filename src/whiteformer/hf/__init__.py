@@ -49,7 +49,7 @@ def _with_transformers(module: str):
 def __getattr__(name: str):
     """The configurations, model classes and the cache, imported on first use (they import
     ``transformers``; the package itself does not, so :mod:`whiteformer.models` reads and writes
-    the formats of :mod:`.vit_weights` and :mod:`.remote_code` without it)."""
+    the formats of :mod:`whiteformer.models.formats` without it)."""
     if name in _CONFIGURATION:
         return getattr(_with_transformers(".configuration"), name)
     if name in _MODELING:

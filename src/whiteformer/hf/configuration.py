@@ -19,9 +19,9 @@ from typing import Any, Dict, Optional
 from transformers import PretrainedConfig
 
 from .._checks import check_instance, is_int
+from ..models.formats.remote_code import auto_map, write_remote_code
 from ..models.registry import list_models
 from ..models.size import max_params
-from .remote_code import auto_map, write_remote_code
 
 __all__ = ["WhiteformerConfig", "ToSTLMConfig", "WhiteformerGPTConfig", "WhiteformerVisionConfig"]
 

@@ -24,7 +24,7 @@ block, as ``transformers`` -- for the language models the last entry is after th
 GPT-2 / Llama), for the vision models every entry is a raw block output (as ViT), (B, P + N, D)
 with the model's own tokens (DeiT / CRATE: class token first; the ToST shell: patch tokens only,
 its class token joins after the blocks). Saved folders carry an ``auto_map`` and
-``whiteformer_auto.py`` (:mod:`whiteformer.hf.remote_code`).
+``whiteformer_auto.py`` (:mod:`whiteformer.models.formats.remote_code`).
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ from .._checks import is_int
 from .._files import replace_folder
 from .._import_hooks import when_imported
 from ..models.factory import create_model
+from ..models.formats.remote_code import REMOTE_CODE_NAME, write_remote_code
 from ..models.load import check_file_dtypes
 from ..models.model_card import CARD_NAME
 from ..models.save import card_is_ours, complete_hub_folder
@@ -63,7 +64,6 @@ from .generation import (
 from .hub import file_times, push_folder
 from .labels import check_classification_labels, check_lm_labels
 from .packing import mask_document_starts, packed_cu_seqlens
-from .remote_code import REMOTE_CODE_NAME, write_remote_code
 
 __all__ = ["WhiteformerPreTrainedModel", "ToSTModel", "ToSTForCausalLM", "WhiteformerGPTModel",
            "WhiteformerGPTForCausalLM", "WhiteformerVisionModel", "WhiteformerForImageClassification"]

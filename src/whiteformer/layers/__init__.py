@@ -10,7 +10,8 @@
   :class:`ISTA`), :mod:`.drop` (:class:`DropPath`), :mod:`.layer_scale` (:class:`LayerScale`),
   :mod:`.patch_embed` (XCiT's :class:`ConvPatchEmbed`), :mod:`.pos_embed`
   (:class:`FourierPositionalEncoding`), :mod:`.class_attn` (:class:`ClassAttentionBlock`). The generic
-  pre-norm block with any registered attention is :class:`whiteformer.attention.ViTBlock`; blocks whose
+  pre-norm block with any registered attention is :class:`ViTBlock` (:mod:`.vit_block`, with XCiT's
+  :class:`LocalPatchInteraction`), the attention-pooling readout :class:`ClassAttentionPool` (:mod:`.readout`); blocks whose
   parameter names follow an official checkpoint stay in their family file (``models/deit.py``
   ``Block``: ``ls1.gamma``, ``models/crate.py`` ``CRATEBlock``, ``models/vision.py`` ``Block``: ``gamma1``).
 
@@ -27,8 +28,11 @@ from .mlp import ISTA, Mlp
 from .patch import PatchGrid
 from .patch_embed import ConvPatchEmbed
 from .pos_embed import FourierPositionalEncoding, resample_abs_pos_embed
+from .readout import ClassAttentionPool
+from .vit_block import LocalPatchInteraction, ViTBlock
 
 __all__ = ["GradCheckpointMixin", "FeatureGetterNet", "FeatureInfo", "TimmFeatureMixin", "feature_take_indices",
            "forward_intermediates", "pretrained_cfg", "prune_intermediate_layers", "token_states", "to_2tuple", "PatchGrid",
            "resample_abs_pos_embed", "Mlp", "ISTA", "DropPath", "drop_path", "LayerScale", "ConvPatchEmbed",
-           "FourierPositionalEncoding", "ClassAttentionBlock"]
+           "FourierPositionalEncoding", "ClassAttentionBlock", "ClassAttentionPool", "LocalPatchInteraction",
+           "ViTBlock"]

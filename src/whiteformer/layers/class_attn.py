@@ -9,20 +9,11 @@ import torch.nn as nn
 
 from .._checks import check_finite_real, check_positive_real, check_tokens_input
 from .._utils import apply_layer_scale, layer_scale_param
+from ..attention.baselines import ClassAttention
 from .drop import DropPath
 from .mlp import Mlp
 
 __all__ = ["ClassAttentionBlock"]
-
-
-def _class_attention_cls() -> type:
-    """The CaiT class-attention layer of :mod:`whiteformer.attention` (params ``qkv``, ``proj``)."""
-    from .. import attention
-
-    cls = getattr(attention, "ClassAttention", None)
-    if cls is None:
-        cls = attention.get_attention_class("class_attention")
-    return cls
 
 
 class ClassAttentionBlock(nn.Module):
@@ -58,7 +49,7 @@ class ClassAttentionBlock(nn.Module):
         eta = check_finite_real(eta, "eta", allow_none=True)
         mlp_ratio = check_positive_real(mlp_ratio, "mlp_ratio")
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = _class_attention_cls()(
+        self.attn = ClassAttention(
             dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop
         )
         self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()

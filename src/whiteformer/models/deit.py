@@ -29,9 +29,9 @@ from .._checks import (
     check_probability,
 )
 from ..attention.baselines import MHSA
-from ..hf.vit_weights import convert_hf_vit_state_dict, is_hf_vit_state_dict
 from ..layers import DropPath, GradCheckpointMixin, LayerScale, Mlp, PatchGrid, TimmFeatureMixin, resample_abs_pos_embed
 from ._head import set_head_args
+from .formats.vit_weights import convert_hf_vit_state_dict, is_hf_vit_state_dict
 from .registry import apply_structure, build_with_defaults, register_model
 from .save import PretrainedMixin
 
@@ -57,7 +57,7 @@ class PatchEmbed(PatchGrid):
 class Block(nn.Module):
     """timm's ``Block`` (DeiT's keys ``norm1``, ``attn``, ``ls1.gamma``, ``norm2``, ``mlp``, ``ls2.gamma``): pre-LN
     MHSA and MLP residual branches with optional layer scale. The generic block with any attention is
-    :class:`whiteformer.attention.ViTBlock`."""
+    :class:`whiteformer.layers.ViTBlock`."""
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True,
                  init_values: Optional[float] = None, proj_drop: float = 0.0, attn_drop: float = 0.0,
@@ -197,7 +197,7 @@ class VisionTransformer(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, 
 
     def convert_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """timm / official DeiT state_dicts have this model's keys; transformers ViT / DeiT ones are
-        converted (:mod:`whiteformer.hf.vit_weights`); a position embedding on another grid is
+        converted (:mod:`whiteformer.models.formats.vit_weights`); a position embedding on another grid is
         resampled to ``patch_embed.grid_size`` (bicubic + antialias, as timm)."""
         out = dict(state_dict)
         if is_hf_vit_state_dict(out):

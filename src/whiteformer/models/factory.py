@@ -21,14 +21,14 @@ import torch
 import torch.nn as nn
 
 from .._checks import check_instance
-from ..hf.vit_weights import (
+from ..layers import FeatureGetterNet
+from .formats.vit_weights import (
     HF_VIT_MODEL_TYPES,
     convert_hf_vit_state_dict,
     init_kwargs_from_config,
     is_hf_vit_config,
     model_name_for,
 )
-from ..layers import FeatureGetterNet
 from .load import load_checkpoint
 from .pretrained import merge_pretrained_cfg, pretrained_source
 from .read import CONFIG_NAME, PathLike, read_config
@@ -206,7 +206,7 @@ def from_pretrained(path: PathLike, **overrides: Any) -> nn.Module:
 def from_transformers_vit(model: nn.Module) -> nn.Module:
     """A ``transformers`` ``ViTForImageClassification`` / ``ViTModel`` (or DeiT without distillation
     token) object -> the timm-layout whiteformer ViT with the same weights and logits
-    (:mod:`whiteformer.hf.vit_weights`), named by its sizes (:func:`~whiteformer.hf.vit_weights.model_name_for`),
+    (:mod:`whiteformer.models.formats.vit_weights`), named by its sizes (:func:`~whiteformer.models.formats.vit_weights.model_name_for`),
     on the same device and dtype."""
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) not in HF_VIT_MODEL_TYPES:

@@ -5,10 +5,10 @@
     <dir>/model.safetensors   weights (tensors sharing storage, e.g. tied embeddings, stored once)
     <dir>/config.json         {"format", "model_name", "model_class", "init_kwargs", "version",
                                "model_type" (the family's name in transformers, see whiteformer.hf),
-                               "auto_map" (transformers' remote-code entry, see hf.remote_code),
+                               "auto_map" (transformers' remote-code entry, see models.formats.remote_code),
                                timm's fields: "architecture" (the model name), "num_classes",
                                "model_args" (= init_kwargs), "pretrained_cfg"}
-    <dir>/whiteformer_auto.py the module auto_map names (imports whiteformer.hf; hf.remote_code)
+    <dir>/whiteformer_auto.py the module auto_map names (imports whiteformer.hf; models.formats.remote_code)
     <dir>/README.md           the model card (models.model_card; a README.md of the user's is kept)
 
 written by ``model.save_pretrained(dir)`` as one unit: the files go into a new folder beside
@@ -38,6 +38,7 @@ import torch.nn as nn
 
 from .._files import replace_folder
 from .._utils import to_jsonable
+from .formats.remote_code import REMOTE_CODE_NAME, auto_map, write_remote_code
 from .model_card import CARD_MARK, CARD_NAME, model_card
 from .read import ALIAS_KEY, CONFIG_NAME, WEIGHTS_NAME, PathLike
 
@@ -148,8 +149,6 @@ def save_pretrained(model: nn.Module, save_dir: PathLike) -> Path:
         raise ValueError(f"save_dir {str(save_dir)!r} exists and is not a directory")
     _model_config(model)  # refused before anything is written
     ours = card_is_ours(save_dir / CARD_NAME)
-    from ..hf.remote_code import REMOTE_CODE_NAME  # (not at import: whiteformer.hf needs whiteformer.models loaded)
-
     model_files = (WEIGHTS_NAME, CONFIG_NAME, REMOTE_CODE_NAME)  # a new save replaces them all; other files stay
     return replace_folder(save_dir, lambda folder: write_model_files(model, folder, card=ours),
                           keep=lambda name: name not in model_files and not (ours and name == CARD_NAME))
@@ -196,8 +195,6 @@ def _model_config(model: nn.Module) -> Dict[str, Any]:
         **timm_fields(model),
     }
     if getattr(model, "hf_model_type", None):
-        from ..hf.remote_code import auto_map
-
         config["model_type"] = model.hf_model_type
         config["auto_map"] = auto_map(model.hf_model_type)  # transformers loads the folder with trust_remote_code
     from .._version import __version__
@@ -218,8 +215,6 @@ def write_model_files(model: nn.Module, folder: PathLike, card: bool = False, ca
     tensors, aliases = _dedup_state_dict(model.state_dict())
     save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt", ALIAS_KEY: json.dumps(aliases)})
     if config.get("auto_map"):
-        from ..hf.remote_code import write_remote_code
-
         write_remote_code(folder)
     if card:
         (folder / CARD_NAME).write_text(model_card(config, count_values(model), card_extra), encoding="utf-8")

@@ -17,35 +17,16 @@ Module and parameter names are those of the official ToST state dict (``patch_em
 ``pos_embed`` (official ``pos_embeder``) and the TSSA output ``attn.proj`` (official
 ``attn.to_out.0``); :meth:`ToSTVision.convert_state_dict` maps an official checkpoint.
 
-Registered entry points (below the class, this file being the family's one file):
-
+Registered entry points are below the class, this file being the family's one file.
 Every entry point takes keyword overrides for any constructor argument, e.g. a small variant for
 MNIST: ``create_model("tost_t12_p16", img_size=28, patch_size=4, depth=4, in_chans=1, num_classes=10)``.
-Parameter counts below are for 1000 classes at 224 px (measured; the tests check them).
-
-ToST (Wu et al., ICLR 2025, Tables 2/5; official ``tost_cab_*``, qkv bias, eta 1.0 for 12 and 1e-5 for 24
-blocks): T12 5.769M, S12 22.590M, T24 10.223M, S24 40.345M, M24 71.481M (the paper's Table 5 says
-68.1M for ToST-M; the official code builds 71.48M, which is what we match). p8 variants have the
-same counts minus the first conv stage (a little fewer parameters).
-
-DMST (Liu et al., arXiv:2601.17042): ToST-T/S with DMSA (one ``Linear(D, H)`` membership per block instead of TSSA's
-``temp``): 5.778M / 22.627M (the paper's Table I: 5.58M / 22.25M, with its own TSSA baselines at
-5.57M / 22.20M; the difference to ours is the baseline count, the increment ~D*H*L is the same).
-
-ECA (ECAttention paper, Table 3): ECAttention blocks without MLP, ``x + alpha E(norm1(x)) - beta C(norm1(x))``
-(Eq. 4 on pre-normalised features; alpha, beta are the layer's learned scales, no layer scale), the
-same conv patch embedding, Fourier encoding and two class-attention blocks (with MLPs) as ToST.
-Head dimension p (the columns of each subspace basis U_k, ``ECAttention(head_dim=...)``) as the
-parameter counts of Table 3 require. Measured vs paper: T 1.910M vs 1.91M, S 7.204M vs 7.2M,
-M 14.72M vs 14.7M, B 21.04M vs 21.0M, B+ 57.71M vs 57.7M, L 70.31M vs 70M. Table 3 is not
-self-consistent for T/S and B: it lists p 48 for T/S (= d / K), but their counts come out only with
-p = 64 (p = 48 gives 1.763M / 6.614M, exactly 4 d^2 fewer: L d (64 K - d) = 4 d^2), so T/S are
-built with p = 64; it lists p 64 for B, but with p = 64 ECA-B would have 33.6M (the bases alone
-L d K p = 25.2M), and 21.0M comes out only with p = d / K = 32, so B is built with p = 32 (as
-the paper's Algorithm 3 defaults it). Without public code we follow the counts.
-
-Baselines on the same shell: ``xcit_s12_p16`` (XCA, no LPI; = official ``xcit_cab_small_12_p16``,
-26.14M: its qkv is (3D, D)) and ``vit_cab_s12_p16`` (softmax MHSA, 6 heads, 26.14M).
+Families: ToST (Wu et al., ICLR 2025; official ``tost_cab_*``: qkv bias, eta 1.0 for 12 and 1e-5 for
+24 blocks), DMST (Liu et al., arXiv:2601.17042: DMSA's ``Linear(D, H)`` membership per block instead
+of TSSA's ``temp``), ECA (ECAttention blocks without MLP, ``x + alpha E(norm1(x)) - beta C(norm1(x))``,
+Eq. 4, with ToST's stem, Fourier encoding and two class-attention blocks), and the baselines
+``xcit_s12_p16`` (XCA, no LPI) and ``vit_cab_s12_p16`` (softmax MHSA) on the same shell. Their
+parameter counts against the papers' tables, and the head dimensions ECA's counts require, are in
+docs/models.md ("Parameter counts").
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@ r"""Triton causal TSSA (ToST Eq. (28), memberships Eq. (39)) in chunked form: fo
 hand-derived backward.
 
 Per (b, h), prefix sums over kept tokens s <= t (formulas: :mod:`whiteformer.ops.causal_tssa`,
-backward derivation: :mod:`whiteformer.ops.tssa_fused`)::
+backward derivation: :mod:`whiteformer.ops._kernels.fused`)::
 
     E_t = sum w_s^2,  rho_t = w_t^2 / max(E_t, 1e-12),  logit_t = temp (sum_j rho_tj + lb_t)
     Pi_t = softmax_heads,  Q_t = sum Pi_s w_s^2,  M_t = sum Pi_s,  c_t = 1 / (M_t + 1e-8)

@@ -1,6 +1,6 @@
 r"""Triton TSSA (ToST Eq. (11), memberships Eqs. (32)-(34)): forward and hand-derived backward.
 
-Per (b, h), kept tokens only (formulas and their derivation: :mod:`whiteformer.ops.tssa_fused`)::
+Per (b, h), kept tokens only (formulas and their derivation: :mod:`whiteformer.ops._kernels.fused`)::
 
     s_j = sum_n w_nj^2,  r_j = 1 / max(s_j, 1e-24),  R_n = sum_j w_nj^2 r_j
     Pi_n = softmax_heads(temp R)_n,  M = sum_n Pi_n,  c = 1 / (M + 1e-8),  T_j = sum_n Pi_n w_nj^2

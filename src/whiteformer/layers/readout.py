@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from .._checks import check_int, check_positive_real, check_tokens_input
-from .baselines import ClassAttention
+from ..attention.baselines import ClassAttention
 
 __all__ = ["ClassAttentionPool"]
 

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Dict, Union
 
-from .._files import write_text
+from ..._files import write_text
 
 __all__ = ["REMOTE_CODE_NAME", "AUTO_CLASSES", "auto_map", "write_remote_code"]
 

@@ -3,7 +3,8 @@ XCiT's local patch interaction and the ready ViT block."""
 import pytest
 import torch
 
-from whiteformer.attention import ClassAttention, ClassAttentionPool, LocalPatchInteraction, ViTBlock, list_attention
+from whiteformer.attention import ClassAttention, list_attention
+from whiteformer.layers import ClassAttentionPool, LocalPatchInteraction, ViTBlock
 
 F64 = torch.float64
 

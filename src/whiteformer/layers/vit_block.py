@@ -8,7 +8,7 @@ TSSA mixes tokens only through per-head second moments (a global, position-blind
 plain ViT built from it has no way to combine neighbouring patches; XCiT faced the same with XCA
 and added LPI (El-Nouby et al. 2021, "XCiT", Sec. 3.1): two depthwise 3x3 convolutions over the
 patch grid with GELU and BatchNorm between them. Together with
-:class:`~whiteformer.attention.ClassAttentionPool` as the readout this makes TSSA a drop-in for
+:class:`~whiteformer.layers.ClassAttentionPool` as the readout this makes TSSA a drop-in for
 softmax attention (numbers in docs/results.md, "Plain ViT").
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from einops import rearrange
 
 from .._checks import check_instance, check_positive_real, check_tokens_input, is_int
 from .._utils import apply_layer_scale, layer_scale_param
-from .registry import build
+from ..attention.registry import build
 
 __all__ = ["LocalPatchInteraction", "ViTBlock"]
 
