@@ -76,28 +76,18 @@ def is_model(name: str) -> bool:
 _UNBUILDABLE = 2**62
 
 
-def _count_on_meta(cls: type, args: Dict[str, Any], depth_keys) -> Optional[float]:
-    """Parameters of ``cls(**args)``, counted on models built on the ``meta`` device (nothing is
-    allocated) with at most two blocks per depth argument, then extended linearly to the asked
-    depths: ``count(1) + (depth - 1) * (count(2) - count(1))``. None when the constructor refuses
-    the arguments (it says why when the model is built), inf for a size no tensor can have."""
+def _count_on_meta(cls: type, args: Dict[str, Any]) -> Optional[float]:
+    """Parameters of ``cls(**args)``, counted on one model built on the ``meta`` device (nothing is
+    allocated; the depth is already bounded). None when the constructor refuses the arguments (it
+    says why when the model is built), inf for a size no tensor can have."""
     if any(is_int(v) and abs(v) >= _UNBUILDABLE for v in args.values()):
         return float("inf")
-    depths = {k: args.get(k) for k in depth_keys if k in args}
-    if not all(is_int(d) and d >= 0 for d in depths.values()):
-        return None
-    base = {k: min(d, 1) for k, d in depths.items()}
-
-    def count(**depth) -> int:
-        with torch.device("meta"):
-            model = cls(**{**args, **base, **depth})
-        return sum(p.numel() for p in model.parameters())
-
     try:
-        first = count()
-        return first + sum((d - 1) * (count(**{k: 2}) - first) for k, d in depths.items() if d >= 2)
+        with torch.device("meta"):
+            model = cls(**args)
     except (TypeError, ValueError):
         return None
+    return sum(p.numel() for p in model.parameters())
 
 
 def build_with_defaults(cls: type, defaults: Dict[str, Any], overrides: Dict[str, Any]) -> nn.Module:
@@ -115,7 +105,7 @@ def build_with_defaults(cls: type, defaults: Dict[str, Any], overrides: Dict[str
     args = {**{k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}, **kwargs}
     depth_keys = getattr(cls, "depth_args", ("depth",))
     check_model_size(cls.__name__, args, None, depth_keys)  # the depth first: the count below builds blocks
-    check_model_size(cls.__name__, args, _count_on_meta(cls, args, depth_keys), ())
+    check_model_size(cls.__name__, args, _count_on_meta(cls, args), ())
     return cls(**kwargs)
 
 

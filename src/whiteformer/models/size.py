@@ -3,9 +3,9 @@
 Sizes may come from an untrusted ``config.json`` (``from_pretrained``, ``eval --checkpoint``,
 ``AutoModel*.from_config``): ``depth: 200000`` or ``dim: 2**20`` must be refused at once, not after
 minutes of building or at the allocator. :func:`whiteformer.models.registry.build_with_defaults`
-refuses a model of more than :func:`max_depth` blocks, then counts its parameters on models built on
-the ``meta`` device with one or two blocks (nothing is allocated; the count grows linearly with the
-depth) and refuses one above :func:`max_params` parameters, with a ``ValueError`` naming the sizes.
+refuses a model of more than :func:`max_depth` blocks, then counts its parameters on one model built
+on the ``meta`` device (nothing is allocated) and refuses one above :func:`max_params` parameters,
+with a ``ValueError`` naming the sizes.
 
 Limits: :data:`MAX_PARAMS` (10 billion) and :data:`MAX_DEPTH` (1024 blocks), raised or lowered by the
 environment variables ``WHITEFORMER_MAX_PARAMS`` / ``WHITEFORMER_MAX_DEPTH`` (positive integers).
