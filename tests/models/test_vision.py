@@ -302,8 +302,8 @@ def test_mlp_and_drop_path_blocks():
     kept = out[:, 0] != 0
     assert torch.all(out[kept] == 2.0) and 300 < int(kept.sum()) < 700
     assert torch.all((out == 0).all(1) | (out == 2.0).all(1))  # whole samples dropped
-    with pytest.raises(ValueError, match="drop_prob"):
-        DropPath(1.0)
+    with pytest.raises(ValueError, match="drop_path_rate"):  # the model's door; the block trusts it
+        create_model("tost_t12_p16", img_size=32, depth=1, drop_path_rate=1.0)
 
 
 def test_float64_and_bf16_autocast():

@@ -7,7 +7,6 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from .._checks import check_finite_real, check_positive_real, check_tokens_input
 from .._utils import apply_layer_scale, layer_scale_param
 from ..attention.baselines import ClassAttention
 from .drop import DropPath
@@ -46,8 +45,6 @@ class ClassAttentionBlock(nn.Module):
         tokens_norm: bool = False,
     ):
         super().__init__()
-        eta = check_finite_real(eta, "eta", allow_none=True)
-        mlp_ratio = check_positive_real(mlp_ratio, "mlp_ratio")
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = ClassAttention(
             dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop
@@ -60,7 +57,6 @@ class ClassAttentionBlock(nn.Module):
         self.tokens_norm = tokens_norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_tokens_input(x, "x", self.norm1.normalized_shape[0])
         y = self.norm1(x)
         a = self.attn(y)
         upd = torch.cat([a[:, :1], y[:, 1:]], dim=1)

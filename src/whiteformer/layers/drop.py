@@ -4,8 +4,6 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .._checks import check_probability
-
 __all__ = ["drop_path", "DropPath"]
 
 
@@ -29,7 +27,7 @@ class DropPath(nn.Module):
 
     def __init__(self, drop_prob: float = 0.0, scale_by_keep: bool = True):
         super().__init__()
-        self.drop_prob = check_probability(drop_prob, "drop_prob")
+        self.drop_prob = float(drop_prob)
         self.scale_by_keep = scale_by_keep
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .._checks import check_finite_real, check_tensor
-
 __all__ = ["Mlp", "ISTA"]
 
 
@@ -52,16 +50,12 @@ class ISTA(nn.Module):
     def __init__(self, dim: int, eta: float = 0.1, lambd: float = 0.1):
         super().__init__()
         self.dim = dim
-        self.eta = check_finite_real(eta, "eta")
-        self.lambd = check_finite_real(lambd, "lambd")
+        self.eta, self.lambd = float(eta), float(lambd)
         self.weight = nn.Parameter(torch.empty(dim, dim))
         with torch.no_grad():
             nn.init.kaiming_uniform_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_tensor(x, "x")
-        if x.shape[-1] != self.dim:
-            raise ValueError(f"x must have last dimension {self.dim}, got shape {tuple(x.shape)}")
         dx = F.linear(x, self.weight)  # D x
         dtdx = F.linear(dx, self.weight.t())  # D^T D x
         dtx = F.linear(x, self.weight.t())  # D^T x

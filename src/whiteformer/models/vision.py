@@ -111,7 +111,7 @@ class Block(nn.Module):
     ``x + alpha E(norm1(x)) - beta C(norm1(x))``, the ECAttention paper's Eq. (4) on the normalised features)
     gets no layer scale gamma1. ``prenorm=False`` drops norm1/norm2 (for ECA:
     ``x + alpha E(x) - beta C(x)``, Eq. (4) literally).
-    Shapes: (B, N, C) -> (B, N, C).
+    A building block: its arguments are checked by the model that builds it. Shapes: (B, N, C) -> (B, N, C).
     """
 
     def __init__(
@@ -131,9 +131,6 @@ class Block(nn.Module):
         prenorm: bool = True,
     ):
         super().__init__()
-        check_choice(mlp, "mlp", _MLP_KINDS)
-        eta = check_finite_real(eta, "eta", allow_none=True)
-        mlp_ratio = check_positive_real(mlp_ratio, "mlp_ratio")
         self.dim = dim
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps) if prenorm else nn.Identity()
         self.attn = _attention.build(
@@ -256,7 +253,9 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
         check_choice(mlp, "mlp", _MLP_KINDS)
         drop_rate = check_probability(drop_rate, "drop_rate")
         attn_drop_rate = check_probability(attn_drop_rate, "attn_drop_rate")
-        drop_path_rate = check_probability(drop_path_rate, "drop_path_rate")  # eta, mlp_ratio: checked by the blocks
+        drop_path_rate = check_probability(drop_path_rate, "drop_path_rate")
+        eta = check_finite_real(eta, "eta", allow_none=True)
+        mlp_ratio = check_positive_real(mlp_ratio, "mlp_ratio")
 
         self.num_features = self.embed_dim = embed_dim
         self.num_heads = num_heads
