@@ -60,3 +60,58 @@ def test_ordinary_inputs_are_not_rescaled():
     x = torch.tensor([[[[SAFE_MAX, -1.0]]], [[[3.0 * SAFE_MAX, 0.5]]]])
     c = head_scale(x, 2)
     assert c.flatten().tolist() == [1.0, 2.0 * SAFE_MAX]
+
+
+@pytest.fixture
+def cpu_kernel(monkeypatch):
+    from whiteformer.ops._kernels.build import fast_path_available
+
+    if not fast_path_available():
+        pytest.skip("C++ kernel not built on this machine")
+    monkeypatch.setenv(ENV_BACKEND, "cpu")
+
+
+@pytest.mark.parametrize("mode", [0, 1])  # the causal kernel's two schedules
+def test_kernel_signals_inputs_past_its_range(cpu_kernel, monkeypatch, mode):
+    """The C++ kernels flag an input whose |w| exceeds SAFE_MAX from the sums of squares they form
+    (a padded token's value takes no part); up to SAFE_MAX they run."""
+    from whiteformer.ops._kernels import fused
+
+    monkeypatch.setattr(fused, "CAUSAL_MODE", mode)
+    monkeypatch.setattr(fused, "CHUNK", 4)
+    g = torch.Generator().manual_seed(0)
+    temp = torch.rand(3, 1, generator=g) + 0.5
+    for at in [(0, 0, 0, 0), (1, 2, 5, 3), (1, 1, 8, 0)]:
+        w = torch.randn(2, 3, 9, 4, generator=g)
+        w[at] = 2.0 * SAFE_MAX
+        assert fused.tssa_fused(w, temp, in_range_only=True) is None
+        assert fused.causal_tssa_fused(w, temp, in_range_only=True) is None
+        w[at] = -SAFE_MAX  # the largest |w| the kernels take
+        assert fused.tssa_fused(w, temp, in_range_only=True) is not None
+        assert fused.causal_tssa_fused(w, temp, in_range_only=True) is not None
+        keep = torch.ones(2, 9, dtype=torch.bool)
+        keep[at[0], at[2]] = False
+        w[at] = 1e30  # at a padded token
+        out, pi = fused.tssa_fused(w, temp, keep, in_range_only=True)
+        torch.testing.assert_close(out, tssa(w.double(), temp.double(), attn_mask=keep).float())
+        out, *_ = fused.causal_tssa_fused(w, temp, None, keep, in_range_only=True)
+        torch.testing.assert_close(out, causal_tssa(w.double(), temp.double(), attn_mask=keep).float())
+
+
+def test_ordinary_inputs_make_no_range_pass(cpu_kernel, monkeypatch):
+    """On the C++ kernels an ordinary input is not scanned for its largest |w| before the call (the
+    kernel signals large ones itself); a large one still takes the rescaled path, and is finite."""
+    import whiteformer.ops.scaling as scaling
+
+    scans = []
+    max_abs = scaling._max_abs
+    monkeypatch.setattr(scaling, "_max_abs", lambda x, trailing: scans.append(x.shape) or max_abs(x, trailing))
+    w, temp = torch.randn(2, 3, 9, 4), torch.ones(3, 1)
+    keep = torch.tensor([[True] * 9, [True] * 5 + [False] * 4])
+    for op in (tssa, causal_tssa):
+        op(w, temp)
+        op(w, temp, attn_mask=keep)
+    assert scans == []
+    for op in (tssa, causal_tssa):
+        assert torch.isfinite(op(w * 1e30, temp)).all()
+    assert scans

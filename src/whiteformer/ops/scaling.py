@@ -17,12 +17,10 @@ from typing import Optional
 
 import torch
 
+from .constants import SAFE_MAX
 from .packing import Segments, segment_amax
 
 __all__ = ["SAFE_MAX", "beyond_kernel_range", "document_scale", "head_scale", "scaled_eps"]
-
-#: largest |w| left unscaled: sums of up to 2^60 squares of it stay below float32's range (2^128)
-SAFE_MAX = 2.0 ** 32
 
 
 def head_scale(x: torch.Tensor, trailing: int = 2, extra: Optional[torch.Tensor] = None, group=None) -> torch.Tensor:
@@ -73,8 +71,10 @@ def scaled_eps(eps: float, c: torch.Tensor) -> torch.Tensor:
 
 
 def beyond_kernel_range(w: torch.Tensor) -> bool:
-    """Whether ``w`` is a CPU tensor holding some |w| > :data:`SAFE_MAX`: the fused CPU kernels
-    square ``w`` unscaled, so such inputs take the (rescaled) PyTorch path. Read in eager mode on
-    CPU only (elsewhere it would synchronise the device)."""
+    """Whether ``w`` is a CPU tensor holding some |w| > :data:`SAFE_MAX`, for a registered
+    backend's kernel that squares ``w`` unscaled (the Triton kernels on CPU tensors, through the
+    interpreter): such inputs take the (rescaled) PyTorch path. A pass over ``w``; the C++ kernels
+    signal such inputs from their own sums instead (:mod:`whiteformer.ops._kernels.fused`). Read
+    in eager mode on CPU only (elsewhere it would synchronise the device)."""
     return (w.device.type == "cpu" and w.numel() > 0 and not torch.compiler.is_compiling()
             and bool(_max_abs(w, w.dim()) > SAFE_MAX))

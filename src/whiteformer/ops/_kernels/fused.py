@@ -13,7 +13,10 @@ that must itself be differentiable (``create_graph=True``, e.g. gradient penalti
 the gradients through the PyTorch paths (:func:`whiteformer.ops.tssa.parallel.tssa_parallel`,
 :func:`whiteformer.ops.causal_tssa.parallel.causal_tssa_parallel`) instead of the kernel.
 The epsilons (``1e-24 = NORM_EPS^2``, ``1e-8 = PI_EPS``, ``1e-12 = RATIO_EPS`` below) come from
-:mod:`whiteformer.ops.constants`.
+:mod:`whiteformer.ops.constants`. The kernels square w unscaled; each forward also returns a flag,
+set when some feature's total sum of squares (formed anyway) exceeds ``SAFE_MAX ** 2`` or is not
+finite, i.e. whenever some |w| > ``SAFE_MAX``: the dispatchers then run the rescaled PyTorch path
+(:mod:`whiteformer.ops.scaling`), and ordinary inputs pay no pass of their own for the check.
 
 Non-causal TSSA, per (b, h), w of shape (N, p), kept tokens only (a padded token has Pi = 0,
 out = 0 and gradient 0)::
@@ -103,18 +106,30 @@ def _double_backward(outs, inputs, grads):
 # ------------------------------------------------------------------------------ non-causal
 
 
+def _flag(w: Tensor) -> Tensor:
+    return w.new_empty((), dtype=torch.bool)
+
+
+def _past_range(flag: Tensor) -> bool:
+    """The kernel's signal that its input holds a feature whose sum of squares exceeds
+    ``SAFE_MAX ** 2`` (some |w| may exceed :data:`~whiteformer.ops.constants.SAFE_MAX`): read in
+    eager mode only (one bool the kernel wrote, no pass over w; a compiled graph keeps the kernel)."""
+    return not torch.compiler.is_compiling() and bool(flag)
+
+
 @torch.library.custom_op("whiteformer::tssa_fused_fwd", mutates_args=(), device_types="cpu")
 def _tssa_fwd(
     w: Tensor, temp: Tensor, mask: Optional[Tensor], chunk: int
-) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    out, pi, s, t, m = _ext().tssa_fwd(w, temp, mask, chunk)
-    return out, pi, s, t, m
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    out, pi, s, t, m, over = _ext().tssa_fwd(w, temp, mask, chunk)
+    return out, pi, s, t, m, over
 
 
 @_tssa_fwd.register_fake
 def _(w, temp, mask, chunk):
     b, h, n, p = w.shape
-    return torch.empty_like(w), w.new_empty(b, h, n), _d64(w, b, h, p), _d64(w, b, h, p), _d64(w, b, h)
+    return (torch.empty_like(w), w.new_empty(b, h, n), _d64(w, b, h, p), _d64(w, b, h, p), _d64(w, b, h),
+            _flag(w))
 
 
 @torch.library.custom_op("whiteformer::tssa_fused_bwd", mutates_args=(), device_types="cpu")
@@ -133,7 +148,7 @@ def _(grad_out, grad_pi, w, temp, mask, pi, s, t, m, chunk):
 
 def _tssa_setup(ctx, inputs, output):
     w, temp, mask, chunk = inputs
-    _, pi, s, t, m = output
+    _, pi, s, t, m, _ = output
     ctx.chunk = chunk
     ctx.save_for_backward(w, temp, mask, pi, s, t, m)
 
@@ -153,14 +168,17 @@ def _tssa_backward(ctx, g_out, g_pi, *_):
 _tssa_fwd.register_autograd(_tssa_backward, setup_context=_tssa_setup)
 
 
-def tssa_fused(w: Tensor, temp: Tensor, attn_mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+def tssa_fused(w: Tensor, temp: Tensor, attn_mask: Optional[Tensor] = None,
+               in_range_only: bool = False) -> Optional[Tuple[Tensor, Tensor]]:
     """Fused TSSA (no dropout): w (B, H, N, p) float32/float64 on a supported device, temp
     (H, 1), attn_mask (B, N) bool or None -> (out (B, H, N, p), pi (B, H, N)). Inputs are
-    assumed validated (see :func:`whiteformer.ops.tssa`)."""
+    assumed validated (see :func:`whiteformer.ops.tssa`). The kernel squares w unscaled:
+    ``in_range_only`` returns None instead when it saw an input past its range (a sum of squares
+    above ``SAFE_MAX ** 2``), for the caller to run the rescaled PyTorch path."""
     w = _rows(w)
     mask = None if attn_mask is None else attn_mask.contiguous()
-    out, pi, _, _, _ = _tssa_fwd(w, temp.to(w.dtype).contiguous(), mask, CHUNK)
-    return out, pi
+    out, pi, _, _, _, over = _tssa_fwd(w, temp.to(w.dtype).contiguous(), mask, CHUNK)
+    return None if in_range_only and _past_range(over) else (out, pi)
 
 
 # ------------------------------------------------------------------------------ causal
@@ -169,9 +187,9 @@ def tssa_fused(w: Tensor, temp: Tensor, attn_mask: Optional[Tensor] = None) -> T
 @torch.library.custom_op("whiteformer::causal_tssa_fused_fwd", mutates_args=(), device_types="cpu")
 def _causal_fwd(
     w: Tensor, temp: Tensor, lb: Optional[Tensor], mask: Optional[Tensor], mode: int, chunk: int
-) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    out, pi, ec, qc, mc = _ext().causal_fwd(w, temp, lb, mask, mode, chunk)
-    return out, pi, ec, qc, mc
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    out, pi, ec, qc, mc, over = _ext().causal_fwd(w, temp, lb, mask, mode, chunk)
+    return out, pi, ec, qc, mc, over
 
 
 @_causal_fwd.register_fake
@@ -180,7 +198,7 @@ def _(w, temp, lb, mask, mode, chunk):
     size = chunk if chunk > 0 else 256
     nc = (n + size - 1) // size + 1
     return (torch.empty_like(w), w.new_empty(b, h, n), _d64(w, b, nc, h, p), _d64(w, b, nc, h, p),
-            _d64(w, b, nc, h))
+            _d64(w, b, nc, h), _flag(w))
 
 
 @torch.library.custom_op("whiteformer::causal_tssa_fused_bwd", mutates_args=(), device_types="cpu")
@@ -202,7 +220,7 @@ def _(grad_out, grad_pi, grad_e, grad_q, grad_m, w, temp, lb, mask, pi, ec, qc, 
 
 def _causal_setup(ctx, inputs, output):
     w, temp, lb, mask, _, chunk = inputs
-    _, pi, ec, qc, mc = output
+    _, pi, ec, qc, mc, _ = output
     ctx.chunk = chunk
     ctx.has_lb = lb is not None
     ctx.save_for_backward(w, temp, lb, mask, pi, ec, qc, mc)
@@ -213,7 +231,7 @@ def _last(g: Optional[Tensor]) -> Optional[Tensor]:
     return None if g is None else g[:, -1].contiguous()
 
 
-def _causal_backward(ctx, g_out, g_pi, g_ec, g_qc, g_mc):
+def _causal_backward(ctx, g_out, g_pi, g_ec, g_qc, g_mc, _):
     w, temp, lb, mask, pi, ec, qc, mc = ctx.saved_tensors
     if torch.is_grad_enabled():  # create_graph: differentiable recomputation
         from ..causal_tssa.parallel import causal_tssa_parallel
@@ -234,14 +252,16 @@ _causal_fwd.register_autograd(_causal_backward, setup_context=_causal_setup)
 
 
 def causal_tssa_fused(
-    w: Tensor, temp: Tensor, logit_bias: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None
-) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    w: Tensor, temp: Tensor, logit_bias: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
+    in_range_only: bool = False,
+) -> Optional[Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]]:
     """Fused causal TSSA (no dropout).
 
     Args:
         w: (B, H, N, p) float32/float64; temp: (H, 1); logit_bias: (B or 1, H, N) added to
             ``sum_p ratio`` before the temperature (``p * pos_bias`` at each token's position),
-            or None; attn_mask: (B, N) bool keep-mask or None.
+            or None; attn_mask: (B, N) bool keep-mask or None; in_range_only: return None when
+            the kernel saw an input past its range (as :func:`tssa_fused`).
 
     Returns:
         out (B, H, N, p), pi (B, H, N) and the final running sums sum_sq (B, H, p),
@@ -251,5 +271,5 @@ def causal_tssa_fused(
     b, h, n, _ = w.shape
     lb = None if logit_bias is None else logit_bias.to(w.dtype).expand(b, h, n).contiguous()
     mask = None if attn_mask is None else attn_mask.contiguous()
-    out, pi, ec, qc, mc = _causal_fwd(w, temp.to(w.dtype).contiguous(), lb, mask, CAUSAL_MODE, CHUNK)
-    return out, pi, ec[:, -1], mc[:, -1], qc[:, -1]
+    out, pi, ec, qc, mc, over = _causal_fwd(w, temp.to(w.dtype).contiguous(), lb, mask, CAUSAL_MODE, CHUNK)
+    return None if in_range_only and _past_range(over) else (out, pi, ec[:, -1], mc[:, -1], qc[:, -1])

@@ -37,6 +37,7 @@ constexpr int BLK = 16;                 // tokens summed in T before adding to a
 constexpr double NORM_EPS2 = double(WF_NORM_EPS) * double(WF_NORM_EPS);  // F.normalize eps, squared
 constexpr double PI_EPS = WF_PI_EPS;        // added to the membership mass
 constexpr double RATIO_EPS = WF_RATIO_EPS;  // clamp of the causal prefix energy
+constexpr double SAFE_MAX2 = double(WF_SAFE_MAX) * double(WF_SAFE_MAX);  // largest sum of squares taken
 
 // ------------------------------------------------------------------ exp for x <= 0 (vectorisable)
 // exp(x) = 2^k exp(r), k = round(x / ln 2), |r| <= ln2 / 2; 2^k is built from the bits of the
@@ -165,6 +166,18 @@ void reduce_chunks(const std::vector<double>& part, double* dst, int64_t B, int6
     }
   }
 }
+
+// Whether one of the n sums of squares s exceeds SAFE_MAX^2 or is not finite: the input may then
+// hold some |w| > SAFE_MAX (its feature's sum is at least its square), past the range the kernels
+// square unscaled, and the caller runs the rescaled PyTorch path (whiteformer/ops/scaling.py).
+// The sums are ones the kernels form anyway: the check adds no pass over w.
+bool past_range(const double* s, int64_t n) {
+  bool over = false;
+  for (int64_t k = 0; k < n; ++k) over |= !(s[k] <= SAFE_MAX2);
+  return over;
+}
+
+at::Tensor flag(bool v, const at::Tensor& like) { return at::full({}, v, like.options().dtype(at::kBool)); }
 
 // feature-sized scratch: a fixed aligned array when p is a compile-time constant (kept in
 // registers), else a heap buffer
@@ -453,7 +466,7 @@ std::vector<at::Tensor> tssa_fwd(const at::Tensor& w, const at::Tensor& temp, co
                            M.data_ptr<double>(), Dims<T>{B, H, N, P, CHUNK, nchunks(N, CHUNK)});
     });
   });
-  return {out, pi, s, Tm, M};
+  return {out, pi, s, Tm, M, flag(past_range(s.data_ptr<double>(), B * H * P), w)};
 }
 
 template <typename T, int PC>
@@ -1061,7 +1074,9 @@ std::vector<at::Tensor> causal_fwd(const at::Tensor& w, const at::Tensor& temp, 
                              Ec.data_ptr<double>(), Qc.data_ptr<double>(), Mc.data_ptr<double>(), one_pass);
     });
   });
-  return {out, pi, Ec, Qc, Mc};
+  bool over = false;  // from the totals of the sums of squares (checkpoint nc)
+  for (int64_t b = 0; b < B; ++b) over |= past_range(Ec.data_ptr<double>() + (b * (nc + 1) + nc) * H * P, H * P);
+  return {out, pi, Ec, Qc, Mc, flag(over, w)};
 }
 
 // ------------------------------------------------------------------ causal backward
@@ -1371,9 +1386,9 @@ std::vector<at::Tensor> causal_bwd(const at::Tensor& grad_out, const c10::option
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("tssa_fwd", &tssa_fwd, "fused TSSA forward -> (out, pi, s, T, M)");
+  m.def("tssa_fwd", &tssa_fwd, "fused TSSA forward -> (out, pi, s, T, M, past SAFE_MAX)");
   m.def("tssa_bwd", &tssa_bwd, "fused TSSA backward -> (grad_w, grad_temp per (b, h))");
-  m.def("causal_fwd", &causal_fwd, "fused causal TSSA forward -> (out, pi, E, Q, M checkpoints)");
+  m.def("causal_fwd", &causal_fwd, "fused causal TSSA forward -> (out, pi, E, Q, M checkpoints, past SAFE_MAX)");
   m.def("causal_bwd", &causal_bwd, "fused causal TSSA backward -> (grad_w, grad_logit_bias, grad_temp per (b, h))");
   m.attr("DEFAULT_CHUNK") = DEFAULT_CHUNK;
 }

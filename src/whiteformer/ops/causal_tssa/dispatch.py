@@ -97,9 +97,10 @@ def causal_tssa(
         out (B, H, N, p) in ``w``'s dtype, or a tuple ``(out, [pi], [state])`` in that order.
 
     Any finite ``w`` gives a finite result: heads whose largest |w| exceeds 2^32 are rescaled by a
-    power of two before squaring (:mod:`whiteformer.ops.scaling`; on CPU such inputs take the
-    PyTorch path). The state's sums are in ``w``'s units and overflow the statistics dtype
-    (float32 for float32/half inputs) when they exceed its range (|w| ~ 1.8e19).
+    power of two before squaring (:mod:`whiteformer.ops.scaling`, per packed document with
+    ``cu_seqlens``; the kernels that square w unscaled hand such inputs to the PyTorch path). The
+    state's sums are in ``w``'s units and overflow the statistics dtype (float32 for float32/half
+    inputs) when they exceed its range (|w| ~ 1.8e19).
     """
     with local_checks(group, w):  # split: a rank failing these stops every rank (no wait in a collective)
         temp, attn_mask, drop = check_tssa_args(w, temp, attn_mask, cu_seqlens, attn_drop, group, pos_bias)
@@ -141,17 +142,16 @@ def causal_tssa_impl(w, temp, pos_bias, attn_mask, return_pi, return_state, attn
         start = start.clamp_max(pos_bias.shape[1] - 1)
 
     bias = None if pos_bias is None else position_logit_bias(pos_bias, p, n, attn_mask, start=start)
-    kernel = None
+    res = None  # inputs past a kernel's range take the rescaled PyTorch path
     if drop_p == 0.0 and group is None:
         kernel = kernel_for("causal_tssa", w)
-        if kernel is None and fused_supported(w):
-            kernel = causal_tssa_fused
-        if kernel is not None and beyond_kernel_range(w):
-            kernel = None
-    if kernel is not None:
-        out, pi, *sums = kernel(w, temp, bias, attn_mask)
-    else:
-        out, pi, *sums = causal_tssa_parallel(w, temp, bias, attn_mask, drop_p, group=group)
+        if kernel is not None:  # a registered backend's kernel: checked before the call
+            res = None if beyond_kernel_range(w) else kernel(w, temp, bias, attn_mask)
+        elif fused_supported(w):  # the C++ kernel signals such inputs itself (no pass over w here)
+            res = causal_tssa_fused(w, temp, bias, attn_mask, in_range_only=True)
+    if res is None:
+        res = causal_tssa_parallel(w, temp, bias, attn_mask, drop_p, group=group)
+    out, pi, *sums = res
     if not (return_pi or return_state):
         return out
     res = (out,)
