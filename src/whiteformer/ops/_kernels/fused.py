@@ -59,7 +59,7 @@ pipeline on two threads) and saves the prefix sums (E, Q, M) at every chunk star
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -106,15 +106,27 @@ def _double_backward(outs, inputs, grads):
 # ------------------------------------------------------------------------------ non-causal
 
 
-def _flag(w: Tensor) -> Tensor:
-    return w.new_empty((), dtype=torch.bool)
+def _flags(w: Tensor) -> Tensor:
+    return w.new_empty(w.shape[0], dtype=torch.bool)
 
 
-def _past_range(flag: Tensor) -> bool:
-    """The kernel's signal that its input holds a feature whose sum of squares exceeds
-    ``SAFE_MAX ** 2`` (some |w| may exceed :data:`~whiteformer.ops.constants.SAFE_MAX`): read in
-    eager mode only (one bool the kernel wrote, no pass over w; a compiled graph keeps the kernel)."""
-    return not torch.compiler.is_compiling() and bool(flag)
+def _by_rows(over: Tensor, run: Callable, fallback: Optional[Callable]) -> Optional[Tuple[Tensor, ...]]:
+    """None when the kernel flagged no batch row in ``over`` (B,) bool (a row holding a feature whose
+    sum of squares exceeds ``SAFE_MAX ** 2``: some |w| may exceed
+    :data:`~whiteformer.ops.constants.SAFE_MAX`) or there is no ``fallback``; else the outputs
+    (batch first) of ``fallback`` on the flagged rows and of ``run`` (the kernel) on the others, each
+    called with the rows' indices, in batch order. The flags are read in eager mode only (B bools
+    the kernel wrote, no pass over w); a compiled graph keeps the kernel's result."""
+    if fallback is None or torch.compiler.is_compiling() or not bool(over.any()):
+        return None
+    bad, good = over.nonzero()[:, 0], (~over).nonzero()[:, 0]
+    parts = [fallback(bad)] + ([run(good)] if good.numel() else [])
+    order = torch.cat([bad, good]).argsort()
+    return tuple(torch.cat([p[k] for p in parts]).index_select(0, order) for k in range(len(parts[0])))
+
+
+def _pick(t: Optional[Tensor], rows: Tensor) -> Optional[Tensor]:
+    return None if t is None else t.index_select(0, rows)
 
 
 @torch.library.custom_op("whiteformer::tssa_fused_fwd", mutates_args=(), device_types="cpu")
@@ -129,7 +141,7 @@ def _tssa_fwd(
 def _(w, temp, mask, chunk):
     b, h, n, p = w.shape
     return (torch.empty_like(w), w.new_empty(b, h, n), _d64(w, b, h, p), _d64(w, b, h, p), _d64(w, b, h),
-            _flag(w))
+            _flags(w))
 
 
 @torch.library.custom_op("whiteformer::tssa_fused_bwd", mutates_args=(), device_types="cpu")
@@ -169,16 +181,19 @@ _tssa_fwd.register_autograd(_tssa_backward, setup_context=_tssa_setup)
 
 
 def tssa_fused(w: Tensor, temp: Tensor, attn_mask: Optional[Tensor] = None,
-               in_range_only: bool = False) -> Optional[Tuple[Tensor, Tensor]]:
+               fallback: Optional[Callable] = None) -> Tuple[Tensor, Tensor]:
     """Fused TSSA (no dropout): w (B, H, N, p) float32/float64 on a supported device, temp
     (H, 1), attn_mask (B, N) bool or None -> (out (B, H, N, p), pi (B, H, N)). Inputs are
-    assumed validated (see :func:`whiteformer.ops.tssa`). The kernel squares w unscaled:
-    ``in_range_only`` returns None instead when it saw an input past its range (a sum of squares
-    above ``SAFE_MAX ** 2``), for the caller to run the rescaled PyTorch path."""
+    assumed validated (see :func:`whiteformer.ops.tssa`). The kernel squares w unscaled: the batch
+    rows in which it saw an input past its range (a sum of squares above ``SAFE_MAX ** 2``) are
+    run through ``fallback`` (the rescaled PyTorch path, ``tssa_parallel``'s arguments) when
+    given, the other rows through the kernel alone (each row is its own sequence)."""
     w = _rows(w)
     mask = None if attn_mask is None else attn_mask.contiguous()
     out, pi, _, _, _, over = _tssa_fwd(w, temp.to(w.dtype).contiguous(), mask, CHUNK)
-    return None if in_range_only and _past_range(over) else (out, pi)
+    split = _by_rows(over, lambda i: tssa_fused(w.index_select(0, i), temp, _pick(mask, i)),
+                     fallback and (lambda i: fallback(w.index_select(0, i), temp, _pick(attn_mask, i))))
+    return (out, pi) if split is None else split
 
 
 # ------------------------------------------------------------------------------ causal
@@ -198,7 +213,7 @@ def _(w, temp, lb, mask, mode, chunk):
     size = chunk if chunk > 0 else 256
     nc = (n + size - 1) // size + 1
     return (torch.empty_like(w), w.new_empty(b, h, n), _d64(w, b, nc, h, p), _d64(w, b, nc, h, p),
-            _d64(w, b, nc, h), _flag(w))
+            _d64(w, b, nc, h), _flags(w))
 
 
 @torch.library.custom_op("whiteformer::causal_tssa_fused_bwd", mutates_args=(), device_types="cpu")
@@ -253,15 +268,16 @@ _causal_fwd.register_autograd(_causal_backward, setup_context=_causal_setup)
 
 def causal_tssa_fused(
     w: Tensor, temp: Tensor, logit_bias: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
-    in_range_only: bool = False,
-) -> Optional[Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]]:
+    fallback: Optional[Callable] = None,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Fused causal TSSA (no dropout).
 
     Args:
         w: (B, H, N, p) float32/float64; temp: (H, 1); logit_bias: (B or 1, H, N) added to
             ``sum_p ratio`` before the temperature (``p * pos_bias`` at each token's position),
-            or None; attn_mask: (B, N) bool keep-mask or None; in_range_only: return None when
-            the kernel saw an input past its range (as :func:`tssa_fused`).
+            or None; attn_mask: (B, N) bool keep-mask or None; fallback: the rescaled PyTorch
+            path (``causal_tssa_parallel``'s arguments) for the batch rows past the kernel's
+            range, as in :func:`tssa_fused`.
 
     Returns:
         out (B, H, N, p), pi (B, H, N) and the final running sums sum_sq (B, H, p),
@@ -272,4 +288,7 @@ def causal_tssa_fused(
     lb = None if logit_bias is None else logit_bias.to(w.dtype).expand(b, h, n).contiguous()
     mask = None if attn_mask is None else attn_mask.contiguous()
     out, pi, ec, qc, mc, over = _causal_fwd(w, temp.to(w.dtype).contiguous(), lb, mask, CAUSAL_MODE, CHUNK)
-    return None if in_range_only and _past_range(over) else (out, pi, ec[:, -1], mc[:, -1], qc[:, -1])
+    bias = None if logit_bias is None else logit_bias.expand(b, h, n)
+    split = _by_rows(over, lambda i: causal_tssa_fused(w.index_select(0, i), temp, _pick(bias, i), _pick(mask, i)),
+                     fallback and (lambda i: fallback(w.index_select(0, i), temp, _pick(bias, i), _pick(attn_mask, i))))
+    return (out, pi, ec[:, -1], mc[:, -1], qc[:, -1]) if split is None else split

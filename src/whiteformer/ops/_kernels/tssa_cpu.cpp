@@ -167,17 +167,21 @@ void reduce_chunks(const std::vector<double>& part, double* dst, int64_t B, int6
   }
 }
 
-// Whether one of the n sums of squares s exceeds SAFE_MAX^2 or is not finite: the input may then
-// hold some |w| > SAFE_MAX (its feature's sum is at least its square), past the range the kernels
-// square unscaled, and the caller runs the rescaled PyTorch path (whiteformer/ops/scaling.py).
-// The sums are ones the kernels form anyway: the check adds no pass over w.
-bool past_range(const double* s, int64_t n) {
-  bool over = false;
-  for (int64_t k = 0; k < n; ++k) over |= !(s[k] <= SAFE_MAX2);
-  return over;
+// (B,) bool: whether one of the HP sums of squares of batch row b (at s + b * stride) exceeds
+// SAFE_MAX^2 or is not finite. The row may then hold some |w| > SAFE_MAX (its feature's sum is at
+// least its square), past the range the kernels square unscaled, and the caller runs the rescaled
+// PyTorch path on it (whiteformer/ops/scaling.py). The sums are ones the kernels form anyway: the
+// check adds no pass over w.
+at::Tensor rows_past_range(const double* s, int64_t B, int64_t HP, int64_t stride, const at::Tensor& like) {
+  auto flags = at::empty({B}, like.options().dtype(at::kBool));
+  bool* f = flags.data_ptr<bool>();
+  for (int64_t b = 0; b < B; ++b) {
+    bool over = false;
+    for (int64_t k = 0; k < HP; ++k) over |= !(s[b * stride + k] <= SAFE_MAX2);
+    f[b] = over;
+  }
+  return flags;
 }
-
-at::Tensor flag(bool v, const at::Tensor& like) { return at::full({}, v, like.options().dtype(at::kBool)); }
 
 // feature-sized scratch: a fixed aligned array when p is a compile-time constant (kept in
 // registers), else a heap buffer
@@ -466,7 +470,7 @@ std::vector<at::Tensor> tssa_fwd(const at::Tensor& w, const at::Tensor& temp, co
                            M.data_ptr<double>(), Dims<T>{B, H, N, P, CHUNK, nchunks(N, CHUNK)});
     });
   });
-  return {out, pi, s, Tm, M, flag(past_range(s.data_ptr<double>(), B * H * P), w)};
+  return {out, pi, s, Tm, M, rows_past_range(s.data_ptr<double>(), B, H * P, H * P, w)};
 }
 
 template <typename T, int PC>
@@ -1074,9 +1078,8 @@ std::vector<at::Tensor> causal_fwd(const at::Tensor& w, const at::Tensor& temp, 
                              Ec.data_ptr<double>(), Qc.data_ptr<double>(), Mc.data_ptr<double>(), one_pass);
     });
   });
-  bool over = false;  // from the totals of the sums of squares (checkpoint nc)
-  for (int64_t b = 0; b < B; ++b) over |= past_range(Ec.data_ptr<double>() + (b * (nc + 1) + nc) * H * P, H * P);
-  return {out, pi, Ec, Qc, Mc, flag(over, w)};
+  // from the totals of the sums of squares (checkpoint nc)
+  return {out, pi, Ec, Qc, Mc, rows_past_range(Ec.data_ptr<double>() + nc * H * P, B, H * P, (nc + 1) * H * P, w)};
 }
 
 // ------------------------------------------------------------------ causal backward
@@ -1386,9 +1389,9 @@ std::vector<at::Tensor> causal_bwd(const at::Tensor& grad_out, const c10::option
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("tssa_fwd", &tssa_fwd, "fused TSSA forward -> (out, pi, s, T, M, past SAFE_MAX)");
+  m.def("tssa_fwd", &tssa_fwd, "fused TSSA forward -> (out, pi, s, T, M, rows past SAFE_MAX)");
   m.def("tssa_bwd", &tssa_bwd, "fused TSSA backward -> (grad_w, grad_temp per (b, h))");
-  m.def("causal_fwd", &causal_fwd, "fused causal TSSA forward -> (out, pi, E, Q, M checkpoints, past SAFE_MAX)");
+  m.def("causal_fwd", &causal_fwd, "fused causal TSSA forward -> (out, pi, E, Q, M checkpoints, rows past SAFE_MAX)");
   m.def("causal_bwd", &causal_bwd, "fused causal TSSA backward -> (grad_w, grad_logit_bias, grad_temp per (b, h))");
   m.attr("DEFAULT_CHUNK") = DEFAULT_CHUNK;
 }

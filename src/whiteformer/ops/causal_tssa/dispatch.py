@@ -2,6 +2,7 @@
 that runs them (see :mod:`.._kernels`)."""
 from __future__ import annotations
 
+import functools
 from typing import Optional, Union
 
 import torch
@@ -142,16 +143,17 @@ def causal_tssa_impl(w, temp, pos_bias, attn_mask, return_pi, return_state, attn
         start = start.clamp_max(pos_bias.shape[1] - 1)
 
     bias = None if pos_bias is None else position_logit_bias(pos_bias, p, n, attn_mask, start=start)
-    res = None  # inputs past a kernel's range take the rescaled PyTorch path
+    kernel = None  # inputs past a kernel's range take the rescaled PyTorch path
     if drop_p == 0.0 and group is None:
         kernel = kernel_for("causal_tssa", w)
-        if kernel is not None:  # a registered backend's kernel: checked before the call
-            res = None if beyond_kernel_range(w) else kernel(w, temp, bias, attn_mask)
-        elif fused_supported(w):  # the C++ kernel signals such inputs itself (no pass over w here)
-            res = causal_tssa_fused(w, temp, bias, attn_mask, in_range_only=True)
-    if res is None:
-        res = causal_tssa_parallel(w, temp, bias, attn_mask, drop_p, group=group)
-    out, pi, *sums = res
+        if kernel is not None and beyond_kernel_range(w):  # a registered backend's: checked before the call
+            kernel = None
+        elif kernel is None and fused_supported(w):  # the C++ kernel flags such rows itself: no pass over w
+            kernel = functools.partial(causal_tssa_fused, fallback=causal_tssa_parallel)
+    if kernel is not None:
+        out, pi, *sums = kernel(w, temp, bias, attn_mask)
+    else:
+        out, pi, *sums = causal_tssa_parallel(w, temp, bias, attn_mask, drop_p, group=group)
     if not (return_pi or return_state):
         return out
     res = (out,)
