@@ -85,3 +85,23 @@ def test_packed_beside_extreme_equals_alone(backend, layout, dtype):
                 for field in ("sum_sq", "sum_pi", "sum_sq_pi"):
                     _close(getattr(state, field)[d], getattr(alone_state, field)[0], dtype,
                            f"causal_tssa state {field}, {what}")
+
+
+@pytest.mark.parametrize("op", [tssa, causal_tssa], ids=["tssa", "causal_tssa"])
+def test_packed_gradients_beside_extreme_equal_alone(backend, layout, op):
+    """The gradient of each ordinary document's tokens (float32, beside one at 1e30) is the one it
+    has alone."""
+    g = torch.Generator().manual_seed(99)
+    for row in range(2):
+        w, temp, cu, big = _row(g, torch.float32)
+        bounds = cu.tolist()
+        w.requires_grad_()
+        out = op(w, temp, cu_seqlens=cu)
+        weights = torch.randn(out.shape, generator=g)
+        (grad,) = torch.autograd.grad((out * weights).sum(), w)
+        for d, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            if a == b or d == big:
+                continue
+            doc = w.detach()[:, :, a:b].clone().requires_grad_()
+            (alone,) = torch.autograd.grad((op(doc, temp) * weights[:, :, a:b]).sum(), doc)
+            _close(grad[:, :, a:b], alone, torch.float32, f"{op.__name__} grad, row {row}, document {d}")
