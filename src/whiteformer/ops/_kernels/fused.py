@@ -13,10 +13,11 @@ that must itself be differentiable (``create_graph=True``, e.g. gradient penalti
 the gradients through the PyTorch paths (:func:`whiteformer.ops.tssa.parallel.tssa_parallel`,
 :func:`whiteformer.ops.causal_tssa.parallel.causal_tssa_parallel`) instead of the kernel.
 The epsilons (``1e-24 = NORM_EPS^2``, ``1e-8 = PI_EPS``, ``1e-12 = RATIO_EPS`` below) come from
-:mod:`whiteformer.ops.constants`. The kernels square w unscaled; each forward also returns a flag,
-set when some feature's total sum of squares (formed anyway) exceeds ``SAFE_MAX ** 2`` or is not
-finite, i.e. whenever some |w| > ``SAFE_MAX``: the dispatchers then run the rescaled PyTorch path
-(:mod:`whiteformer.ops.scaling`), and ordinary inputs pay no pass of their own for the check.
+:mod:`whiteformer.ops.constants`. The kernels square w unscaled; each forward also returns a flag
+per batch row, set when some feature's total sum of squares there (formed anyway) exceeds
+``SAFE_MAX ** 2`` or is not finite, i.e. whenever the row holds some |w| > ``SAFE_MAX``: those rows
+then run the rescaled PyTorch path (:mod:`whiteformer.ops.scaling`), and ordinary inputs pay no
+pass of their own for the check.
 
 Non-causal TSSA, per (b, h), w of shape (N, p), kept tokens only (a padded token has Pi = 0,
 out = 0 and gradient 0)::
@@ -115,8 +116,9 @@ def _by_rows(over: Tensor, run: Callable, fallback: Optional[Callable]) -> Optio
     sum of squares exceeds ``SAFE_MAX ** 2``: some |w| may exceed
     :data:`~whiteformer.ops.constants.SAFE_MAX`) or there is no ``fallback``; else the outputs
     (batch first) of ``fallback`` on the flagged rows and of ``run`` (the kernel) on the others, each
-    called with the rows' indices, in batch order. The flags are read in eager mode only (B bools
-    the kernel wrote, no pass over w); a compiled graph keeps the kernel's result."""
+    called with the rows' indices, in batch order (the kernel reruns on the others alone: its
+    backward on the flagged rows would not be finite). The flags are read in eager mode only (B
+    bools the kernel wrote, no pass over w); a compiled graph keeps the kernel's result."""
     if fallback is None or torch.compiler.is_compiling() or not bool(over.any()):
         return None
     bad, good = over.nonzero()[:, 0], (~over).nonzero()[:, 0]
