@@ -60,3 +60,77 @@ def test_ordinary_inputs_are_not_rescaled():
     x = torch.tensor([[[[SAFE_MAX, -1.0]]], [[[3.0 * SAFE_MAX, 0.5]]]])
     c = head_scale(x, 2)
     assert c.flatten().tolist() == [1.0, 2.0 * SAFE_MAX]
+
+
+@pytest.fixture
+def cpu_kernel(monkeypatch):
+    from whiteformer.ops._kernels.build import fast_path_available
+
+    if not fast_path_available():
+        pytest.skip("C++ kernel not built on this machine")
+    monkeypatch.setenv(ENV_BACKEND, "cpu")
+
+
+@pytest.mark.parametrize("mode", [0, 1])  # the causal kernel's two schedules
+def test_kernel_hands_rows_past_its_range_to_the_fallback(cpu_kernel, monkeypatch, mode):
+    """The C++ kernels flag each batch row holding a |w| above SAFE_MAX, from the sums of squares they
+    form (a padded token's value takes no part). Only those rows run the
+    rescaled fallback; every other row keeps the kernel's own result, exactly as if run alone."""
+    from whiteformer.ops._kernels import fused
+    from whiteformer.ops.causal_tssa.parallel import causal_tssa_parallel
+    from whiteformer.ops.tssa.parallel import tssa_parallel
+
+    monkeypatch.setattr(fused, "CAUSAL_MODE", mode)
+    monkeypatch.setattr(fused, "CHUNK", 4)
+    g = torch.Generator().manual_seed(0)
+    temp = torch.rand(3, 1, generator=g) + 0.5
+    keep = torch.ones(4, 9, dtype=torch.bool)
+    keep[3, 6:] = False
+    w = torch.randn(4, 3, 9, 4, generator=g)
+    w[0] *= 4.0 * SAFE_MAX
+    w[1, 2, 5, 3] = -SAFE_MAX / 2  # within the kernels' range
+    w[2] *= 1e30
+    w[3, 1, 7, 2] = 1e30  # at a padded token
+    past = [0, 2]
+    ops = {"tssa": lambda x, t, m, fb=None: fused.tssa_fused(x, t, m, fallback=fb),
+           "causal_tssa": lambda x, t, m, fb=None: fused.causal_tssa_fused(x, t, None, m, fallback=fb)}
+    fallbacks = {"tssa": tssa_parallel, "causal_tssa": causal_tssa_parallel}
+    for name, run in ops.items():
+        rows = []
+        got = run(w, temp, keep, lambda x, *args: rows.append(x.shape[0]) or fallbacks[name](x, *args))
+        assert rows == [len(past)], name
+        ref = run(w.double(), temp.double(), keep, fallbacks[name])
+        for b in range(4):
+            if b in past:
+                _close(got[0][b], ref[0][b], torch.float32)
+            else:
+                alone = run(w[b:b + 1], temp, keep[b:b + 1])
+                for g_out, a_out in zip(got, alone):
+                    assert torch.equal(g_out[b], a_out[0]), (name, b)
+        # gradients: each row's own, through the kernel or the fallback
+        x = w.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(run(x, temp, keep, fallbacks[name])[0].sum(), x)
+        assert torch.isfinite(grad).all(), name
+        for b in range(4):
+            x = w[b:b + 1].clone().requires_grad_()
+            (alone,) = torch.autograd.grad(run(x, temp, keep[b:b + 1], fallbacks[name])[0].sum(), x)
+            torch.testing.assert_close(grad[b], alone[0], msg=f"{name}, row {b}")
+
+
+def test_ordinary_inputs_make_no_range_pass(cpu_kernel, monkeypatch):
+    """On the C++ kernels an ordinary input is not scanned for its largest |w| before the call (the
+    kernel signals large ones itself); a large one still takes the rescaled path, and is finite."""
+    import whiteformer.ops.scaling as scaling
+
+    scans = []
+    max_abs = scaling._max_abs
+    monkeypatch.setattr(scaling, "_max_abs", lambda x, trailing: scans.append(x.shape) or max_abs(x, trailing))
+    w, temp = torch.randn(2, 3, 9, 4), torch.ones(3, 1)
+    keep = torch.tensor([[True] * 9, [True] * 5 + [False] * 4])
+    for op in (tssa, causal_tssa):
+        op(w, temp)
+        op(w, temp, attn_mask=keep)
+    assert scans == []
+    for op in (tssa, causal_tssa):
+        assert torch.isfinite(op(w * 1e30, temp)).all()
+    assert scans

@@ -16,3 +16,8 @@ PI_EPS = 1e-8
 
 RATIO_EPS = 1e-12
 """Clamp on the causal prefix energy ``sum_{s<=t} w_s^2`` (ToST Eq. (35), official code)."""
+
+SAFE_MAX = 2.0 ** 32
+"""Largest |w| left unscaled (:mod:`.scaling`): sums of up to 2^60 squares of it stay below
+float32's range (2^128). The fused CPU kernels take inputs whose every feature's sum of squares is
+at most ``SAFE_MAX ** 2`` (a larger |w| always shows there) and signal the others."""

@@ -41,7 +41,7 @@ from .._checks import check_cu_seqlens, check_same_device
 from .context_parallel import chunk_layout, local_checks
 
 __all__ = ["Packing", "packing", "check_packed", "packed_layout", "to_padded", "from_padded", "segment_ids", "segment_positions",
-           "split_cu_seqlens", "Segments", "segments", "segment_sum", "segment_cumsum",
+           "split_cu_seqlens", "Segments", "segments", "segment_sum", "segment_amax", "segment_cumsum",
            "segment_gather", "PADDED_WASTE_MAX", "pads_little"]
 
 #: the fused kernels run a packed row on the padded layout only while S * L <= this * total
@@ -207,10 +207,22 @@ def _bucket_rows(x: torch.Tensor, seg: Segments) -> List[torch.Tensor]:
 def segment_sum(x: torch.Tensor, seg: Segments) -> torch.Tensor:
     """(H, total, ...) -> (H, S, ...): the sum over each document's tokens (0 for an empty one),
     each document reduced on its own row."""
-    sums = [rows.sum(dim=2) for rows in _bucket_rows(x, seg)]  # (S_k, H, ...)
+    return _segment_reduce(x, seg, torch.sum)
+
+
+def segment_amax(x: torch.Tensor, seg: Segments) -> torch.Tensor:
+    """(H, total, ...) of values >= 0 -> (H, S, ...): the largest over each document's tokens (0
+    for an empty one), each document reduced on its own row."""
+    return _segment_reduce(x, seg, torch.amax)
+
+
+def _segment_reduce(x: torch.Tensor, seg: Segments, reduce) -> torch.Tensor:
+    """(H, total, ...) -> (H, S, ...): ``reduce(rows, dim=2)`` over each document's row of its
+    bucket's padded layout (0 at padding and for an empty document)."""
+    parts = [reduce(rows, dim=2) for rows in _bucket_rows(x, seg)]  # (S_k, H, ...)
     out = x.new_zeros(len(seg.lengths), x.shape[0], *x.shape[2:])
-    if sums:
-        out = out.index_copy(0, torch.cat([docs for docs, _ in seg.buckets]), torch.cat(sums))
+    if parts:
+        out = out.index_copy(0, torch.cat([docs for docs, _ in seg.buckets]), torch.cat(parts))
     return out.transpose(0, 1)
 
 

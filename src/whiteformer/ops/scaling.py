@@ -7,8 +7,9 @@ invariant); with ``x = c x'`` the sums of squares are ``dots = c^2 dots'``, so::
 
     out = -x Pi / (1 + dots) = -x' Pi / (1 / c + c dots')
 
-``c`` is a power of two (exact division) per batch row and head, 1 unless the head's largest
-|w| exceeds :data:`SAFE_MAX`: ordinary inputs run the unscaled formula unchanged.
+``c`` is a power of two (exact division) per batch row and head (per packed document and head:
+:func:`document_scale`), 1 unless the largest |w| there exceeds :data:`SAFE_MAX`: ordinary inputs
+run the unscaled formula unchanged.
 """
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from typing import Optional
 
 import torch
 
-__all__ = ["SAFE_MAX", "beyond_kernel_range", "head_scale", "scaled_eps"]
+from .constants import SAFE_MAX
+from .packing import Segments, segment_amax
 
-#: largest |w| left unscaled: sums of up to 2^60 squares of it stay below float32's range (2^128)
-SAFE_MAX = 2.0 ** 32
+__all__ = ["SAFE_MAX", "beyond_kernel_range", "document_scale", "head_scale", "scaled_eps"]
 
 
 def head_scale(x: torch.Tensor, trailing: int = 2, extra: Optional[torch.Tensor] = None, group=None) -> torch.Tensor:
@@ -34,6 +35,19 @@ def head_scale(x: torch.Tensor, trailing: int = 2, extra: Optional[torch.Tensor]
         from .context_parallel import all_reduce_max
 
         m = all_reduce_max(m, group)
+    return _power_of_two(m)
+
+
+def document_scale(x: torch.Tensor, seg: Segments) -> torch.Tensor:
+    """The scale ``c`` of each packed document of ``x`` (H, total, p), as (H, S, 1), detached:
+    :func:`head_scale` of the document's tokens alone (a document beside one at a far larger
+    scale keeps its own; 1 for an empty document)."""
+    return _power_of_two(segment_amax(_max_abs(x, 1)[..., 0], seg)).unsqueeze(-1)
+
+
+def _power_of_two(m: torch.Tensor) -> torch.Tensor:
+    """The power of two at or below each ``m`` (max |x|), or 1 where ``m`` is at most
+    :data:`SAFE_MAX` or not finite."""
     big = torch.isfinite(m) & (m > SAFE_MAX)
     # 2 ** floor(log2 m), exact; pow rather than exp2, which the TorchScript ONNX exporter lacks
     return torch.where(big, torch.pow(2.0, torch.floor(torch.log2(torch.where(big, m, torch.ones_like(m))))),
@@ -57,8 +71,10 @@ def scaled_eps(eps: float, c: torch.Tensor) -> torch.Tensor:
 
 
 def beyond_kernel_range(w: torch.Tensor) -> bool:
-    """Whether ``w`` is a CPU tensor holding some |w| > :data:`SAFE_MAX`: the fused CPU kernels
-    square ``w`` unscaled, so such inputs take the (rescaled) PyTorch path. Read in eager mode on
-    CPU only (elsewhere it would synchronise the device)."""
+    """Whether ``w`` is a CPU tensor holding some |w| > :data:`SAFE_MAX`, for a registered
+    backend's kernel that squares ``w`` unscaled (the Triton kernels on CPU tensors, through the
+    interpreter): such inputs take the (rescaled) PyTorch path. A pass over ``w``; the C++ kernels
+    signal such inputs from their own sums instead (:mod:`whiteformer.ops._kernels.fused`). Read
+    in eager mode on CPU only (elsewhere it would synchronise the device)."""
     return (w.device.type == "cpu" and w.numel() > 0 and not torch.compiler.is_compiling()
             and bool(_max_abs(w, w.dim()) > SAFE_MAX))

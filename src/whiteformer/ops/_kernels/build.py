@@ -221,8 +221,8 @@ def _isa_flags() -> list:
 
 
 def _constant_flags() -> list:
-    # the epsilons of whiteformer.ops.constants, compiled in (part of the build key)
-    return [f"-DWF_{name}={getattr(constants, name)!r}" for name in ("NORM_EPS", "PI_EPS", "RATIO_EPS")]
+    # the epsilons and the input range of whiteformer.ops.constants, compiled in (part of the build key)
+    return [f"-DWF_{name}={getattr(constants, name)!r}" for name in ("NORM_EPS", "PI_EPS", "RATIO_EPS", "SAFE_MAX")]
 
 
 def tssa_build_args() -> dict:

@@ -13,7 +13,11 @@ that must itself be differentiable (``create_graph=True``, e.g. gradient penalti
 the gradients through the PyTorch paths (:func:`whiteformer.ops.tssa.parallel.tssa_parallel`,
 :func:`whiteformer.ops.causal_tssa.parallel.causal_tssa_parallel`) instead of the kernel.
 The epsilons (``1e-24 = NORM_EPS^2``, ``1e-8 = PI_EPS``, ``1e-12 = RATIO_EPS`` below) come from
-:mod:`whiteformer.ops.constants`.
+:mod:`whiteformer.ops.constants`. The kernels square w unscaled; each forward also returns a flag
+per batch row, set when some feature's total sum of squares there (formed anyway) exceeds
+``SAFE_MAX ** 2`` or is not finite, i.e. whenever the row holds some |w| > ``SAFE_MAX``: those rows
+then run the rescaled PyTorch path (:mod:`whiteformer.ops.scaling`), and ordinary inputs pay no
+pass of their own for the check.
 
 Non-causal TSSA, per (b, h), w of shape (N, p), kept tokens only (a padded token has Pi = 0,
 out = 0 and gradient 0)::
@@ -56,7 +60,7 @@ pipeline on two threads) and saves the prefix sums (E, Q, M) at every chunk star
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -103,18 +107,43 @@ def _double_backward(outs, inputs, grads):
 # ------------------------------------------------------------------------------ non-causal
 
 
+def _flags(w: Tensor) -> Tensor:
+    return w.new_empty(w.shape[0], dtype=torch.bool)
+
+
+def _by_rows(over: Tensor, run: Callable, fallback: Optional[Callable]) -> Optional[Tuple[Tensor, ...]]:
+    """None when the kernel flagged no batch row in ``over`` (B,) bool (a row holding a feature whose
+    sum of squares exceeds ``SAFE_MAX ** 2``: some |w| may exceed
+    :data:`~whiteformer.ops.constants.SAFE_MAX`) or there is no ``fallback``; else the outputs
+    (batch first) of ``fallback`` on the flagged rows and of ``run`` (the kernel) on the others, each
+    called with the rows' indices, in batch order (the kernel reruns on the others alone: its
+    backward on the flagged rows would not be finite). The flags are read in eager mode only (B
+    bools the kernel wrote, no pass over w); a compiled graph keeps the kernel's result."""
+    if fallback is None or torch.compiler.is_compiling() or not bool(over.any()):
+        return None
+    bad, good = over.nonzero()[:, 0], (~over).nonzero()[:, 0]
+    parts = [fallback(bad)] + ([run(good)] if good.numel() else [])
+    order = torch.cat([bad, good]).argsort()
+    return tuple(torch.cat([p[k] for p in parts]).index_select(0, order) for k in range(len(parts[0])))
+
+
+def _pick(t: Optional[Tensor], rows: Tensor) -> Optional[Tensor]:
+    return None if t is None else t.index_select(0, rows)
+
+
 @torch.library.custom_op("whiteformer::tssa_fused_fwd", mutates_args=(), device_types="cpu")
 def _tssa_fwd(
     w: Tensor, temp: Tensor, mask: Optional[Tensor], chunk: int
-) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    out, pi, s, t, m = _ext().tssa_fwd(w, temp, mask, chunk)
-    return out, pi, s, t, m
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    out, pi, s, t, m, over = _ext().tssa_fwd(w, temp, mask, chunk)
+    return out, pi, s, t, m, over
 
 
 @_tssa_fwd.register_fake
 def _(w, temp, mask, chunk):
     b, h, n, p = w.shape
-    return torch.empty_like(w), w.new_empty(b, h, n), _d64(w, b, h, p), _d64(w, b, h, p), _d64(w, b, h)
+    return (torch.empty_like(w), w.new_empty(b, h, n), _d64(w, b, h, p), _d64(w, b, h, p), _d64(w, b, h),
+            _flags(w))
 
 
 @torch.library.custom_op("whiteformer::tssa_fused_bwd", mutates_args=(), device_types="cpu")
@@ -133,7 +162,7 @@ def _(grad_out, grad_pi, w, temp, mask, pi, s, t, m, chunk):
 
 def _tssa_setup(ctx, inputs, output):
     w, temp, mask, chunk = inputs
-    _, pi, s, t, m = output
+    _, pi, s, t, m, _ = output
     ctx.chunk = chunk
     ctx.save_for_backward(w, temp, mask, pi, s, t, m)
 
@@ -153,14 +182,20 @@ def _tssa_backward(ctx, g_out, g_pi, *_):
 _tssa_fwd.register_autograd(_tssa_backward, setup_context=_tssa_setup)
 
 
-def tssa_fused(w: Tensor, temp: Tensor, attn_mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+def tssa_fused(w: Tensor, temp: Tensor, attn_mask: Optional[Tensor] = None,
+               fallback: Optional[Callable] = None) -> Tuple[Tensor, Tensor]:
     """Fused TSSA (no dropout): w (B, H, N, p) float32/float64 on a supported device, temp
     (H, 1), attn_mask (B, N) bool or None -> (out (B, H, N, p), pi (B, H, N)). Inputs are
-    assumed validated (see :func:`whiteformer.ops.tssa`)."""
+    assumed validated (see :func:`whiteformer.ops.tssa`). The kernel squares w unscaled: the batch
+    rows in which it saw an input past its range (a sum of squares above ``SAFE_MAX ** 2``) are
+    run through ``fallback`` (the rescaled PyTorch path, ``tssa_parallel``'s arguments) when
+    given, the other rows through the kernel alone (each row is its own sequence)."""
     w = _rows(w)
     mask = None if attn_mask is None else attn_mask.contiguous()
-    out, pi, _, _, _ = _tssa_fwd(w, temp.to(w.dtype).contiguous(), mask, CHUNK)
-    return out, pi
+    out, pi, _, _, _, over = _tssa_fwd(w, temp.to(w.dtype).contiguous(), mask, CHUNK)
+    split = _by_rows(over, lambda i: tssa_fused(w.index_select(0, i), temp, _pick(mask, i)),
+                     fallback and (lambda i: fallback(w.index_select(0, i), temp, _pick(attn_mask, i))))
+    return (out, pi) if split is None else split
 
 
 # ------------------------------------------------------------------------------ causal
@@ -169,9 +204,9 @@ def tssa_fused(w: Tensor, temp: Tensor, attn_mask: Optional[Tensor] = None) -> T
 @torch.library.custom_op("whiteformer::causal_tssa_fused_fwd", mutates_args=(), device_types="cpu")
 def _causal_fwd(
     w: Tensor, temp: Tensor, lb: Optional[Tensor], mask: Optional[Tensor], mode: int, chunk: int
-) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    out, pi, ec, qc, mc = _ext().causal_fwd(w, temp, lb, mask, mode, chunk)
-    return out, pi, ec, qc, mc
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    out, pi, ec, qc, mc, over = _ext().causal_fwd(w, temp, lb, mask, mode, chunk)
+    return out, pi, ec, qc, mc, over
 
 
 @_causal_fwd.register_fake
@@ -180,7 +215,7 @@ def _(w, temp, lb, mask, mode, chunk):
     size = chunk if chunk > 0 else 256
     nc = (n + size - 1) // size + 1
     return (torch.empty_like(w), w.new_empty(b, h, n), _d64(w, b, nc, h, p), _d64(w, b, nc, h, p),
-            _d64(w, b, nc, h))
+            _d64(w, b, nc, h), _flags(w))
 
 
 @torch.library.custom_op("whiteformer::causal_tssa_fused_bwd", mutates_args=(), device_types="cpu")
@@ -202,7 +237,7 @@ def _(grad_out, grad_pi, grad_e, grad_q, grad_m, w, temp, lb, mask, pi, ec, qc, 
 
 def _causal_setup(ctx, inputs, output):
     w, temp, lb, mask, _, chunk = inputs
-    _, pi, ec, qc, mc = output
+    _, pi, ec, qc, mc, _ = output
     ctx.chunk = chunk
     ctx.has_lb = lb is not None
     ctx.save_for_backward(w, temp, lb, mask, pi, ec, qc, mc)
@@ -213,7 +248,7 @@ def _last(g: Optional[Tensor]) -> Optional[Tensor]:
     return None if g is None else g[:, -1].contiguous()
 
 
-def _causal_backward(ctx, g_out, g_pi, g_ec, g_qc, g_mc):
+def _causal_backward(ctx, g_out, g_pi, g_ec, g_qc, g_mc, _):
     w, temp, lb, mask, pi, ec, qc, mc = ctx.saved_tensors
     if torch.is_grad_enabled():  # create_graph: differentiable recomputation
         from ..causal_tssa.parallel import causal_tssa_parallel
@@ -234,14 +269,17 @@ _causal_fwd.register_autograd(_causal_backward, setup_context=_causal_setup)
 
 
 def causal_tssa_fused(
-    w: Tensor, temp: Tensor, logit_bias: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None
+    w: Tensor, temp: Tensor, logit_bias: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
+    fallback: Optional[Callable] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Fused causal TSSA (no dropout).
 
     Args:
         w: (B, H, N, p) float32/float64; temp: (H, 1); logit_bias: (B or 1, H, N) added to
             ``sum_p ratio`` before the temperature (``p * pos_bias`` at each token's position),
-            or None; attn_mask: (B, N) bool keep-mask or None.
+            or None; attn_mask: (B, N) bool keep-mask or None; fallback: the rescaled PyTorch
+            path (``causal_tssa_parallel``'s arguments) for the batch rows past the kernel's
+            range, as in :func:`tssa_fused`.
 
     Returns:
         out (B, H, N, p), pi (B, H, N) and the final running sums sum_sq (B, H, p),
@@ -251,5 +289,8 @@ def causal_tssa_fused(
     b, h, n, _ = w.shape
     lb = None if logit_bias is None else logit_bias.to(w.dtype).expand(b, h, n).contiguous()
     mask = None if attn_mask is None else attn_mask.contiguous()
-    out, pi, ec, qc, mc = _causal_fwd(w, temp.to(w.dtype).contiguous(), lb, mask, CAUSAL_MODE, CHUNK)
-    return out, pi, ec[:, -1], mc[:, -1], qc[:, -1]
+    out, pi, ec, qc, mc, over = _causal_fwd(w, temp.to(w.dtype).contiguous(), lb, mask, CAUSAL_MODE, CHUNK)
+    bias = None if logit_bias is None else logit_bias.expand(b, h, n)
+    split = _by_rows(over, lambda i: causal_tssa_fused(w.index_select(0, i), temp, _pick(bias, i), _pick(mask, i)),
+                     fallback and (lambda i: fallback(w.index_select(0, i), temp, _pick(bias, i), _pick(attn_mask, i))))
+    return (out, pi, ec[:, -1], mc[:, -1], qc[:, -1]) if split is None else split

@@ -37,6 +37,7 @@ constexpr int BLK = 16;                 // tokens summed in T before adding to a
 constexpr double NORM_EPS2 = double(WF_NORM_EPS) * double(WF_NORM_EPS);  // F.normalize eps, squared
 constexpr double PI_EPS = WF_PI_EPS;        // added to the membership mass
 constexpr double RATIO_EPS = WF_RATIO_EPS;  // clamp of the causal prefix energy
+constexpr double SAFE_MAX2 = double(WF_SAFE_MAX) * double(WF_SAFE_MAX);  // largest sum of squares taken
 
 // ------------------------------------------------------------------ exp for x <= 0 (vectorisable)
 // exp(x) = 2^k exp(r), k = round(x / ln 2), |r| <= ln2 / 2; 2^k is built from the bits of the
@@ -164,6 +165,22 @@ void reduce_chunks(const std::vector<double>& part, double* dst, int64_t B, int6
       for (int64_t k = 0; k < len; ++k) d[k] += s[k];
     }
   }
+}
+
+// (B,) bool: whether one of the HP sums of squares of batch row b (at s + b * stride) exceeds
+// SAFE_MAX^2 or is not finite. The row may then hold some |w| > SAFE_MAX (its feature's sum is at
+// least its square), past the range the kernels square unscaled, and the caller runs the rescaled
+// PyTorch path on it (whiteformer/ops/scaling.py). The sums are ones the kernels form anyway: the
+// check adds no pass over w.
+at::Tensor rows_past_range(const double* s, int64_t B, int64_t HP, int64_t stride, const at::Tensor& like) {
+  auto flags = at::empty({B}, like.options().dtype(at::kBool));
+  bool* f = flags.data_ptr<bool>();
+  for (int64_t b = 0; b < B; ++b) {
+    bool over = false;
+    for (int64_t k = 0; k < HP; ++k) over |= !(s[b * stride + k] <= SAFE_MAX2);
+    f[b] = over;
+  }
+  return flags;
 }
 
 // feature-sized scratch: a fixed aligned array when p is a compile-time constant (kept in
@@ -453,7 +470,7 @@ std::vector<at::Tensor> tssa_fwd(const at::Tensor& w, const at::Tensor& temp, co
                            M.data_ptr<double>(), Dims<T>{B, H, N, P, CHUNK, nchunks(N, CHUNK)});
     });
   });
-  return {out, pi, s, Tm, M};
+  return {out, pi, s, Tm, M, rows_past_range(s.data_ptr<double>(), B, H * P, H * P, w)};
 }
 
 template <typename T, int PC>
@@ -1061,7 +1078,8 @@ std::vector<at::Tensor> causal_fwd(const at::Tensor& w, const at::Tensor& temp, 
                              Ec.data_ptr<double>(), Qc.data_ptr<double>(), Mc.data_ptr<double>(), one_pass);
     });
   });
-  return {out, pi, Ec, Qc, Mc};
+  // from the totals of the sums of squares (checkpoint nc)
+  return {out, pi, Ec, Qc, Mc, rows_past_range(Ec.data_ptr<double>() + nc * H * P, B, H * P, (nc + 1) * H * P, w)};
 }
 
 // ------------------------------------------------------------------ causal backward
@@ -1371,9 +1389,9 @@ std::vector<at::Tensor> causal_bwd(const at::Tensor& grad_out, const c10::option
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("tssa_fwd", &tssa_fwd, "fused TSSA forward -> (out, pi, s, T, M)");
+  m.def("tssa_fwd", &tssa_fwd, "fused TSSA forward -> (out, pi, s, T, M, rows past SAFE_MAX)");
   m.def("tssa_bwd", &tssa_bwd, "fused TSSA backward -> (grad_w, grad_temp per (b, h))");
-  m.def("causal_fwd", &causal_fwd, "fused causal TSSA forward -> (out, pi, E, Q, M checkpoints)");
+  m.def("causal_fwd", &causal_fwd, "fused causal TSSA forward -> (out, pi, E, Q, M checkpoints, rows past SAFE_MAX)");
   m.def("causal_bwd", &causal_bwd, "fused causal TSSA backward -> (grad_w, grad_logit_bias, grad_temp per (b, h))");
   m.attr("DEFAULT_CHUNK") = DEFAULT_CHUNK;
 }

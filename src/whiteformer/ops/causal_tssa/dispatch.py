@@ -2,6 +2,7 @@
 that runs them (see :mod:`.._kernels`)."""
 from __future__ import annotations
 
+import functools
 from typing import Optional, Union
 
 import torch
@@ -97,9 +98,10 @@ def causal_tssa(
         out (B, H, N, p) in ``w``'s dtype, or a tuple ``(out, [pi], [state])`` in that order.
 
     Any finite ``w`` gives a finite result: heads whose largest |w| exceeds 2^32 are rescaled by a
-    power of two before squaring (:mod:`whiteformer.ops.scaling`; on CPU such inputs take the
-    PyTorch path). The state's sums are in ``w``'s units and overflow the statistics dtype
-    (float32 for float32/half inputs) when they exceed its range (|w| ~ 1.8e19).
+    power of two before squaring (:mod:`whiteformer.ops.scaling`, per packed document with
+    ``cu_seqlens``; the kernels that square w unscaled hand such inputs to the PyTorch path). The
+    state's sums are in ``w``'s units and overflow the statistics dtype (float32 for float32/half
+    inputs) when they exceed its range (|w| ~ 1.8e19).
     """
     with local_checks(group, w):  # split: a rank failing these stops every rank (no wait in a collective)
         temp, attn_mask, drop = check_tssa_args(w, temp, attn_mask, cu_seqlens, attn_drop, group, pos_bias)
@@ -141,13 +143,13 @@ def causal_tssa_impl(w, temp, pos_bias, attn_mask, return_pi, return_state, attn
         start = start.clamp_max(pos_bias.shape[1] - 1)
 
     bias = None if pos_bias is None else position_logit_bias(pos_bias, p, n, attn_mask, start=start)
-    kernel = None
+    kernel = None  # inputs past a kernel's range take the rescaled PyTorch path
     if drop_p == 0.0 and group is None:
         kernel = kernel_for("causal_tssa", w)
-        if kernel is None and fused_supported(w):
-            kernel = causal_tssa_fused
-        if kernel is not None and beyond_kernel_range(w):
+        if kernel is not None and beyond_kernel_range(w):  # a registered backend's: checked before the call
             kernel = None
+        elif kernel is None and fused_supported(w):  # the C++ kernel flags such rows itself: no pass over w
+            kernel = functools.partial(causal_tssa_fused, fallback=causal_tssa_parallel)
     if kernel is not None:
         out, pi, *sums = kernel(w, temp, bias, attn_mask)
     else:

@@ -10,7 +10,9 @@ first token::
     dots_t = sum_{s<=t, s in d(t)} Pi_s x_s^2 / (sum_{s<=t, s in d(t)} Pi_s + PI_EPS)
     out_t  = -x_t Pi_t / (1 + dots_t)
 
-Memory and time follow ``total``, not S times the longest document.
+Memory and time follow ``total``, not S times the longest document. Large inputs are rescaled per
+document (:func:`whiteformer.ops.scaling.document_scale`), so a document's result never depends
+on another's scale.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import torch.nn.functional as F
 from ..._dtypes import autocast_off, stats_dtype
 from ..constants import PI_EPS, RATIO_EPS
 from ..packing import Segments, segment_cumsum, segment_gather, segment_sum
-from ..scaling import head_scale, scaled_eps
+from ..scaling import document_scale, scaled_eps
 from .parallel import prefix_ratio
 
 __all__ = ["causal_tssa_varlen"]
@@ -48,16 +50,17 @@ def causal_tssa_varlen(
     p = w.shape[-1]
     with autocast_off(w):
         x = w[0].to(sd)  # (H, total, p)
-        c = head_scale(x, 2)  # (H, 1, 1), see whiteformer.ops.scaling
-        x = x / c
+        c = document_scale(x, seg)  # (H, S, 1): each document's own, see whiteformer.ops.scaling
+        c_tok = c.index_select(1, seg.ids)  # (H, total, 1)
+        x = x / c_tok
         x2 = x * x
-        logits = prefix_ratio(x2, segment_cumsum(x2, seg, exclusive=True), scaled_eps(RATIO_EPS, c)).sum(dim=-1)
+        logits = prefix_ratio(x2, segment_cumsum(x2, seg, exclusive=True), scaled_eps(RATIO_EPS, c_tok)).sum(dim=-1)
         if pos_bias is not None:
             logits = logits + p * segment_gather(pos_bias[:, :, 0], seg).to(sd)
         pi = torch.softmax(logits * temp.to(sd), dim=0)  # over heads
         sq = x2 * pi.unsqueeze(-1)
         mass = segment_cumsum(pi, seg)  # (H, total)
-        gain = (c.reciprocal() + c * (segment_cumsum(sq, seg) / (mass + PI_EPS).unsqueeze(-1))).reciprocal()
+        gain = (c_tok.reciprocal() + c_tok * (segment_cumsum(sq, seg) / (mass + PI_EPS).unsqueeze(-1))).reciprocal()
         if drop_p > 0.0:
             gain = F.dropout(gain, p=drop_p, training=True)
         out = -(x * pi.unsqueeze(-1)) * gain

@@ -1,6 +1,7 @@
 """The public :func:`tssa`: argument checks, then the kernel that runs it (see :mod:`.._kernels`)."""
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple, Union
 
 import torch
@@ -122,7 +123,8 @@ def tssa(
 
     Under float16/bfloat16 (or autocast) all statistics are computed in float32. Any finite ``w``
     gives a finite result: heads whose largest |w| exceeds 2^32 are rescaled by a power of two
-    before squaring (:mod:`whiteformer.ops.scaling`; on CPU such inputs take the PyTorch path). The formula is
+    before squaring (:mod:`whiteformer.ops.scaling`, per packed document with ``cu_seqlens``; the
+    kernels that square w unscaled hand such inputs to the PyTorch path). The formula is
     :func:`.parallel.tssa_parallel`; :func:`whiteformer.ops.reference.tssa_reference` is the literal
     one.
     """
@@ -154,11 +156,12 @@ def tssa_impl(w, temp, attn_mask, return_pi, attn_drop, training, normalize, gro
         chunk_layout(w, group, same=[normalize, drop_p > 0], same_name="cu_seqlens, normalize and attn_drop (training)")
         out, pi = tssa_parallel(w, temp, attn_mask, drop_p, normalize=normalize, group=group)
     elif normalize and drop_p == 0.0:
+        # inputs past a kernel's range take the rescaled PyTorch path
         kernel = kernel_for("tssa", w)
-        if kernel is None and fused_supported(w):
-            kernel = tssa_fused
-        if kernel is not None and beyond_kernel_range(w):
+        if kernel is not None and beyond_kernel_range(w):  # a registered backend's: checked before the call
             kernel = None
+        elif kernel is None and fused_supported(w):  # the C++ kernel flags such rows itself: no pass over w
+            kernel = functools.partial(tssa_fused, fallback=tssa_parallel)
         out, pi = kernel(w, temp, attn_mask) if kernel is not None else tssa_parallel(w, temp, attn_mask)
     else:
         out, pi = tssa_parallel(w, temp, attn_mask, drop_p, normalize=normalize)

@@ -10,7 +10,9 @@ every sum over tokens taken per document: for a row of ``total`` tokens from S d
     out_np = -x_np Pi_n / (1 + dots_p)
 
 The document sums are (H, S, p) ``index_add`` reductions gathered back per token: memory and
-time follow ``total``, not S times the longest document.
+time follow ``total``, not S times the longest document. Large inputs are rescaled per document
+(:func:`whiteformer.ops.scaling.document_scale`), so a document's result never depends on another's
+scale.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import torch.nn.functional as F
 from ..._dtypes import autocast_off, stats_dtype
 from ..constants import NORM_EPS, PI_EPS
 from ..packing import Segments, segment_sum
-from ..scaling import head_scale, scaled_eps
+from ..scaling import document_scale, scaled_eps
 
 __all__ = ["tssa_varlen"]
 
@@ -39,14 +41,15 @@ def tssa_varlen(
     sd = stats_dtype(w)
     with autocast_off(w):
         x = w[0].to(sd)  # (H, total, p)
-        c = head_scale(x, 2)  # (H, 1, 1), see whiteformer.ops.scaling
-        x = x / c
+        c = document_scale(x, seg)  # (H, S, 1): each document's own, see whiteformer.ops.scaling
+        c_tok = c.index_select(1, seg.ids)  # (H, total, 1)
+        x = x / c_tok
         x2 = x * x
         if normalize:
             inv_energy = segment_sum(x2, seg).clamp_min(scaled_eps(NORM_EPS * NORM_EPS, c)).reciprocal()  # (H, S, p)
             logits = (x2 * inv_energy.index_select(1, seg.ids)).sum(dim=-1)  # (H, total)
         else:
-            logits = x2.sum(dim=-1) * (c * c)[..., 0]
+            logits = x2.sum(dim=-1) * (c_tok * c_tok)[..., 0]
         pi = torch.softmax(logits * temp.to(sd), dim=0)  # over heads
         mass = segment_sum(pi, seg)  # (H, S)
         dots = segment_sum(x2 * pi.unsqueeze(-1), seg) / (mass + PI_EPS).unsqueeze(-1)  # (H, S, p)
