@@ -54,6 +54,7 @@ from .._checks import (
 )
 from .._dtypes import autocast_off
 from .constants import PI_EPS  # added to the membership mass sum_n Pi_n (as TSSA)
+from .scaling import head_scale
 
 __all__ = ["dmsa", "sparsemax", "SPARSITY", "ACTIVATIONS", "GATE_ACTIVATIONS", "MODES", "check_dmsa_options"]
 
@@ -245,9 +246,14 @@ def _dmsa_torch(s, logits, attn_mask, sparsity, activation, mode, gate_activatio
             pi = pi.masked_fill(~keep, 0.0)
 
         w = x * gate[:, :, None, None]
+        # scaled by a power of two c (B, H, 1, 1) so that w^2 stays finite (whiteformer.ops.scaling):
+        # w = c w', dots = c^2 dots', and c / (1 + dots) = 1 / (1 / c + c dots'), times w' below
+        c = head_scale(w, 2)
+        w = w / c
+        c = c[..., 0]  # (B, H, 1)
         pi_w = pi / (pi.sum(dim=-1, keepdim=True) + PI_EPS)
-        dots = torch.einsum("bhn,bhnp->bhp", pi_w, w * w)  # Pi-weighted second moments
-        gain = (1.0 + dots).reciprocal()
+        dots = torch.einsum("bhn,bhnp->bhp", pi_w, w * w)  # Pi-weighted second moments, in units of c^2
+        gain = (c.reciprocal() + c * dots).reciprocal()
         if drop_p > 0.0:
             gain = F.dropout(gain, p=drop_p, training=True)
         if mode == "membership":

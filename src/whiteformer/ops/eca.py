@@ -49,6 +49,7 @@ from .._checks import (
 )
 from .._dtypes import autocast_off, stats_dtype
 from ._kernels.registry import exporting, onnx_exporting
+from .scaling import head_scale
 
 __all__ = [
     "orthonormal_basis",
@@ -210,7 +211,12 @@ def _projector(y: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor]
 
     With eps = 0 the Gram matrix may be singular: only the Cholesky factorisation with its QR
     fallback gives the basis, and ONNX has neither, so an ONNX export stops here with a ValueError
-    (``torch.export`` keeps both as standard ATen operators)."""
+    (``torch.export`` keeps both as standard ATen operators).
+
+    The basis depends on the directions of y's columns only: each column whose largest |entry|
+    exceeds 2^32 is first divided by a power of two (:mod:`whiteformer.ops.scaling`, exact), so that
+    its norm stays finite (float32 squares overflow from ~1.8e19)."""
+    y = y / head_scale(y.mT, 1).mT  # (..., 1, R): per column
     if eps > 0 and exporting():
         return _ridge_projector(y, eps)
     if onnx_exporting():
@@ -439,7 +445,13 @@ def _compress(
     col = (codes @ qa) @ qb.transpose(-1, -2)  # Q_k Q_k^T a_kn
     null = codes - col  # (I - Q_k Q_k^T) a_kn
     temp = temperature.reshape(-1, 1) if temperature.dim() == 1 else temperature  # (H or 1, 1)
-    logits = col.square().sum(dim=-1) / (2.0 * temp)  # (B, H, N), Eq. 7
+    # Eq. 7 scale-safe: with col = c col' per token (c (B, 1, N, 1) a power of two, 1 unless the
+    # token's largest |entry| exceeds 2^32), logits = c^2 logits'; the softmax over heads is taken
+    # of (logits' - max) c c, finite up to -inf (no c^2, which overflows, and no inf - inf)
+    c = head_scale(col.transpose(1, 2), 2).transpose(1, 2)  # (B, 1, N, 1)
+    logits = (col / c).square().sum(dim=-1) / (2.0 * temp)  # (B, H, N), Eq. 7 in units of c^2
+    c = c[..., 0]
+    logits = (logits - logits.detach().amax(dim=1, keepdim=True)) * c * c
     pi = torch.softmax(logits, dim=1)
     if attn_mask is not None:
         pi = pi.masked_fill(~attn_mask.unsqueeze(1), 0.0)
