@@ -7,7 +7,8 @@
 - :func:`staged_folder` / :func:`replace_folder`: a folder (a model: weights, config, code) replaced as
   one unit. The new folder is written beside the old one (``.NAME.<random>.tmp``), the old folder's other
   entries are carried over (hard links), and one atomic exchange (``renameat2(RENAME_EXCHANGE)``) puts
-  it in place: a reader sees the old folder or the new one, never a mix; a failed or killed writer leaves
+  it in place: a reader sees the old folder or the new one, never a mix; what another process added to
+  the old folder meanwhile, in any subfolder, is then moved into the new one; a failed or killed writer leaves
   the old folder as it was; a second writer on the same folder while one is writing is refused
   (:class:`FolderInUseError`); what a killed writer left is removed by the next one.
 - :func:`is_temporary` names the temporaries a writer killed mid-write left behind.
@@ -23,7 +24,7 @@ import secrets
 import shutil
 import stat
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterator, Optional, Sequence, Union
 
 __all__ = ["FolderInUseError", "atomic_write", "folder_writer", "is_stage", "is_temporary", "new_file_mode",
            "replace_folder", "save_figure", "staged_folder", "write_csv", "write_text"]
@@ -155,20 +156,26 @@ def _remove(path: str) -> None:
 
 def _link_tree(src: str, dst: str) -> None:
     """A copy of the entry ``src`` at ``dst`` that costs no space: files hard-linked (copied where the file
-    system cannot link), directories recreated, links recreated (never followed); other kinds skipped."""
-    st = os.lstat(src)
-    if stat.S_ISLNK(st.st_mode):
-        os.symlink(os.readlink(src), dst)
-    elif stat.S_ISDIR(st.st_mode):
-        os.mkdir(dst)
-        for e in os.scandir(src):
-            _link_tree(e.path, os.path.join(dst, e.name))
-        os.chmod(dst, stat.S_IMODE(st.st_mode))
-    elif stat.S_ISREG(st.st_mode):
-        try:
-            os.link(src, dst, follow_symlinks=False)
-        except OSError:
-            shutil.copy2(src, dst, follow_symlinks=False)
+    system cannot link), directories recreated, links recreated (never followed); other kinds skipped, and
+    so is an entry that another process removes meanwhile."""
+    try:
+        st = os.lstat(src)
+        if stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(src), dst)
+        elif stat.S_ISDIR(st.st_mode):
+            os.mkdir(dst)
+            for e in list(os.scandir(src)):
+                _link_tree(e.path, os.path.join(dst, e.name))
+            os.chmod(dst, stat.S_IMODE(st.st_mode))
+        elif stat.S_ISREG(st.st_mode):
+            try:
+                os.link(src, dst, follow_symlinks=False)
+            except FileNotFoundError:
+                return
+            except OSError:
+                shutil.copy2(src, dst, follow_symlinks=False)
+    except FileNotFoundError:
+        pass
 
 
 def _fsync(path: str) -> None:
@@ -207,6 +214,47 @@ def _carry(old: str, new: str, keep: Callable[[str], bool], move: bool = False) 
                 os.rename(e.path, dst)
             else:
                 _link_tree(e.path, dst)
+
+
+def _tree(root: str) -> FrozenSet[str]:
+    """The relative paths of the entries of the folder ``root`` below its top level (links never followed)."""
+    found = set()
+
+    def walk(path: str, rel: str) -> None:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for e in list(os.scandir(path)):
+                r = os.path.join(rel, e.name)
+                if rel:
+                    found.add(r)
+                if e.is_dir(follow_symlinks=False):
+                    walk(e.path, r)
+
+    walk(root, "")
+    return frozenset(found)
+
+
+def _carry_back(old: str, new: str, keep: Callable[[str], bool], known: FrozenSet[str], rel: str = "") -> None:
+    """After the swap, what came into the old folder ``old`` while the new one was written goes into ``new``:
+    at the top level every entry ``keep`` accepts that ``new`` lacks, and in the folders the two share (in
+    ``new``'s real folders only, links never followed) every entry that ``new`` lacks and the old folder
+    did not hold when the stage began (``known``, from :func:`_tree`), so that what another writer added
+    to a subfolder during the save is kept, and what the new folder dropped stays dropped. Moved, not
+    linked (a file still open keeps being written in place); an entry removed meanwhile is skipped."""
+    try:
+        entries = list(os.scandir(old))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for e in entries:
+        r = os.path.join(rel, e.name)
+        if not rel and not keep(e.name):
+            continue
+        dst = os.path.join(new, e.name)
+        with contextlib.suppress(FileNotFoundError):
+            if not os.path.lexists(dst):
+                if not rel or r not in known:
+                    os.rename(e.path, dst)
+            elif e.is_dir(follow_symlinks=False) and os.path.isdir(dst) and not os.path.islink(dst):
+                _carry_back(e.path, dst, keep, known, r)
 
 
 def _leftovers(dest: Path) -> Iterator[str]:
@@ -276,10 +324,11 @@ def _new_stage(dest: Path):
     raise FileExistsError(f"no free temporary name beside {str(dest)!r}")
 
 
-def _swap_in(stage: str, dest: Path) -> None:
+def _swap_in(stage: str, dest: Path, keep: Callable[[str], bool], known: FrozenSet[str]) -> None:
     """Put the folder ``stage`` at ``dest`` (the old ``dest`` then at ``stage``), atomically where the
     system can exchange two names; else with two renames (the old one kept as ``.NAME.<random>.old``
-    until the new one is in place), or, for a mount point, entry by entry."""
+    until the new one is in place), or, for a mount point, entry by entry (an old subfolder's entries
+    added meanwhile carried into its replacement first: :func:`_carry_back`)."""
     if not os.path.lexists(dest):
         os.rename(stage, dest)
         return
@@ -295,6 +344,8 @@ def _swap_in(stage: str, dest: Path) -> None:
         for e in sorted(os.scandir(stage), key=lambda e: e.name == "config.json"):
             target = dest / e.name
             if os.path.isdir(target) and not os.path.islink(target):
+                if keep(e.name) and e.is_dir(follow_symlinks=False):
+                    _carry_back(str(target), e.path, keep, known, rel=e.name)
                 shutil.rmtree(target)
             os.replace(e.path, target)
         for e in os.scandir(dest):  # what the new folder does not hold goes with the stage
@@ -314,9 +365,11 @@ def staged_folder(dest: Union[str, Path], *, keep: Union[bool, Callable[[str], b
 
     ``keep``: which entries of the old ``dest`` the new folder takes over when it has none of that name
     (hard links, so the user's other files stay): ``True`` all, ``False`` none, or a predicate on the
-    name. Written files get the mode of a new file under the umask; the folder keeps the old one's
-    mode. A link at ``dest`` is replaced, never written through. On failure ``dest`` is untouched and
-    the new folder removed."""
+    name; an entry another process adds to the old folder while the new one is written is kept, in
+    subfolders too (also in a subfolder the new folder writes itself, of whose old entries it keeps
+    only those: a name ``keep`` refuses is the new folder's alone). Written files get the mode of a
+    new file under the umask; the folder keeps the old one's mode. A link at ``dest`` is replaced,
+    never written through. On failure ``dest`` is untouched and the new folder removed."""
     dest = Path(os.path.abspath(dest))
     if os.path.lexists(dest) and not os.path.islink(dest) and not os.path.isdir(dest):
         raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory", str(dest))
@@ -328,6 +381,7 @@ def staged_folder(dest: Union[str, Path], *, keep: Union[bool, Callable[[str], b
     stage, fd = _new_stage(dest)
     try:
         _clear_leftovers(dest, stage, carried)
+        known = _tree(str(dest)) if os.path.isdir(dest) and not os.path.islink(dest) else frozenset()
         yield Path(stage)
         _settle(stage)
         real_dir = os.path.isdir(dest) and not os.path.islink(dest)
@@ -336,12 +390,11 @@ def staged_folder(dest: Union[str, Path], *, keep: Union[bool, Callable[[str], b
             _carry(str(dest), stage, carried)
         _fsync(stage)
         here = _is_cwd(dest)
-        _swap_in(stage, dest)
+        _swap_in(stage, dest, carried, known)
         if here:
             os.chdir(dest)
-        with contextlib.suppress(FileNotFoundError):  # (a writer starting now may clear the old folder too)
-            if real_dir and os.path.isdir(stage):  # what came into the old folder meanwhile (not linkable)
-                _carry(stage, str(dest), carried, move=True)
+        if real_dir:  # what came into the old folder meanwhile, in its subfolders too
+            _carry_back(stage, str(dest), carried, known)
         _fsync(str(dest.parent))
     finally:
         if fd is not None:
