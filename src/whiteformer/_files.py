@@ -12,6 +12,7 @@
   the old folder as it was; a second writer on the same folder while one is writing is refused
   (:class:`FolderInUseError`); what a killed writer left is removed by the next one.
 - :func:`is_temporary` names the temporaries a writer killed mid-write left behind.
+- :func:`check_path`: the check of every path a user gives (an empty one is refused).
 """
 from __future__ import annotations
 
@@ -26,8 +27,24 @@ import stat
 from pathlib import Path
 from typing import Any, Callable, Dict, FrozenSet, Iterator, Optional, Sequence, Union
 
-__all__ = ["FolderInUseError", "atomic_write", "folder_writer", "is_stage", "is_temporary", "new_file_mode",
-           "replace_folder", "save_figure", "staged_folder", "write_csv", "write_text"]
+__all__ = ["EMPTY_PATH", "FolderInUseError", "atomic_write", "check_path", "folder_writer", "is_stage", "is_temporary",
+           "new_file_mode", "replace_folder", "save_figure", "staged_folder", "write_csv", "write_text"]
+
+
+#: why an empty path is refused: the system reads it as no file, ``pathlib`` (``Path("")``) as the working directory
+EMPTY_PATH = "an empty path names no file or folder (write . for the working directory)"
+
+
+def check_path(value, name: str) -> Union[str, "os.PathLike"]:
+    """``value`` is a path (``str`` or ``os.PathLike``) that is not empty, else a ``TypeError`` /
+    ``ValueError`` naming ``name``: ``""`` (an unset shell variable, a missing setting) would otherwise
+    be read as the working directory, and a save replace it or a reader take in all its files.
+    Returns ``value``."""
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {type(value).__name__}")
+    if os.fspath(value) == "":
+        raise ValueError(f"{name}: {EMPTY_PATH}")
+    return value
 
 
 def _temporary(path: Path) -> str:

@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from .._checks import check_instance
+from .._files import check_path
 from ..hf.vit_weights import (
     HF_VIT_MODEL_TYPES,
     convert_hf_vit_state_dict,
@@ -47,7 +48,7 @@ def resolve_model_dir(path: PathLike, prefer_ema: bool = False) -> Path:
     """The model directory (or weights file) that ``path`` names: a saved model directory itself, a
     run directory's ``final/`` (its ``final_ema/`` first with ``prefer_ema``), or a file. Raises
     ``FileNotFoundError`` naming what was expected."""
-    p = Path(path).expanduser()
+    p = Path(check_path(path, "checkpoint")).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     if p.is_file() or (p / CONFIG_NAME).is_file():
@@ -145,6 +146,8 @@ def create_model(name: str, num_classes: Optional[int] = None, img_size: Optiona
     cfg = None
     if pretrained or pretrained_cfg is not None or pretrained_cfg_overlay is not None:
         cfg = merge_pretrained_cfg(MODELS.metadata(name).get("pretrained_cfg"), pretrained_cfg, pretrained_cfg_overlay)
+    if checkpoint_path is not None:
+        check_path(checkpoint_path, "checkpoint_path")
     if pretrained:
         if checkpoint_path is not None:
             raise ValueError("give pretrained=True (weights named by pretrained_cfg) or checkpoint_path, not both")
@@ -194,7 +197,7 @@ def from_pretrained(path: PathLike, **overrides: Any) -> nn.Module:
     ``final/``); its name and constructor arguments are read from ``config.json`` (as transformers'
     ``from_pretrained``). ``overrides`` (e.g. ``num_classes=K``, which resets the head) win over the
     saved arguments."""
-    model_dir = resolve_model_dir(path)
+    model_dir = resolve_model_dir(check_path(path, "path"))
     config = read_config(model_dir) if model_dir.is_dir() else None
     if config is None or not config.get("model_name"):
         raise ValueError(f"{str(path)!r} has no config.json with a model_name; use "
