@@ -320,11 +320,14 @@ class GenerateConfig:
 
     checkpoint: str = _h("run directory or its final/ (with vocab.json or tokenizer.json)", path=True, default="")
     prompt: str = _h("text to continue", default="\n")
-    max_new_tokens: int = _h("characters to generate", default=300)
+    max_new_tokens: int = _h("tokens to generate at most (characters for a character vocabulary); a sample ends "
+                             "earlier at the model's end-of-document token", default=300)
     temperature: float = _h("sampling temperature (0: greedy)", default=0.8)
     top_k: int = _h("top-k filter (0: off)", default=0)
     num_samples: int = _h("independent samples", default=1)
     seed: int = _h("sampling seed", default=0)
+    ignore_eos: bool = _h("keep generating past the end-of-document token (<|endoftext|>) up to max_new_tokens",
+                          default=False)
     device: str = _h("device (auto: cuda if available)", default="auto")
 
     def validate(self) -> None:

@@ -107,7 +107,8 @@ class _LMConfig(WhiteformerConfig):
         self.tie_word_embeddings = tie  # wte is lm_head
 
     mirrored = (("vocab_size", "vocab_size"), ("dim", "hidden_size"), ("depth", "num_hidden_layers"),
-                ("num_heads", "num_attention_heads"), ("max_len", "max_position_embeddings"))
+                ("num_heads", "num_attention_heads"), ("max_len", "max_position_embeddings"),
+                ("eos_token_id", "eos_token_id"))
 
 
 class ToSTLMConfig(_LMConfig):
