@@ -96,6 +96,29 @@ def test_a_staged_swap_keeps_what_another_writer_adds_to_a_subfolder(tmp_path, m
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "outside"]
 
 
+def test_a_swap_that_keeps_no_old_entry_still_keeps_what_another_writer_adds(tmp_path, monkeypatch):
+    """keep=False (a checkpoint, a run's final/): the old folder's entries go, but what another process
+    writes into the folder during the save is not the old folder's: it stays."""
+    import whiteformer._files as files
+
+    dest = tmp_path / "final"
+    (dest / "sub").mkdir(parents=True)
+    (dest / "old.txt").write_text("old")
+    (dest / "sub" / "old.txt").write_text("old")
+    real_swap = files._swap_in
+
+    def swap_in(*args):
+        (dest / "theirs.txt").write_text("theirs")
+        (dest / "sub" / "theirs.txt").write_text("theirs")
+        return real_swap(*args)
+
+    monkeypatch.setattr(files, "_swap_in", swap_in)
+    with files.staged_folder(dest, keep=False) as stage:
+        (stage / "sub").mkdir()
+        (stage / "model.bin").write_text("new")
+    assert _files_below(dest) == {"model.bin": "new", "sub": None, "sub/theirs.txt": "theirs", "theirs.txt": "theirs"}
+
+
 _WRITER = """
 import os, sys, time
 folder, stop = sys.argv[1], sys.argv[2]

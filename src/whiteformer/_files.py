@@ -234,15 +234,14 @@ def _carry(old: str, new: str, keep: Callable[[str], bool], move: bool = False) 
 
 
 def _tree(root: str) -> FrozenSet[str]:
-    """The relative paths of the entries of the folder ``root`` below its top level (links never followed)."""
+    """The relative paths of every entry below the folder ``root`` (links never followed)."""
     found = set()
 
     def walk(path: str, rel: str) -> None:
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             for e in list(os.scandir(path)):
                 r = os.path.join(rel, e.name)
-                if rel:
-                    found.add(r)
+                found.add(r)
                 if e.is_dir(follow_symlinks=False):
                     walk(e.path, r)
 
@@ -251,24 +250,22 @@ def _tree(root: str) -> FrozenSet[str]:
 
 
 def _carry_back(old: str, new: str, keep: Callable[[str], bool], known: FrozenSet[str], rel: str = "") -> None:
-    """After the swap, what came into the old folder ``old`` while the new one was written goes into ``new``:
-    at the top level every entry ``keep`` accepts that ``new`` lacks, and in the folders the two share (in
-    ``new``'s real folders only, links never followed) every entry that ``new`` lacks and the old folder
-    did not hold when the stage began (``known``, from :func:`_tree`), so that what another writer added
-    to a subfolder during the save is kept, and what the new folder dropped stays dropped. Moved, not
-    linked (a file still open keeps being written in place); an entry removed meanwhile is skipped."""
+    """After the swap, what the old folder ``old`` holds and ``new`` lacks goes into ``new``: every entry
+    added while the new folder was written (not in ``known``, the old tree when the stage began:
+    :func:`_tree`), at any depth, and the top-level entries ``keep`` accepts. So what another writer
+    added during the save is kept, in subfolders too, and what the new folder dropped stays dropped.
+    Into ``new``'s real folders only, links never followed; moved, not linked (a file still open keeps
+    being written in place); an entry removed meanwhile is skipped."""
     try:
         entries = list(os.scandir(old))
     except (FileNotFoundError, NotADirectoryError):
         return
     for e in entries:
         r = os.path.join(rel, e.name)
-        if not rel and not keep(e.name):
-            continue
         dst = os.path.join(new, e.name)
         with contextlib.suppress(FileNotFoundError):
             if not os.path.lexists(dst):
-                if not rel or r not in known:
+                if r not in known or (not rel and keep(e.name)):
                     os.rename(e.path, dst)
             elif e.is_dir(follow_symlinks=False) and os.path.isdir(dst) and not os.path.islink(dst):
                 _carry_back(e.path, dst, keep, known, r)
@@ -361,7 +358,7 @@ def _swap_in(stage: str, dest: Path, keep: Callable[[str], bool], known: FrozenS
         for e in sorted(os.scandir(stage), key=lambda e: e.name == "config.json"):
             target = dest / e.name
             if os.path.isdir(target) and not os.path.islink(target):
-                if keep(e.name) and e.is_dir(follow_symlinks=False):
+                if e.is_dir(follow_symlinks=False):
                     _carry_back(str(target), e.path, keep, known, rel=e.name)
                 shutil.rmtree(target)
             os.replace(e.path, target)
@@ -382,9 +379,9 @@ def staged_folder(dest: Union[str, Path], *, keep: Union[bool, Callable[[str], b
 
     ``keep``: which entries of the old ``dest`` the new folder takes over when it has none of that name
     (hard links, so the user's other files stay): ``True`` all, ``False`` none, or a predicate on the
-    name; an entry another process adds to the old folder while the new one is written is kept, in
-    subfolders too (also in a subfolder the new folder writes itself, of whose old entries it keeps
-    only those: a name ``keep`` refuses is the new folder's alone). Written files get the mode of a
+    name. An entry another process adds to the old folder while the new one is written is kept
+    whatever ``keep`` says, in subfolders too (also in a subfolder the new folder writes itself, whose
+    earlier entries are dropped). Written files get the mode of a
     new file under the umask; the folder keeps the old one's mode. A link at ``dest`` is replaced,
     never written through. On failure ``dest`` is untouched and the new folder removed."""
     dest = Path(os.path.abspath(dest))
