@@ -65,6 +65,8 @@ def test_a_staged_swap_keeps_what_another_writer_adds_to_a_subfolder(tmp_path, m
     for d in (dest / "samples" / "deep", dest / "own", dest / "linked", outside):
         d.mkdir(parents=True)
     (dest / "samples" / "deep" / "a.txt").write_text("a")
+    (dest / "samples" / "log.txt").write_text("first")
+    (dest / "notes.txt").write_text("first")
     (dest / "own" / "old.txt").write_text("the new folder drops this")
     (dest / "samples" / "out").symlink_to(outside)
     real_swap = files._swap_in
@@ -76,6 +78,8 @@ def test_a_staged_swap_keeps_what_another_writer_adds_to_a_subfolder(tmp_path, m
         (dest / "own" / "added.txt").write_text("theirs too")
         (dest / "linked" / "c.txt").write_text("c")
         (dest / "top.txt").write_text("top")
+        for name in ("samples/log.txt", "notes.txt"):  # replaced whole (a new file renamed over it)
+            files.write_text(dest / name, "second")
         return real_swap(stage, dest_, *args)
 
     monkeypatch.setattr(files, "_swap_in", swap_in)
@@ -89,9 +93,10 @@ def test_a_staged_swap_keeps_what_another_writer_adds_to_a_subfolder(tmp_path, m
         (stage / "own" / "mine.txt").write_text("mine")
         (stage / "linked").symlink_to(outside)  # the new folder's link: never written through
     assert _files_below(dest) == {
-        "linked": None, "model.bin": "new", "own": None, "own/added.txt": "theirs too", "own/mine.txt": "mine",
-        "samples": None, "samples/deep": None, "samples/deep/a.txt": "a", "samples/deep/new.txt": "theirs",
-        "samples/fresh": None, "samples/fresh/b.txt": "b", "samples/out": None, "top.txt": "top"}
+        "linked": None, "model.bin": "new", "notes.txt": "second", "own": None, "own/added.txt": "theirs too",
+        "own/mine.txt": "mine", "samples": None, "samples/deep": None, "samples/deep/a.txt": "a",
+        "samples/deep/new.txt": "theirs", "samples/fresh": None, "samples/fresh/b.txt": "b", "samples/log.txt": "second",
+        "samples/out": None, "top.txt": "top"}
     assert (dest / "samples" / "out").is_symlink() and list(outside.iterdir()) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "outside"]
 

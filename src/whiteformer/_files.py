@@ -25,7 +25,7 @@ import secrets
 import shutil
 import stat
 from pathlib import Path
-from typing import Any, Callable, Dict, FrozenSet, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterator, Optional, Sequence, Tuple, Union
 
 __all__ = ["EMPTY_PATH", "FolderInUseError", "atomic_write", "check_path", "folder_writer", "is_stage", "is_temporary",
            "new_file_mode", "replace_folder", "save_figure", "staged_folder", "write_csv", "write_text"]
@@ -171,10 +171,11 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def _link_tree(src: str, dst: str) -> None:
+def _link_tree(src: str, dst: str, linked: Optional[Dict[str, Tuple[int, int]]] = None, rel: str = "") -> None:
     """A copy of the entry ``src`` at ``dst`` that costs no space: files hard-linked (copied where the file
     system cannot link), directories recreated, links recreated (never followed); other kinds skipped, and
-    so is an entry that another process removes meanwhile."""
+    so is an entry that another process removes meanwhile. ``linked``: each file or link copied, by its
+    path ``rel``, gets ``(inode of src, inode of dst)`` (to tell later whether either was replaced)."""
     try:
         st = os.lstat(src)
         if stat.S_ISLNK(st.st_mode):
@@ -182,8 +183,9 @@ def _link_tree(src: str, dst: str) -> None:
         elif stat.S_ISDIR(st.st_mode):
             os.mkdir(dst)
             for e in list(os.scandir(src)):
-                _link_tree(e.path, os.path.join(dst, e.name))
+                _link_tree(e.path, os.path.join(dst, e.name), linked, os.path.join(rel, e.name))
             os.chmod(dst, stat.S_IMODE(st.st_mode))
+            return
         elif stat.S_ISREG(st.st_mode):
             try:
                 os.link(src, dst, follow_symlinks=False)
@@ -191,6 +193,10 @@ def _link_tree(src: str, dst: str) -> None:
                 return
             except OSError:
                 shutil.copy2(src, dst, follow_symlinks=False)
+        else:
+            return
+        if linked is not None:
+            linked[rel] = (st.st_ino, os.lstat(dst).st_ino)
     except FileNotFoundError:
         pass
 
@@ -221,16 +227,17 @@ def _settle(stage: str) -> None:
                 _fsync(p)
 
 
-def _carry(old: str, new: str, keep: Callable[[str], bool], move: bool = False) -> None:
+def _carry(old: str, new: str, keep: Callable[[str], bool], move: bool = False,
+           linked: Optional[Dict[str, Tuple[int, int]]] = None) -> None:
     """The entries of ``old`` that ``new`` lacks and ``keep`` accepts: linked into ``new``
-    (:func:`_link_tree`), or, with ``move``, renamed into it."""
+    (:func:`_link_tree`, recording into ``linked``), or, with ``move``, renamed into it."""
     for e in os.scandir(old):
         dst = os.path.join(new, e.name)
         if keep(e.name) and not os.path.lexists(dst):
             if move:
                 os.rename(e.path, dst)
             else:
-                _link_tree(e.path, dst)
+                _link_tree(e.path, dst, linked, e.name)
 
 
 def _tree(root: str) -> FrozenSet[str]:
@@ -249,11 +256,20 @@ def _tree(root: str) -> FrozenSet[str]:
     return frozenset(found)
 
 
-def _carry_back(old: str, new: str, keep: Callable[[str], bool], known: FrozenSet[str], rel: str = "") -> None:
+def _replaced(linked: Dict[str, Tuple[int, int]], rel: str, old: str, new: str) -> bool:
+    """Whether the old folder's file or link ``old`` (at ``rel``) was replaced by another writer after
+    :func:`_link_tree` copied it to ``new``, which still holds that copy."""
+    return rel in linked and os.lstat(old).st_ino != linked[rel][0] and os.lstat(new).st_ino == linked[rel][1]
+
+
+def _carry_back(old: str, new: str, keep: Callable[[str], bool], known: FrozenSet[str],
+                linked: Dict[str, Tuple[int, int]], rel: str = "") -> None:
     """After the swap, what the old folder ``old`` holds and ``new`` lacks goes into ``new``: every entry
     added while the new folder was written (not in ``known``, the old tree when the stage began:
     :func:`_tree`), at any depth, and the top-level entries ``keep`` accepts. So what another writer
     added during the save is kept, in subfolders too, and what the new folder dropped stays dropped.
+    A file or link another writer replaced after it was linked into the new folder (``linked``, from
+    :func:`_link_tree`; the new folder's copy untouched) is replaced by its new version too.
     Into ``new``'s real folders only, links never followed; moved, not linked (a file still open keeps
     being written in place); an entry removed meanwhile is skipped."""
     try:
@@ -267,8 +283,11 @@ def _carry_back(old: str, new: str, keep: Callable[[str], bool], known: FrozenSe
             if not os.path.lexists(dst):
                 if r not in known or (not rel and keep(e.name)):
                     os.rename(e.path, dst)
-            elif e.is_dir(follow_symlinks=False) and os.path.isdir(dst) and not os.path.islink(dst):
-                _carry_back(e.path, dst, keep, known, r)
+            elif e.is_dir(follow_symlinks=False):
+                if os.path.isdir(dst) and not os.path.islink(dst):
+                    _carry_back(e.path, dst, keep, known, linked, r)
+            elif _replaced(linked, r, e.path, dst):
+                os.replace(e.path, dst)
 
 
 def _leftovers(dest: Path) -> Iterator[str]:
@@ -338,7 +357,8 @@ def _new_stage(dest: Path):
     raise FileExistsError(f"no free temporary name beside {str(dest)!r}")
 
 
-def _swap_in(stage: str, dest: Path, keep: Callable[[str], bool], known: FrozenSet[str]) -> None:
+def _swap_in(stage: str, dest: Path, keep: Callable[[str], bool], known: FrozenSet[str],
+             linked: Dict[str, Tuple[int, int]]) -> None:
     """Put the folder ``stage`` at ``dest`` (the old ``dest`` then at ``stage``), atomically where the
     system can exchange two names; else with two renames (the old one kept as ``.NAME.<random>.old``
     until the new one is in place), or, for a mount point, entry by entry (an old subfolder's entries
@@ -359,8 +379,10 @@ def _swap_in(stage: str, dest: Path, keep: Callable[[str], bool], known: FrozenS
             target = dest / e.name
             if os.path.isdir(target) and not os.path.islink(target):
                 if e.is_dir(follow_symlinks=False):
-                    _carry_back(str(target), e.path, keep, known, rel=e.name)
+                    _carry_back(str(target), e.path, keep, known, linked, rel=e.name)
                 shutil.rmtree(target)
+            elif os.path.lexists(target) and _replaced(linked, e.name, str(target), e.path):
+                continue  # the newer version stays
             os.replace(e.path, target)
         for e in os.scandir(dest):  # what the new folder does not hold goes with the stage
             if e.name not in new:
@@ -396,19 +418,20 @@ def staged_folder(dest: Union[str, Path], *, keep: Union[bool, Callable[[str], b
     try:
         _clear_leftovers(dest, stage, carried)
         known = _tree(str(dest)) if os.path.isdir(dest) and not os.path.islink(dest) else frozenset()
+        linked: Dict[str, Tuple[int, int]] = {}
         yield Path(stage)
         _settle(stage)
         real_dir = os.path.isdir(dest) and not os.path.islink(dest)
         if real_dir:
             os.chmod(stage, stat.S_IMODE(os.stat(dest).st_mode))
-            _carry(str(dest), stage, carried)
+            _carry(str(dest), stage, carried, linked=linked)
         _fsync(stage)
         here = _is_cwd(dest)
-        _swap_in(stage, dest, carried, known)
+        _swap_in(stage, dest, carried, known, linked)
         if here:
             os.chdir(dest)
         if real_dir:  # what came into the old folder meanwhile, in its subfolders too
-            _carry_back(stage, str(dest), carried, known)
+            _carry_back(stage, str(dest), carried, known, linked)
         _fsync(str(dest.parent))
     finally:
         if fd is not None:
