@@ -3,6 +3,7 @@
 import os
 
 import pytest
+import torch
 
 from whiteformer.app.cli import main
 
@@ -57,6 +58,8 @@ def _tiny_lm():
 
 def test_an_empty_path_in_the_python_api_is_a_value_error_naming_it(here):
     import whiteformer
+    from whiteformer.analysis import cls_attention_maps, layerwise_report, membership_maps
+    from whiteformer.analysis.hidden_states import load_for_analysis
     from whiteformer.app.prepare_text import prepare_text
     from whiteformer.app.train.checkpoint import save_checkpoint, verify_checkpoint
     from whiteformer.models.load import load_checkpoint
@@ -71,7 +74,11 @@ def test_an_empty_path_in_the_python_api_is_a_value_error_naming_it(here):
              ("root", lambda: save_checkpoint("", 1, model, {})),
              ("path", lambda: verify_checkpoint("")),
              ("inputs", lambda: prepare_text([""], "out", train_tokenizer=300)),
-             ("--out", lambda: prepare_text(["a.txt"], "", train_tokenizer=300))]
+             ("--out", lambda: prepare_text(["a.txt"], "", train_tokenizer=300)),
+             ("out_dir", lambda: layerwise_report(model, torch.randint(0, 16, (1, 4)), out_dir="", plot=False)),
+             ("out_path", lambda: membership_maps(model, torch.zeros(1, 3, 8, 8), "")),
+             ("out_path", lambda: cls_attention_maps(model, torch.zeros(1, 3, 8, 8), "")),
+             ("path", lambda: load_for_analysis(""))]
     for name, call in calls:
         with pytest.raises(ValueError, match=f"^{name}: an empty path"):
             call()
