@@ -114,7 +114,7 @@ def test_a_run_records_its_end_of_document_id_in_the_model(runs):
         assert from_pretrained(runs[name] / "final").eos_token_id == eod
 
 
-def test_generate_stops_at_the_end_of_document_token(runs, capsys, monkeypatch):
+def test_generate_stops_at_the_end_of_document_token(runs, tmp_path, capsys, monkeypatch):
     """`whiteformer generate` of a packed-trained LM ran past <|endoftext|> (long runs of it mixed
     with fragments): a sample now ends at the model's end-of-document token, --ignore-eos goes on."""
     import whiteformer.app.evaluate as ev
@@ -130,6 +130,13 @@ def test_generate_stops_at_the_end_of_document_token(runs, capsys, monkeypatch):
     full = capsys.readouterr().out
     assert "<|endoftext|>" not in stopped and stopped.count(PROMPT) == 2, stopped
     assert full.count("<|endoftext|>") >= 2 * 37, full
+    # a model saved before it recorded its end-of-document id: the run's tokenizer says where a sample ends
+    final = shutil.copytree(runs["packed"] / "final", tmp_path / "final")
+    config = json.loads((final / "config.json").read_text())
+    del config["init_kwargs"]["eos_token_id"]
+    (final / "config.json").write_text(json.dumps(config))
+    assert main([*argv[:2], str(final), *argv[3:]]) == 0
+    assert capsys.readouterr().out == stopped
     assert main(["generate", "--help"]) == 0
     assert "tokens to generate at most" in capsys.readouterr().out
 
