@@ -135,6 +135,17 @@ def test_mask_on_another_device_is_named(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_input_on_another_device_than_the_layer_is_named_before_its_mask(name):
+    """x on meta beside the layer's CPU weights, with a CPU mask: the error is x's (the mask is on the
+    layer's device; x is what to move), not "attn_mask must be on the input's device"."""
+    layer = _build(name)
+    x = torch.randn(2, 5, DIM, device="meta")
+    for mask in (None, torch.ones(2, 5, dtype=torch.bool)):
+        with pytest.raises(ValueError, match=r"^x is on device meta"):
+            layer(x, attn_mask=mask)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_empty_batch(name):
     """B = 0, with and without a mask: an empty output."""
     layer = _build(name)

@@ -7,10 +7,12 @@
 - :func:`staged_folder` / :func:`replace_folder`: a folder (a model: weights, config, code) replaced as
   one unit. The new folder is written beside the old one (``.NAME.<random>.tmp``), the old folder's other
   entries are carried over (hard links), and one atomic exchange (``renameat2(RENAME_EXCHANGE)``) puts
-  it in place: a reader sees the old folder or the new one, never a mix; a failed or killed writer leaves
+  it in place: a reader sees the old folder or the new one, never a mix; what another process added to
+  the old folder meanwhile, in any subfolder, is then moved into the new one; a failed or killed writer leaves
   the old folder as it was; a second writer on the same folder while one is writing is refused
   (:class:`FolderInUseError`); what a killed writer left is removed by the next one.
 - :func:`is_temporary` names the temporaries a writer killed mid-write left behind.
+- :func:`check_path`: the check of every path a user gives (an empty one is refused).
 """
 from __future__ import annotations
 
@@ -23,10 +25,26 @@ import secrets
 import shutil
 import stat
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterator, Optional, Sequence, Tuple, Union
 
-__all__ = ["FolderInUseError", "atomic_write", "folder_writer", "is_stage", "is_temporary", "new_file_mode",
-           "replace_folder", "save_figure", "staged_folder", "write_csv", "write_text"]
+__all__ = ["EMPTY_PATH", "FolderInUseError", "atomic_write", "check_path", "folder_writer", "is_stage", "is_temporary",
+           "new_file_mode", "replace_folder", "save_figure", "staged_folder", "write_csv", "write_text"]
+
+
+#: why an empty path is refused: the system reads it as no file, ``pathlib`` (``Path("")``) as the working directory
+EMPTY_PATH = "an empty path names no file or folder (write . for the working directory)"
+
+
+def check_path(value, name: str) -> Union[str, "os.PathLike"]:
+    """``value`` is a path (``str`` or ``os.PathLike``) that is not empty, else a ``TypeError`` /
+    ``ValueError`` naming ``name``: ``""`` (an unset shell variable, a missing setting) would otherwise
+    be read as the working directory, and a save replace it or a reader take in all its files.
+    Returns ``value``."""
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {type(value).__name__}")
+    if os.fspath(value) == "":
+        raise ValueError(f"{name}: {EMPTY_PATH}")
+    return value
 
 
 def _temporary(path: Path) -> str:
@@ -153,22 +171,34 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def _link_tree(src: str, dst: str) -> None:
+def _link_tree(src: str, dst: str, linked: Optional[Dict[str, Tuple[int, int]]] = None, rel: str = "") -> None:
     """A copy of the entry ``src`` at ``dst`` that costs no space: files hard-linked (copied where the file
-    system cannot link), directories recreated, links recreated (never followed); other kinds skipped."""
-    st = os.lstat(src)
-    if stat.S_ISLNK(st.st_mode):
-        os.symlink(os.readlink(src), dst)
-    elif stat.S_ISDIR(st.st_mode):
-        os.mkdir(dst)
-        for e in os.scandir(src):
-            _link_tree(e.path, os.path.join(dst, e.name))
-        os.chmod(dst, stat.S_IMODE(st.st_mode))
-    elif stat.S_ISREG(st.st_mode):
-        try:
-            os.link(src, dst, follow_symlinks=False)
-        except OSError:
-            shutil.copy2(src, dst, follow_symlinks=False)
+    system cannot link), directories recreated, links recreated (never followed); other kinds skipped, and
+    so is an entry that another process removes meanwhile. ``linked``: each file or link copied, by its
+    path ``rel``, gets ``(inode of src, inode of dst)`` (to tell later whether either was replaced)."""
+    try:
+        st = os.lstat(src)
+        if stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(src), dst)
+        elif stat.S_ISDIR(st.st_mode):
+            os.mkdir(dst)
+            for e in list(os.scandir(src)):
+                _link_tree(e.path, os.path.join(dst, e.name), linked, os.path.join(rel, e.name))
+            os.chmod(dst, stat.S_IMODE(st.st_mode))
+            return
+        elif stat.S_ISREG(st.st_mode):
+            try:
+                os.link(src, dst, follow_symlinks=False)
+            except FileNotFoundError:
+                return
+            except OSError:
+                shutil.copy2(src, dst, follow_symlinks=False)
+        else:
+            return
+        if linked is not None:
+            linked[rel] = (st.st_ino, os.lstat(dst).st_ino)
+    except FileNotFoundError:
+        pass
 
 
 def _fsync(path: str) -> None:
@@ -197,16 +227,67 @@ def _settle(stage: str) -> None:
                 _fsync(p)
 
 
-def _carry(old: str, new: str, keep: Callable[[str], bool], move: bool = False) -> None:
+def _carry(old: str, new: str, keep: Callable[[str], bool], move: bool = False,
+           linked: Optional[Dict[str, Tuple[int, int]]] = None) -> None:
     """The entries of ``old`` that ``new`` lacks and ``keep`` accepts: linked into ``new``
-    (:func:`_link_tree`), or, with ``move``, renamed into it."""
+    (:func:`_link_tree`, recording into ``linked``), or, with ``move``, renamed into it."""
     for e in os.scandir(old):
         dst = os.path.join(new, e.name)
         if keep(e.name) and not os.path.lexists(dst):
             if move:
                 os.rename(e.path, dst)
             else:
-                _link_tree(e.path, dst)
+                _link_tree(e.path, dst, linked, e.name)
+
+
+def _tree(root: str) -> FrozenSet[str]:
+    """The relative paths of every entry below the folder ``root`` (links never followed)."""
+    found = set()
+
+    def walk(path: str, rel: str) -> None:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for e in list(os.scandir(path)):
+                r = os.path.join(rel, e.name)
+                found.add(r)
+                if e.is_dir(follow_symlinks=False):
+                    walk(e.path, r)
+
+    walk(root, "")
+    return frozenset(found)
+
+
+def _replaced(linked: Dict[str, Tuple[int, int]], rel: str, old: str, new: str) -> bool:
+    """Whether the old folder's file or link ``old`` (at ``rel``) was replaced by another writer after
+    :func:`_link_tree` copied it to ``new``, which still holds that copy."""
+    return rel in linked and os.lstat(old).st_ino != linked[rel][0] and os.lstat(new).st_ino == linked[rel][1]
+
+
+def _carry_back(old: str, new: str, keep: Callable[[str], bool], known: FrozenSet[str],
+                linked: Dict[str, Tuple[int, int]], rel: str = "") -> None:
+    """After the swap, what the old folder ``old`` holds and ``new`` lacks goes into ``new``: every entry
+    added while the new folder was written (not in ``known``, the old tree when the stage began:
+    :func:`_tree`), at any depth, and the top-level entries ``keep`` accepts. So what another writer
+    added during the save is kept, in subfolders too, and what the new folder dropped stays dropped.
+    A file or link another writer replaced after it was linked into the new folder (``linked``, from
+    :func:`_link_tree`; the new folder's copy untouched) is replaced by its new version too.
+    Into ``new``'s real folders only, links never followed; moved, not linked (a file still open keeps
+    being written in place); an entry removed meanwhile is skipped."""
+    try:
+        entries = list(os.scandir(old))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for e in entries:
+        r = os.path.join(rel, e.name)
+        dst = os.path.join(new, e.name)
+        with contextlib.suppress(FileNotFoundError):
+            if not os.path.lexists(dst):
+                if r not in known or (not rel and keep(e.name)):
+                    os.rename(e.path, dst)
+            elif e.is_dir(follow_symlinks=False):
+                if os.path.isdir(dst) and not os.path.islink(dst):
+                    _carry_back(e.path, dst, keep, known, linked, r)
+            elif _replaced(linked, r, e.path, dst):
+                os.replace(e.path, dst)
 
 
 def _leftovers(dest: Path) -> Iterator[str]:
@@ -276,10 +357,12 @@ def _new_stage(dest: Path):
     raise FileExistsError(f"no free temporary name beside {str(dest)!r}")
 
 
-def _swap_in(stage: str, dest: Path) -> None:
+def _swap_in(stage: str, dest: Path, keep: Callable[[str], bool], known: FrozenSet[str],
+             linked: Dict[str, Tuple[int, int]]) -> None:
     """Put the folder ``stage`` at ``dest`` (the old ``dest`` then at ``stage``), atomically where the
     system can exchange two names; else with two renames (the old one kept as ``.NAME.<random>.old``
-    until the new one is in place), or, for a mount point, entry by entry."""
+    until the new one is in place), or, for a mount point, entry by entry (an old subfolder's entries
+    added meanwhile carried into its replacement first: :func:`_carry_back`)."""
     if not os.path.lexists(dest):
         os.rename(stage, dest)
         return
@@ -295,7 +378,11 @@ def _swap_in(stage: str, dest: Path) -> None:
         for e in sorted(os.scandir(stage), key=lambda e: e.name == "config.json"):
             target = dest / e.name
             if os.path.isdir(target) and not os.path.islink(target):
+                if e.is_dir(follow_symlinks=False):
+                    _carry_back(str(target), e.path, keep, known, linked, rel=e.name)
                 shutil.rmtree(target)
+            elif os.path.lexists(target) and _replaced(linked, e.name, str(target), e.path):
+                continue  # the newer version stays
             os.replace(e.path, target)
         for e in os.scandir(dest):  # what the new folder does not hold goes with the stage
             if e.name not in new:
@@ -314,9 +401,11 @@ def staged_folder(dest: Union[str, Path], *, keep: Union[bool, Callable[[str], b
 
     ``keep``: which entries of the old ``dest`` the new folder takes over when it has none of that name
     (hard links, so the user's other files stay): ``True`` all, ``False`` none, or a predicate on the
-    name. Written files get the mode of a new file under the umask; the folder keeps the old one's
-    mode. A link at ``dest`` is replaced, never written through. On failure ``dest`` is untouched and
-    the new folder removed."""
+    name. An entry another process adds to the old folder while the new one is written is kept
+    whatever ``keep`` says, in subfolders too (also in a subfolder the new folder writes itself, whose
+    earlier entries are dropped). Written files get the mode of a
+    new file under the umask; the folder keeps the old one's mode. A link at ``dest`` is replaced,
+    never written through. On failure ``dest`` is untouched and the new folder removed."""
     dest = Path(os.path.abspath(dest))
     if os.path.lexists(dest) and not os.path.islink(dest) and not os.path.isdir(dest):
         raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory", str(dest))
@@ -328,20 +417,21 @@ def staged_folder(dest: Union[str, Path], *, keep: Union[bool, Callable[[str], b
     stage, fd = _new_stage(dest)
     try:
         _clear_leftovers(dest, stage, carried)
+        known = _tree(str(dest)) if os.path.isdir(dest) and not os.path.islink(dest) else frozenset()
+        linked: Dict[str, Tuple[int, int]] = {}
         yield Path(stage)
         _settle(stage)
         real_dir = os.path.isdir(dest) and not os.path.islink(dest)
         if real_dir:
             os.chmod(stage, stat.S_IMODE(os.stat(dest).st_mode))
-            _carry(str(dest), stage, carried)
+            _carry(str(dest), stage, carried, linked=linked)
         _fsync(stage)
         here = _is_cwd(dest)
-        _swap_in(stage, dest)
+        _swap_in(stage, dest, carried, known, linked)
         if here:
             os.chdir(dest)
-        with contextlib.suppress(FileNotFoundError):  # (a writer starting now may clear the old folder too)
-            if real_dir and os.path.isdir(stage):  # what came into the old folder meanwhile (not linkable)
-                _carry(stage, str(dest), carried, move=True)
+        if real_dir:  # what came into the old folder meanwhile, in its subfolders too
+            _carry_back(stage, str(dest), carried, known, linked)
         _fsync(str(dest.parent))
     finally:
         if fd is not None:

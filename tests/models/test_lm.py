@@ -102,6 +102,102 @@ def test_sampled_generation_same_with_and_without_cache(name):
     assert not torch.equal(a, c)
 
 
+def _force_eos_at(model, eos, steps):
+    """The logits of generation call c (0: after the prompt) put row r's whole mass on ``eos`` when
+    ``steps[r] == c``, and none on it otherwise (a hook on lm_head, counting the calls of its last position)."""
+    calls = [0]
+
+    def hook(module, args, logits):
+        last = logits if logits.dim() == 2 else logits[:, -1]
+        last = last.clone()
+        for r, k in enumerate(steps):
+            if k == calls[0]:
+                last[r] = float("-inf")
+            last[r, eos] = 1e4 if k == calls[0] else float("-inf")
+        calls[0] += 1
+        return last if logits.dim() == 2 else torch.cat([logits[:, :-1], last[:, None]], dim=1)
+
+    return model.lm_head.register_forward_hook(hook)
+
+
+@pytest.mark.parametrize("name", ["tost_lm_base", "gpt_base"])
+@pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=0.9, top_k=20)])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_generation_stops_each_sequence_at_eos(name, sampling, use_cache):
+    """Generation ran past the end-of-sequence token: a sequence that samples eos_token_id is
+    finished (its later positions padded with eos), and the loop ends when every one is; ignore_eos /
+    eos_token_id=None generate all max_new_tokens."""
+    model, eos, T = _tiny(name), 7, 3
+    steps = [2, 5, 0]  # the generation step at which each row's logits force eos
+    idx = torch.randint(0, 61, (3, T))
+    idx[0, 1] = eos  # an eos in the prompt does not end anything
+    kw = dict(use_cache=use_cache, **sampling)
+    handle = _force_eos_at(model, eos, steps)
+    try:
+        out = model.generate(idx, 10, eos_token_id=eos, generator=torch.Generator().manual_seed(0), **kw)
+    finally:
+        handle.remove()
+    assert out.shape == (3, T + max(steps) + 1) and torch.equal(out[:, :T], idx)
+    for r, k in enumerate(steps):
+        assert out[r, T + k] == eos and not (out[r, T:T + k] == eos).any() and (out[r, T + k:] == eos).all()
+    for ignore in (dict(ignore_eos=True), dict(eos_token_id=None), {}):  # {}: the model has no eos_token_id
+        handle = _force_eos_at(model, eos, steps)
+        try:
+            full = model.generate(idx, 10, generator=torch.Generator().manual_seed(0), **kw,
+                                  **({"eos_token_id": eos} if "ignore_eos" in ignore else {}), **ignore)
+        finally:
+            handle.remove()
+        assert full.shape == (3, T + 10)
+        for r, k in enumerate(steps):  # the same tokens up to each row's eos
+            assert torch.equal(full[r, :T + k + 1], out[r, :T + k + 1])
+
+
+def test_a_saved_language_model_keeps_its_eos_token_id_and_generate_stops_there(tmp_path):
+    """A model built with eos_token_id saves it in config.json; its generate stops there by default."""
+    from whiteformer import from_pretrained
+
+    model = _tiny("tost_lm_base", eos_token_id=7)
+    model.save_pretrained(tmp_path / "m")
+    loaded = from_pretrained(tmp_path / "m").eval()
+    assert loaded.eos_token_id == 7
+    handle = _force_eos_at(loaded, 7, [4])
+    try:
+        out = loaded.generate(torch.tensor([[1, 2]]), 20, temperature=0)
+    finally:
+        handle.remove()
+    assert out.shape == (1, 2 + 5) and out[0, -1] == 7
+    for bad in (61, -1, 2.0, True):
+        with pytest.raises((ValueError, TypeError), match="eos_token_id"):
+            create_model("tost_lm_base", **TINY, eos_token_id=bad)
+        with pytest.raises((ValueError, TypeError), match="eos_token_id"):
+            model.generate(torch.tensor([[1, 2]]), 2, eos_token_id=bad)
+    with pytest.raises(TypeError, match="ignore_eos must be a bool"):
+        model.generate(torch.tensor([[1, 2]]), 2, ignore_eos="yes")
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_the_eos_check_reads_the_device_once_per_generated_token(use_cache, monkeypatch):
+    """Stopping at eos costs at most one host read (a bool of a tensor) per generated token."""
+    model = _tiny("tost_lm_base")
+    idx = torch.randint(0, 61, (2, 3))
+    reads = [0]
+    real = torch.Tensor.__bool__
+
+    def counting(self):
+        reads[0] += 1
+        return real(self)
+
+    monkeypatch.setattr(torch.Tensor, "__bool__", counting)
+    counts = []
+    for eos in (None, 7):
+        reads[0] = 0
+        with torch.no_grad():
+            n = model.generate(idx, 12, temperature=0, eos_token_id=eos, use_cache=use_cache).shape[1] - 3
+        counts.append((reads[0], n))
+    (without, n0), (with_eos, n1) = counts
+    assert with_eos - without <= n1 <= n0
+
+
 @pytest.mark.parametrize("name", ["tost_lm_base", "gpt_base"])
 def test_prefill_and_step_match_forward(name):
     model = _tiny(name).double()

@@ -93,6 +93,34 @@ def test_local_file_overlay(tmp_path):
     _same_logits(model, folder)
 
 
+def test_a_file_overlay_takes_the_sizes_of_the_config_beside_it(tmp_path):
+    """pretrained_cfg_overlay=dict(file=".../model.safetensors") (the form docs/timm.md shows) of a
+    saved model of another size than the default failed with "missing keys (132) ... mismatched shapes
+    (12)": the config.json beside the file was not read. The caller's arguments still win."""
+    from whiteformer import from_pretrained
+
+    model, saved = _saved(tmp_path)  # SMALL sizes, not tost_t12_p16's defaults
+    weights = saved / "model.safetensors"
+    got = create_model("tost_t12_p16", pretrained=True, pretrained_cfg_overlay=dict(file=str(weights)))
+    _same_logits(model, got)
+    _same_logits(model, create_model("tost_t12_p16", checkpoint_path=weights))
+    _same_logits(model, from_pretrained(weights))
+    five = create_model("tost_t12_p16", num_classes=5, drop_path_rate=0.1, pretrained=True,
+                        pretrained_cfg_overlay=dict(file=str(weights)))
+    assert five.head.weight.shape[0] == 5 and five.init_kwargs["drop_path_rate"] == 0.1
+    own, ref = five.state_dict(), model.state_dict()
+    assert all(torch.equal(own[k], ref[k]) for k in own if not k.startswith("head."))
+    with pytest.raises(ValueError, match="was saved from model 'tost_t12_p16'"):
+        create_model("tost_s12_p16", pretrained=True, pretrained_cfg_overlay=dict(file=str(weights)))
+    # a config.json beside the file that describes no model is not the file's: the sizes are the caller's
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model.safetensors").write_bytes(weights.read_bytes())
+    for text in ('{"hello": 1}', "not json", '{"init_kwargs": 3}'):
+        (other / "config.json").write_text(text)
+        _same_logits(model, create_model("tost_t12_p16", checkpoint_path=other / "model.safetensors", **SMALL))
+
+
 def test_official_tost_pth_goes_through_the_converter(tmp_path):
     sd = _official_state_dict()
     torch.save({"model": sd}, tmp_path / "official.pth")

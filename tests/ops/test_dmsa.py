@@ -91,7 +91,8 @@ def test_sparsemax_integer_mask_and_mask_errors_name_mask():
         torch.testing.assert_close(sparsemax(z, mask=m), expected)
     torch.testing.assert_close(sparsemax(z, mask=mask[:1].bool()), sparsemax(z, mask=mask[:1].bool().expand(3, 7)))
     for bad, err in ((mask.bool()[:, :5], ValueError), (mask.bool()[:, :, None], ValueError),
-                     (mask * 2, ValueError), (mask.float(), TypeError)):
+                     (mask * 2, ValueError), (-mask, ValueError), (-mask.to(torch.int8), ValueError),
+                     (mask.float(), TypeError)):
         with pytest.raises(err, match="mask"):
             sparsemax(z, mask=bad)
 

@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 
 from .._checks import is_int
+from .._files import check_path
 from . import rates
 
 __all__ = ["is_transformers_model", "load_for_analysis", "split_bases", "hidden_state_rows", "example_inputs",
@@ -53,7 +54,7 @@ def load_for_analysis(path: Union[str, os.PathLike]) -> nn.Module:
     from ..models import from_pretrained
     from ..models.read import read_config
 
-    p = Path(path)
+    p = Path(check_path(path, "path"))
     if not p.is_dir():
         raise FileNotFoundError(f"model folder {str(path)!r} does not exist (expected a save_pretrained directory)")
     config = read_config(p) or {}

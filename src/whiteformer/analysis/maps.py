@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from .._checks import check_int, check_nonempty, check_positive_real, check_tensor, check_tokens_input, is_int
-from .._files import save_figure
+from .._files import check_path, save_figure
 from ._viz import new_figure, require_matplotlib
 from .capture import _default_attn_types, capture, eval_mode, supports_pi
 
@@ -210,6 +210,7 @@ def membership_maps(
         the drawn maps (float32, CPU): (B', H, Hp, Wp), ``maps[i, k]`` = pi_k of image i; with
         ``blocks``, (B', len(blocks), H, Hp, Wp), ``maps[i, j, k]`` = pi_k of image i in block j.
     """
+    check_path(out_path, "out_path")
     rec = _run_recorded(model, images, "membership_maps", max_images, cell_size, dpi)
     if not rec.blocks:
         raise ValueError(f"model ({type(model).__name__}) has no attention blocks")
@@ -274,6 +275,7 @@ def cls_attention_maps(
         the drawn maps (B', H, Hp, Wp): softmax weights of the class token's query on the patch
         tokens (the weight on the class token itself is left out, so a map sums to <= 1).
     """
+    check_path(out_path, "out_path")
     rec = _run_recorded(model, images, "cls_attention_maps", max_images, cell_size, dpi)
     if not rec.class_attention:
         raise ValueError(f"model ({type(model).__name__}) has no class-attention layers (ClassAttention)")

@@ -52,7 +52,7 @@ import torch
 import torch.nn as nn
 
 from .._checks import check_choice, check_instance, check_positive_real, check_tensor
-from .._files import save_figure, write_text
+from .._files import check_path, save_figure, write_text
 from . import hidden_states, rates
 from ._viz import new_figure, require_matplotlib
 from .capture import BlockRecord, attention_basis, capture, eval_mode
@@ -135,7 +135,7 @@ def _layer_row(r: BlockRecord, features: str, eps: float, dtype: torch.dtype) ->
 def _check_out_dir(out_dir) -> Path:
     """``out_dir`` as a Path: a directory or a path to create, not an existing file."""
     check_instance(out_dir, "out_dir", (str, Path), "a str or Path")
-    out = Path(out_dir)
+    out = Path(check_path(out_dir, "out_dir"))
     if out.exists() and not out.is_dir():
         raise ValueError(f"out_dir {str(out)!r} exists and is not a directory")
     for parent in out.parents:

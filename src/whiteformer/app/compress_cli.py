@@ -62,12 +62,14 @@ def _model_arg(text: str):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``whiteformer compress`` (``model_args.KEY=VALUE`` words are taken apart by
     :func:`run` from the words the parser does not know)."""
+    from .config import path_argument
+
     p.description = ("Compress the attention of a ViT/DeiT checkpoint (TruncAtt / CP SlimAtt / IrrAtt QK, VO "
                      "TruncAtt, SVD MLP; paper 'Vision Transformer with Irregular Attention'), optionally fine-tune, "
                      "and save the compressed checkpoint with its report.")
     p.epilog = ("model_args.KEY=VALUE (repeatable, as in `whiteformer train`): a constructor override for "
                 "create_model; VALUE is read as JSON where it parses, else kept as text.")
-    p.add_argument("--checkpoint", required=True,
+    p.add_argument("--checkpoint", required=True, type=path_argument,
                    help="a run directory, its final/, a saved model directory (own or transformers ViT/DeiT), or a "
                         ".safetensors/.pth file")
     p.add_argument("--model", default=None, help="registered model name (default: the checkpoint's model_name; "
@@ -96,7 +98,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", dest="data", default=None,
                    help="dataset for accuracy, calibration and fine-tuning (e.g. digits, mnist; default: the run's "
                         "when --checkpoint is a run directory)")
-    p.add_argument("--data-dir", default=None, help="data directory of file-based datasets (mnist)")
+    p.add_argument("--data-dir", default=None, type=path_argument, help="data directory of file-based datasets (mnist)")
     p.add_argument("--calib", type=int, default=0, metavar="N",
                    help="activation-aware compression on N training images of --dataset (0: off)")
     p.add_argument("--finetune-epochs", type=int, default=0, metavar="K", help="fine-tune K epochs on --dataset")
@@ -112,7 +114,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="CPU threads while timing (default: torch's current count)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
-    p.add_argument("--out", required=True, help="output directory (compressed checkpoint + report): missing or "
+    p.add_argument("--out", required=True, type=path_argument, help="output directory (compressed checkpoint + report): missing or "
                    "empty, never the checkpoint's own directory or one that contains it")
     p.add_argument("--overwrite", action="store_true",
                    help="accept a non-empty --out: replace model.safetensors, config.json, whiteformer_auto.py and "

@@ -36,8 +36,31 @@ class ConfigError(ValueError):
     """A configuration problem, reported before any work starts."""
 
 
-def _h(text: str, **kw):
-    return field(metadata={"help": text}, **kw)
+def _h(text: str, path: bool = False, **kw):
+    """A field with its ``--help`` text; ``path``: it names a file or folder (an empty one is refused)."""
+    return field(metadata={"help": text, **({"path": True} if path else {})}, **kw)
+
+
+def check_path_option(name: str, value: Any) -> None:
+    """A path option given empty (``--out ""``, an unset shell variable) is an error, never the working directory."""
+    from .._files import check_path
+
+    if value is not None:
+        try:
+            check_path(value, name)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
+
+def path_argument(text: str) -> str:
+    """argparse ``type=`` of a path option or argument: an empty one is a usage error (one line, exit 2)."""
+    import argparse
+
+    from .._files import EMPTY_PATH
+
+    if text == "":
+        raise argparse.ArgumentTypeError(EMPTY_PATH)
+    return text
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -104,10 +127,10 @@ class TrainConfig:
     model: str = _h("registered model name (whiteformer list-models)", default="tost_t12_p16")
     model_args: Dict[str, Any] = _h("constructor overrides, e.g. model_args.embed_dim=64", default_factory=dict)
     finetune: Optional[str] = _h("checkpoint to start from (own dir, official ToST .pth, timm); the head "
-                                 "is reset when the number of classes differs", default=None)
+                                 "is reset when the number of classes differs", path=True, default=None)
     # data
     dataset: str = _h("dataset name (digits, mnist, image-folder, subspaces, text, listops)", default="digits")
-    data_dir: Optional[str] = _h("data directory (mnist, image-folder) or text file (text)", default=None)
+    data_dir: Optional[str] = _h("data directory (mnist, image-folder) or text file (text)", path=True, default=None)
     data_args: Dict[str, Any] = _h("dataset options, e.g. data_args.img_size=16", default_factory=dict)
     eval_split: str = _h("split used for evaluation", default="test")
     translate: int = _h("augmentation: random translation in pixels (0: off; image datasets)", default=1)
@@ -168,7 +191,7 @@ class TrainConfig:
     device: str = _h("device: auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...", default="auto")
     num_threads: int = _h("torch CPU threads (0: torch default)", default=0)
     deterministic: bool = _h("torch.use_deterministic_algorithms(True)", default=False)
-    out: str = _h("run directory (config, logs, checkpoints, report)", default="runs/train")
+    out: str = _h("run directory (config, logs, checkpoints, report)", path=True, default="runs/train")
     overwrite: bool = _h("replace the run in --out: its files are moved aside and deleted once the new run has its "
                          "final model (other files are kept)", default=False)
     resume: bool = _h("continue from the newest valid checkpoint in the run directory", default=False)
@@ -267,11 +290,12 @@ def changed_run_options(saved: Optional[Dict[str, Any]], cfg: "TrainConfig") -> 
 class EvalConfig:
     """``whiteformer eval``: accuracy / loss of a checkpoint on a dataset split."""
 
-    checkpoint: str = _h("run directory, its final/ or a checkpoint dir (own format), or a foreign file", default="")
+    checkpoint: str = _h("run directory, its final/ or a checkpoint dir (own format), or a foreign file", path=True,
+                         default="")
     model: Optional[str] = _h("model name (needed for foreign checkpoint files)", default=None)
     model_args: Dict[str, Any] = _h("constructor overrides (foreign checkpoints)", default_factory=dict)
     dataset: Optional[str] = _h("dataset (default: the one the run was trained on)", default=None)
-    data_dir: Optional[str] = _h("data directory / text file", default=None)
+    data_dir: Optional[str] = _h("data directory / text file", path=True, default=None)
     data_args: Dict[str, Any] = _h("dataset options (default: the run's)", default_factory=dict)
     split: str = _h("split to evaluate", default="test")
     batch_size: int = _h("batch size", default=256)
@@ -294,13 +318,16 @@ class EvalConfig:
 class GenerateConfig:
     """``whiteformer generate``: sample text from a language-model checkpoint."""
 
-    checkpoint: str = _h("run directory or its final/ (with vocab.json or tokenizer.json)", default="")
+    checkpoint: str = _h("run directory or its final/ (with vocab.json or tokenizer.json)", path=True, default="")
     prompt: str = _h("text to continue", default="\n")
-    max_new_tokens: int = _h("characters to generate", default=300)
+    max_new_tokens: int = _h("tokens to generate at most (characters for a character vocabulary); a sample ends "
+                             "earlier at the model's end-of-document token", default=300)
     temperature: float = _h("sampling temperature (0: greedy)", default=0.8)
     top_k: int = _h("top-k filter (0: off)", default=0)
     num_samples: int = _h("independent samples", default=1)
     seed: int = _h("sampling seed", default=0)
+    ignore_eos: bool = _h("keep generating past the end-of-document token (<|endoftext|>) up to max_new_tokens",
+                          default=False)
     device: str = _h("device (auto: cuda if available)", default="auto")
 
     def validate(self) -> None:
@@ -321,12 +348,12 @@ class GenerateConfig:
 class AnalyzeConfig:
     """``whiteformer analyze <analysis>``: white-box analyses (``eca-toy``, ``layerwise``, ``report``)."""
 
-    out: str = _h("output directory (missing or empty unless --overwrite)", default="runs/analysis")
+    out: str = _h("output directory (missing or empty unless --overwrite)", path=True, default="runs/analysis")
     seed: int = _h("random seed", default=0)
     small: bool = _h("reduced problem size (quick check)", default=False)
     plots: bool = _h("write PNG figures (needs matplotlib)", default=True)
     checkpoint: Optional[str] = _h("run directory (analysis 'report') or saved model folder (analysis 'layerwise')",
-                                   default=None)
+                                   path=True, default=None)
     options: Dict[str, Any] = _h("analysis-specific options, e.g. options.layers=6", default_factory=dict)
     overwrite: bool = _h("write into a non-empty --out, replacing the files of the same names (others are kept)",
                          default=False)
@@ -483,6 +510,7 @@ def config_file(arg) -> Path:
     (``whiteformer list-configs``); an error names both when neither is there."""
     from .configs import list_configs, shipped_config
 
+    check_path_option("-c/--config", arg)
     path = Path(arg).expanduser()
     if path.exists() or path.is_symlink():
         return path
@@ -576,8 +604,11 @@ def build_config(cls: Type[T], yaml_path=None, overrides: Union[Sequence[Tuple[s
         if key not in fields:
             raise _unknown(cls, key)
         values[key] = _coerce(key, value, hints[key])
+        if fields[key].metadata.get("path"):
+            check_path_option(key, values[key])
 
-    for src, where in ((base or {}, "base"), (load_yaml(config_file(yaml_path)) if yaml_path else {}, str(yaml_path))):
+    from_file = load_yaml(config_file(yaml_path)) if yaml_path is not None else {}
+    for src, where in ((base or {}, "base"), (from_file, str(yaml_path))):
         for k, v in src.items():
             assign(str(k), v, where)
     items = overrides.items() if isinstance(overrides, dict) else (overrides or [])

@@ -7,6 +7,7 @@ valid checkpoint), a model directory written by ``save_pretrained`` (``final/``,
 """
 from __future__ import annotations
 
+import inspect
 import math
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
@@ -15,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from ..models.factory import RUN_MODEL_DIR, resolve_model_dir
+from ..models.lm import until_eos
 from ..models.read import read_json
 from .config import ConfigError, EvalConfig, GenerateConfig
 from .train.build import build_task, check_names
@@ -143,10 +145,14 @@ def generate(cfg: GenerateConfig) -> list:
         raise ConfigError(f"prompt: {err}") from err
     idx = idx.unsqueeze(0).repeat(cfg.num_samples, 1).to(device)
     g = torch.Generator(device=device).manual_seed(cfg.seed)
+    # where a sample ends: the model's end-of-document id, else (a model saved without one) the vocabulary's
+    eos = getattr(model, "eos_token_id", None)
+    eos = None if cfg.ignore_eos else (eos if eos is not None else getattr(vocab, "eod_id", None))
+    stop = {"eos_token_id": eos} if "eos_token_id" in inspect.signature(model.generate).parameters else {}
     try:
         out = model.generate(idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k or None,
-                             generator=g)
+                             generator=g, **stop)
     except ValueError as err:  # e.g. past the context limit of a model with position embeddings
         raise ConfigError(f"generate: {err}") from err
-    return [vocab.decode(row.cpu()) for row in out]
+    return [vocab.decode(until_eos(row.cpu(), idx.shape[1], eos)) for row in out]
 

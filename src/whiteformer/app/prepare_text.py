@@ -43,7 +43,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .config import ConfigError
+from .config import ConfigError, check_path_option, path_argument
 
 __all__ = ["add_arguments", "run", "prepare_text", "PrepareResult", "iter_pieces", "input_files"]
 
@@ -184,6 +184,8 @@ def _check_args(inputs, tokenizer, train_tokenizer, val_fraction, documents) -> 
 
     if not inputs:
         raise ConfigError("prepare-text needs at least one input text file or directory")
+    for name in inputs:
+        check_path_option("inputs", name)
     if (tokenizer is None) == (train_tokenizer is None):
         raise ConfigError("give one of --tokenizer PATH (a tokenizer.json or a tokenizer folder) and "
                          "--train-tokenizer N (train a byte-level BPE of N tokens)")
@@ -305,10 +307,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``whiteformer prepare-text`` (its subparser is built by :mod:`whiteformer.app.cli`)."""
     p.description = ("Tokenize text files into train.bin / val.bin / meta.json / tokenizer.json for "
                      "whiteformer train --dataset tokens --data-dir OUT.")
-    p.add_argument("inputs", nargs="+", metavar="FILE_OR_DIR",
+    p.add_argument("inputs", nargs="+", metavar="FILE_OR_DIR", type=path_argument,
                    help="UTF-8 text files (.gz / .xz read compressed); a directory: its *.txt[.gz|.xz] files")
-    p.add_argument("--out", required=True, help="output directory (missing or empty unless --overwrite)")
-    p.add_argument("--tokenizer", help="a tokenizer.json, or a tokenizer folder (tokenizer.json / transformers)")
+    p.add_argument("--out", required=True, type=path_argument,
+                   help="output directory (missing or empty unless --overwrite)")
+    p.add_argument("--tokenizer", type=path_argument, help="a tokenizer.json, or a tokenizer folder (tokenizer.json / transformers)")
     p.add_argument("--train-tokenizer", type=int, metavar="N", help="train a byte-level BPE of N tokens on the "
                    "training documents instead")
     p.add_argument("--documents", choices=("file", "blank-line"), default="file",

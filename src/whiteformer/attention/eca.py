@@ -20,6 +20,7 @@ from .._checks import (
     check_finite_real,
     check_input_device,
     check_int,
+    check_mask,
     check_sketch_rank,
     check_tokens_input,
     is_int,
@@ -259,8 +260,9 @@ class ECAttention(nn.Module):
         ``alpha E(x) - beta C(x)`` (B, N, C) (Eq. 4 without the residual; 0 at padded tokens), or
         ``(update, {"pi": (B, K, N)})`` with ``return_pi`` (Eq. 7 memberships). Computed in
         float32 for half inputs and under autocast (see the class docstring)."""
-        attn_mask = check_tokens_input(x, "x", self.dim, attn_mask=attn_mask)
+        check_tokens_input(x, "x", self.dim)
         check_input_device(x, next(self.parameters(), None))  # half inputs are fine (float32 statistics)
+        attn_mask = check_mask(attn_mask, x.shape[0], x.shape[1], device=x.device)  # x's own errors first
         B, N, _ = x.shape
         x = zero_padded(x, attn_mask)  # padded tokens take no part (NaN/inf there reach nothing)
         if return_pi and not self.use_compress:

@@ -53,7 +53,7 @@ class WhiteformerConfig(PretrainedConfig):
             raise ValueError(f"model_name {model_name!r} is not a registered whiteformer model; see "
                              f"whiteformer.list_models()")
         check_instance(init_kwargs, "init_kwargs", dict, "a dict of constructor arguments", optional=True)
-        kwargs.pop("auto_map", None)  # always ours (hf.remote_code), never another module's
+        kwargs.pop("auto_map", None)  # always ours (models.formats.remote_code), never another module's
         super().__init__(**kwargs)  # (resets the instance's attributes: set ours after it)
         self.auto_map = auto_map(self.model_type)
         self.model_name = model_name
@@ -107,7 +107,8 @@ class _LMConfig(WhiteformerConfig):
         self.tie_word_embeddings = tie  # wte is lm_head
 
     mirrored = (("vocab_size", "vocab_size"), ("dim", "hidden_size"), ("depth", "num_hidden_layers"),
-                ("num_heads", "num_attention_heads"), ("max_len", "max_position_embeddings"))
+                ("num_heads", "num_attention_heads"), ("max_len", "max_position_embeddings"),
+                ("eos_token_id", "eos_token_id"))
 
 
 class ToSTLMConfig(_LMConfig):

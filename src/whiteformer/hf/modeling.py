@@ -45,7 +45,7 @@ from transformers.modeling_outputs import (
 )
 
 from .._checks import is_int
-from .._files import replace_folder
+from .._files import check_path, replace_folder
 from .._import_hooks import when_imported
 from ..models.factory import create_model
 from ..models.formats.remote_code import REMOTE_CODE_NAME, write_remote_code
@@ -153,9 +153,11 @@ class WhiteformerPreTrainedModel(PreTrainedModel):
     def from_pretrained(cls, *args, **kwargs):
         """``PreTrainedModel.from_pretrained``, then each layer's own state-dict load hook runs once
         (``transformers`` sets tensors directly; e.g. ECAttention reads its sketch seed there)."""
+        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        if source is not None:
+            check_path(source, "pretrained_model_name_or_path")
         out = super().from_pretrained(*args, **kwargs)
         model = out[0] if isinstance(out, tuple) else out
-        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
         if source is not None:  # integer weights where the model has floats: refused, not cast
             check_file_dtypes(model.whiteformer, source)
         with torch.no_grad():
@@ -184,7 +186,7 @@ class WhiteformerPreTrainedModel(PreTrainedModel):
         user's is kept). With ``push_to_hub=True`` the complete folder is uploaded after the save
         (:func:`whiteformer.hf.hub.push_folder`)."""
         written = _written(kwargs.get("variant"))
-        folder = Path(save_directory)
+        folder = Path(check_path(save_directory, "save_directory"))
         main = args[0] if args else kwargs.get("is_main_process", True)
         push = bool(kwargs.pop("push_to_hub", False)) and main  # uploaded below, once the folder is complete
         hub = {key: kwargs.pop(key) for key in ("commit_message", "create_pr", "private") if key in kwargs}

@@ -4,7 +4,8 @@
 A checkpoint may be named in three ways, everywhere: a directory written by ``save_pretrained``
 (``config.json`` + ``model.safetensors``), a training run directory (its ``final/`` is used), or
 that run's ``final/`` itself; a single weights file (``.safetensors``, ``.pth``, ...) also works
-with :func:`create_model` when the model name is given.
+with :func:`create_model` when the model name is given (its sizes from the ``config.json`` beside it
+when that describes a model, e.g. a saved folder's ``model.safetensors``; else the caller's).
 
 Sizes read from a ``config.json`` are not trusted: every build first checks the bounds of
 :mod:`whiteformer.models.size` (blocks, then parameters counted on the ``meta`` device); a
@@ -21,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from .._checks import check_instance
+from .._files import check_path
 from ..layers import FeatureGetterNet
 from .formats.vit_weights import (
     HF_VIT_MODEL_TYPES,
@@ -47,7 +49,7 @@ def resolve_model_dir(path: PathLike, prefer_ema: bool = False) -> Path:
     """The model directory (or weights file) that ``path`` names: a saved model directory itself, a
     run directory's ``final/`` (its ``final_ema/`` first with ``prefer_ema``), or a file. Raises
     ``FileNotFoundError`` naming what was expected."""
-    p = Path(path).expanduser()
+    p = Path(check_path(path, "checkpoint")).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     if p.is_file() or (p / CONFIG_NAME).is_file():
@@ -64,6 +66,23 @@ def resolve_model_dir(path: PathLike, prefer_ema: bool = False) -> Path:
     raise FileNotFoundError(
         f"{str(path)!r} holds no model: expected a directory saved by save_pretrained (config.json + "
         f"model.safetensors), a training run directory with {RUN_MODEL_DIR}/, or a weights file")
+
+
+def model_config(path: Path) -> Optional[dict]:
+    """The ``config.json`` describing the model at ``path``: a folder's own, or, for a weights file, the
+    one beside it when it describes a model (whiteformer's format with a ``model_name``, or a
+    transformers ViT / DeiT), so that a saved folder's ``model.safetensors`` (or a checkpoint's
+    ``ema.safetensors``) loads with the folder's sizes. A file beside it that is not a model's config,
+    or cannot be read, is not the weights' (None: the sizes are the caller's)."""
+    if path.is_dir():
+        return read_config(path)
+    try:
+        config = read_config(path.parent)
+    except ValueError:  # not a whiteformer config, not JSON (CheckpointFileError)
+        return None
+    if config is None or not (isinstance(config.get("model_name"), str) or is_hf_vit_config(config)):
+        return None
+    return config
 
 
 def free_memory_bytes() -> Optional[int]:
@@ -145,6 +164,8 @@ def create_model(name: str, num_classes: Optional[int] = None, img_size: Optiona
     cfg = None
     if pretrained or pretrained_cfg is not None or pretrained_cfg_overlay is not None:
         cfg = merge_pretrained_cfg(MODELS.metadata(name).get("pretrained_cfg"), pretrained_cfg, pretrained_cfg_overlay)
+    if checkpoint_path is not None:
+        check_path(checkpoint_path, "checkpoint_path")
     if pretrained:
         if checkpoint_path is not None:
             raise ValueError("give pretrained=True (weights named by pretrained_cfg) or checkpoint_path, not both")
@@ -157,7 +178,7 @@ def create_model(name: str, num_classes: Optional[int] = None, img_size: Optiona
     path = None
     if checkpoint_path is not None:
         path = resolve_model_dir(checkpoint_path)
-        config = read_config(path)
+        config = model_config(path)
         if config is not None:
             saved_name = config.get("model_name")
             if saved_name and saved_name != name:
@@ -194,8 +215,8 @@ def from_pretrained(path: PathLike, **overrides: Any) -> nn.Module:
     ``final/``); its name and constructor arguments are read from ``config.json`` (as transformers'
     ``from_pretrained``). ``overrides`` (e.g. ``num_classes=K``, which resets the head) win over the
     saved arguments."""
-    model_dir = resolve_model_dir(path)
-    config = read_config(model_dir) if model_dir.is_dir() else None
+    model_dir = resolve_model_dir(check_path(path, "path"))
+    config = model_config(model_dir)
     if config is None or not config.get("model_name"):
         raise ValueError(f"{str(path)!r} has no config.json with a model_name; use "
                          f"create_model(name, checkpoint_path=...) with one of {len(list_models())} names")

@@ -16,7 +16,9 @@ parameters, which use the layer names ``qkv`` / ``proj`` / ``pos_bias`` (officia
 ``c_proj`` / ``denom_bias``; :meth:`CausalLM.convert_state_dict` renames them).
 
 Generation: ToST keeps the constant-size recurrent state of causal TSSA (constant memory and
-time per token); GPT keeps a key/value cache.
+time per token); GPT keeps a key/value cache. A model built with ``eos_token_id`` (a run trained by
+``whiteformer train`` records its data's end-of-document id there) stops each sequence at that token,
+as ``transformers``' ``generate`` does.
 
 Context parallelism (ToST only): after ``model.set_context_parallel(group)`` each rank of the
 ``torch.distributed`` group passes its contiguous chunk of every sequence (rank order = sequence
@@ -64,7 +66,7 @@ from .registry import build_with_defaults, register_model
 from .save import PretrainedMixin
 
 __all__ = ["CausalLM", "ToSTLM", "GPTLM", "CausalSelfAttention", "KVCache", "LMState", "MIN_TEMPERATURE",
-           "check_temperature"]
+           "MODEL_EOS", "check_temperature", "until_eos"]
 
 
 #: the smallest positive sampling temperature: ``logits / temperature`` overflows float32 for tiny ones
@@ -78,6 +80,26 @@ def check_temperature(temperature) -> None:
     if 0 < temperature < MIN_TEMPERATURE:
         raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {temperature!r}: "
                          f"logits / temperature would overflow; sampling that cold is greedy, pass 0")
+
+
+class _ModelEos:
+    """The type of :data:`MODEL_EOS`."""
+
+    def __repr__(self) -> str:
+        return "MODEL_EOS"
+
+
+#: ``generate``'s default ``eos_token_id``: the model's own (``model.eos_token_id``; None: it has none)
+MODEL_EOS = _ModelEos()
+
+
+def until_eos(ids: torch.Tensor, start: int, eos_token_id: Optional[int]) -> torch.Tensor:
+    """A generated row ids (T,) without its first eos at or after ``start`` (the prompt's length) and
+    what follows (the padding of a finished sequence); whole when ``eos_token_id`` is None or absent."""
+    if eos_token_id is None:
+        return ids
+    hits = (ids[start:] == eos_token_id).nonzero()
+    return ids[: start + int(hits[0, 0])] if len(hits) else ids
 
 
 def _output_buffer(idx: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
@@ -161,7 +183,9 @@ class LMBlock(nn.Module):
 class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module):
     """Shared shell of :class:`ToSTLM` and :class:`GPTLM` (see the module docstring).
 
-    Subclasses provide ``_make_attn(i)`` and ``_attn_len_limit()``.
+    Subclasses provide ``_make_attn(i)`` and ``_attn_len_limit()``. ``eos_token_id`` (None or an id
+    in [0, vocab_size)): the end-of-sequence / end-of-document token at which :meth:`generate` stops
+    a sequence; saved with the model's other arguments.
 
     Parameter count convention (as the ToST paper's 110.38M for the base model): every parameter
     once (the tied ``wte`` / ``lm_head`` weight counted once), position embedding included:
@@ -174,9 +198,10 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
 
     def __init__(self, vocab_size: int, dim: int, depth: int, num_heads: int, max_len: int,
                  pos_emb: bool, mlp_ratio: float, bias: bool, dropout: float, init_values: float,
-                 **attn_opts: Any):
+                 eos_token_id: Optional[int] = None, **attn_opts: Any):
         super().__init__()
         check_int(vocab_size, "vocab_size", 1)
+        self.eos_token_id = self._check_eos(eos_token_id, vocab_size) if eos_token_id is not None else None
         check_int(depth, "depth", 0)
         check_int(max_len, "max_len", 1)
         check_divisible(dim, num_heads)
@@ -203,6 +228,14 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         self._init_weights(depth)
 
     # ---- construction -------------------------------------------------------------------------
+    @staticmethod
+    def _check_eos(eos_token_id, vocab_size: int) -> int:
+        check_int(eos_token_id, "eos_token_id", 0)
+        if eos_token_id >= vocab_size:
+            raise ValueError(f"eos_token_id must be a token id in [0, {vocab_size - 1}] (vocab_size {vocab_size}), "
+                             f"got {eos_token_id}")
+        return int(eos_token_id)
+
     def _make_attn(self, i: int) -> nn.Module:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -602,8 +635,15 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: Optional[int] = None, top_p: Optional[float] = None, *, use_cache: bool = True,
-                 crop: bool = True, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-        """Append ``max_new_tokens`` tokens to idx (B, T); returns (B, T + max_new_tokens).
+                 crop: bool = True, generator: Optional[torch.Generator] = None,
+                 eos_token_id: Union[int, None, _ModelEos] = MODEL_EOS, ignore_eos: bool = False) -> torch.Tensor:
+        """Append up to ``max_new_tokens`` tokens to idx (B, T); returns (B, T + n), n <= max_new_tokens.
+
+        Stopping (as ``transformers``): a sequence that generates ``eos_token_id`` (by default the
+        model's own, :attr:`eos_token_id`) is finished; its later positions hold ``eos_token_id``
+        (padding), and generation ends as soon as every sequence is finished (n < max_new_tokens), at
+        the cost of one read of a flag per generated token. ``eos_token_id=None``, ``ignore_eos=True``,
+        or a model without one, generate all ``max_new_tokens`` tokens. An eos in the prompt does not count.
 
         Sampling: ``logits / temperature``, optional top-k filter, optional nucleus filter
         (``top_p`` in (0, 1]: the smallest set of most likely tokens holding that much probability),
@@ -626,6 +666,10 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         one_process(self, "generate")
         self._check_idx(idx)
         check_int(max_new_tokens, "max_new_tokens", 0)
+        if not isinstance(ignore_eos, bool):
+            raise TypeError(f"ignore_eos must be a bool, got {type(ignore_eos).__name__}")
+        eos = self.eos_token_id if isinstance(eos_token_id, _ModelEos) else eos_token_id
+        eos = None if ignore_eos or eos is None else self._check_eos(eos, self.vocab_size)
         check_temperature(temperature)
         if top_k is not None:
             check_int(top_k, "top_k", 1)
@@ -646,11 +690,18 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
             logits = self.lm_head(h[:, -1])
         else:
             logits = self._window_logits(out[:, :t], limit)
+        finished = None if eos is None else torch.zeros(B, dtype=torch.bool, device=idx.device)
         for i in range(max_new_tokens):
-            out[:, t] = self._sample(logits, temperature, top_k, top_p, generator)
+            nxt = self._sample(logits, temperature, top_k, top_p, generator)
+            if finished is not None:
+                nxt = nxt.masked_fill(finished, eos)  # a finished sequence is padded
+                finished |= nxt == eos
+            out[:, t] = nxt
             t += 1
             if i == max_new_tokens - 1:
                 break
+            if finished is not None and bool(finished.all()):  # the one host read of this token
+                return out[:, :t].contiguous()
             if state is not None and (limit is None or t <= limit):  # feeding position t - 1
                 h, state = self._step_hidden(out[:, t - 1], state)
                 logits = self.lm_head(h)
@@ -729,9 +780,10 @@ class ToSTLM(CausalLM):
 
     def __init__(self, vocab_size: int = 50304, dim: int = 768, depth: int = 12, num_heads: int = 12,
                  max_len: int = 1024, pos_emb: bool = True, pos_bias: bool = True, mlp_ratio: float = 4.0,
-                 bias: bool = False, dropout: float = 0.0, init_values: float = 1e-5):
+                 bias: bool = False, dropout: float = 0.0, init_values: float = 1e-5,
+                 eos_token_id: Optional[int] = None):
         super().__init__(vocab_size, dim, depth, num_heads, max_len, pos_emb, mlp_ratio, bias, dropout, init_values,
-                         pos_bias=bool(pos_bias))
+                         eos_token_id=eos_token_id, pos_bias=bool(pos_bias))
 
     def _make_attn(self, i: int) -> nn.Module:
         return CausalTSSA(self.dim, num_heads=self.num_heads, max_len=self.max_len,
@@ -753,8 +805,9 @@ class GPTLM(CausalLM):
 
     def __init__(self, vocab_size: int = 50304, dim: int = 768, depth: int = 12, num_heads: int = 12,
                  max_len: int = 1024, pos_emb: bool = True, mlp_ratio: float = 4.0, bias: bool = False,
-                 dropout: float = 0.0, init_values: float = 1e-5):
-        super().__init__(vocab_size, dim, depth, num_heads, max_len, pos_emb, mlp_ratio, bias, dropout, init_values)
+                 dropout: float = 0.0, init_values: float = 1e-5, eos_token_id: Optional[int] = None):
+        super().__init__(vocab_size, dim, depth, num_heads, max_len, pos_emb, mlp_ratio, bias, dropout, init_values,
+                         eos_token_id=eos_token_id)
 
     def _make_attn(self, i: int) -> nn.Module:
         return CausalSelfAttention(self.dim, num_heads=self.num_heads, qkv_bias=self.bias, proj_bias=self.bias,

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 import torch.nn as nn
 
+from .._files import check_path
 from .read import PathLike, _open_safetensors, read_aliases, read_state_dict
 
 __all__ = ["check_file_dtypes", "load_checkpoint"]
@@ -96,7 +97,7 @@ def load_checkpoint(model: nn.Module, path: PathLike, strict: bool = True,
     they are skipped and the model keeps its fresh ones (timm's head reset); the report lists them
     under ``"reset"``.
     """
-    sd = read_state_dict(path)
+    sd = read_state_dict(check_path(path, "path"))
     _check_aliases_tied(model, read_aliases(path), path)
     convert = getattr(model, "convert_state_dict", None)
     if callable(convert):

@@ -5,7 +5,8 @@
 it names, in timm's order:
 
 - ``file``: a local weights file or model folder (the ``model.safetensors`` / folder that
-  ``save_pretrained`` writes, an official ToST ``.pth``, a timm state dict ...);
+  ``save_pretrained`` writes, an official ToST ``.pth``, a timm state dict ...); a file with a model's
+  ``config.json`` beside it loads with that config's sizes, the caller's arguments on top;
 - ``hf_hub_id``: a Hugging Face Hub repository (``"org/name"``, ``"org/name@revision"``), fetched with
   ``huggingface_hub.hf_hub_download`` -- its cache (``HF_HUB_CACHE``) and offline mode
   (``HF_HUB_OFFLINE=1``) apply. ``model.safetensors`` is read, else ``pytorch_model.bin``

@@ -36,7 +36,7 @@ from typing import Any, Dict, Optional
 import torch
 import torch.nn as nn
 
-from .._files import replace_folder
+from .._files import check_path, replace_folder
 from .._utils import to_jsonable
 from .formats.remote_code import REMOTE_CODE_NAME, auto_map, write_remote_code
 from .model_card import CARD_MARK, CARD_NAME, model_card
@@ -144,7 +144,7 @@ def _dedup_state_dict(state_dict: Mapping[str, torch.Tensor]):
 def save_pretrained(model: nn.Module, save_dir: PathLike) -> Path:
     """Save ``model`` in the own format (see module docstring), replacing the model in ``save_dir`` as
     one unit and keeping the folder's other files. Returns the directory path."""
-    save_dir = Path(save_dir)
+    save_dir = Path(check_path(save_dir, "save_dir"))
     if save_dir.exists() and not save_dir.is_dir():
         raise ValueError(f"save_dir {str(save_dir)!r} exists and is not a directory")
     _model_config(model)  # refused before anything is written

@@ -90,6 +90,75 @@ def test_generate_and_evaluate_use_the_saved_tokenizer(runs, monkeypatch):
     assert saved["data_args"] == RUNS["bpe"] and ev["n"] == 4 * 16 and ev["loss"] > 0
 
 
+def _eos_from(model, eos, step):
+    """From generation call ``step`` on (0: the prompt's logits), every sequence's mass is on ``eos``
+    (a hook on lm_head): a model that ends its documents."""
+    calls = [0]
+
+    def hook(module, args, logits):
+        if calls[0] >= step:
+            logits = logits.clone()
+            logits[..., eos] = 1e4
+        calls[0] += 1
+        return logits
+
+    model.lm_head.register_forward_hook(hook)
+    return model
+
+
+def test_a_run_records_its_end_of_document_id_in_the_model(runs):
+    for name in RUNS:
+        init = json.loads((runs[name] / "final" / "config.json").read_text())["init_kwargs"]
+        eod = load_tokenizer(runs[name] / "final").eod_id if name != "char" else None
+        assert init["eos_token_id"] == eod and (eod is None) == (name == "char"), name
+        assert from_pretrained(runs[name] / "final").eos_token_id == eod
+
+
+def test_generate_stops_at_the_end_of_document_token(runs, tmp_path, capsys, monkeypatch):
+    """`whiteformer generate` of a packed-trained LM ran past <|endoftext|> (long runs of it mixed
+    with fragments): a sample now ends at the model's end-of-document token, --ignore-eos goes on."""
+    import whiteformer.app.evaluate as ev
+
+    eod = from_pretrained(runs["packed"] / "final").eos_token_id
+    real = ev.load_model
+    monkeypatch.setattr(ev, "load_model", lambda *a, **k: _eos_from(real(*a, **k), eod, 3))
+    argv = ["generate", "--checkpoint", str(runs["packed"]), "--prompt", PROMPT, "--max-new-tokens", "40",
+            "--num-samples", "2"]
+    assert main(argv) == 0
+    stopped = capsys.readouterr().out
+    assert main([*argv, "--ignore-eos"]) == 0
+    full = capsys.readouterr().out
+    assert "<|endoftext|>" not in stopped and stopped.count(PROMPT) == 2, stopped
+    assert full.count("<|endoftext|>") >= 2 * 37, full
+    # a model saved before it recorded its end-of-document id: the run's tokenizer says where a sample ends
+    final = shutil.copytree(runs["packed"] / "final", tmp_path / "final")
+    config = json.loads((final / "config.json").read_text())
+    del config["init_kwargs"]["eos_token_id"]
+    (final / "config.json").write_text(json.dumps(config))
+    assert main([*argv[:2], str(final), *argv[3:]]) == 0
+    assert capsys.readouterr().out == stopped
+    assert main(["generate", "--help"]) == 0
+    assert "tokens to generate at most" in capsys.readouterr().out
+
+
+def test_the_run_reports_sample_stops_at_the_end_of_document_token(runs, tmp_path):
+    from whiteformer.app.train.build import build_task
+    from whiteformer.app.train.tasks.base import ReportContext
+
+    saved = json.loads((runs["packed"] / "final" / "train_config.json").read_text())
+    task = build_task("text", data_dir=saved["data_dir"], data_args=saved["data_args"], block_size=16, batch_size=4)
+    samples = []
+    for eos in ("the model's", None):
+        model = from_pretrained(runs["packed"] / "final").eval()
+        eod = model.eos_token_id
+        if eos is None:
+            model.eos_token_id = None  # a model that does not know its end-of-document token
+        results = {}
+        task.report_sections(_eos_from(model, eod, 3), ReportContext(tmp_path, None, None, None, results, {}, [], 2))
+        samples.append(results["sample"])
+    assert "<|endoftext|>" not in samples[0] and samples[1].count("<|endoftext|>") > 100, samples
+
+
 @pytest.mark.parametrize("bad", ["{}", "not json", "char"])
 def test_generate_refuses_a_tokenizer_json_that_is_not_the_models(runs, tmp_path, capsys, bad):
     final = shutil.copytree(runs["bpe"] / "final", tmp_path / "final")

@@ -64,6 +64,7 @@ def build_model(name: str, ds, model_args: Dict[str, Any], finetune: Optional[st
     cls = model_class(name)
     task.check_model_kind(name, getattr(cls, "model_kind", None), ds)
     defaults, fixed = task.model_kwargs(ds, finetune=finetune, block_size=block_size)
+    defaults = {k: v for k, v in defaults.items() if k not in task.optional_model_kwargs or _takes(cls, k)}
     kw = {**defaults, **model_args}
     optional = {} if (finetune is not None or not unlimited_length) else \
         {k: v for k, v in getattr(cls, "length_free_kwargs", {}).items() if k not in kw}
@@ -75,6 +76,14 @@ def build_model(name: str, ds, model_args: Dict[str, Any], finetune: Optional[st
         raise ConfigError(f"cannot build model {name!r} for {ds.name} ({task.describe_data(ds)}) with {kw}: {err}"
                           f"{task.model_hint(str(err))}") from err
     return task.adapt_model(model, ds, finetune)
+
+
+def _takes(cls, name: str) -> bool:
+    """Whether the constructor of the model class ``cls`` takes the argument ``name``."""
+    import inspect
+
+    params = inspect.signature(cls).parameters
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def make_task(train_ds, eval_ds, dist: Optional[DistInfo] = None, **options: Any) -> Task:

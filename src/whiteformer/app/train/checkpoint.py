@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..._files import is_stage, staged_folder
+from ..._files import check_path, is_stage, staged_folder
 from ..._nesting import parse_bounded
 from .outputs import remove_entry
 
@@ -145,7 +145,7 @@ def save_checkpoint(root, step: int, model: nn.Module, trainer_state: Dict[str, 
 
     from ...models.save import _dedup_state_dict, write_model_files
 
-    root = Path(root)
+    root = Path(check_path(root, "root"))
     final = root / checkpoint_name(step)
     try:
         with staged_folder(final, keep=False) as tmp:
@@ -176,7 +176,7 @@ def save_checkpoint(root, step: int, model: nn.Module, trainer_state: Dict[str, 
 def verify_checkpoint(path) -> Dict[str, Any]:
     """Check a checkpoint directory against its manifest; returns the manifest.
     Raises :class:`CheckpointError` saying what is wrong."""
-    path = Path(path)
+    path = Path(check_path(path, "path"))
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     mpath = path / MANIFEST

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..._files import folder_writer, staged_folder
-from ..config import ConfigError
+from ..config import ConfigError, check_path_option
 
 __all__ = ["remove_entry", "replace_entry", "check_output_dir", "staged_output", "say"]
 
@@ -64,6 +64,7 @@ def check_output_dir(out, *, overwrite: bool, flag: str = "--out") -> Path:
     """``out`` as a Path when a command may write there: missing, an empty directory, or (only with
     ``overwrite``) a directory with files; anything else is a :class:`ConfigError` saying why. A living
     command writing the same directory is an error naming it."""
+    check_path_option(flag, out)
     p = Path(out).expanduser()
     if os.path.lexists(p) and not p.is_dir():
         raise ConfigError(f"{flag} {str(out)!r} exists and is not a directory")

@@ -59,6 +59,8 @@ class Task:
     model_kinds: Tuple[str, ...] = ()
     #: what to use instead, appended to the error for a model of another kind
     kind_hint = ""
+    #: the defaults of :meth:`model_kwargs` given only to a model class whose constructor takes them
+    optional_model_kwargs: Tuple[str, ...] = ()
 
     def __init__(self, train_ds, eval_ds, batch_size: int = 64, seed: int = 0, dist: Optional[DistInfo] = None,
                  bf16: bool = False):

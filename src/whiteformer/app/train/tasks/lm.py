@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.nn as nn
 
+from ....models.lm import until_eos
 from ....ops.context_parallel import token_chunk
 from ...data.packing import PackedWindows, pack_windows
 from ..distributed import DistInfo, all_reduce_sum
@@ -39,6 +40,8 @@ class LMTask(CausalLMData, Task):
     holds = "text"
     kind_hint = "; the dataset holds characters: use a causal language model (tost_lm_*, gpt_*)"
     options = Task.options + ("block_size", "eval_batches")
+    #: the data's end-of-document id, where the language model records it (generate stops there)
+    optional_model_kwargs = ("eos_token_id",)
 
     def __init__(self, train_ds, eval_ds, batch_size: int = 64, seed: int = 0, dist: Optional[DistInfo] = None,
                  bf16: bool = False, block_size: int = 128, eval_batches: int = 10):
@@ -55,6 +58,8 @@ class LMTask(CausalLMData, Task):
         kw: Dict[str, Any] = {"vocab_size": ds.vocab_size}
         if block_size is not None:
             kw["max_len"] = block_size
+        if getattr(ds, "eod_id", None) is not None:
+            kw["eos_token_id"] = ds.eod_id
         return kw, {}
 
     @property
@@ -155,8 +160,9 @@ class LMTask(CausalLMData, Task):
             prompt = self.eval_ds.get_windows(torch.zeros(1, dtype=torch.long), t)[0].to(device)
             g = torch.Generator(device=device).manual_seed(0)
             # A model with a position limit cannot generate past it (needs t + new - 1 <= limit).
-            out = model.generate(prompt, min(300, limit - t + 1), temperature=0.8, generator=g)
-            sample = vocab.decode(out[0].cpu())  # (whole: a subword token may hold part of a character)
+            out = model.generate(prompt, min(300, limit - t + 1), temperature=0.8, generator=g)  # stops at its eos
+            row = until_eos(out[0].cpu(), t, getattr(model, "eos_token_id", None))
+            sample = vocab.decode(row)  # (whole: a subword token may hold part of a character)
         except Exception as err:  # noqa: BLE001 - an analysis must not fail the run
             ctx.notes.append(f"text sample skipped: {type(err).__name__}: {err}")
             return []
