@@ -17,9 +17,10 @@ def user_error(err: BaseException) -> Optional[str]:
     from ..config import ConfigError
     from ..data.tokens import TokenFileError
     from .checkpoint import CheckpointError
+    from .tasks.lm import NoTargetsError
 
     if isinstance(err, (ConfigError, CheckpointError, CheckpointFileError, ImportError, FloatingPointError,
-                        TokenFileError)):
+                        TokenFileError, NoTargetsError)):
         return str(err)
     if isinstance(err, pickle.UnpicklingError):
         if str(err).startswith("refused to load"):  # models.read's own message, naming the file
