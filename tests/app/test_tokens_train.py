@@ -103,3 +103,39 @@ def test_a_bad_id_found_while_training_is_one_error_line(tmp_path, capsys, monke
     ids.tofile(d / "train.bin")
     rc, err = _error(capsys, ["train", *LM, "--data-dir", str(d), "--out", str(tmp_path / "run")])
     assert rc == 2 and len(err) == 1 and "has id 500, not below the vocabulary size 97" in err[0], err
+
+
+def _all_eod_dir(d, eod=0, n=3000):
+    """Token files holding nothing but the end-of-document token (documents all empty)."""
+    d.mkdir(parents=True, exist_ok=True)
+    np.full(n, eod, dtype=np.uint16).tofile(d / "train.bin")
+    np.full(n // 4, eod, dtype=np.uint16).tofile(d / "val.bin")
+    (d / "meta.json").write_text(json.dumps({"vocab_size": 97, "eod_id": eod}))
+    return d
+
+
+@pytest.mark.parametrize("case", ["all_eod", "block_size_1"])
+def test_packed_windows_with_no_target_are_an_error_and_nothing_is_saved(tmp_path, capsys, case):
+    """A packed run on empty documents reported `eval loss 0.0000 (perplexity 1.000, 0 tokens)`,
+    exited 0 and saved final/: no target at all is an error, never a perfect score."""
+    if case == "all_eod":
+        d, argv = _all_eod_dir(tmp_path / "data"), []
+    else:  # a window of one token ends its document: it predicts nothing
+        d, argv = _token_dir(tmp_path / "data"), ["--block-size", "1", "data_args.eod_id=5"]
+    out = tmp_path / "run"
+    rc = main(["train", *LM, "--data-dir", str(d), "data_args.pack=true", *argv, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "no token to predict" in err, err
+    assert not out.exists()
+
+
+def test_eval_of_packed_windows_with_no_target_is_an_error(tmp_path, capsys):
+    d = _token_dir(tmp_path / "data")
+    (d / "meta.json").write_text(json.dumps({"vocab_size": 97, "eod_id": 0}))
+    out = tmp_path / "run"
+    assert main(["train", *LM, "--data-dir", str(d), "data_args.pack=true", "--out", str(out)]) == 0
+    capsys.readouterr()
+    empty = _all_eod_dir(tmp_path / "empty")
+    assert main(["eval", "--checkpoint", str(out), "--data-dir", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "no token to predict" in err and "perplexity" not in err, err

@@ -139,3 +139,76 @@ def test_a_given_tokenizer_decodes_the_ids_and_must_fit_the_vocabulary(tmp_path)
     with pytest.raises(ValueError, match="has 4 tokens, more than the vocabulary size 3"):
         build_dataset("tokens", "train", data_dir=str(_write(tmp_path / "d3", [1, 2, 0] * 9, [1, 2, 0])),
                       tokenizer=str(tmp_path / "tok.json"), vocab_size=3)
+
+
+# ----------------------------------------------------------------------------- meta.json and the files
+@pytest.mark.parametrize("written, said", [(np.uint32, "uint16"), (np.uint16, "uint32")])
+@pytest.mark.parametrize("n", [100, 4096, 70001])
+def test_a_file_of_another_dtype_than_meta_json_says_is_refused_naming_both(tmp_path, written, said, n):
+    """A uint32 train.bin under a meta.json saying uint16 was read with every other id 0 (its size
+    is a whole number of uint16 tokens, all below the vocabulary), though train_tokens said half."""
+    ids = np.arange(n) % 50
+    d = _write(tmp_path / "d", ids, ids[:10], {"vocab_size": 50, "dtype": said, "train_tokens": n,
+                                               "val_tokens": 10}, dtype=written)
+    if written == np.uint16 and n % 2:  # an odd uint16 count is no whole number of uint32 tokens
+        with pytest.raises(TokenFileError, match="not a whole number"):
+            build_dataset("tokens", "train", data_dir=str(d))
+        return
+    with pytest.raises(TokenFileError, match=f"train.bin' holds .* but .*meta.json' says train_tokens = {n}.*"
+                                             f"was it written as {np.dtype(written).name}"):
+        build_dataset("tokens", "train", data_dir=str(d))
+
+
+@pytest.mark.parametrize("count", [0, 99, 101, "100", -1, 1.5])
+def test_a_token_count_in_meta_json_must_be_the_files(tmp_path, count):
+    d = _write(tmp_path / "d", np.arange(100), np.arange(10), {"vocab_size": 100, "train_tokens": count})
+    with pytest.raises(ValueError, match="train_tokens"):
+        build_dataset("tokens", "train", data_dir=str(d))
+    assert len(build_dataset("tokens", "val", data_dir=str(d))) == 10  # (val_tokens not given: not checked)
+
+
+@pytest.mark.parametrize("eod", ["x", 1.5, -1, 100, True, [0], {"id": 3}])
+def test_an_eod_id_in_meta_json_that_is_no_token_id_is_refused(tmp_path, eod):
+    """eod_id "x" was silently ignored (packed runs then had no end-of-document token)."""
+    d = _write(tmp_path / "d", np.arange(100), np.arange(100), {"vocab_size": 100, "eod_id": eod})
+    for kw in ({}, {"pack": True}):
+        with pytest.raises(ValueError, match=r"meta.json': eod_id must be a token id in \[0, 99\]"):
+            build_dataset("tokens", "train", data_dir=str(d), **kw)
+
+
+@pytest.mark.parametrize("depth", [101, 100_000])
+def test_a_deeply_nested_meta_json_is_refused(tmp_path, depth):
+    """A RecursionError in read_meta."""
+    d = _write(tmp_path / "d", np.arange(100), np.arange(100))
+    (d / "meta.json").write_text('{"vocab_size": 100, "x": ' + "[" * depth + "]" * depth + "}")
+    with pytest.raises(ValueError, match="meta.json' nests lists or mappings more than 100 levels deep"):
+        build_dataset("tokens", "train", data_dir=str(d))
+
+
+def test_a_file_larger_than_the_address_space_serves_windows(tmp_path):
+    """A 1 TiB token file under an address-space limit failed with a bare "Cannot allocate memory":
+    it was mapped whole. Each window is read on its own, so the limit never comes near."""
+    import subprocess
+    import sys
+    import textwrap
+
+    d = tmp_path / "big"
+    d.mkdir()
+    try:
+        with open(d / "train.bin", "wb") as f:
+            f.truncate(1 << 40)
+    except OSError as err:
+        pytest.skip(f"cannot make a 1 TiB sparse file here: {err}")
+    np.arange(100, dtype=np.uint16).tofile(d / "val.bin")
+    (d / "meta.json").write_text(json.dumps({"vocab_size": 256}))
+    script = textwrap.dedent(f"""
+        import resource, torch
+        from whiteformer.app.data import build_dataset
+        vm = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (2 << 30), resource.RLIM_INFINITY))  # 2 GiB to spare
+        ds = build_dataset("tokens", "train", data_dir={str(d)!r})
+        x, y = ds.get_windows(torch.tensor([0, len(ds) // 2, len(ds) - 129]), 128)
+        print(tuple(x.shape), int(x.max()))
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.split() == ["(3,", "128)", "0"], res.stderr[-2000:]

@@ -13,7 +13,7 @@ name                  what (``help=`` of its ``register_dataset``)
 ``shakespeare-plays`` which play a byte-level document comes from (LRA Text / IMDB stand-in)
 ``subspaces``         synthetic union of K orthogonal subspaces (ECA toy data), class = subspace
 ``text``              language modelling on a text file: characters or a BPE tokenizer (default: shipped corpus)
-``tokens``            language modelling on token ids: nanoGPT's train.bin / val.bin memmaps in data_dir
+``tokens``            language modelling on token ids: nanoGPT's train.bin / val.bin token files in data_dir
 ===================== ==========================================================================================
 
 ``build_dataset(name, split, **kwargs)`` checks the arguments (:func:`check_dataset_args`: names the

@@ -17,9 +17,8 @@ vocabulary size comes from ``meta.json`` or ``vocab_size=V`` (``data_args.vocab_
 exceed the file's, e.g. nanoGPT's 50304 for GPT-2's 50257, never be smaller); the dtype from
 ``dtype=`` or ``meta.json`` (default uint16), and both must agree when both are given.
 
-The files are never read whole: every batch opens the file as a ``np.memmap`` and copies only its
-windows of ``block_size + 1`` tokens (the map is dropped after the batch, so the pages it touched
-are not kept as the process's memory), so a file larger than the machine's memory trains. Which
+The files are never read whole, nor mapped: every batch reads only its windows of ``block_size + 1``
+tokens from the file, so a file larger than the machine's memory (or its address space) trains. Which
 windows a step reads, and which of them each data-parallel / context-parallel process takes, is the
 language-model task's business (:class:`whiteformer.app.train.tasks.LMTask`), as for ``text``.
 
@@ -39,6 +38,7 @@ import numpy as np
 import torch
 
 from ..._checks import is_int
+from ..._nesting import NestingError, parse_bounded
 from .packing import resolve_eod_id
 from .registry import check_split, register_dataset
 
@@ -64,9 +64,11 @@ def read_meta(data_dir) -> Dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        meta = parse_bounded(lambda: json.loads(path.read_text(encoding="utf-8")))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{str(path)!r} is not valid JSON: {err}") from None
+    except NestingError as err:
+        raise ValueError(f"{str(path)!r} {err}") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{str(path)!r} must hold a JSON object such as {{\"vocab_size\": 50257}}, "
                          f"got {type(meta).__name__}")
@@ -74,7 +76,7 @@ def read_meta(data_dir) -> Dict[str, Any]:
 
 
 class TokenFile:
-    """One split's token file, read through a memmap batch by batch (``kind = "lm"``).
+    """One split's token file, read window by window, batch by batch (``kind = "lm"``).
 
     ``len(ds)`` is the number of tokens; ``get_windows(starts, block_size)`` -> (x, y) int64 of shape
     (B, block_size), y = x shifted by one, read from the file at ``starts`` (B,). ``vocab``: the
@@ -110,8 +112,20 @@ class TokenFile:
     def __len__(self) -> int:
         return self._len
 
-    def _map(self) -> np.memmap:
-        return np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self._len,))
+    def _read(self, starts, n: int) -> np.ndarray:
+        """(len(starts), n) ids: the ``n`` tokens at each token offset of ``starts``, each run read on
+        its own (the file is never mapped whole, so its size is bounded by neither memory nor the
+        address space)."""
+        out = np.empty((len(starts), n), dtype=self.dtype)
+        with open(self.path, "rb") as f:
+            for row, s in enumerate(starts):
+                f.seek(int(s) * self.dtype.itemsize)
+                got = np.fromfile(f, dtype=self.dtype, count=n)
+                if got.size != n:  # the file shrank since it was opened
+                    raise TokenFileError(f"{self.source!r} ends before token {int(s) + n} (it holds "
+                                         f"{self._len} tokens when opened; was it changed during the run?)")
+                out[row] = got
+        return out
 
     def _check_ids(self, ids: np.ndarray, offsets: np.ndarray) -> None:
         """``ids`` (B, L) read at token offsets ``offsets`` (B,): all below the vocabulary size."""
@@ -128,22 +142,13 @@ class TokenFile:
         n = min(SAMPLE_TOKENS, self._len)
         k = min(SAMPLE_CHUNKS, max(1, self._len // n))
         starts = (np.arange(k, dtype=np.int64) * (self._len - n)) // max(k - 1, 1)
-        mm = self._map()
-        try:
-            self._check_ids(np.stack([np.asarray(mm[s:s + n]) for s in starts]), starts)
-        finally:
-            del mm
+        self._check_ids(self._read(starts, n), starts)
 
     def get_windows(self, starts: torch.Tensor, block_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
         if self._len < block_size + 1:
             raise ValueError(f"{self.name}: {self._len} tokens are fewer than block_size + 1 = {block_size + 1}")
         offsets = torch.as_tensor(starts, dtype=torch.long).numpy()
-        mm = self._map()
-        try:
-            chunk = np.stack([np.asarray(mm[s:s + block_size + 1]) for s in offsets]) if len(offsets) else \
-                np.zeros((0, block_size + 1), dtype=self.dtype)
-        finally:
-            del mm  # the map (and the pages it touched) goes with the batch
+        chunk = self._read(offsets, block_size + 1)
         self._check_ids(chunk, offsets)
         chunk = torch.from_numpy(chunk.astype(np.int64))
         return chunk[:, :-1], chunk[:, 1:]
@@ -214,7 +219,7 @@ def _resolve(meta: Dict[str, Any], dtype: Optional[str], vocab_size: Optional[in
 
 
 @register_dataset("tokens", reads="directory",
-                  help="language modelling on token ids: nanoGPT's train.bin / val.bin memmaps in data_dir")
+                  help="language modelling on token ids: nanoGPT's train.bin / val.bin token files in data_dir")
 def tokens(split: str = "train", data_dir: Optional[str] = None, dtype: Optional[str] = None,
            vocab_size: Optional[int] = None, pack: bool = False, eod_id: Optional[int] = None,
            eod: Optional[str] = None, tokenizer: Optional[str] = None) -> TokenFile:
@@ -239,7 +244,8 @@ def tokens(split: str = "train", data_dir: Optional[str] = None, dtype: Optional
         raise FileNotFoundError(f"tokens: {str(path)!r} {what} (the {split} split; a data directory holds "
                                 f"train.bin and val.bin, e.g. written by whiteformer prepare-text)")
     meta_eod = meta.get("eod_id")
-    meta_eod = int(meta_eod) if is_int(meta_eod) else None
+    if meta_eod is not None and not (is_int(meta_eod) and 0 <= meta_eod < vocab_size):
+        raise ValueError(f"{meta_path!r}: eod_id must be a token id in [0, {vocab_size - 1}], got {meta_eod!r}")
     tok = _dir_tokenizer(root, meta) if tokenizer is None else _given_tokenizer(tokenizer, meta, vocab_size)
     if pack or eod_id is not None or eod is not None:
         eod_id = resolve_eod_id(tok, vocab_size, meta_eod if eod_id is None and eod is None else eod_id, eod,
@@ -247,5 +253,24 @@ def tokens(split: str = "train", data_dir: Optional[str] = None, dtype: Optional
     else:
         eod_id = meta_eod
     ds = TokenFile(path, dtype, vocab_size, name=f"tokens/{split}", vocab=tok, eod_id=eod_id, pack=pack)
+    _check_count(meta, meta_path, split, ds)
     ds.check_sample()
     return ds
+
+
+def _check_count(meta: Dict[str, Any], meta_path: str, split: str, ds: TokenFile) -> None:
+    """``meta.json``'s ``<split>_tokens`` (written by ``prepare-text``), when there, is the file's
+    number of tokens: a file of another dtype than meta.json says has twice or half as many."""
+    key = f"{split}_tokens"
+    want = meta.get(key)
+    if want is None:
+        return
+    if not (is_int(want) and want >= 0):
+        raise ValueError(f"{meta_path!r}: {key} must be a token count (an integer >= 0), got {want!r}")
+    if want != len(ds):
+        size = len(ds) * ds.dtype.itemsize
+        other = [n for n, d in TOKEN_DTYPES.items() if d != ds.dtype and size == want * d.itemsize]
+        hint = (f"; the file's size fits {want} {other[0]} tokens: was it written as {other[0]}?" if other
+                else "; the file or meta.json was changed or truncated")
+        raise TokenFileError(f"{ds.source!r} holds {len(ds)} {ds.dtype.name} tokens ({size} bytes) but {meta_path!r} "
+                             f"says {key} = {want}{hint}")

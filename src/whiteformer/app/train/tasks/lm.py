@@ -26,7 +26,28 @@ from ...data.packing import PackedWindows, pack_windows
 from ..distributed import DistInfo, all_reduce_sum
 from .base import CausalLMData, ReportContext, Task, seeded_generator
 
-__all__ = ["LMTask"]
+__all__ = ["LMTask", "NoTargetsError", "check_targets"]
+
+
+class NoTargetsError(ValueError):
+    """Windows hold no token to predict (packed windows of end-of-document tokens only): a loss over
+    them would be a perfect 0, so it is an error, reported as one line."""
+
+
+def no_targets_message(ds, windows: int, block_size: int) -> str:
+    why = (f"with block_size {block_size} every window is one token, which ends its document" if block_size < 2
+           else f"every window holds only end-of-document tokens (id {ds.eod_id})")
+    return (f"{ds.name}: the {windows} windows read have no token to predict (pack=true: a document's last token "
+            f"predicts nothing, and {why}); a loss over them would be a perfect 0. Check the data (are its documents "
+            f"empty?) or the end-of-document id")
+
+
+def check_targets(ds, starts: torch.Tensor, block_size: int) -> None:
+    """:class:`NoTargetsError` when the packed windows of ``ds`` at ``starts`` (``block_size``
+    tokens each) hold no target: a window's tokens before its last are all end-of-document tokens."""
+    x, _ = ds.get_windows(starts, block_size)
+    if not bool((x[:, :-1] != ds.eod_id).any()):
+        raise NoTargetsError(no_targets_message(ds, len(starts), block_size))
 
 
 class LMTask(CausalLMData, Task):
@@ -52,6 +73,14 @@ class LMTask(CausalLMData, Task):
             if len(ds) < block_size + 1:
                 raise ValueError(f"{ds.name} has {len(ds)} tokens, fewer than block_size + 1 = {block_size + 1}; "
                                  f"lower block_size")
+        for ds, starts in ((eval_ds, self.eval_starts(eval_ds)), (train_ds, self._train_starts(0))):
+            if getattr(ds, "pack", False):
+                check_targets(ds, starts, block_size)
+
+    def _train_starts(self, step: int) -> torch.Tensor:
+        """The window starts of ``step``'s global batch (every process's)."""
+        high = len(self.train_ds) - self.block_size
+        return torch.randint(0, high, (self.batch_size,), generator=seeded_generator(self.seed, 3, step))
 
     @classmethod
     def model_kwargs(cls, ds, *, finetune=None, block_size=None):
@@ -68,9 +97,7 @@ class LMTask(CausalLMData, Task):
         return max(1, len(self.train_ds) // (self.batch_size * self.block_size))
 
     def train_batch(self, step: int):
-        high = len(self.train_ds) - self.block_size
-        starts = torch.randint(0, high, (self.batch_size,), generator=seeded_generator(self.seed, 3, step))
-        return self._batch(self.train_ds, starts[self.lo:self.hi])
+        return self._batch(self.train_ds, self._train_starts(step)[self.lo:self.hi])
 
     def _batch(self, ds, starts: torch.Tensor):
         """(x, y) of the windows at ``starts``, this process's share under context parallelism, on
@@ -131,7 +158,9 @@ class LMTask(CausalLMData, Task):
             tot[1] += count
         all_reduce_sum(tot)
         model.train(was_training)
-        loss = tot[0].item() / max(tot[1].item(), 1.0)
+        if tot[1].item() == 0:
+            raise NoTargetsError(no_targets_message(ds, len(starts), self.block_size))
+        loss = tot[0].item() / tot[1].item()
         return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "n": int(tot[1].item())}
 
     def summary(self, res: Dict[str, float]) -> str:
