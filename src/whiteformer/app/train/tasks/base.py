@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from ...._progress import progress_bar
 from ...config import ConfigError
 from ..distributed import DistInfo
 
@@ -59,6 +60,9 @@ class Task:
     model_kinds: Tuple[str, ...] = ()
     #: what to use instead, appended to the error for a model of another kind
     kind_hint = ""
+    #: a progress bar over the batches of :meth:`evaluate` on a terminal (``whiteformer eval``; off during
+    #: training, whose own bar runs)
+    eval_progress = False
 
     def __init__(self, train_ds, eval_ds, batch_size: int = 64, seed: int = 0, dist: Optional[DistInfo] = None,
                  bf16: bool = False):
@@ -138,6 +142,15 @@ class Task:
 
     def evaluate(self, model: nn.Module, ds=None) -> Dict[str, float]:
         raise NotImplementedError
+
+    def eval_steps(self, starts: range):
+        """The first index of each evaluation batch, under a progress bar (batches, ETA) when
+        :attr:`eval_progress` is on and stderr is a terminal."""
+        bar = progress_bar(len(starts), "eval", "batch", enabled=self.eval_progress and self.dist.is_main)
+        with bar:
+            for i in starts:
+                yield i
+                bar.update(1)
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
