@@ -205,7 +205,9 @@ class LayerwiseReport:
         """The figure (not saved): up to three panels over the layers, each drawn only when the model
         gives its columns: R_c^var (ToST Fig. 4a / DMSA Fig. 5); R, R_c, delta_R, delta_R_U;
         R_c(Z|U). Titled with the model's name; a final-norm row (transformers models that report
-        one) is a point of its own after the blocks, labelled "final norm" on the x axis."""
+        one) is a point of its own after the blocks, labelled "final norm" on the x axis. Each panel's
+        y scale is the blocks' values; a final-norm point far off it (the norm rescales the tokens)
+        is drawn at the edge and annotated with its value instead of squeezing the blocks' curves."""
         panels = []
         for title, ylabel, curves in _PANELS:
             curves = [(key, style) for key, style in curves if any(v is not None for v in self.column(key))]
@@ -215,13 +217,15 @@ class LayerwiseReport:
         axes = fig.subplots(1, max(len(panels), 1), squeeze=False)[0]
         xs, labels = _layer_positions(self.rows)
         for ax, (title, ylabel, curves) in zip(axes, panels):
+            layer_values, named = [], []
             for key, style in curves:
                 pts = [(xi, v, row["layer"] is None) for xi, v, row in zip(xs, self.column(key), self.rows)
                        if v is not None]
                 line, = ax.plot([p[0] for p in pts if not p[2]], [p[1] for p in pts if not p[2]], style, label=key)
-                named = [p for p in pts if p[2]]  # the final norm: a point of its own, not joined to the blocks
-                if named:
-                    ax.plot([p[0] for p in named], [p[1] for p in named], style[0], color=line.get_color())
+                layer_values += [p[1] for p in pts if not p[2]]
+                # the final norm: a point of its own, not joined to the blocks
+                named += [(p[0], p[1], style[0], line.get_color(), key) for p in pts if p[2]]
+            _draw_named_points(ax, named, _value_range(layer_values))
             ax.legend()
             ax.set_title(title)
             ax.set_xlabel("layer")
@@ -240,6 +244,37 @@ _PANELS = (
     ("rates", "coding rate (nats)", [("R", "o-"), ("R_c", "s--"), ("delta_R", "^:"), ("delta_R_U", "v-.")]),
     ("subspace compression", "R_c(Z | U) (nats)", [("R_c_U", "o-")]),
 )
+
+
+def _value_range(values: List[float]):
+    """(low, high) y limits of the layers' values with a margin (None without values): the scale of
+    a panel, which a final-norm point far off it must not crush."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return None
+    lo, hi = min(finite), max(finite)
+    pad = 0.08 * (hi - lo) if hi > lo else 0.1 * max(abs(hi), 1.0)
+    return lo - pad, hi + pad
+
+
+def _draw_named_points(ax, points, limits) -> None:
+    """The final-norm points ``(x, y, marker, colour, column)``: on the layers' scale ``limits`` when they
+    fall inside it; else clipped to its edge (a triangle pointing off the scale) and annotated with the
+    column and its value (annotations at one edge stacked, not overlaid)."""
+    stacked = {True: 0, False: 0}
+    for x, y, marker, color, key in points:
+        if limits is None or limits[0] <= y <= limits[1]:
+            ax.plot([x], [y], marker, color=color)
+            continue
+        above = y > limits[1]
+        edge = limits[1] if above else limits[0]
+        stacked[above] += 1
+        offset = 10 * stacked[above] * (-1 if above else 1)
+        ax.plot([x], [edge], "^" if above else "v", color=color, clip_on=False)
+        ax.annotate(f"{key} {y:.4g} (off scale)", xy=(x, edge), xytext=(-6, offset), textcoords="offset points",
+                    ha="right", va="center", fontsize=7, color=color)
+    if limits is not None:
+        ax.set_ylim(*limits)
 
 
 def _layer_positions(rows: List[Dict[str, Any]]):
