@@ -140,3 +140,33 @@ def test_lens_figure_draws_a_final_norm_on_scale_as_a_plain_point():
         points = [float(line.get_ydata()[0]) for line in ax.lines if len(line.get_ydata()) == 1]
         assert sorted(points) == pytest.approx(sorted(final[k] for k in keys))  # drawn where they are
         assert all(lo <= v <= hi for v in points)
+
+
+def _overlaps(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+@pytest.mark.parametrize("rows,heads,cell", [(4, 3, 1.5), (2, 2, 1.0), (6, 4, 0.8), (3, 8, 1.5)])
+def test_grid_figure_titles_never_overlap_an_image(rows, heads, cell):
+    """Row titles ("y=3 pred=5") sit in the gap above their own image, never on the image above, and
+    the figure's title clears the first row's column titles."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    titles = [f"y={i} pred={(i + 1) % 10}" for i in range(rows)]
+    fig = grid_figure(torch.rand(rows, 1, 8, 8), torch.rand(rows, heads, 4, 4), "memberships pi of each token",
+                      "membership pi", False, cell, 60, "viridis", row_titles=titles)
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    grid = [ax for ax in fig.axes if ax.get_images() and ax.get_subplotspec() is not None]
+    assert len(grid) == rows * (1 + heads)
+    images = [ax.get_window_extent(renderer) for ax in grid]
+    texts = [ax.title for ax in grid if ax.get_title()] + [fig._suptitle]
+    for t in texts:
+        box = t.get_window_extent(renderer)
+        own = [im for ax, im in zip(grid, images) if ax.title is t]
+        for im in images:
+            if not own or im is not own[0]:
+                assert not _overlaps(box, im), (t.get_text(), box, im)
+    tops = [ax.title.get_window_extent(renderer) for ax in grid[:1 + heads] if ax.get_title()]
+    sup = fig._suptitle.get_window_extent(renderer)
+    assert all(not _overlaps(sup, t) for t in tops)
