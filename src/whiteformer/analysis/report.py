@@ -53,6 +53,7 @@ import torch.nn as nn
 
 from .._checks import check_choice, check_instance, check_positive_real, check_tensor
 from .._files import save_figure, write_text
+from .._progress import progress_bar
 from . import hidden_states, rates
 from ._viz import new_figure, require_matplotlib
 from .capture import BlockRecord, attention_basis, capture, eval_mode
@@ -315,6 +316,7 @@ def layerwise_report(
     dtype: torch.dtype = torch.float64,
     subspaces: Any = None,
     attention_mask: Optional[torch.Tensor] = None,
+    progress: bool = False,
 ) -> LayerwiseReport:
     """Per-layer R, R_c, delta_R, R_c^var, R_c(Z|U) of ``model`` on a batch (see module docstring).
 
@@ -335,6 +337,7 @@ def layerwise_report(
             split of the width; an int K; or bases (K, d, p)).
         attention_mask: transformers models only: (B, T) keep-mask, passed to the model; padded
             tokens are left out of Z.
+        progress: a tqdm bar over the layers' rates on stderr when it is a terminal.
     Returns:
         a :class:`LayerwiseReport` (``.rows``, ``.to_markdown()``, ``.files``).
     Raises:
@@ -357,7 +360,7 @@ def layerwise_report(
     if hidden_states.is_transformers_model(model):
         with torch.no_grad(), eval_mode(model):
             rows = hidden_states.hidden_state_rows(model, images_or_tokens, float(eps), features, dtype, subspaces,
-                                                   attention_mask)
+                                                   attention_mask, progress=progress)
         report = LayerwiseReport(rows, float(eps), features, int(images_or_tokens.shape[0]), model_title(model))
         if out_dir is not None:
             report.save(out_dir, plot=plot)
@@ -371,7 +374,11 @@ def layerwise_report(
     ran = [r for r in rec.blocks if r.calls > 0 and r.output is not None]
     if not ran:
         raise ValueError("no attention block ran during model(images_or_tokens)")
-    rows = [_layer_row(r, features, float(eps), dtype) for r in ran]
+    rows = []
+    with progress_bar(len(ran), "layerwise", "layer", enabled=progress) as bar:
+        for r in ran:
+            rows.append(_layer_row(r, features, float(eps), dtype))
+            bar.update(1)
     report = LayerwiseReport(rows, float(eps), features, int(images_or_tokens.shape[0]), model_title(model))
     if out_dir is not None:
         report.save(out_dir, plot=plot)

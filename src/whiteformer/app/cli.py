@@ -433,7 +433,8 @@ def analysis_layerwise(cfg) -> int:
     with staged_output(cfg.out, overwrite=cfg.overwrite) as stage:
         try:
             report = layerwise_report(model, x, eps=opts["eps"], out_dir=stage, plot=cfg.plots,
-                                      features=opts["features"], subspaces=opts.get("subspaces"))
+                                      features=opts["features"], subspaces=opts.get("subspaces"),
+                                      progress=cfg.progress)
         except (ValueError, TypeError) as err:  # its argument checks: options that do not fit this model
             raise UsageError(str(err)) from None
     print(report.to_markdown())

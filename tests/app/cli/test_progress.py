@@ -26,6 +26,15 @@ def _bars(text: str, desc: str):
     return [(int(a), int(b)) for a, b in re.findall(re.escape(desc) + r"[^\r\n]*?\|\s*(\d+)/(\d+)", text)]
 
 
+def _closed_bars(text: str, desc: str):
+    """(done, total) of each bar named ``desc`` as it was left when closed (one line each)."""
+    out = []
+    for line in text.split("\n"):
+        found = _bars(line.split("\r")[-1], desc)
+        out += found[-1:]
+    return out
+
+
 @pytest.fixture(scope="module")
 def lm_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("progress") / "lm"
@@ -74,3 +83,50 @@ def test_eca_toy_bar_total_counts_every_step(tmp_path, monkeypatch):
     total = eca_toy._num_steps(eca_toy.ToyConfig(**{**eca_toy.SMALL.__dict__, "layers": 2, "epochs": 1,
                                                    "sweep_repeats": 2}))
     assert bars[-1] == (total, total)
+
+
+@pytest.mark.parametrize("kind", ["whiteformer", "transformers"])
+def test_analyze_layerwise_draws_a_bar_over_the_layers(kind, tmp_path, monkeypatch):
+    from whiteformer import create_model
+
+    if kind == "transformers":
+        transformers = pytest.importorskip("transformers")
+        model = transformers.GPT2Model(transformers.GPT2Config(n_embd=16, n_layer=3, n_head=2, vocab_size=50,
+                                                               n_positions=16))
+        rows = 3 + 1  # the layers and the final norm
+    else:
+        model = create_model("tost_t12_p16", img_size=8, patch_size=2, in_chans=1, depth=2, embed_dim=16,
+                             num_heads=2, num_classes=3)
+        rows = 2
+    model.save_pretrained(tmp_path / "m")
+    tty = Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    args = ["analyze", "layerwise", "--checkpoint", str(tmp_path / "m"), "--no-plots", "options.samples=2",
+            "options.seq_len=8"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    bars = _bars(tty.getvalue(), "layerwise")
+    assert bars and bars[-1] == (rows, rows) and {t for _, t in bars} == {rows}, tty.getvalue()
+    quiet = Tty()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    assert main([*args, "--no-progress", "--out", str(tmp_path / "b")]) == 0
+    assert _bars(quiet.getvalue(), "layerwise") == []
+
+
+def test_compress_draws_its_block_bar_and_the_accuracy_bars_on_a_terminal(tmp_path, monkeypatch):
+    pytest.importorskip("sklearn")
+    run = tmp_path / "deit"
+    assert main(["train", "--model", "deit_t_p16", "model_args={patch_size: 4, embed_dim: 16, depth: 2, num_heads: 2}",
+                 "--dataset", "digits", "--steps", "1", "--no-progress", "--no-report", "--no-tensorboard",
+                 "--out", str(run)]) == 0
+    tty = Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    args = ["compress", "--checkpoint", str(run), "--qk", "truncatt", "--qk-rank", "4", "--vo-rank", "4"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    text = tty.getvalue()
+    assert _bars(text, "compress")[-1] == (2, 2), text
+    evals = _closed_bars(text, "eval")  # the original's and the compressed model's accuracy
+    assert len(evals) == 2 and all(done == total > 0 for done, total in evals), text
+    quiet = Tty()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    assert main([*args, "--quiet", "--out", str(tmp_path / "b")]) == 0
+    assert _bars(quiet.getvalue(), "compress") == [] and _bars(quiet.getvalue(), "eval") == []
