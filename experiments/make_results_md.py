@@ -725,7 +725,7 @@ def main(argv=None) -> int:
            "scale (small models, MNIST subsets, a few epochs, one to three seeds). Each result is next to the "
            "paper's claim, whether it agrees or not. Every number below is read from a file under "
            "`experiments/results/` written by the command given with it; this page is generated from those files "
-           "by `.venv/bin/python experiments/make_results_md.py`. All experiments in priority order: "
+           "by `.venv/bin/python experiments/make_results_md.py`, in a clone of the repository. All experiments in priority order: "
            "`sh experiments/run_all.sh` (each script is resumable: finished runs are skipped, interrupted ones "
            "continue from their last checkpoint; large run directories go to `runs/experiments/`).\n"]
     verdicts = []

@@ -21,6 +21,7 @@ LAYERS = {
     "_checks": 0.5,  # the argument checks use the two helpers above
     "_files": 0,
     "_nesting": 0,
+    "_progress": 0,
     "_utils": 0,
     "_registry": 0,
     "_import_hooks": 0,

@@ -96,3 +96,77 @@ def test_run_report_includes_cls_attention_maps_and_rate_reading(tmp_path):
     lines = task.report_sections(deit, ReportContext(tmp_path, plt, x, labels, {}, {}, [], 2))
     assert "## [CLS] attention maps" not in "\n".join(lines)
     assert "Reading: rising" not in "\n".join(lines) and "rising" in RATE_READING
+
+
+def _lens_report(final_R: float, final_Rc: float):
+    from whiteformer.analysis.report import COLUMNS, LayerwiseReport
+
+    def row(layer, name, R, Rc):
+        r = dict.fromkeys(COLUMNS)
+        r.update(layer=layer, name=name, R=R, R_c_U=Rc, delta_R_U=R - Rc)
+        return r
+
+    torch.manual_seed(0)
+    rows = [row(i + 1, f"layer {i + 1}", 10 + float(torch.rand(())), 4 + float(torch.rand(()))) for i in range(5)]
+    return LayerwiseReport(rows + [row(None, "final norm", final_R, final_Rc)], eps=0.5, features="output",
+                           num_samples=8, model="gpt2")
+
+
+@pytest.mark.parametrize("final", [(800.0, 300.0), (-500.0, -900.0), (1e6, 2.0)])
+def test_lens_figure_keeps_the_layers_scale_when_the_final_norm_is_far_off(final):
+    rep = _lens_report(*final)
+    fig = rep.figure()
+    layers = [r for r in rep.rows if r["layer"] is not None]
+    for ax in fig.axes:
+        keys = [line.get_label() for line in ax.lines if not line.get_label().startswith("_")]
+        values = [r[k] for r in layers for k in keys]
+        lo, hi = ax.get_ylim()
+        span = max(values) - min(values)
+        assert lo <= min(values) and max(values) <= hi
+        assert hi - lo <= 1.5 * span  # the layers fill the panel: not crushed by the final norm
+        off = [r[k] for r in rep.rows if r["layer"] is None for k in keys if not lo <= r[k] <= hi]
+        notes = [t.get_text() for t in ax.texts]
+        for v in off:  # each off-scale value is written on the panel
+            assert any(f"{v:.4g}" in n for n in notes), (v, notes)
+
+
+def test_lens_figure_draws_a_final_norm_on_scale_as_a_plain_point():
+    rep = _lens_report(10.5, 4.5)
+    final = rep.rows[-1]
+    for ax in rep.figure().axes:
+        assert not ax.texts
+        lo, hi = ax.get_ylim()
+        keys = [line.get_label() for line in ax.lines if not line.get_label().startswith("_")]
+        points = [float(line.get_ydata()[0]) for line in ax.lines if len(line.get_ydata()) == 1]
+        assert sorted(points) == pytest.approx(sorted(final[k] for k in keys))  # drawn where they are
+        assert all(lo <= v <= hi for v in points)
+
+
+def _overlaps(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+@pytest.mark.parametrize("rows,heads,cell", [(4, 3, 1.5), (2, 2, 1.0), (6, 4, 0.8), (3, 8, 1.5)])
+def test_grid_figure_titles_never_overlap_an_image(rows, heads, cell):
+    """Row titles ("y=3 pred=5") sit in the gap above their own image, never on the image above, and
+    the figure's title clears the first row's column titles."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    titles = [f"y={i} pred={(i + 1) % 10}" for i in range(rows)]
+    fig = grid_figure(torch.rand(rows, 1, 8, 8), torch.rand(rows, heads, 4, 4), "memberships pi of each token",
+                      "membership pi", False, cell, 60, "viridis", row_titles=titles)
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    grid = [ax for ax in fig.axes if ax.get_images() and ax.get_subplotspec() is not None]
+    assert len(grid) == rows * (1 + heads)
+    images = [ax.get_window_extent(renderer) for ax in grid]
+    texts = [ax.title for ax in grid if ax.get_title()] + [fig._suptitle]
+    for t in texts:
+        box = t.get_window_extent(renderer)
+        own = [im for ax, im in zip(grid, images) if ax.title is t]
+        for im in images:
+            if not own or im is not own[0]:
+                assert not _overlaps(box, im), (t.get_text(), box, im)
+    tops = [ax.title.get_window_extent(renderer) for ax in grid[:1 + heads] if ax.get_title()]
+    sup = fig._suptitle.get_window_extent(renderer)
+    assert all(not _overlaps(sup, t) for t in tops)

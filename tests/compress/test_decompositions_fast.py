@@ -159,18 +159,21 @@ class Tty(io.StringIO):
 def test_progress_lines_without_a_terminal_and_a_bar_on_one():
     out = io.StringIO()
     with BlockProgress(2, file=out) as bar:
-        bar.update(0, "irratt", 12, 0.25, 1.5)
-        bar.update(3, None, None, None, 0.1)
+        bar.update(0, "irratt", [5, 7], 12, 0.25, 1.5)
+        bar.update(3, None, None, None, None, 0.1)
     lines = out.getvalue().splitlines()
-    assert lines[0] == "compress: block 1/2 (index 0): irratt, rank 12, QK error 0.2500, 1.50 s"
+    assert lines[0].startswith("compress: block 1/2 (index 0): irratt, QK ranks (per head) 5,7, total 12, "
+                               "QK error 0.2500, 1.50 s; elapsed ")
+    assert ", ETA " in lines[0] and lines[1].endswith("ETA 0.0 s")  # the last block: nothing left
     assert lines[1].startswith("compress: block 2/2 (index 3): QK exact") and len(lines) == 2
     tty = Tty()
     with BlockProgress(2, file=tty) as bar:
         assert bar.bar is not None
-        bar.update(0, "irratt", 12, 0.25, 1.5)
-    assert "block 0: rank 12, QK error 0.2500" in tty.getvalue() and "compress:" in tty.getvalue()
+        bar.update(0, "irratt", [5, 7], 12, 0.25, 1.5)
+    assert "block 0: QK ranks (per head) 5,7, total 12, QK error 0.2500" in tty.getvalue()
+    assert "compress:" in tty.getvalue() and "1/2" in tty.getvalue()
     quiet = io.StringIO()
-    BlockProgress(2, enabled=False, file=quiet).update(0, "irratt", 1, 0.1, 0.1)
+    BlockProgress(2, enabled=False, file=quiet).update(0, "irratt", [1], 1, 0.1, 0.1)
     assert quiet.getvalue() == ""
 
 
@@ -183,6 +186,10 @@ def test_compress_reports_progress_and_block_seconds(capsys):
     assert [ln.split(":")[1].strip() for ln in err] == ["block 1/2 (index 0)", "block 2/2 (index 1)"]
     for line, row in zip(err, rep.blocks):
         assert f"QK error {row['qk_rel_error']:.4f}" in line and row["seconds"] > 0
+        # the ranks as the report's per-block table prints them (per head), and their labelled total
+        per_head = ",".join(str(r) for r in row["qk_ranks"])
+        assert f"QK ranks (per head) {per_head}, total {row['qk_total_rank']}" in line
+        assert f"| {per_head} |" in rep.to_markdown()
         assert math.isfinite(row["seconds"])
     compress(model, qk="irratt", qk_flops_ratio=0.5, progress=False)
     assert capsys.readouterr().err == ""

@@ -31,6 +31,7 @@ import torch.nn as nn
 
 from .._checks import is_int
 from .._files import check_path
+from .._progress import progress_bar
 from . import rates
 
 __all__ = ["is_transformers_model", "load_for_analysis", "split_bases", "hidden_state_rows", "example_inputs",
@@ -143,9 +144,11 @@ def _row(name: str, layer: Optional[int], kind: str, z_all: torch.Tensor, keep: 
 
 
 def hidden_state_rows(model: nn.Module, inputs: torch.Tensor, eps: float, features: str, dtype: torch.dtype,
-                      subspaces: Any = None, attention_mask: Optional[torch.Tensor] = None) -> List[Dict[str, Any]]:
+                      subspaces: Any = None, attention_mask: Optional[torch.Tensor] = None,
+                      progress: bool = False) -> List[Dict[str, Any]]:
     """One row per layer (keys of :data:`whiteformer.analysis.report.COLUMNS`), and one for the final
-    norm where the model reports it, from the model's hidden states (see the module docstring)."""
+    norm where the model reports it, from the model's hidden states (see the module docstring);
+    ``progress``: a bar over the rows on a terminal."""
     kwargs = {model.main_input_name: inputs, "output_hidden_states": True}
     if attention_mask is not None:
         kwargs["attention_mask"] = attention_mask
@@ -160,10 +163,15 @@ def hidden_state_rows(model: nn.Module, inputs: torch.Tensor, eps: float, featur
         keep = attention_mask.bool()
     kind = model.config.model_type
     zs = layer_out if features == "output" else layer_in
-    rows = [_row(f"layer {i}", i, kind, z, keep, eps, dtype, U, k) for i, z in enumerate(zs, start=1)]
-    if final is not None:
-        rows.append(_row(FINAL_NORM, None, kind, final if features == "output" else layer_out[-1], keep, eps, dtype,
-                         U, k))
+    rows = []
+    with progress_bar(len(zs) + (final is not None), "layerwise", "layer", enabled=progress) as bar:
+        for i, z in enumerate(zs, start=1):
+            rows.append(_row(f"layer {i}", i, kind, z, keep, eps, dtype, U, k))
+            bar.update(1)
+        if final is not None:
+            rows.append(_row(FINAL_NORM, None, kind, final if features == "output" else layer_out[-1], keep, eps,
+                             dtype, U, k))
+            bar.update(1)
     return rows
 
 

@@ -106,6 +106,30 @@ def _image_for_display(img: torch.Tensor):
     return img[0].numpy() if img.shape[0] == 1 else img.permute(1, 2, 0).numpy()
 
 
+#: the grid's layout (figure fractions and font sizes, points)
+_LEFT, _RIGHT, _WSPACE = 0.01, 0.86, 0.05
+_TITLE_PT, _SUPTITLE_PT = 7, 8
+
+
+def _grid_layout(rows: int, heads: int, width: float, height: float, titled_rows: bool) -> dict:
+    """Subplot fractions of a ``width`` x ``height`` inch grid that leave room, in inches, for each row's
+    title above its image (``titled_rows``; else only the first row's column titles) and for the
+    figure's title above them. ``height`` grows only when the titles would leave an image less than
+    half a cell."""
+    import matplotlib
+
+    title_in = (_TITLE_PT * 1.3 + float(matplotlib.rcParams["axes.titlepad"])) / 72
+    cell = width * (_RIGHT - _LEFT) / ((1 + heads) + heads * _WSPACE)  # the widest square image
+    gap = (title_in + 0.04) if titled_rows else 0.05 * cell
+    margin, bottom_in = 0.04, 0.04
+    top_in = margin + _SUPTITLE_PT * 1.3 / 72 + 0.06 + title_in
+    fixed = top_in + (rows - 1) * gap + bottom_in
+    height = max(height, fixed + 0.5 * height)
+    row_h = (height - fixed) / rows  # each row's axes height
+    return {"height": height, "top": 1 - top_in / height, "bottom": bottom_in / height,
+            "hspace": gap / row_h, "suptitle_y": 1 - margin / height}
+
+
 def grid_figure(images: torch.Tensor, maps: torch.Tensor, title: str, colorbar_label: str, scale_per_map: bool,
                 cell_size: float, dpi: int, cmap: str, *, column_titles: Optional[Sequence[str]] = None,
                 row_titles: Optional[Sequence[str]] = None):
@@ -114,7 +138,9 @@ def grid_figure(images: torch.Tensor, maps: torch.Tensor, title: str, colorbar_l
     titled "image" (or ``row_titles[i]``); ``title`` above; one colour bar (labelled
     ``colorbar_label``) for the fixed [0, 1] scale, or "per-map min..max" when ``scale_per_map``."""
     rows, heads = maps.shape[0], maps.shape[1]
-    fig = new_figure(((1 + heads) * cell_size, rows * cell_size), dpi, title)
+    width = (1 + heads) * cell_size
+    layout = _grid_layout(rows, heads, width, rows * cell_size, titled_rows=row_titles is not None)
+    fig = new_figure((width, layout["height"]), dpi, title)
     axes = fig.subplots(rows, 1 + heads, squeeze=False)
     im = None
     for i in range(rows):
@@ -126,19 +152,19 @@ def grid_figure(images: torch.Tensor, maps: torch.Tensor, title: str, colorbar_l
             im = axes[i][1 + h].imshow(m, cmap=cmap, vmin=lo, vmax=hi if hi > lo else lo + 1.0,
                                        interpolation="nearest")
         if row_titles is not None:
-            axes[i][0].set_title(row_titles[i], fontsize=7)
+            axes[i][0].set_title(row_titles[i], fontsize=_TITLE_PT)
         elif i == 0:
-            axes[i][0].set_title("image", fontsize=7)
+            axes[i][0].set_title("image", fontsize=_TITLE_PT)
         if i == 0:
             for h in range(heads):
                 axes[i][1 + h].set_title(column_titles[h] if column_titles is not None else f"head {h + 1}",
-                                         fontsize=7)
+                                         fontsize=_TITLE_PT)
     for ax in fig.axes:
         ax.set_axis_off()
-    top = 1 - 0.3 / rows
-    fig.subplots_adjust(left=0.01, right=0.86, bottom=0.02, top=top, wspace=0.05, hspace=0.05)
-    fig.suptitle(title, fontsize=8, y=1 - 0.02 / rows)
-    cax = fig.add_axes([0.875, 0.05, 0.02, top - 0.07])
+    top, bottom = layout["top"], layout["bottom"]
+    fig.subplots_adjust(left=_LEFT, right=_RIGHT, bottom=bottom, top=top, wspace=_WSPACE, hspace=layout["hspace"])
+    fig.suptitle(title, fontsize=_SUPTITLE_PT, y=layout["suptitle_y"], va="top")
+    cax = fig.add_axes([0.875, bottom, 0.02, top - bottom])
     bar = fig.colorbar(im, cax=cax)
     bar.set_label(colorbar_label + (" (per map)" if scale_per_map else ""), fontsize=6)
     bar.ax.tick_params(labelsize=5)
@@ -205,7 +231,8 @@ def membership_maps(
             of the blocks): every head of each, side by side, columns titled "block b head h" (from 1).
         labels, preds: (B,) class labels and predictions, written above each image ("y=.. pred=..").
         max_images: draw at most this many images (None: all).
-        cell_size, dpi: each cell is ``cell_size`` inches at ``dpi``; colour scale [0, 1].
+        cell_size, dpi: each cell is ``cell_size`` inches at ``dpi`` (the titles take their room from it); colour
+            scale [0, 1].
     Returns:
         the drawn maps (float32, CPU): (B', H, Hp, Wp), ``maps[i, k]`` = pi_k of image i; with
         ``blocks``, (B', len(blocks), H, Hp, Wp), ``maps[i, j, k]`` = pi_k of image i in block j.

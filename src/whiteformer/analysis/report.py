@@ -53,6 +53,7 @@ import torch.nn as nn
 
 from .._checks import check_choice, check_instance, check_positive_real, check_tensor
 from .._files import check_path, save_figure, write_text
+from .._progress import progress_bar
 from . import hidden_states, rates
 from ._viz import new_figure, require_matplotlib
 from .capture import BlockRecord, attention_basis, capture, eval_mode
@@ -205,7 +206,9 @@ class LayerwiseReport:
         """The figure (not saved): up to three panels over the layers, each drawn only when the model
         gives its columns: R_c^var (ToST Fig. 4a / DMSA Fig. 5); R, R_c, delta_R, delta_R_U;
         R_c(Z|U). Titled with the model's name; a final-norm row (transformers models that report
-        one) is a point of its own after the blocks, labelled "final norm" on the x axis."""
+        one) is a point of its own after the blocks, labelled "final norm" on the x axis. Each panel's
+        y scale is the blocks' values; a final-norm point far off it (the norm rescales the tokens)
+        is drawn at the edge and annotated with its value instead of squeezing the blocks' curves."""
         panels = []
         for title, ylabel, curves in _PANELS:
             curves = [(key, style) for key, style in curves if any(v is not None for v in self.column(key))]
@@ -215,13 +218,15 @@ class LayerwiseReport:
         axes = fig.subplots(1, max(len(panels), 1), squeeze=False)[0]
         xs, labels = _layer_positions(self.rows)
         for ax, (title, ylabel, curves) in zip(axes, panels):
+            layer_values, named = [], []
             for key, style in curves:
                 pts = [(xi, v, row["layer"] is None) for xi, v, row in zip(xs, self.column(key), self.rows)
                        if v is not None]
                 line, = ax.plot([p[0] for p in pts if not p[2]], [p[1] for p in pts if not p[2]], style, label=key)
-                named = [p for p in pts if p[2]]  # the final norm: a point of its own, not joined to the blocks
-                if named:
-                    ax.plot([p[0] for p in named], [p[1] for p in named], style[0], color=line.get_color())
+                layer_values += [p[1] for p in pts if not p[2]]
+                # the final norm: a point of its own, not joined to the blocks
+                named += [(p[0], p[1], style[0], line.get_color(), key) for p in pts if p[2]]
+            _draw_named_points(ax, named, _value_range(layer_values))
             ax.legend()
             ax.set_title(title)
             ax.set_xlabel("layer")
@@ -240,6 +245,37 @@ _PANELS = (
     ("rates", "coding rate (nats)", [("R", "o-"), ("R_c", "s--"), ("delta_R", "^:"), ("delta_R_U", "v-.")]),
     ("subspace compression", "R_c(Z | U) (nats)", [("R_c_U", "o-")]),
 )
+
+
+def _value_range(values: List[float]):
+    """(low, high) y limits of the layers' values with a margin (None without values): the scale of
+    a panel, which a final-norm point far off it must not crush."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return None
+    lo, hi = min(finite), max(finite)
+    pad = 0.08 * (hi - lo) if hi > lo else 0.1 * max(abs(hi), 1.0)
+    return lo - pad, hi + pad
+
+
+def _draw_named_points(ax, points, limits) -> None:
+    """The final-norm points ``(x, y, marker, colour, column)``: on the layers' scale ``limits`` when they
+    fall inside it; else clipped to its edge (a triangle pointing off the scale) and annotated with the
+    column and its value (annotations at one edge stacked, not overlaid)."""
+    stacked = {True: 0, False: 0}
+    for x, y, marker, color, key in points:
+        if limits is None or limits[0] <= y <= limits[1]:
+            ax.plot([x], [y], marker, color=color)
+            continue
+        above = y > limits[1]
+        edge = limits[1] if above else limits[0]
+        stacked[above] += 1
+        offset = 10 * stacked[above] * (-1 if above else 1)
+        ax.plot([x], [edge], "^" if above else "v", color=color, clip_on=False)
+        ax.annotate(f"{key} {y:.4g} (off scale)", xy=(x, edge), xytext=(-6, offset), textcoords="offset points",
+                    ha="right", va="center", fontsize=7, color=color)
+    if limits is not None:
+        ax.set_ylim(*limits)
 
 
 def _layer_positions(rows: List[Dict[str, Any]]):
@@ -280,6 +316,7 @@ def layerwise_report(
     dtype: torch.dtype = torch.float64,
     subspaces: Any = None,
     attention_mask: Optional[torch.Tensor] = None,
+    progress: bool = False,
 ) -> LayerwiseReport:
     """Per-layer R, R_c, delta_R, R_c^var, R_c(Z|U) of ``model`` on a batch (see module docstring).
 
@@ -300,6 +337,7 @@ def layerwise_report(
             split of the width; an int K; or bases (K, d, p)).
         attention_mask: transformers models only: (B, T) keep-mask, passed to the model; padded
             tokens are left out of Z.
+        progress: a tqdm bar over the layers' rates on stderr when it is a terminal.
     Returns:
         a :class:`LayerwiseReport` (``.rows``, ``.to_markdown()``, ``.files``).
     Raises:
@@ -322,7 +360,7 @@ def layerwise_report(
     if hidden_states.is_transformers_model(model):
         with torch.no_grad(), eval_mode(model):
             rows = hidden_states.hidden_state_rows(model, images_or_tokens, float(eps), features, dtype, subspaces,
-                                                   attention_mask)
+                                                   attention_mask, progress=progress)
         report = LayerwiseReport(rows, float(eps), features, int(images_or_tokens.shape[0]), model_title(model))
         if out_dir is not None:
             report.save(out_dir, plot=plot)
@@ -336,7 +374,11 @@ def layerwise_report(
     ran = [r for r in rec.blocks if r.calls > 0 and r.output is not None]
     if not ran:
         raise ValueError("no attention block ran during model(images_or_tokens)")
-    rows = [_layer_row(r, features, float(eps), dtype) for r in ran]
+    rows = []
+    with progress_bar(len(ran), "layerwise", "layer", enabled=progress) as bar:
+        for r in ran:
+            rows.append(_layer_row(r, features, float(eps), dtype))
+            bar.update(1)
     report = LayerwiseReport(rows, float(eps), features, int(images_or_tokens.shape[0]), model_title(model))
     if out_dir is not None:
         report.save(out_dir, plot=plot)

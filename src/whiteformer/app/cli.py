@@ -351,7 +351,8 @@ def analysis_eca_toy(cfg) -> int:
     from .train.outputs import staged_output
 
     with staged_output(cfg.out, overwrite=cfg.overwrite) as stage:
-        res = eca_toy.run(stage, seed=cfg.seed, small=cfg.small, plots=cfg.plots, **cfg.options)
+        res = eca_toy.run(stage, seed=cfg.seed, small=cfg.small, plots=cfg.plots, progress=cfg.progress,
+                          **cfg.options)
     fmt = getattr(eca_toy, "_format_summary", None)
     if callable(fmt):
         print(fmt(res))
@@ -382,6 +383,7 @@ def analysis_report(cfg) -> int:
     task = build_task(run["dataset"], data_dir=run.get("data_dir"), data_args=run.get("data_args", {}),
                       eval_split=run["eval_split"], dist=DistInfo(device=device),
                       **{k: run[k] for k in ("batch_size", "block_size", "eval_batches") if k in run})
+    task.eval_progress = cfg.progress
     results = {"final_eval": task.evaluate(model)}
     info = {"model": run["model"], "dataset": run["dataset"], "eval_split": run["eval_split"], "checkpoint": str(path)}
     with staged_output(cfg.out, overwrite=cfg.overwrite) as stage:
@@ -431,7 +433,8 @@ def analysis_layerwise(cfg) -> int:
     with staged_output(cfg.out, overwrite=cfg.overwrite) as stage:
         try:
             report = layerwise_report(model, x, eps=opts["eps"], out_dir=stage, plot=cfg.plots,
-                                      features=opts["features"], subspaces=opts.get("subspaces"))
+                                      features=opts["features"], subspaces=opts.get("subspaces"),
+                                      progress=cfg.progress)
         except (ValueError, TypeError) as err:  # its argument checks: options that do not fit this model
             raise UsageError(str(err)) from None
     print(report.to_markdown())

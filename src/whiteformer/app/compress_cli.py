@@ -205,6 +205,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.data:
         task = build_image_task(model, args.data, args.data_dir, batch_size=args.batch_size, seed=args.seed,
                                 device=device)
+        task.eval_progress = not args.quiet  # the accuracies before and after: a bar on a terminal
         if args.calib:
             n = min(args.calib, len(task.train_ds))
             idx = torch.randperm(len(task.train_ds), generator=torch.Generator().manual_seed(args.seed))[:n]

@@ -312,6 +312,7 @@ class EvalConfig:
     ema: bool = _h("use the EMA weights of a run when present", default=True)
     device: str = _h("device (auto: cuda if available)", default="auto")
     json: bool = _h("print the result as JSON", default=False)
+    progress: bool = _h("tqdm progress bar over the batches on a terminal (--no-progress: none)", default=True)
 
     def validate(self) -> None:
         _check_finite(self)
@@ -365,6 +366,7 @@ class AnalyzeConfig:
     options: Dict[str, Any] = _h("analysis-specific options, e.g. options.layers=6", default_factory=dict)
     overwrite: bool = _h("write into a non-empty --out, replacing the files of the same names (others are kept)",
                          default=False)
+    progress: bool = _h("tqdm progress bar on a terminal (--no-progress: none)", default=True)
 
     def validate(self) -> None:
         check_seed(self.seed)

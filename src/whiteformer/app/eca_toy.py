@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from .._files import save_figure, write_text
+from .._progress import NO_BAR, progress_bar
 from ..analysis._viz import new_figure, require_matplotlib
 from ..analysis.rates import coding_rate, subspace_compression_rate
 from ..ops.eca import (
@@ -169,8 +170,9 @@ def _layer_stats(Z, U, cfg: ToyConfig, ev: torch.Tensor) -> Dict[str, float]:
     }
 
 
-def _track(Z0, U, cfg: ToyConfig, step) -> Dict[str, list]:
-    """Apply ``step(Z, layer)`` L times; per-layer stats (layer 0 = input) and CDE curves."""
+def _track(Z0, U, cfg: ToyConfig, step, bar=NO_BAR) -> Dict[str, list]:
+    """Apply ``step(Z, layer)`` L times; per-layer stats (layer 0 = input) and CDE curves; ``bar``
+    advances once per layer (L + 1 steps)."""
     layers, cdes = [], []
     Z = Z0
     for layer in range(cfg.layers + 1):
@@ -180,12 +182,14 @@ def _track(Z0, U, cfg: ToyConfig, step) -> Dict[str, list]:
         ev = _spectrum(Z)
         layers.append({"layer": layer, **_layer_stats(Z, U, cfg, ev)})
         cdes.append([round(v, 7) for v in (ev.cumsum(0) / ev.sum()).tolist()])
+        bar.update(1)
     return {"layers": layers, "cde": cdes}
 
 
 # ----------------------------------------------------------------------------- Fig. 4/13 (a, b)
-def _train_compression(Z0, U_true, cfg: ToyConfig, seed: int, variant: str) -> Dict[str, list]:
-    """Multi-epoch optimisation of per-layer bases; loss -ΔR of the row-normalised output."""
+def _train_compression(Z0, U_true, cfg: ToyConfig, seed: int, variant: str, bar=NO_BAR) -> Dict[str, list]:
+    """Multi-epoch optimisation of per-layer bases; loss -ΔR of the row-normalised output; ``bar``
+    advances once per epoch (epochs + 1 steps)."""
     g = torch.Generator().manual_seed(seed + 1)
     K, p = cfg.num_subspaces, cfg.subspace_dim
     Us = [torch.linalg.qr(torch.randn(cfg.d, K * p, generator=g, dtype=torch.float64))[0].to(Z0.dtype)
@@ -208,6 +212,7 @@ def _train_compression(Z0, U_true, cfg: ToyConfig, seed: int, variant: str) -> D
         hist["loss"].append(loss.item())
         hist["R"].append(R.item())
         hist["R_c"].append(Rc.item())
+        bar.update(1)
         if epoch == cfg.epochs:
             break
         opt.zero_grad()
@@ -217,12 +222,19 @@ def _train_compression(Z0, U_true, cfg: ToyConfig, seed: int, variant: str) -> D
 
 
 # ----------------------------------------------------------------------------- Table 10
-def _eps_sweep(Z0, U, cfg: ToyConfig, seed: int) -> List[Dict[str, float]]:
-    rows = []
+def _sweep_settings(cfg: ToyConfig) -> List[tuple]:
+    """(name, sketch rank) of the Cholesky sweep: the paper's rank, and an over-sketched one when it fits."""
     settings = [("paper", cfg.rank)]
     over = min(2 * cfg.active_dims, cfg.subspace_dim, cfg.n, cfg.d // cfg.num_subspaces)
     if over > cfg.active_dims:
         settings.append(("over_sketched", over))
+    return settings
+
+
+def _eps_sweep(Z0, U, cfg: ToyConfig, seed: int, bar=NO_BAR) -> List[Dict[str, float]]:
+    """Table 10's rows; ``bar`` advances after the warm-up and after each repeat (:func:`_num_steps`)."""
+    rows = []
+    settings = _sweep_settings(cfg)
 
     def stack(eps, r):
         Ze, Zc = Z0, Z0
@@ -233,12 +245,14 @@ def _eps_sweep(Z0, U, cfg: ToyConfig, seed: int) -> List[Dict[str, float]]:
 
     with torch.no_grad():
         stack(cfg.eps, cfg.rank)  # warm-up
+        bar.update(1)
         for name, r in settings:
             for eps in cfg.eps_sweep:
                 reset_cholesky_fallback_count()
                 t0 = time.perf_counter()
                 for _ in range(cfg.sweep_repeats):
                     Ze, Zc = stack(eps, r)
+                    bar.update(1)
                 dt = (time.perf_counter() - t0) / cfg.sweep_repeats
                 st = cholesky_stats()
                 rows.append({
@@ -314,9 +328,16 @@ def _plot(out: Path, res: dict, cfg: ToyConfig) -> List[str]:
 
 
 # ----------------------------------------------------------------------------- driver
+def _num_steps(cfg: ToyConfig) -> int:
+    """Steps of the whole run's progress bar: four tracks of L + 1 layers, two trainings of epochs + 1,
+    the sweep's warm-up and its repeats."""
+    sweep = len(_sweep_settings(cfg)) * len(cfg.eps_sweep) * cfg.sweep_repeats
+    return 4 * (cfg.layers + 1) + 2 * (cfg.epochs + 1) + 1 + sweep
+
+
 def run(out_dir, seed: int = 0, *, config: Optional[ToyConfig] = None, small: bool = False,
         plots: bool = True, dtype: torch.dtype = torch.float32, num_threads: Optional[int] = None,
-        **overrides) -> dict:
+        progress: bool = False, **overrides) -> dict:
     """Run the toy experiment and write ``out_dir/eca_toy.json`` (+ PNGs if matplotlib is present).
 
     Args:
@@ -327,16 +348,17 @@ def run(out_dir, seed: int = 0, *, config: Optional[ToyConfig] = None, small: bo
         num_threads: if given, torch's intra-op threads during the run (restored afterwards). The
             sizes are small: 1 thread is fastest on a loaded machine, and results are bit-wise
             reproducible only for the same thread count.
+        progress: a tqdm bar over the whole run (each stage named, ETA) when stderr is a terminal.
         overrides: fields of the config to replace, e.g. ``layers=6``.
     Returns:
         the result dictionary written to the JSON file.
     """
     if num_threads is None:
-        return _run(out_dir, seed, config, small, plots, dtype, overrides)
+        return _run(out_dir, seed, config, small, plots, dtype, overrides, progress)
     old = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
-        return _run(out_dir, seed, config, small, plots, dtype, overrides)
+        return _run(out_dir, seed, config, small, plots, dtype, overrides, progress)
     finally:
         torch.set_num_threads(old)
 
@@ -387,7 +409,7 @@ def check_overrides(overrides, base: Optional[ToyConfig] = None) -> None:
             raise ValueError(f"eca-toy option {k} must be at most {cap}, got {getattr(cfg, k)}")
 
 
-def _run(out_dir, seed, config, small, plots, dtype, overrides) -> dict:
+def _run(out_dir, seed, config, small, plots, dtype, overrides, progress=False) -> dict:
     t_start = time.perf_counter()
     cfg = config or (SMALL if small else ToyConfig())
     check_overrides(overrides, cfg)
@@ -401,17 +423,26 @@ def _run(out_dir, seed, config, small, plots, dtype, overrides) -> dict:
 
     res: dict = {"config": {**dataclasses.asdict(cfg), "planted_rank": cfg.planted_rank}, "seed": seed,
                  "dtype": str(dtype).replace("torch.", ""), "threads": torch.get_num_threads()}
-    res["expansion"] = _track(Z0, U, cfg, lambda Z, l: _expand_layer(Z, cfg, l, seed, cfg.eps))
-    res["compression"] = _track(Z0, U, cfg, lambda Z, l: _compress_layer(Z, U, cfg, l, seed, cfg.eps))
-    res["expansion_noisy"] = _track(Zn0, U, cfg, lambda Z, l: _expand_layer(Z, cfg, l, seed, cfg.eps))
-    res["compression_variants"] = {
-        "null_space_subtraction": res["compression"],
-        "column_space_projection": _track(Z0, U, cfg, lambda Z, l: _column_layer(Z, U, cfg, l, seed, cfg.eps)),
-    }
-    res["compression_training"] = {
-        v: _train_compression(Z0, U, cfg, seed, v) for v in ("null_space_subtraction", "column_space_projection")
-    }
-    res["cholesky_eps_sweep"] = _eps_sweep(Z0, U, cfg, seed)
+    with progress_bar(_num_steps(cfg), "eca-toy", "step", enabled=progress) as bar:
+        bar.set_description_str("eca-toy: expansion")
+        res["expansion"] = _track(Z0, U, cfg, lambda Z, l: _expand_layer(Z, cfg, l, seed, cfg.eps), bar)
+        bar.set_description_str("eca-toy: compression")
+        res["compression"] = _track(Z0, U, cfg, lambda Z, l: _compress_layer(Z, U, cfg, l, seed, cfg.eps), bar)
+        bar.set_description_str("eca-toy: noisy expansion")
+        res["expansion_noisy"] = _track(Zn0, U, cfg, lambda Z, l: _expand_layer(Z, cfg, l, seed, cfg.eps), bar)
+        bar.set_description_str("eca-toy: column projection")
+        res["compression_variants"] = {
+            "null_space_subtraction": res["compression"],
+            "column_space_projection": _track(Z0, U, cfg, lambda Z, l: _column_layer(Z, U, cfg, l, seed, cfg.eps),
+                                              bar),
+        }
+        bar.set_description_str("eca-toy: training")
+        res["compression_training"] = {
+            v: _train_compression(Z0, U, cfg, seed, v, bar)
+            for v in ("null_space_subtraction", "column_space_projection")
+        }
+        bar.set_description_str("eca-toy: Cholesky sweep")
+        res["cholesky_eps_sweep"] = _eps_sweep(Z0, U, cfg, seed, bar)
 
     first = lambda key: res[key]["layers"][0]  # noqa: E731
     last = lambda key: res[key]["layers"][-1]  # noqa: E731

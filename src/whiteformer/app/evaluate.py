@@ -95,6 +95,7 @@ def evaluate(cfg: EvalConfig) -> Dict[str, Any]:
                       dist=DistInfo(device=device), batch_size=cfg.batch_size, eval_batch_size=cfg.batch_size,
                       block_size=cfg.block_size or run.get("block_size") or 128, eval_batches=cfg.eval_batches)
     type(task).check_model(model, task.eval_ds)
+    task.eval_progress = cfg.progress
     bad = nonfinite_weight(model)
     if bad is not None:
         raise ConfigError(f"model {str(path)!r} cannot be evaluated: its weight {bad} holds NaN or inf")

@@ -340,8 +340,9 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
         entries[i] = entry
         seconds[i] = time.perf_counter() - t0
         rep = reports.get(i)
-        bar.update(i, rep.method if rep else None, rep.qk_total_rank if rep else None,
-                   rep.qk_rel_error if rep and rep.method != "none" else None, seconds[i])
+        bar.update(i, rep.method if rep else None, _per_head_qk(rep, blk.attn.num_heads) if rep else None,
+                   rep.qk_total_rank if rep else None, rep.qk_rel_error if rep and rep.method != "none" else None,
+                   seconds[i])
     bar.close()
     record_compression_spec(new, entries)
 

@@ -193,7 +193,7 @@ def test_analyze_eca_toy_small(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(eca_toy, "_format_summary", lambda res: "summary", raising=False)
     assert main(["analyze", "eca-toy", "--out", str(tmp_path), "--small", "--seed", "2", "options.layers=3"]) == 0
     assert Path(calls.pop("out")).parent == tmp_path.parent  # written beside, then swapped in as --out
-    assert calls == {"seed": 2, "small": True, "plots": True, "layers": 3}
+    assert calls == {"seed": 2, "small": True, "plots": True, "progress": True, "layers": 3}
     assert "summary" in capsys.readouterr().out
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from ...._progress import progress_bar
 from ...config import ConfigError
 from ..distributed import DistInfo
 
@@ -61,6 +62,9 @@ class Task:
     kind_hint = ""
     #: the defaults of :meth:`model_kwargs` given only to a model class whose constructor takes them
     optional_model_kwargs: Tuple[str, ...] = ()
+    #: a progress bar over the batches of :meth:`evaluate` on a terminal (``whiteformer eval``; off during
+    #: training, whose own bar runs)
+    eval_progress = False
 
     def __init__(self, train_ds, eval_ds, batch_size: int = 64, seed: int = 0, dist: Optional[DistInfo] = None,
                  bf16: bool = False):
@@ -140,6 +144,15 @@ class Task:
 
     def evaluate(self, model: nn.Module, ds=None) -> Dict[str, float]:
         raise NotImplementedError
+
+    def eval_steps(self, starts: range):
+        """The first index of each evaluation batch, under a progress bar (batches, ETA) when
+        :attr:`eval_progress` is on and stderr is a terminal."""
+        bar = progress_bar(len(starts), "eval", "batch", enabled=self.eval_progress and self.dist.is_main)
+        with bar:
+            for i in starts:
+                yield i
+                bar.update(1)
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,

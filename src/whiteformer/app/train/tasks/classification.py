@@ -174,7 +174,7 @@ class ClassificationTask(Task):
         dtype = next(model.parameters()).dtype
         idx_all = torch.arange(len(ds))[self.dist.rank::self.dist.world_size]
         tot = torch.zeros(3, dtype=torch.float64, device=self.device)
-        for i in range(0, len(idx_all), self.eval_batch_size):
+        for i in self.eval_steps(range(0, len(idx_all), self.eval_batch_size)):
             x, y = self._to(*ds.get_batch(idx_all[i:i + self.eval_batch_size]))
             if x.is_floating_point():
                 x = x.to(dtype)

@@ -151,7 +151,7 @@ class LMTask(CausalLMData, Task):
         model.eval()
         starts = self.eval_starts(ds)[self.dist.dp_rank::self.dist.dp_size]
         tot = torch.zeros(2, dtype=torch.float64, device=self.device)
-        for i in range(0, len(starts), self.local_batch):
+        for i in self.eval_steps(range(0, len(starts), self.local_batch)):
             x, y = self._batch(ds, starts[i:i + self.local_batch])
             loss, count = self._forward_loss(model, x, y)  # context-parallel: the mean over the group's chunks
             tot[0] += loss.double() * count
