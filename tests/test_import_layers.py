@@ -30,6 +30,7 @@ LAYERS = {
     "layers": 3,
     "models": 4,
     "analysis": 5,
+    "convert": 6,  # transformers checkpoints -> the zoo's models (reads transformers' files, imports no transformers)
     "hf": 7,
     # the transformers formats the models read and write (a ViT checkpoint's key layout, a saved folder's
     # remote-code module): modules of hf/ that import no transformers, below the models
