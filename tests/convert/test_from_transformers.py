@@ -160,3 +160,16 @@ def test_a_pickled_folder_is_read_weights_only(tmp_path):
     torch.save(source.state_dict(), folder / "pytorch_model.bin")
     idx = torch.randint(0, V, (1, 9))
     torch.testing.assert_close(_logits(from_transformers(folder), idx), _logits(source, idx), atol=1e-5, rtol=0)
+
+
+def test_a_vit_classifier_converts_from_the_model_and_from_its_folder(tmp_path):
+    config = transformers.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
+                                    num_attention_heads=4, intermediate_size=64, num_labels=5)
+    torch.manual_seed(0)
+    source = transformers.ViTForImageClassification(config).eval()
+    images = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        ref = source(images).logits
+        torch.testing.assert_close(from_transformers(source)(images), ref, atol=1e-5, rtol=0)
+        source.save_pretrained(tmp_path / "vit")
+        torch.testing.assert_close(from_transformers(tmp_path / "vit")(images), ref, atol=1e-5, rtol=0)

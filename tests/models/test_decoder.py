@@ -158,3 +158,27 @@ def test_tied_embeddings_share_one_weight():
 def test_bad_arguments_are_refused(kw, match):
     with pytest.raises(ValueError, match=match):
         create_model("decoder_base", **{**TINY, **kw})
+
+
+def test_every_parameter_gets_a_gradient_from_the_loss():
+    model = _model("hybrid").train()
+    idx = torch.randint(0, 53, (2, 9))
+    model(idx, idx)[1].backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()
+               or not p.grad.abs().sum() > 0]
+    assert not missing
+
+
+def test_an_all_tssa_decoder_exports_its_step_with_the_state_as_tensors():
+    from whiteformer.models.lm_step import LMStep
+
+    model = create_model("tost_decoder_base", **{**TINY, "depth": 2}).eval()
+    step = LMStep(model).eval()
+    _, state = model.prefill(torch.randint(0, 53, (2, 6)))
+    tok = torch.randint(0, 53, (2,))
+    ref, _ = model.step(tok, state)
+    exported = torch.export.export(step, step.example_inputs(2), dynamic_shapes=step.dynamic_shapes()).module()
+    flat = [t for layer in state.layers for t in layer[:3]]
+    torch.testing.assert_close(exported(tok, torch.full((2,), 6), *flat)[0], ref)
+    with pytest.raises(TypeError, match="key/value cache"):
+        LMStep(_model("hybrid"))

@@ -10,6 +10,8 @@ its sharded form ``model.safetensors.index.json``, or ``pytorch_model.bin`` read
   weights transposed, layer scale 1, ``mlp_act="gelu_tanh"`` for GPT-2's ``gelu_new``.
 - ``llama``, ``qwen2``, ``mistral`` -> :class:`~whiteformer.models.decoder.DecoderLM`
   (``decoder_base`` with the source's sizes), softmax attention in every layer.
+- ``vit``, ``deit`` (``ViTForImageClassification``, ``DeiTForImageClassification`` without
+  distillation token) -> the timm-layout ``vit`` / ``deit_*`` (:mod:`whiteformer.hf.vit_weights`).
 
 A field whose value the shell cannot reproduce is a ``ValueError`` naming the field and the
 values it supports, raised before anything is built.
@@ -24,7 +26,8 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 import torch
 import torch.nn as nn
 
-from ..models import create_model
+from ..hf.vit_weights import HF_VIT_MODEL_TYPES, init_kwargs_from_config, model_name_for
+from ..models import create_model, from_transformers_vit
 from ..models.read import read_json, read_state_dict
 
 __all__ = ["from_transformers", "SUPPORTED_MODEL_TYPES"]
@@ -194,14 +197,14 @@ _FAMILIES: Dict[str, Tuple[Callable, Callable]] = {
     "qwen2": (_llama_kwargs, _llama_state),
     "mistral": (_llama_kwargs, _llama_state),
 }
-SUPPORTED_MODEL_TYPES = tuple(_FAMILIES)
+SUPPORTED_MODEL_TYPES = tuple(_FAMILIES) + HF_VIT_MODEL_TYPES
 
 
 def _family(cfg: Mapping[str, Any]) -> Tuple[Callable, Callable]:
     kind = cfg.get("model_type")
     if kind not in _FAMILIES:
         why = f" ({_NOT_HONOURED[kind]} are not in the shell)" if kind in _NOT_HONOURED else ""
-        _fail("model_type", kind, f"{', '.join(repr(k) for k in _FAMILIES)}{why}")
+        _fail("model_type", kind, f"{', '.join(repr(k) for k in SUPPORTED_MODEL_TYPES)}{why}")
     return _FAMILIES[kind]
 
 
@@ -251,16 +254,18 @@ def _source(model_or_folder: Any) -> Tuple[Dict[str, Any], Callable[[], Dict[str
 
 
 def from_transformers(model_or_folder: Union[nn.Module, str, os.PathLike]) -> nn.Module:
-    """The whiteformer model equal to a transformers causal language model, softmax attention.
+    """The whiteformer model equal to a transformers causal language model (or ViT), softmax attention.
 
     Args:
-        model_or_folder: a ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or
-            ``MistralForCausalLM``, or the folder its ``save_pretrained`` wrote (read without
-            transformers and without running its code).
+        model_or_folder: a ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
+            ``MistralForCausalLM``, ``ViTForImageClassification`` or ``DeiTForImageClassification``,
+            or the folder its ``save_pretrained`` wrote (read without transformers and without running
+            its code).
 
     Returns:
         ``gpt_base`` (:class:`~whiteformer.models.lm.GPTLM`) for GPT-2, ``decoder_base``
-        (:class:`~whiteformer.models.decoder.DecoderLM`) for the others, with the source's sizes
+        (:class:`~whiteformer.models.decoder.DecoderLM`) for Llama, Qwen2 and Mistral, ``vit`` /
+        ``deit_*`` (timm's layout) for ViT and DeiT, with the source's sizes
         and weights (copies), its dtype and device, in the source's train/eval mode (eval for a
         folder). Its logits equal the source's; ``save_pretrained`` / ``whiteformer.from_pretrained``
         round-trip it.
@@ -270,6 +275,11 @@ def from_transformers(model_or_folder: Union[nn.Module, str, os.PathLike]) -> nn
             ``hidden_act``, ...) the shell cannot honour, and its supported values.
     """
     cfg, read, source = _source(model_or_folder)
+    if cfg.get("model_type") in HF_VIT_MODEL_TYPES:
+        if source is not None:
+            return from_transformers_vit(source)
+        name = model_name_for(init_kwargs_from_config(cfg))
+        return create_model(name, checkpoint_path=Path(model_or_folder).expanduser()).eval()
     to_kwargs, to_state = _family(cfg)
     _common(cfg)
     name, kwargs = to_kwargs(cfg)
