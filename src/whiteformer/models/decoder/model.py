@@ -103,7 +103,7 @@ class DecoderLM(CausalLM):
         dropout: of the embeddings, attention, residual branches.
     """
 
-    hf_model_type = None
+    hf_model_type = "whiteformer-decoder"
     length_free_kwargs = {"max_len": None}
 
     def __init__(self, vocab_size: int = 32000, dim: int = 768, depth: int = 12, num_heads: int = 12,
