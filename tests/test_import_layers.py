@@ -31,6 +31,7 @@ LAYERS = {
     "layers": 3,
     "models": 4,
     "analysis": 5,
+    "convert": 6,  # transformers checkpoints -> the zoo's models (reads transformers' files, imports no transformers)
     "hf": 7,
     "compress": 7,
     "timm": 7,

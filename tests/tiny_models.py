@@ -19,6 +19,7 @@ FAMILIES = {
                                     mlp_dim=32),
     "tost_lm_base": dict(vocab_size=40, dim=16, depth=2, num_heads=2, max_len=16),
     "gpt_base": dict(vocab_size=40, dim=16, depth=2, num_heads=2, max_len=16),
+    "decoder_base": dict(vocab_size=40, dim=16, depth=2, num_heads=2, num_kv_heads=1, intermediate_size=24),
 }
 
 
@@ -27,7 +28,7 @@ def tiny(name: str):
     torch.manual_seed(0)
     kwargs = FAMILIES[name]
     model = create_model(name, **kwargs)
-    if name.endswith(("_lm_base", "gpt_base")):
+    if name.endswith(("_lm_base", "gpt_base", "decoder_base")):
         idx = torch.randint(0, kwargs["vocab_size"], (2, 12))
         return model, (idx, idx), lambda out: out[1]
     if "_lra_" in name:

@@ -246,7 +246,7 @@ def test_no_split_modules_names_only_blocks_the_wrapped_models_have():
     from whiteformer.hf.modeling import WhiteformerPreTrainedModel
 
     names = set()
-    for name in ("tost_t12_p16", "deit_t_p16", "crate_t", "eca_t", "tost_lm_base", "gpt_base"):
+    for name in ("tost_t12_p16", "deit_t_p16", "crate_t", "eca_t", "tost_lm_base", "gpt_base", "decoder_base"):
         kw = VISION_KW if not name.endswith("_base") else dict(depth=1)
         names |= {type(m).__name__ for m in whiteformer.create_model(name, **kw).modules()}
     assert set(WhiteformerPreTrainedModel._no_split_modules) <= names

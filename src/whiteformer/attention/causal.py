@@ -27,7 +27,7 @@ from .._checks import (
 )
 from .._utils import zero_padded
 from ..ops.baselines import _mhsa, _mhsa_explicit
-from ..ops.packing import from_padded, packing, to_padded
+from ..ops.packing import Packing, from_padded, packing, to_padded
 from .registry import register_attention
 
 __all__ = ["CausalAttention", "CausalSelfAttention", "KVCache"]
@@ -57,6 +57,16 @@ class KVCache(NamedTuple):
     k: torch.Tensor
     v: torch.Tensor
     mask: Optional[torch.Tensor] = None
+
+
+def packed_row(x: torch.Tensor, attn_mask, cu_seqlens: torch.Tensor, dim: int, like: torch.Tensor) -> Packing:
+    """The checked packed row x (1, N, C) of a causal layer's forward (no ``attn_mask`` then) ->
+    its documents' padded (S, L) layout (:func:`whiteformer.ops.packing.packing`)."""
+    check_tokens_input(x, "x", dim, like=like)
+    if x.shape[0] != 1 or attn_mask is not None:
+        raise ValueError(f"with cu_seqlens, x must hold the packed documents in one row (1, N, C) and "
+                         f"attn_mask must be None; got x of shape {tuple(x.shape)}")
+    return packing(cu_seqlens, x.shape[1], x.device)  # documents side by side in an (S, L) layout
 
 
 @register_attention("causal_mhsa")
@@ -102,11 +112,7 @@ class CausalSelfAttention(nn.Module):
         block-diagonal causal mask)."""
         if cu_seqlens is None:
             return self.prefill(x, attn_mask)[0]
-        check_tokens_input(x, "x", self.dim, like=self.qkv.weight)
-        if x.shape[0] != 1 or attn_mask is not None:
-            raise ValueError(f"with cu_seqlens, x must hold the packed documents in one row (1, N, C) and "
-                             f"attn_mask must be None; got x of shape {tuple(x.shape)}")
-        pk = packing(cu_seqlens, x.shape[1], x.device)  # documents side by side in an (S, L) layout
+        pk = packed_row(x, attn_mask, cu_seqlens, self.dim, self.qkv.weight)
         q, k, v = (to_padded(t, pk) for t in self._qkv(x))
         return self._out(from_padded(self._attend(q, k, v, pk.mask), pk))
 

@@ -30,9 +30,11 @@ import importlib
 from .._import_hooks import when_imported
 from .lora import LORA_TARGET_MODULES
 
-_CONFIGURATION = ("WhiteformerConfig", "ToSTLMConfig", "WhiteformerGPTConfig", "WhiteformerVisionConfig")
+_CONFIGURATION = ("WhiteformerConfig", "ToSTLMConfig", "WhiteformerGPTConfig", "WhiteformerDecoderConfig",
+                  "WhiteformerVisionConfig")
 _MODELING = ("WhiteformerPreTrainedModel", "ToSTModel", "ToSTForCausalLM", "WhiteformerGPTModel",
-             "WhiteformerGPTForCausalLM", "WhiteformerVisionModel", "WhiteformerForImageClassification")
+             "WhiteformerGPTForCausalLM", "WhiteformerDecoderModel", "WhiteformerDecoderForCausalLM",
+             "WhiteformerVisionModel", "WhiteformerForImageClassification")
 
 __all__ = ["WhiteformerCache", *_CONFIGURATION, "LORA_TARGET_MODULES", *_MODELING]
 
@@ -62,9 +64,9 @@ def __getattr__(name: str):
 def _register_configs() -> None:
     from transformers.models.auto.configuration_auto import AutoConfig
 
-    from .configuration import ToSTLMConfig, WhiteformerGPTConfig, WhiteformerVisionConfig
+    from .configuration import ToSTLMConfig, WhiteformerDecoderConfig, WhiteformerGPTConfig, WhiteformerVisionConfig
 
-    for config in (ToSTLMConfig, WhiteformerGPTConfig, WhiteformerVisionConfig):
+    for config in (ToSTLMConfig, WhiteformerGPTConfig, WhiteformerDecoderConfig, WhiteformerVisionConfig):
         AutoConfig.register(config.model_type, config, exist_ok=True)
 
 

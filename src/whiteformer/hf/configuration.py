@@ -7,6 +7,8 @@ saved either way loads either way. One ``model_type`` per family:
 
 - ``"whiteformer-tost-lm"``: causal ToST language models (``tost_lm_*``);
 - ``"whiteformer-gpt"``: the softmax GPT baseline (``gpt_*``);
+- ``"whiteformer-decoder"``: the Llama-style decoder, softmax, causal TSSA or hybrid (``decoder_base``,
+  ``tost_decoder_base``);
 - ``"whiteformer-vision"``: image classifiers (``tost_*``, ``dmst_*``, ``eca_*``, ``deit_*``,
   ``crate_*``, ``xcit_*``, ``vit_cab_*``).
 """
@@ -23,7 +25,8 @@ from ..models.formats.remote_code import auto_map, write_remote_code
 from ..models.registry import list_models
 from ..models.size import max_params
 
-__all__ = ["WhiteformerConfig", "ToSTLMConfig", "WhiteformerGPTConfig", "WhiteformerVisionConfig"]
+__all__ = ["WhiteformerConfig", "ToSTLMConfig", "WhiteformerGPTConfig", "WhiteformerDecoderConfig",
+           "WhiteformerVisionConfig"]
 
 # keys of whiteformer's own config.json that are not configuration
 _OWN_FORMAT_KEYS = ("format", "architecture", "model_class", "version", "num_classes", "model_args", "pretrained_cfg")
@@ -129,6 +132,22 @@ class WhiteformerGPTConfig(_LMConfig):
 
     def __init__(self, model_name: Optional[str] = None, init_kwargs: Optional[Dict[str, Any]] = None, **kwargs):
         super().__init__(model_name, init_kwargs, **kwargs)  # (transformers only keeps an __init__ defined here)
+
+
+class WhiteformerDecoderConfig(_LMConfig):
+    """Llama-style decoder (``decoder_base``, ``tost_decoder_base``); ``tie_word_embeddings`` follows
+    ``init_kwargs["tie_embeddings"]`` (an untied head stays untied on loading)."""
+
+    model_type = "whiteformer-decoder"
+    default_model_name = "decoder_base"
+
+    def __init__(self, model_name: Optional[str] = None, init_kwargs: Optional[Dict[str, Any]] = None, **kwargs):
+        super().__init__(model_name, init_kwargs, **kwargs)  # (transformers only keeps an __init__ defined here)
+        self._mirror()
+
+    mirrored = _LMConfig.mirrored + (("num_kv_heads", "num_key_value_heads"),
+                                     ("intermediate_size", "intermediate_size"),
+                                     ("tie_embeddings", "tie_word_embeddings"))
 
 
 class WhiteformerVisionConfig(WhiteformerConfig):

@@ -53,7 +53,13 @@ from ..models.load import check_file_dtypes
 from ..models.model_card import CARD_NAME
 from ..models.save import card_is_ours, complete_hub_folder
 from .cache import WhiteformerCache
-from .configuration import ToSTLMConfig, WhiteformerConfig, WhiteformerGPTConfig, WhiteformerVisionConfig
+from .configuration import (
+    ToSTLMConfig,
+    WhiteformerConfig,
+    WhiteformerDecoderConfig,
+    WhiteformerGPTConfig,
+    WhiteformerVisionConfig,
+)
 from .generation import (
     check_generation_config,
     check_prompt_mask,
@@ -66,7 +72,8 @@ from .labels import check_classification_labels, check_lm_labels
 from .packing import mask_document_starts, packed_cu_seqlens
 
 __all__ = ["WhiteformerPreTrainedModel", "ToSTModel", "ToSTForCausalLM", "WhiteformerGPTModel",
-           "WhiteformerGPTForCausalLM", "WhiteformerVisionModel", "WhiteformerForImageClassification"]
+           "WhiteformerGPTForCausalLM", "WhiteformerDecoderModel", "WhiteformerDecoderForCausalLM",
+           "WhiteformerVisionModel", "WhiteformerForImageClassification"]
 
 
 def _output(cls, **fields):
@@ -125,7 +132,7 @@ class WhiteformerPreTrainedModel(PreTrainedModel):
     base_model_prefix = ""
     supports_gradient_checkpointing = True  # the whiteformer model's set_grad_checkpointing
     family: Optional[str] = None  # expected ``hf_model_type`` of the whiteformer model class
-    _no_split_modules = ["LMBlock", "Block", "ClassAttentionBlock", "CRATEBlock"]  # the wrapped models' residual blocks
+    _no_split_modules = ["LMBlock", "DecoderBlock", "Block", "ClassAttentionBlock", "CRATEBlock"]  # the wrapped models' residual blocks
 
     def __init__(self, config: WhiteformerConfig):
         if not isinstance(config, self.config_class):
@@ -553,6 +560,21 @@ class WhiteformerGPTForCausalLM(_WhiteformerForCausalLM):
     family = "whiteformer-gpt"
 
 
+class WhiteformerDecoderModel(_WhiteformerLMModel):
+    """Headless Llama-style decoder (``decoder_base``, ``tost_decoder_base``, ``AutoModel``)."""
+
+    config_class = WhiteformerDecoderConfig
+    family = "whiteformer-decoder"
+
+
+class WhiteformerDecoderForCausalLM(_WhiteformerForCausalLM):
+    """Llama-style decoder: generation carries a key/value cache for the softmax layers and the
+    constant-size causal-TSSA statistics for the others."""
+
+    config_class = WhiteformerDecoderConfig
+    family = "whiteformer-decoder"
+
+
 class _WhiteformerVisionBase(WhiteformerPreTrainedModel):
     config_class = WhiteformerVisionConfig
     family = "whiteformer-vision"
@@ -611,6 +633,8 @@ def _register() -> None:
     for config, base, head, auto_head in (
             (ToSTLMConfig, ToSTModel, ToSTForCausalLM, auto.AutoModelForCausalLM),
             (WhiteformerGPTConfig, WhiteformerGPTModel, WhiteformerGPTForCausalLM, auto.AutoModelForCausalLM),
+            (WhiteformerDecoderConfig, WhiteformerDecoderModel, WhiteformerDecoderForCausalLM,
+             auto.AutoModelForCausalLM),
             (WhiteformerVisionConfig, WhiteformerVisionModel, WhiteformerForImageClassification,
              auto.AutoModelForImageClassification)):
         auto.AutoModel.register(config, base, exist_ok=True)
@@ -620,6 +644,8 @@ def _register() -> None:
     # trained on its own token); pipelines check a model's task there
     for names, config, head in ((auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, ToSTLMConfig, ToSTForCausalLM),
                                 (auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, WhiteformerGPTConfig, WhiteformerGPTForCausalLM),
+                                (auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, WhiteformerDecoderConfig,
+                                 WhiteformerDecoderForCausalLM),
                                 (auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES, WhiteformerVisionConfig,
                                  WhiteformerForImageClassification)):
         names.setdefault(config.model_type, head.__name__)

@@ -39,6 +39,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .._checks import (
+    check_choice,
     check_cu_seqlens,
     check_divisible,
     check_eps,
@@ -135,13 +136,18 @@ class LMState(NamedTuple):
     layers: Tuple[Any, ...]
 
 
-class LMMlp(nn.Module):
-    """nanoGPT MLP: ``c_fc`` (D -> hidden), exact GELU, ``c_proj`` (hidden -> D), dropout."""
+#: the MLP activations of the GPT shell: exact GELU (nanoGPT), its tanh approximation (GPT-2's ``gelu_new``)
+MLP_ACTS = {"gelu": "none", "gelu_tanh": "tanh"}
 
-    def __init__(self, dim: int, hidden: int, bias: bool = False, drop: float = 0.0):
+
+class LMMlp(nn.Module):
+    """nanoGPT MLP: ``c_fc`` (D -> hidden), GELU (exact, or ``act="gelu_tanh"``: the tanh
+    approximation of GPT-2), ``c_proj`` (hidden -> D), dropout."""
+
+    def __init__(self, dim: int, hidden: int, bias: bool = False, drop: float = 0.0, act: str = "gelu"):
         super().__init__()
         self.c_fc = nn.Linear(dim, hidden, bias=bias)
-        self.act = nn.GELU()
+        self.act = nn.GELU(approximate=MLP_ACTS[act])
         self.c_proj = nn.Linear(hidden, dim, bias=bias)
         self.drop = nn.Dropout(drop)
 
@@ -149,22 +155,12 @@ class LMMlp(nn.Module):
         return self.drop(self.c_proj(self.act(self.c_fc(x))))
 
 
-class LMBlock(nn.Module):
-    """Pre-LN block with layer scale: ``x + gamma1 * attn(ln_1(x))``, ``x + gamma2 * mlp(ln_2(x))``."""
+class PreNormBlock(nn.Module):
+    """A pre-norm block's passes over its ``ln_1`` and causal ``attn``; the subclass's ``_finish(x, h)``
+    adds the attention update ``h`` and the MLP branch."""
 
-    def __init__(self, dim: int, attn: CausalAttention, mlp_ratio: float = 4.0, bias: bool = False,
-                 drop: float = 0.0, init_values: float = 1e-5):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(dim, eps=1e-5, bias=bias)
-        self.attn = attn
-        self.ln_2 = nn.LayerNorm(dim, eps=1e-5, bias=bias)
-        self.mlp = LMMlp(dim, int(dim * mlp_ratio), bias=bias, drop=drop)
-        self.gamma1 = layer_scale_param(dim, init_values)
-        self.gamma2 = layer_scale_param(dim, init_values)
-
-    def _finish(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        x = x + apply_layer_scale(self.gamma1, h)
-        return x + apply_layer_scale(self.gamma2, self.mlp(self.ln_2(x)))
+    def _finish(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
                 cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -178,6 +174,24 @@ class LMBlock(nn.Module):
     def step(self, x_t: torch.Tensor, state: Any) -> Tuple[torch.Tensor, Any]:
         h, state = self.attn.step(self.ln_1(x_t), state)
         return self._finish(x_t, h), state
+
+
+class LMBlock(PreNormBlock):
+    """Pre-LN block with layer scale: ``x + gamma1 * attn(ln_1(x))``, ``x + gamma2 * mlp(ln_2(x))``."""
+
+    def __init__(self, dim: int, attn: CausalAttention, mlp_ratio: float = 4.0, bias: bool = False,
+                 drop: float = 0.0, init_values: float = 1e-5, act: str = "gelu"):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(dim, eps=1e-5, bias=bias)
+        self.attn = attn
+        self.ln_2 = nn.LayerNorm(dim, eps=1e-5, bias=bias)
+        self.mlp = LMMlp(dim, int(dim * mlp_ratio), bias=bias, drop=drop, act=act)
+        self.gamma1 = layer_scale_param(dim, init_values)
+        self.gamma2 = layer_scale_param(dim, init_values)
+
+    def _finish(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        x = x + apply_layer_scale(self.gamma1, h)
+        return x + apply_layer_scale(self.gamma2, self.mlp(self.ln_2(x)))
 
 
 class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module):
@@ -198,8 +212,9 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
 
     def __init__(self, vocab_size: int, dim: int, depth: int, num_heads: int, max_len: int,
                  pos_emb: bool, mlp_ratio: float, bias: bool, dropout: float, init_values: float,
-                 eos_token_id: Optional[int] = None, **attn_opts: Any):
+                 mlp_act: str = "gelu", eos_token_id: Optional[int] = None, **attn_opts: Any):
         super().__init__()
+        check_choice(mlp_act, "mlp_act", tuple(MLP_ACTS))
         check_int(vocab_size, "vocab_size", 1)
         self.eos_token_id = self._check_eos(eos_token_id, vocab_size) if eos_token_id is not None else None
         check_int(depth, "depth", 0)
@@ -219,7 +234,7 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
         if pos_emb:
             modules["wpe"] = nn.Embedding(max_len, dim)
         modules["drop"] = nn.Dropout(dropout)
-        modules["h"] = nn.ModuleList([LMBlock(dim, self._make_attn(i), mlp_ratio, bias, dropout, init_values)
+        modules["h"] = nn.ModuleList([LMBlock(dim, self._make_attn(i), mlp_ratio, bias, dropout, init_values, mlp_act)
                                       for i in range(depth)])
         modules["ln_f"] = nn.LayerNorm(dim, eps=1e-5, bias=bias)
         self.transformer = nn.ModuleDict(modules)
@@ -242,6 +257,10 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
     def _attn_len_limit(self) -> Optional[int]:
         """Longest sequence the attention layers accept (None: unlimited)."""
         return None
+
+    def _length_free_hint(self) -> str:
+        """The constructor arguments that remove the context limit, as an error message names them."""
+        return ", ".join(f"{k}={v!r}" for k, v in self.length_free_kwargs.items()) or "pos_emb=False"
 
     def _init_weights(self, depth: int) -> None:
         proj_std = 0.02 / math.sqrt(2 * max(depth, 1))
@@ -307,9 +326,8 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
             t = int(t.max())
         limit = self.context_limit
         if limit is not None and t > limit:
-            raise ValueError(
-                f"sequence length {t} exceeds the model's context limit {limit} (max_len; build the model "
-                f"with pos_emb=False{', pos_bias=False' if isinstance(self, ToSTLM) else ''} to remove it)")
+            raise ValueError(f"sequence length {t} exceeds the model's context limit {limit} (max_len; build the "
+                             f"model with {self._length_free_hint()} to remove it)")
 
     def _check_targets(self, targets, idx: torch.Tensor) -> None:
         if not isinstance(targets, torch.Tensor) or targets.shape != idx.shape:
@@ -629,8 +647,7 @@ class CausalLM(GradCheckpointMixin, ContextParallel, PretrainedMixin, nn.Module)
             raise ValueError(
                 f"generating {max_new_tokens} tokens after a prompt of {t} needs {needed} positions, more "
                 f"than the context limit {limit} (max_len); pass crop=True (the default) to crop the context, "
-                f"or build the model with pos_emb=False{', pos_bias=False' if isinstance(self, ToSTLM) else ''} "
-                "for unlimited length")
+                f"or build the model with {self._length_free_hint()} for unlimited length")
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
@@ -799,15 +816,18 @@ class GPTLM(CausalLM):
     ``TSSA=False``): :class:`CausalSelfAttention` with a key/value cache.
 
     Generation past ``max_len`` with a learned ``wpe`` crops the context as nanoGPT does.
+    ``mlp_act="gelu_tanh"``: the MLP's GELU is the tanh approximation (GPT-2's ``gelu_new``; the
+    shell of :func:`whiteformer.convert.from_transformers` for a transformers GPT-2).
     """
 
     hf_model_type = "whiteformer-gpt"
 
     def __init__(self, vocab_size: int = 50304, dim: int = 768, depth: int = 12, num_heads: int = 12,
                  max_len: int = 1024, pos_emb: bool = True, mlp_ratio: float = 4.0, bias: bool = False,
-                 dropout: float = 0.0, init_values: float = 1e-5, eos_token_id: Optional[int] = None):
+                 dropout: float = 0.0, init_values: float = 1e-5, mlp_act: str = "gelu",
+                 eos_token_id: Optional[int] = None):
         super().__init__(vocab_size, dim, depth, num_heads, max_len, pos_emb, mlp_ratio, bias, dropout, init_values,
-                         eos_token_id=eos_token_id)
+                         mlp_act, eos_token_id=eos_token_id)
 
     def _make_attn(self, i: int) -> nn.Module:
         return CausalSelfAttention(self.dim, num_heads=self.num_heads, qkv_bias=self.bias, proj_bias=self.bias,

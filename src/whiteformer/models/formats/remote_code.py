@@ -29,6 +29,8 @@ AUTO_CLASSES: Dict[str, Dict[str, str]] = {
                             "AutoModelForCausalLM": "ToSTForCausalLM"},
     "whiteformer-gpt": {"AutoConfig": "WhiteformerGPTConfig", "AutoModel": "WhiteformerGPTModel",
                         "AutoModelForCausalLM": "WhiteformerGPTForCausalLM"},
+    "whiteformer-decoder": {"AutoConfig": "WhiteformerDecoderConfig", "AutoModel": "WhiteformerDecoderModel",
+                            "AutoModelForCausalLM": "WhiteformerDecoderForCausalLM"},
     "whiteformer-vision": {"AutoConfig": "WhiteformerVisionConfig", "AutoModel": "WhiteformerVisionModel",
                            "AutoModelForImageClassification": "WhiteformerForImageClassification"},
 }
