@@ -11,7 +11,7 @@ its sharded form ``model.safetensors.index.json``, or ``pytorch_model.bin`` read
 - ``llama``, ``qwen2``, ``mistral`` -> :class:`~whiteformer.models.decoder.DecoderLM`
   (``decoder_base`` with the source's sizes), softmax attention in every layer.
 - ``vit``, ``deit`` (``ViTForImageClassification``, ``DeiTForImageClassification`` without
-  distillation token) -> the timm-layout ``vit`` / ``deit_*`` (:mod:`whiteformer.hf.vit_weights`).
+  distillation token) -> the timm-layout ``vit`` / ``deit_*`` (:mod:`whiteformer.models.formats.vit_weights`).
 
 A field whose value the shell cannot reproduce is a ``ValueError`` naming the field and the
 values it supports, raised before anything is built.
@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 import torch
 import torch.nn as nn
 
-from ..hf.vit_weights import HF_VIT_MODEL_TYPES, init_kwargs_from_config, model_name_for
+from ..models.formats.vit_weights import HF_VIT_MODEL_TYPES, init_kwargs_from_config, model_name_for
 from ..models import create_model, from_transformers_vit
 from ..models.read import read_json, read_state_dict
 
