@@ -26,8 +26,8 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 import torch
 import torch.nn as nn
 
-from ..models.formats.vit_weights import HF_VIT_MODEL_TYPES, init_kwargs_from_config, model_name_for
 from ..models import create_model, from_transformers_vit
+from ..models.formats.vit_weights import HF_VIT_MODEL_TYPES, init_kwargs_from_config, model_name_for
 from ..models.read import read_json, read_state_dict
 
 __all__ = ["from_transformers", "SUPPORTED_MODEL_TYPES"]
