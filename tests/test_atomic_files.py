@@ -124,19 +124,20 @@ def test_a_swap_that_keeps_no_old_entry_still_keeps_what_another_writer_adds(tmp
     assert _files_below(dest) == {"model.bin": "new", "sub": None, "sub/theirs.txt": "theirs", "theirs.txt": "theirs"}
 
 
-#: another process writing new0.txt, new1.txt, ... into the folder's samples/ until told to stop; it
-#: says when it has begun, and at the end how many it wrote (nothing in between: a full pipe would block it)
+#: another process writing new0.txt, new1.txt, ... (2,000 at most) into the folder's samples/ until told
+#: to stop; it says when it has begun, and at the end how many it wrote (nothing in between: a full pipe
+#: would block it)
 _WRITER = """
 import os, sys, time
 folder, stop = sys.argv[1], sys.argv[2]
 i = 0
-while not os.path.exists(stop):
+while not os.path.exists(stop) and i < 2000:
     with open(os.path.join(folder, "samples", "new%d.txt" % i), "x") as f:
         f.write(str(i))
     i += 1
     if i == 1:
         print("started", flush=True)
-    time.sleep(0.0005)
+    time.sleep(0.001)
 print(i)
 """
 
