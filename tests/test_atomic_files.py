@@ -124,17 +124,21 @@ def test_a_swap_that_keeps_no_old_entry_still_keeps_what_another_writer_adds(tmp
     assert _files_below(dest) == {"model.bin": "new", "sub": None, "sub/theirs.txt": "theirs", "theirs.txt": "theirs"}
 
 
+#: another process writing new0.txt, new1.txt, ... (2,000 at most) into the folder's samples/ until told
+#: to stop; it says when it has begun, and at the end how many it wrote (nothing in between: a full pipe
+#: would block it)
 _WRITER = """
 import os, sys, time
 folder, stop = sys.argv[1], sys.argv[2]
 i = 0
-while not os.path.exists(stop):
-    path = os.path.join(folder, "samples", "new%d.txt" % i)
-    with open(path, "x") as f:
+while not os.path.exists(stop) and i < 2000:
+    with open(os.path.join(folder, "samples", "new%d.txt" % i), "x") as f:
         f.write(str(i))
-    print(path, flush=True)
     i += 1
-    time.sleep(0.0005)
+    if i == 1:
+        print("started", flush=True)
+    time.sleep(0.001)
+print(i)
 """
 
 
@@ -153,15 +157,15 @@ def test_saving_a_model_folder_keeps_the_files_another_process_writes_into_it(tm
     writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(folder), str(stop)],
                               stdout=subprocess.PIPE, text=True)
     try:
-        first = writer.stdout.readline()  # the writer is running
+        assert writer.stdout.readline() == "started\n"
         for _ in range(60):
             model.save_pretrained(folder)
     finally:
         stop.touch()
-        rest, _ = writer.communicate(timeout=60)
-    written = [first.strip(), *rest.split()]
+        count, _ = writer.communicate(timeout=60)
+    written = {f"new{i}.txt" for i in range(int(count))}
     assert writer.returncode == 0 and len(written) > 60
-    missing = [p for p in written if not os.path.isfile(p)]
+    missing = written - {p.name for p in (folder / "samples").iterdir()}
     assert not missing, f"{len(missing)} of {len(written)} lost"
-    assert sorted(p.name for p in (folder / "samples").iterdir()) == sorted(os.path.basename(p) for p in written)
+    assert {p.name for p in (folder / "samples").iterdir()} == written
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
