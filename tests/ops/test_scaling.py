@@ -4,6 +4,7 @@ float64, on the PyTorch path and with the C++ kernel (large inputs take the resc
 import pytest
 import torch
 
+from kernel_backends import use_backend
 from whiteformer.ops import causal_tssa, causal_tssa_step, tssa
 from whiteformer.ops._kernels import ENV_BACKEND
 from whiteformer.ops.scaling import SAFE_MAX, head_scale
@@ -134,3 +135,20 @@ def test_ordinary_inputs_make_no_range_pass(cpu_kernel, monkeypatch):
     for op in (tssa, causal_tssa):
         assert torch.isfinite(op(w * 1e30, temp)).all()
     assert scans
+
+
+@pytest.mark.parametrize("name", ["cpu", "triton"])
+def test_only_rows_past_the_range_leave_the_kernel(name, monkeypatch):
+    """A batch row past SAFE_MAX takes the rescaled PyTorch path; every other row keeps the kernel's
+    result, exactly as if run alone (a C++ kernel flags the rows itself, a registered backend's kernel
+    is checked per row before the call)."""
+    use_backend(name, monkeypatch)
+    g = torch.Generator().manual_seed(3)
+    w, temp = torch.randn(3, 3, 9, 4, generator=g), torch.rand(3, 1, generator=g) + 0.5
+    bias = 0.1 * torch.randn(3, 16, 1, generator=g)
+    w[1] *= 1e30
+    for op, args in ((tssa, ()), (causal_tssa, (bias,))):
+        out = op(w, temp, *args)
+        for b in (0, 2):
+            assert torch.equal(out[b], op(w[b:b + 1], temp, *args)[0]), (op.__name__, b)
+        _close(out[1], op(w[1:2].double(), temp.double(), *(a.double() for a in args))[0], torch.float32)

@@ -20,7 +20,7 @@ import torch
 from .constants import SAFE_MAX
 from .packing import Segments, segment_amax
 
-__all__ = ["SAFE_MAX", "beyond_kernel_range", "document_scale", "head_scale", "scaled_eps"]
+__all__ = ["SAFE_MAX", "document_scale", "head_scale", "rows_beyond_kernel_range", "scaled_eps"]
 
 
 def head_scale(x: torch.Tensor, trailing: int = 2, extra: Optional[torch.Tensor] = None, group=None) -> torch.Tensor:
@@ -70,11 +70,13 @@ def scaled_eps(eps: float, c: torch.Tensor) -> torch.Tensor:
     return (eps / (c * c)).clamp_min(torch.finfo(c.dtype).tiny)
 
 
-def beyond_kernel_range(w: torch.Tensor) -> bool:
-    """Whether ``w`` is a CPU tensor holding some |w| > :data:`SAFE_MAX`, for a registered
-    backend's kernel that squares ``w`` unscaled (the Triton kernels on CPU tensors, through the
-    interpreter): such inputs take the (rescaled) PyTorch path. A pass over ``w``; the C++ kernels
-    signal such inputs from their own sums instead (:mod:`whiteformer.ops._kernels.fused`). Read
-    in eager mode on CPU only (elsewhere it would synchronise the device)."""
-    return (w.device.type == "cpu" and w.numel() > 0 and not torch.compiler.is_compiling()
-            and bool(_max_abs(w, w.dim()) > SAFE_MAX))
+def rows_beyond_kernel_range(w: torch.Tensor) -> Optional[torch.Tensor]:
+    """(B,) bool: the batch rows of a CPU tensor ``w`` (B, ...) holding some |w| > :data:`SAFE_MAX`,
+    for a registered backend's kernel that squares ``w`` unscaled (the Triton kernels on CPU
+    tensors, through the interpreter): those rows take the (rescaled) PyTorch path. A pass over
+    ``w``; the C++ kernels flag such rows from their own sums instead
+    (:mod:`whiteformer.ops._kernels.fused`). None where not read: off the CPU (it would synchronise
+    the device) and while compiling."""
+    if w.device.type != "cpu" or w.numel() == 0 or torch.compiler.is_compiling():
+        return None
+    return _max_abs(w, w.dim() - 1).flatten() > SAFE_MAX

@@ -65,10 +65,11 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import Tensor
 
+from ..scaling import rows_beyond_kernel_range
 from .build import load_extension
 from .registry import fused_supported
 
-__all__ = ["tssa_fused", "causal_tssa_fused", "fused_supported"]
+__all__ = ["tssa_fused", "causal_tssa_fused", "fused_supported", "by_rows", "rows_checked"]
 
 # tokens per work item / causal checkpoint (0: kernel default, 256); tests use tiny values
 CHUNK = 0
@@ -111,24 +112,33 @@ def _flags(w: Tensor) -> Tensor:
     return w.new_empty(w.shape[0], dtype=torch.bool)
 
 
-def _by_rows(over: Tensor, run: Callable, fallback: Optional[Callable]) -> Optional[Tuple[Tensor, ...]]:
-    """None when the kernel flagged no batch row in ``over`` (B,) bool (a row holding a feature whose
-    sum of squares exceeds ``SAFE_MAX ** 2``: some |w| may exceed
-    :data:`~whiteformer.ops.constants.SAFE_MAX`) or there is no ``fallback``; else the outputs
-    (batch first) of ``fallback`` on the flagged rows and of ``run`` (the kernel) on the others, each
-    called with the rows' indices, in batch order (the kernel reruns on the others alone: its
-    backward on the flagged rows would not be finite). The flags are read in eager mode only (B
-    bools the kernel wrote, no pass over w); a compiled graph keeps the kernel's result."""
-    if fallback is None or torch.compiler.is_compiling() or not bool(over.any()):
+def by_rows(over: Optional[Tensor], kernel: Callable, fallback: Callable, w: Tensor, temp: Tensor,
+            *per_row: Optional[Tensor]) -> Optional[Tuple[Tensor, ...]]:
+    """None when ``over`` ((B,) bool: the batch rows holding some |w| past a kernel's range,
+    :data:`~whiteformer.ops.constants.SAFE_MAX`; or None) flags no row, or while compiling (a
+    compiled graph keeps the kernel's result). Else ``fallback`` (the rescaled PyTorch path) on
+    the flagged rows and ``kernel`` on the others, both called as ``(w, temp, *per_row)`` on those
+    rows alone (``per_row``: tensors with the batch first, or None; each row is its own sequence),
+    the outputs (batch first) put back in batch order. The kernel reruns on its rows alone: its
+    backward on a flagged row would not be finite. ``over`` is read on the host (B bools)."""
+    if over is None or torch.compiler.is_compiling() or not bool(over.any()):
         return None
+
+    def rows(fn, i):
+        return fn(w.index_select(0, i), temp, *(None if t is None else t.index_select(0, i) for t in per_row))
+
     bad, good = over.nonzero()[:, 0], (~over).nonzero()[:, 0]
-    parts = [fallback(bad)] + ([run(good)] if good.numel() else [])
+    parts = [rows(fallback, bad)] + ([rows(kernel, good)] if good.numel() else [])
     order = torch.cat([bad, good]).argsort()
     return tuple(torch.cat([p[k] for p in parts]).index_select(0, order) for k in range(len(parts[0])))
 
 
-def _pick(t: Optional[Tensor], rows: Tensor) -> Optional[Tensor]:
-    return None if t is None else t.index_select(0, rows)
+def rows_checked(kernel: Callable, fallback: Callable, w: Tensor, temp: Tensor, *per_row: Optional[Tensor]):
+    """``kernel(w, temp, *per_row)`` of a registered backend, which squares w unscaled, with the
+    batch rows of a CPU ``w`` holding some |w| > SAFE_MAX run through ``fallback`` instead (found by
+    a pass over w, :func:`~whiteformer.ops.scaling.rows_beyond_kernel_range`; see :func:`by_rows`)."""
+    split = by_rows(rows_beyond_kernel_range(w), kernel, fallback, w, temp, *per_row)
+    return kernel(w, temp, *per_row) if split is None else split
 
 
 @torch.library.custom_op("whiteformer::tssa_fused_fwd", mutates_args=(), device_types="cpu")
@@ -193,8 +203,7 @@ def tssa_fused(w: Tensor, temp: Tensor, attn_mask: Optional[Tensor] = None,
     w = _rows(w)
     mask = None if attn_mask is None else attn_mask.contiguous()
     out, pi, _, _, _, over = _tssa_fwd(w, temp.to(w.dtype).contiguous(), mask, CHUNK)
-    split = _by_rows(over, lambda i: tssa_fused(w.index_select(0, i), temp, _pick(mask, i)),
-                     fallback and (lambda i: fallback(w.index_select(0, i), temp, _pick(attn_mask, i))))
+    split = None if fallback is None else by_rows(over, tssa_fused, fallback, w, temp, mask)
     return (out, pi) if split is None else split
 
 
@@ -291,6 +300,5 @@ def causal_tssa_fused(
     mask = None if attn_mask is None else attn_mask.contiguous()
     out, pi, ec, qc, mc, over = _causal_fwd(w, temp.to(w.dtype).contiguous(), lb, mask, CAUSAL_MODE, CHUNK)
     bias = None if logit_bias is None else logit_bias.expand(b, h, n)
-    split = _by_rows(over, lambda i: causal_tssa_fused(w.index_select(0, i), temp, _pick(bias, i), _pick(mask, i)),
-                     fallback and (lambda i: fallback(w.index_select(0, i), temp, _pick(bias, i), _pick(attn_mask, i))))
+    split = None if fallback is None else by_rows(over, causal_tssa_fused, fallback, w, temp, bias, mask)
     return (out, pi, ec[:, -1], mc[:, -1], qc[:, -1]) if split is None else split

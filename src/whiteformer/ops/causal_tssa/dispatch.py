@@ -17,10 +17,9 @@ from ..._checks import (
 from ..._compile import can_read_values
 from ..._dtypes import stats_dtype
 from .._kernels import fused_supported, has_kernel, kernel_for
-from .._kernels.fused import causal_tssa_fused
+from .._kernels.fused import causal_tssa_fused, rows_checked
 from ..context_parallel import chunk_layout, local_checks
 from ..packing import from_padded, packed_layout, pads_little, segments, to_padded
-from ..scaling import beyond_kernel_range
 from ..tssa.dispatch import check_pos_bias, check_temp, check_tssa_args
 from .parallel import causal_tssa_parallel
 from .recurrent import causal_tssa_recurrent
@@ -143,12 +142,14 @@ def causal_tssa_impl(w, temp, pos_bias, attn_mask, return_pi, return_state, attn
         start = start.clamp_max(pos_bias.shape[1] - 1)
 
     bias = None if pos_bias is None else position_logit_bias(pos_bias, p, n, attn_mask, start=start)
-    kernel = None  # inputs past a kernel's range take the rescaled PyTorch path
+    kernel = None  # the batch rows past a kernel's range take the rescaled PyTorch path
     if drop_p == 0.0 and group is None:
         kernel = kernel_for("causal_tssa", w)
-        if kernel is not None and beyond_kernel_range(w):  # a registered backend's: checked before the call
-            kernel = None
-        elif kernel is None and fused_supported(w):  # the C++ kernel flags such rows itself: no pass over w
+        if kernel is not None:  # a registered backend's: its rows are checked before the call
+            kernel = functools.partial(rows_checked, kernel, causal_tssa_parallel)
+            if bias is not None:  # per batch row, as the check may split the batch
+                bias = bias.expand(w.shape[0], *bias.shape[-2:])
+        elif fused_supported(w):  # the C++ kernel flags such rows itself: no pass over w
             kernel = functools.partial(causal_tssa_fused, fallback=causal_tssa_parallel)
     if kernel is not None:
         out, pi, *sums = kernel(w, temp, bias, attn_mask)

@@ -20,10 +20,9 @@ from ..._checks import (
 )
 from ..._dtypes import stats_dtype
 from .._kernels import fused_supported, has_kernel, kernel_for
-from .._kernels.fused import tssa_fused
+from .._kernels.fused import rows_checked, tssa_fused
 from ..context_parallel import chunk_layout, local_checks
 from ..packing import check_packed, from_padded, packed_layout, pads_little, segments, to_padded
-from ..scaling import beyond_kernel_range
 from .parallel import tssa_parallel
 from .varlen import tssa_varlen
 
@@ -156,11 +155,11 @@ def tssa_impl(w, temp, attn_mask, return_pi, attn_drop, training, normalize, gro
         chunk_layout(w, group, same=[normalize, drop_p > 0], same_name="cu_seqlens, normalize and attn_drop (training)")
         out, pi = tssa_parallel(w, temp, attn_mask, drop_p, normalize=normalize, group=group)
     elif normalize and drop_p == 0.0:
-        # inputs past a kernel's range take the rescaled PyTorch path
+        # the batch rows past a kernel's range take the rescaled PyTorch path
         kernel = kernel_for("tssa", w)
-        if kernel is not None and beyond_kernel_range(w):  # a registered backend's: checked before the call
-            kernel = None
-        elif kernel is None and fused_supported(w):  # the C++ kernel flags such rows itself: no pass over w
+        if kernel is not None:  # a registered backend's: its rows are checked before the call
+            kernel = functools.partial(rows_checked, kernel, tssa_parallel)
+        elif fused_supported(w):  # the C++ kernel flags such rows itself: no pass over w
             kernel = functools.partial(tssa_fused, fallback=tssa_parallel)
         out, pi = kernel(w, temp, attn_mask) if kernel is not None else tssa_parallel(w, temp, attn_mask)
     else:
