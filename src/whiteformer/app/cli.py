@@ -497,6 +497,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         print(f"whiteformer {name}: error: {msg}", file=sys.stderr)
         return 2
+    except BaseException as err:  # a native library's panic (pyo3's PanicException, e.g. from tokenizers)
+        from .train.errors import is_panic, panic_message
+
+        if not is_panic(err) or debug:
+            raise
+        print(f"whiteformer {name}: error: {panic_message(err)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

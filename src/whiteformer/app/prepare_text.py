@@ -180,15 +180,15 @@ def _progress_bar(total: Optional[int], enabled: bool, desc: str):
 
 def _check_args(inputs, tokenizer, train_tokenizer, val_fraction, documents) -> None:
     from .._checks import is_int, is_real
-    from .data.tokenizer import MIN_BPE_VOCAB
+    from .data.tokenizer import MAX_VOCAB, MIN_BPE_VOCAB
 
     if not inputs:
         raise ConfigError("prepare-text needs at least one input text file or directory")
     if (tokenizer is None) == (train_tokenizer is None):
         raise ConfigError("give one of --tokenizer PATH (a tokenizer.json or a tokenizer folder) and "
                          "--train-tokenizer N (train a byte-level BPE of N tokens)")
-    if train_tokenizer is not None and not (is_int(train_tokenizer) and MIN_BPE_VOCAB <= train_tokenizer <= 1 << 24):
-        raise ConfigError(f"--train-tokenizer must be an integer in [{MIN_BPE_VOCAB}, {1 << 24}] (the 256 bytes and "
+    if train_tokenizer is not None and not (is_int(train_tokenizer) and MIN_BPE_VOCAB <= train_tokenizer <= MAX_VOCAB):
+        raise ConfigError(f"--train-tokenizer must be an integer in [{MIN_BPE_VOCAB}, {MAX_VOCAB}] (the 256 bytes and "
                           f"the end-of-document token at least), got {train_tokenizer!r}")
     if not (is_real(val_fraction) and 0.0 < val_fraction < 1.0):
         raise ConfigError(f"--val-fraction must be in (0, 1), got {val_fraction!r}")
@@ -201,6 +201,7 @@ def prepare_text(inputs: Sequence[str], out, *, tokenizer: Optional[str] = None,
                  overwrite: bool = False, progress: bool = True, say=print) -> PrepareResult:
     """Tokenize ``inputs`` into ``out/train.bin``, ``val.bin``, ``tokenizer.json`` and ``meta.json``
     (see the module docstring). Arguments are checked before any file is read."""
+    from .data.tokenizer import native_errors
     from .data.tokens import TOKEN_DTYPES
     from .train.outputs import check_output_dir, staged_output
 
@@ -266,7 +267,11 @@ def prepare_text(inputs: Sequence[str], out, *, tokenizer: Optional[str] = None,
             size = 0
 
             def flush():
-                encoded = tok.backend.encode_batch([text for _, text, _ in batch], add_special_tokens=False)
+                try:
+                    with native_errors(f"tokenizer {described!r} failed on the text"):
+                        encoded = tok.backend.encode_batch([text for _, text, _ in batch], add_special_tokens=False)
+                except ValueError as err:
+                    raise ConfigError(str(err)) from None
                 ids: dict = {"train": [], "val": []}
                 for (split, text, end), enc in zip(batch, encoded):
                     ids[split] += enc.ids + [eod_id] if end else enc.ids

@@ -161,3 +161,75 @@ def test_without_tokenizers_or_transformers(bpe, monkeypatch, tmp_path):
         build_dataset("text", "train", train_tokenizer=300)
     vocab = CharVocab(sorted(set(TEXT)))
     assert set(vocab.files()) == {"vocab.json"}  # whiteformer generate still reads a character run
+
+
+# ----------------------------------------------------------------------------- untrusted tokenizer files
+def _word_level(vocab, added=(), pre_tokenizer=None):
+    """A tokenizer.json text of a word-level model with ``vocab`` {token: id} (the JSON written
+    by hand, as an attacker would, not by tokenizers)."""
+    return json.dumps({"version": "1.0", "truncation": None, "padding": None, "added_tokens": list(added),
+                       "normalizer": None, "pre_tokenizer": pre_tokenizer or {"type": "Whitespace"},
+                       "post_processor": None, "decoder": None,
+                       "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "a"}})
+
+
+def _added(i):
+    return {"id": i, "content": "<x>", "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+            "special": True}
+
+
+@pytest.mark.parametrize("case", [
+    {"vocab": {"a": 0, "b": 4_000_000_000}}, {"vocab": {"a": 0, "b": 1 << 24}}, {"vocab": {"a": 0, "b": -1}},
+    {"vocab": {"a": 0, "b": "7"}}, {"vocab": {"a": 0, "b": 2.5}}, {"vocab": {"a": 0, "b": None}},
+    {"vocab": {"a": 0}, "added": [_added(4_000_000_000)]}, {"vocab": {"a": 0}, "added": [_added("1")]},
+    {"vocab": {"a": 0}, "added": [{"content": "<x>"}]},
+])
+def test_vocabulary_ids_are_checked_before_tokenizers_reads_the_file(tmp_path, monkeypatch, case):
+    """A 5 KB tokenizer.json with one id of 4,000,000,000 made tokenizers allocate 17 GB and abort
+    the process (prepare-text); the ids are read and bounded first, and tokenizers never sees it."""
+    import tokenizers
+
+    path = tmp_path / "tokenizer.json"
+    path.write_text(_word_level(case["vocab"], case.get("added", ())))
+    opened = []
+    monkeypatch.setattr(tokenizers.Tokenizer, "from_file", lambda p: opened.append(p))
+    with pytest.raises(ValueError, match=r"vocabulary id .*ids must be integers in \[0, 16777216\)"):
+        load_tokenizer(path)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(path.read_text())
+    with pytest.raises(ValueError, match="vocabulary id"):
+        load_tokenizer(folder)
+    assert opened == []
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "config.json", "tokenizer_config.json",
+                                  "special_tokens_map.json", "added_tokens.json"])
+def test_a_deeply_nested_json_in_a_tokenizer_folder_is_refused(bpe, tmp_path, name):
+    """A config.json nested 100,000 levels deep was a RecursionError inside transformers' AutoTokenizer."""
+    pytest.importorskip("transformers")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    bpe.backend.save(str(folder / "tokenizer.json"))
+    deep = "[" * 100_000 + "]" * 100_000
+    (folder / name).write_text('{"model_type": "gpt2", "x": ' + deep + "}")
+    with pytest.raises(ValueError, match="nests lists or mappings more than 100 levels deep"):
+        load_tokenizer(folder)
+
+
+def backtracking_tokenizer(tmp_path):
+    """A tokenizer.json whose Split regex backtracks past the regex engine's limit on a long run of
+    'a's: the tokenizers library panics (pyo3's PanicException, a BaseException)."""
+    path = tmp_path / "backtracks.json"
+    path.write_text(_word_level({chr(97 + i): i for i in range(26)}, pre_tokenizer={
+        "type": "Split", "pattern": {"Regex": "(a|a?)+$"}, "behavior": "Isolated", "invert": False}))
+    return path
+
+
+def test_a_tokenizer_that_panics_is_a_value_error_without_the_native_report(tmp_path, capfd):
+    tok = load_tokenizer(backtracking_tokenizer(tmp_path))
+    assert tok.encode("abc").numel() >= 1  # (an ordinary text encodes)
+    for encode in (tok.encode, tok.encode_corpus):
+        with pytest.raises(ValueError, match="the tokenizer failed on the text: .*retry-limit.*backtracks"):
+            encode("a" * 5000 + "b")
+    assert "panicked" not in capfd.readouterr().err  # Rust's report of the panic is held back

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterable, Iterator, Optional, Sequence, Union
 
@@ -27,9 +29,11 @@ import numpy as np
 import torch
 
 from ..._checks import is_int
+from ..._nesting import parse_bounded
 
 __all__ = ["EOD_TOKEN", "TextTokenizer", "load_tokenizer", "train_bpe", "check_bpe_size", "char_tokenizer",
-           "same_tokenizer", "text_chunks"]
+           "same_tokenizer", "text_chunks", "is_panic", "native_errors",
+           "check_tokenizer_file", "MAX_VOCAB"]
 
 #: the end-of-document token of the trained tokenizers (GPT-2's)
 EOD_TOKEN = "<|endoftext|>"
@@ -37,6 +41,10 @@ EOD_TOKEN = "<|endoftext|>"
 EOD_CANDIDATES = (EOD_TOKEN, "<|end_of_text|>", "</s>", "<eos>", "<|eos|>")
 #: byte-level BPE: the 256 bytes and the end-of-document token come before any merge
 MIN_BPE_VOCAB = 257
+#: the largest vocabulary read or trained (2**24 ids; the largest published ones hold about 2**18)
+MAX_VOCAB = 1 << 24
+#: the largest tokenizer.json read (the largest published ones are some tens of MB)
+MAX_TOKENIZER_BYTES = 1 << 29
 _CHUNK = 1 << 20
 
 
@@ -47,6 +55,51 @@ def _tokenizers():
         raise ImportError("subword tokenizers need the 'tokenizers' package: pip install 'whiteformer[data]'") \
             from err
     return tokenizers
+
+
+def is_panic(err: BaseException) -> bool:
+    """A Rust library's panic surfaced by pyo3 (``pyo3_runtime.PanicException``, which derives from
+    ``BaseException``, not ``Exception``): e.g. ``tokenizers`` when a pre-tokenizer's regular
+    expression backtracks past its limit."""
+    return type(err).__name__ == "PanicException"
+
+
+def describe_panic(err: BaseException) -> str:
+    """The first line of a panic's message, with a hint for a tokenizer's regex."""
+    first = (str(err).strip().splitlines() or ["(no message)"])[0]
+    hint = (" (a regular expression of the tokenizer backtracks too much on this text: simplify its pattern)"
+            if "retry-limit" in first or "Regex" in first else "")
+    return first + hint
+
+
+@contextmanager
+def native_errors(what: str) -> Iterator[None]:
+    """A panic of the ``tokenizers`` library inside the block -> ``ValueError`` "{what}: ...".
+    What the native code writes to the standard error meanwhile (Rust's panic report) is held back
+    and dropped with a panic, so that the error is one line; anything else it wrote is passed on."""
+    with tempfile.TemporaryFile() as held:
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError, AttributeError):  # no file descriptor 2 to hold back
+            saved = None
+        if saved is not None:
+            os.dup2(held.fileno(), 2)
+        panicked = False
+        try:
+            yield
+        except BaseException as err:  # noqa: BLE001 - only a panic is converted, the rest re-raised
+            if not is_panic(err):
+                raise
+            panicked = True
+            raise ValueError(f"{what}: {describe_panic(err)}") from None
+        finally:
+            if saved is not None:
+                os.dup2(saved, 2)
+                os.close(saved)
+                if not panicked and held.tell():
+                    held.seek(0)
+                    os.write(2, held.read())
 
 
 def text_chunks(text: str, size: int = _CHUNK) -> Iterator[str]:
@@ -93,7 +146,10 @@ class TextTokenizer:
         """(T,) int64 ids of ``text`` (no special tokens added; an end-of-document token written in
         the text is one token)."""
         try:
-            ids = self.backend.encode(text, add_special_tokens=False).ids
+            with native_errors("the tokenizer failed on the text"):
+                ids = self.backend.encode(text, add_special_tokens=False).ids
+        except ValueError:
+            raise
         except Exception as err:  # noqa: BLE001 - tokenizers raises a bare Exception (a character it lacks)
             raise ValueError(f"cannot encode the text: {err}") from None
         return torch.tensor(ids, dtype=torch.long)
@@ -101,8 +157,9 @@ class TextTokenizer:
     def encode_corpus(self, text: str, chunk_size: int = _CHUNK) -> torch.Tensor:
         """(T,) int64 ids of a long text, encoded in line-aligned pieces of about ``chunk_size``
         characters (:func:`text_chunks`) in parallel."""
-        parts = [np.asarray(e.ids, dtype=np.int64)
-                 for e in self.backend.encode_batch(list(text_chunks(text, chunk_size)), add_special_tokens=False)]
+        with native_errors("the tokenizer failed on the text"):
+            encoded = self.backend.encode_batch(list(text_chunks(text, chunk_size)), add_special_tokens=False)
+        parts = [np.asarray(e.ids, dtype=np.int64) for e in encoded]
         return torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
 
     def token_to_id(self, token: str) -> Optional[int]:
@@ -181,6 +238,7 @@ def load_tokenizer(path: Union[str, os.PathLike], eod_token: Optional[str] = Non
         raise FileNotFoundError(f"tokenizer {str(p)!r} does not exist (give a tokenizer.json or a tokenizer folder)")
     if p.is_dir():
         return _load_folder(p, eod_token)
+    check_tokenizer_file(p)
     tk = _tokenizers()
     try:
         backend = tk.Tokenizer.from_file(str(p))
@@ -189,7 +247,55 @@ def load_tokenizer(path: Union[str, os.PathLike], eod_token: Optional[str] = Non
     return TextTokenizer(backend, eod_token if eod_token is not None else _find_eod(backend))
 
 
+def check_tokenizer_file(path: Path) -> None:
+    """``ValueError`` unless ``path`` is a ``tokenizer.json`` of bounded size whose vocabulary ids
+    (the model's ``vocab`` and the ``added_tokens``) are integers in [0, :data:`MAX_VOCAB`): read
+    with Python's parser (nesting bounded) before ``tokenizers`` sizes its tables by the largest id,
+    where a 5 KB file naming id 4,000,000,000 made it allocate 17 GB and abort the process."""
+    size = path.stat().st_size
+    if size > MAX_TOKENIZER_BYTES:
+        raise ValueError(f"tokenizer {str(path)!r} has {size} bytes, more than a tokenizer.json holds (at most "
+                         f"{MAX_TOKENIZER_BYTES})")
+    try:
+        spec = parse_bounded(lambda: json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, UnicodeDecodeError) as err:  # (NestingError is a ValueError)
+        raise ValueError(f"tokenizer {str(path)!r} is not a tokenizers tokenizer.json: {err}") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
+        raise ValueError(f"tokenizer {str(path)!r} is not a tokenizers tokenizer.json (a JSON object with a 'model')")
+    vocab = spec["model"].get("vocab")
+    ids = list(vocab.values()) if isinstance(vocab, dict) else []
+    added = spec.get("added_tokens") or []
+    if not isinstance(added, list):
+        raise ValueError(f"tokenizer {str(path)!r}: added_tokens must be a list, got {type(added).__name__}")
+    ids += [t.get("id") for t in added if isinstance(t, dict)]
+    if isinstance(vocab, list) and len(vocab) > MAX_VOCAB:  # (a Unigram model: ids are the positions)
+        ids.append(len(vocab) - 1)
+    bad = [i for i in ids if not (is_int(i) and 0 <= i < MAX_VOCAB)]
+    if bad:
+        raise ValueError(f"tokenizer {str(path)!r} has a vocabulary id {bad[0]!r}; ids must be integers in "
+                         f"[0, {MAX_VOCAB}) (no vocabulary is larger)")
+
+
+#: the JSON files transformers' AutoTokenizer reads from a folder besides tokenizer.json
+FOLDER_JSON = ("config.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+
+
+def _check_folder_json(p: Path) -> None:
+    """The JSON files AutoTokenizer reads from ``p``, parsed here first with their nesting bounded
+    (a file nested 100,000 levels deep was a ``RecursionError`` inside transformers)."""
+    for name in FOLDER_JSON:
+        f = p / name
+        if f.is_file():
+            try:
+                parse_bounded(lambda: json.loads(f.read_text(encoding="utf-8")))
+            except (ValueError, UnicodeDecodeError) as err:  # (NestingError is a ValueError)
+                raise ValueError(f"tokenizer folder {str(p)!r}: {name} is not valid JSON: {err}") from None
+
+
 def _load_folder(p: Path, eod_token: Optional[str]) -> TextTokenizer:
+    if (p / "tokenizer.json").is_file():  # what AutoTokenizer reads first
+        check_tokenizer_file(p / "tokenizer.json")
+    _check_folder_json(p)
     try:
         from transformers import AutoTokenizer
     except ImportError as err:
@@ -197,8 +303,9 @@ def _load_folder(p: Path, eod_token: Optional[str]) -> TextTokenizer:
                           f"'whiteformer[hf]' (or give its tokenizer.json)") from err
     try:
         hf = AutoTokenizer.from_pretrained(str(p), local_files_only=True, trust_remote_code=False)
-    except (OSError, ValueError, KeyError) as err:
-        raise ValueError(f"tokenizer folder {str(p)!r} is not one AutoTokenizer loads: {err}") from None
+    except (OSError, ValueError, KeyError, RecursionError) as err:
+        raise ValueError(f"tokenizer folder {str(p)!r} is not one AutoTokenizer loads: "
+                         f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
     backend = getattr(hf, "backend_tokenizer", None)
     if backend is None:
         raise ValueError(f"tokenizer folder {str(p)!r} holds a slow (Python) tokenizer; save it as a fast one "

@@ -4,7 +4,21 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["user_error", "debug_requested"]
+__all__ = ["user_error", "debug_requested", "is_panic", "panic_message"]
+
+
+def is_panic(err: BaseException) -> bool:
+    """A native library's panic (:func:`whiteformer.app.data.tokenizer.is_panic`)."""
+    from ..data.tokenizer import is_panic as panic
+
+    return panic(err)
+
+
+def panic_message(err: BaseException) -> str:
+    """One line for a native library's panic."""
+    from ..data.tokenizer import describe_panic
+
+    return f"a native library failed: {describe_panic(err)}"
 
 
 def user_error(err: BaseException) -> Optional[str]:
