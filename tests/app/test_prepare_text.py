@@ -212,3 +212,99 @@ def test_a_file_that_is_not_utf8_is_one_error_line_and_leaves_out_as_it_was(tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "bad.txt' is not UTF-8 text" in err[0], err
     assert sorted(p.name for p in out.iterdir()) == ["train.bin"] and (out / "train.bin").read_bytes() == b"old"
+
+
+# ----------------------------------------------------------------------------- bounded reading
+def test_bounded_lines_give_back_the_text_in_pieces_no_longer_than_the_window():
+    """Any mix of words, spaces, tabs and the three line ends: the pieces join to the file, none is
+    longer than the window, a cut inside a line falls before whitespace where there is some, and
+    a piece is marked whole where a line ends ("\n", or a "\r" the window does not end at)."""
+    import io
+    import random
+
+    from whiteformer.app.prepare_text import bounded_lines
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        text = "".join(rng.choice("ab \t\n\r") if rng.random() < 0.3 else "x" for _ in range(rng.randint(0, 200)))
+        window = rng.randint(1, 16)
+        pieces = list(bounded_lines(io.StringIO(text, newline=""), window))
+        assert "".join(p for p, _ in pieces) == text
+        assert all(0 < len(p) <= window for p, _ in pieces)
+        for (p, whole), (q, _) in zip(pieces, pieces[1:]):
+            if not whole and not p.endswith("\r") and (" " in p[1:] or "\t" in p[1:]):
+                assert q[0] in " \t"  # cut before the last whitespace within the window
+        for i, (p, whole) in enumerate(pieces):
+            assert whole >= p.endswith("\n") and (not whole or p.endswith(("\n", "\r")) or i == len(pieces) - 1)
+
+
+@pytest.mark.parametrize("words", [True, False])
+def test_a_file_without_newlines_is_read_in_bounded_pieces(tmp_path, monkeypatch, words):
+    """A 51 MB file with no newline took 6 GB: the reader held a line whole. Now no read asks for,
+    and no piece holds, more than about the window, whatever the line structure."""
+    import whiteformer.app.prepare_text as pt
+
+    rng = np.random.default_rng(0)
+    text = " ".join(rng.choice(WORDS, 40_000)) if words else "x" * 200_000
+    path = tmp_path / "one_line.txt"
+    path.write_text(text)
+    asked = []
+    real_open = pt._open_text
+
+    class Recording:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def readline(self, size=-1):
+            asked.append(size)
+            return self.f.readline(size)
+
+        def read(self, size=-1):
+            asked.append(size)
+            return self.f.read(size)
+
+        def __iter__(self):  # the old reader: whole lines
+            asked.append(len(text))
+            return iter(self.f)
+
+    monkeypatch.setattr(pt, "_open_text", lambda p: Recording(real_open(p)))
+    window = 1000
+    pieces = list(pt.iter_pieces([path], "file", piece_chars=window))
+    assert "".join(p for p, _ in pieces) == text and [e for _, e in pieces] == [False] * (len(pieces) - 1) + [True]
+    assert max(len(p) for p, _ in pieces) < 2 * window and 0 < max(asked) <= window
+    if words:  # cut at spaces: no word split in two
+        assert all(p[-1] != " " and (i == 0 or p[0] == " ") for i, (p, _) in enumerate(pieces[:-1]))
+
+
+def test_a_tokenizer_with_a_vocabulary_id_of_billions_is_one_error_line(tmp_path, capsys):
+    """It drove prepare-text to 8.8 GB and a Rust abort (memory allocation of 17179869184 bytes failed)."""
+    src, _ = _corpus(tmp_path, 2)
+    bad = tmp_path / "big.json"
+    tok = json.loads(Tokenizer(__import__("tokenizers").models.WordLevel({"a": 0}, unk_token="a")).to_str())
+    tok["model"]["vocab"]["zz"] = 4_000_000_000
+    bad.write_text(json.dumps(tok))
+    rc = main(["prepare-text", str(src), "--tokenizer", str(bad), "--out", str(tmp_path / "out"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "vocabulary id 4000000000" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenizer_that_panics_is_one_error_line(tmp_path, capfd):
+    """tokenizers' PanicException derives from BaseException, which main's `except Exception` missed:
+    a traceback, after Rust's own report of the panic."""
+    from test_tokenizer import backtracking_tokenizer
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("a" * 5000 + "b")
+    rc = main(["prepare-text", str(src), "--tokenizer", str(backtracking_tokenizer(tmp_path)),
+               "--out", str(tmp_path / "out"), "--no-progress"])
+    err = capfd.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "error: " in err and "backtracks" in err, err
+    assert not (tmp_path / "out").exists()

@@ -13,8 +13,9 @@ and ``DIR/meta.json`` (``vocab_size``, ``dtype``, ``eod_id``, ``eod_token``, ``t
 - Documents: ``--documents file`` (default) makes each file one document; ``--documents blank-line``
   cuts each file at its blank lines (a line empty or only whitespace; a run of them is one cut), so
   every paragraph is a document. Documents are read and tokenized in line-aligned pieces of about
-  :data:`PIECE_CHARS` characters, so a file larger than memory is prepared (a token may differ from
-  the whole document's tokenization where a piece ends, as with transformers' line-by-line reading).
+  :data:`PIECE_CHARS` characters (a longer line cut at whitespace), so a file larger than memory is
+  prepared, whatever its line structure (a token may differ from the whole document's tokenization
+  where a piece ends, as with transformers' line-by-line reading).
 - The end-of-document token follows every document (``doc eod doc eod ...``, as nanoGPT's
   OpenWebText preparation). Its text is ``--eod-token``, by default the tokenizer's end-of-sequence
   token (a transformers folder's ``eos_token``), else ``<|endoftext|>``; a token the tokenizer lacks is
@@ -45,7 +46,7 @@ import numpy as np
 
 from .config import ConfigError
 
-__all__ = ["add_arguments", "run", "prepare_text", "PrepareResult", "iter_pieces", "input_files"]
+__all__ = ["add_arguments", "run", "prepare_text", "PrepareResult", "iter_pieces", "bounded_lines", "input_files"]
 
 TEXT_SUFFIXES = (".txt", ".txt.gz", ".txt.xz", ".txt.lzma")
 #: documents are read and tokenized in line-aligned pieces of about this many characters
@@ -98,21 +99,52 @@ def input_files(inputs: Sequence[str]) -> List[Path]:
     return files
 
 
+def bounded_lines(f, window: int) -> Iterator[Tuple[str, bool]]:
+    """``(text, whole)`` of the text file ``f`` (opened with ``newline=""``) in order, no text longer
+    than ``window`` characters: each line (``whole``: it ends the line), a line longer than the
+    window in parts cut before its last whitespace within the window (a subword keeps its leading
+    space; a part with no whitespace at all is cut at the window, as is a ``\r\n`` that the window
+    ends between). At most ``window`` characters are read at a time, whatever the line structure."""
+    carry = ""
+    while True:
+        want = window - len(carry)
+        part = f.readline(want)
+        text, carry = carry + part, ""
+        if not text:
+            return
+        if len(part) < want or text.endswith("\n"):  # a line end, or the file's end
+            yield text, True
+            continue
+        if text.endswith("\r"):  # a line end, unless a "\n" follows: the part ends there either way
+            yield text, False
+            continue
+        cut = max(text.rfind(" "), text.rfind("\t"))
+        if cut <= 0:
+            yield text, False
+        else:
+            yield text[:cut], False
+            carry = text[cut:]
+
+
 def iter_pieces(files: Sequence[Path], rule: str = "file",
                 piece_chars: Optional[int] = None) -> Iterator[Tuple[str, bool]]:
     """``(text, ends_document)`` of the documents of ``files`` in order: each file (``rule="file"``), or
     each run of non-blank lines (``rule="blank-line"``: a line empty or only whitespace ends a
-    document). A document comes in line-aligned pieces of about ``piece_chars`` characters (the last
-    one ``ends_document``; default :data:`PIECE_CHARS`), so no file is held whole; empty documents are
-    skipped."""
+    document). A document comes in pieces of about ``piece_chars`` characters (at most twice that;
+    the last one ``ends_document``; default :data:`PIECE_CHARS`), line-aligned where the lines are
+    shorter (a longer line is cut at whitespace, :func:`bounded_lines`), so neither a file nor a line
+    is held whole; empty documents are skipped."""
     piece_chars = piece_chars or PIECE_CHARS
     for path in files:
         try:
             with _open_text(path) as f:
                 lines: List[str] = []
                 size, started = 0, False
-                for line in f:
-                    if rule == "blank-line" and not line.strip():
+                blank = True  # the line read so far holds only whitespace (a long line comes in parts)
+                for line, whole in bounded_lines(f, piece_chars):
+                    blank = blank and not line.strip()
+                    ends_blank, blank = blank and whole, blank or whole
+                    if rule == "blank-line" and ends_blank:
                         if lines or started:
                             yield "".join(lines), True
                             lines, size, started = [], 0, False
