@@ -55,6 +55,12 @@ def _check_finite(cfg) -> None:
 
 #: the seeds torch.manual_seed takes (a 64-bit integer); negative seeds are refused as well
 MAX_SEED = 2 ** 63 - 1
+#: the largest integer option (a 64-bit integer: what torch and NumPy index with)
+MAX_INT = 2 ** 63 - 1
+#: the most epochs / optimizer steps a run may ask for (a million epochs; 10**12 steps: at 10,000 steps a
+#: second, three years)
+MAX_EPOCHS = 10 ** 6
+MAX_STEPS = 10 ** 12
 
 
 def check_seed(seed, name: str = "seed") -> int:
@@ -106,7 +112,7 @@ class TrainConfig:
     finetune: Optional[str] = _h("checkpoint to start from (own dir, official ToST .pth, timm); the head "
                                  "is reset when the number of classes differs", default=None)
     # data
-    dataset: str = _h("dataset name (digits, mnist, image-folder, subspaces, text, listops)", default="digits")
+    dataset: str = _h("dataset name: {datasets} (whiteformer list-datasets)", default="digits")
     data_dir: Optional[str] = _h("data directory (mnist, image-folder) or text file (text)", default=None)
     data_args: Dict[str, Any] = _h("dataset options, e.g. data_args.img_size=16", default_factory=dict)
     eval_split: str = _h("split used for evaluation", default="test")
@@ -197,6 +203,8 @@ class TrainConfig:
                "scaling of sharded gradients); use precision bf16, which needs no scaling")
         _check(self.epochs >= 1 or self.steps >= 1, "give epochs >= 1 or steps >= 1")
         _check(self.steps >= 0, f"steps must be >= 0, got {self.steps}")
+        _check(self.epochs <= MAX_EPOCHS, f"epochs must be at most {MAX_EPOCHS}, got {self.epochs}")
+        _check(self.steps <= MAX_STEPS, f"steps must be at most {MAX_STEPS}, got {self.steps}")
         _check(self.lr > 0, f"lr must be > 0, got {self.lr}")
         _check(0 <= self.min_lr <= self.lr, f"min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
         _check(self.schedule in SCHEDULES, f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
@@ -433,11 +441,13 @@ def _coerce(name: str, value: Any, tp) -> Any:
             return value
         raise ConfigError(f"{name} must be true or false, got {value!r}")
     if origin is int:
-        if is_int(value):
-            return int(value)
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite integer, got {value!r}")
+        if not (is_int(value) or (isinstance(value, float) and value.is_integer())):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
+        if abs(value) > MAX_INT and not name.endswith("seed"):  # (a seed's own check names its range)
+            raise ConfigError(f"{name} must be an integer below 2**63 in size (a 64-bit integer), got {value!r}")
+        return int(value)
     if origin is float:
         if is_real(value):
             if not math.isfinite(value):
@@ -451,6 +461,9 @@ def _coerce(name: str, value: Any, tp) -> Any:
     if origin in (dict, Dict):
         if isinstance(value, dict):
             return dict(value)
+        if value is True:  # a bare --model-args (its value written as a separate key=value word)
+            raise ConfigError(f"--{name.replace('_', '-')} takes a mapping: write {name}.key=value for each key "
+                              f"(e.g. {name}.dim=64) or --{name.replace('_', '-')} '{{dim: 64}}'")
         raise ConfigError(f"{name} must be a mapping (e.g. {name}.key=value), got {value!r}")
     if origin in (list, List, tuple):
         if isinstance(value, (list, tuple)):
@@ -618,5 +631,10 @@ def format_fields(cls) -> str:
             default = f.default_factory()  # type: ignore[misc]
         else:
             default = "(required)"
-        lines.append(f"  --{f.name.replace('_', '-'):22s} {f.metadata.get('help', '')} [default: {default!r}]")
+        text = f.metadata.get("help", "")
+        if "{datasets}" in text:  # the registered names, never a list that falls behind
+            from .data import list_datasets
+
+            text = text.replace("{datasets}", ", ".join(list_datasets()))
+        lines.append(f"  --{f.name.replace('_', '-'):22s} {text} [default: {default!r}]")
     return "\n".join(lines)

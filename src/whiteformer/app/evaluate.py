@@ -44,8 +44,9 @@ def resolve_checkpoint(path, prefer_ema: bool = True) -> Tuple[Path, Optional[Di
     elif p.is_dir() and (p / "manifest.json").is_file():
         verify_checkpoint(p)  # a training checkpoint: refuse a corrupt one clearly
     run_cfg = None
-    if p.is_dir() and (p / "train_config.json").is_file():
-        run_cfg = read_json(p / "train_config.json", dict)
+    folder = p if p.is_dir() else p.parent  # a weights file: the run's settings beside it (final/model.safetensors)
+    if (folder / "train_config.json").is_file():
+        run_cfg = read_json(folder / "train_config.json", dict)
     return p, run_cfg
 
 
@@ -54,6 +55,9 @@ def load_model(path: Path, model: Optional[str] = None, model_args: Optional[Dic
     from ..models.read import read_config
 
     try:
+        if model is None and path.is_file() and path.name == "model.safetensors" \
+                and read_config(path.parent) is not None:
+            path = path.parent  # the weights of a model folder: the folder, with its config.json
         if path.is_dir() and read_config(path) is not None and model is None:
             return from_pretrained(path, **(model_args or {}))
         if model is None:
@@ -77,11 +81,12 @@ def evaluate(cfg: EvalConfig) -> Dict[str, Any]:
     same = dataset == run.get("dataset")
     data_dir = cfg.data_dir if cfg.data_dir is not None else (run.get("data_dir") if same else None)
     data_args = {**(run.get("data_args", {}) if same else {}), **cfg.data_args}
-    if "train_tokenizer" in data_args and "train_tokenizer" not in cfg.data_args and path.is_dir() \
-            and (path / "tokenizer.json").is_file():
+    folder = path if path.is_dir() else path.parent
+    if "train_tokenizer" in data_args and "train_tokenizer" not in cfg.data_args \
+            and (folder / "tokenizer.json").is_file():
         # the tokenizer the model was trained with, not one trained again (on perhaps another file)
         data_args = {**{k: v for k, v in data_args.items() if k != "train_tokenizer"},
-                     "tokenizer": str(path / "tokenizer.json")}
+                     "tokenizer": str(folder / "tokenizer.json")}
     device = resolve_device(cfg.device)
     model = load_model(path, cfg.model, cfg.model_args).to(device).eval()
     task = build_task(dataset, data_dir=data_dir, data_args=data_args, eval_split=cfg.split, eval_only=True,

@@ -224,3 +224,102 @@ def test_layerwise_of_a_hostile_config_json_is_one_line(tmp_path, capsys, deit_d
     assert main(["analyze", "layerwise", "--checkpoint", str(d), "--out", str(tmp_path / "a")]) == 2
     _one_error_line(capsys, "cannot load", "more than 1024 blocks" if config != "array" else "config.json")
     assert not (tmp_path / "a").exists()
+
+
+# ----------------------------------------------------------------------------- counts and data_args
+@pytest.mark.parametrize("argv,needle", [
+    (["--epochs", "1e23"], "epochs must be an integer below 2**63"),
+    (["--epochs", str(10 ** 23)], "epochs must be an integer below 2**63"),
+    (["--epochs", "inf"], "epochs must be a finite integer, got inf"),
+    (["--epochs", "nan"], "epochs must be a finite integer, got nan"),
+    (["--epochs", "10000000"], "epochs must be at most 1000000"),
+    (["--steps", "1e13"], "steps must be at most 1000000000000"),
+    (["--steps", "-inf"], "steps must be a finite integer"),
+    (["--batch-size", "1e30"], "batch_size must be an integer below 2**63"),
+])
+def test_absurd_counts_are_refused(tmp_path, capsys, argv, needle):
+    """--epochs 1e23 was accepted (a run of 10**23 epochs)."""
+    assert main(["train", *TINY, "--out", str(tmp_path / "r"), *argv]) == 2
+    _one_error_line(capsys, needle)
+    assert not (tmp_path / "r").exists()
+
+
+SUBSPACES_TINY = ["--dataset", "subspaces", "--model", "tost_t12_p16", "--steps", "1", "--batch-size", "16",
+                  "model_args={patch_size: 2, embed_dim: 16, depth: 1, num_heads: 2}", "--no-progress",
+                  "--no-tensorboard", "--no-report"]
+
+
+@pytest.mark.parametrize("dataset,arg,needle", [
+    ("subspaces", "num_train=inf", "num_train must be finite, got inf"),
+    ("subspaces", "num_train=nan", "num_train must be finite"),
+    ("subspaces", "num_train=1e12", "num_train must be an integer in [0, 1000000000]"),
+    ("subspaces", "num_train=-5", "num_train must be an integer in [0, 1000000000]"),
+    ("subspaces", "num_train=12.5", "num_train must be an integer, got 12.5"),
+    ("subspaces", "seed=0.5", "seed must be an integer, got 0.5"),
+    ("subspaces", "seed=abc", "seed must be an integer, got 'abc'"),
+    ("subspaces", "seed=-1", "seed must be an integer in [0, 9223372036854775807]"),
+    ("subspaces", "noise_std=inf", "noise_std must be finite"),
+    ("subspaces", "layout=", "layout must be a non-empty string"),
+    ("listops", "max_depth=[3]", "max_depth must be an integer, got [3]"),
+    ("text", "tokenizer=", "tokenizer must be a non-empty string, got ''"),
+    ("text", "pack=yes-please", "pack must be true or false"),
+    ("text", "eod=", "eod must be a non-empty string"),
+])
+def test_data_args_of_the_wrong_kind_are_one_error_line(tmp_path, capsys, dataset, arg, needle):
+    """num_train=inf, seed=0.5 / abc were tracebacks from inside torch; tokenizer= (empty) ended on a
+    sentencepiece line (the empty path is the working directory, read as a tokenizer folder)."""
+    argv = [*SUBSPACES_TINY[2:], "--dataset", dataset]
+    assert main(["train", *argv, f"data_args.{arg}", "--out", str(tmp_path / "r")]) == 2
+    line = _one_error_line(capsys, f"cannot build dataset {dataset!r}: {needle}")
+    assert "Error:" not in line  # the message alone, not the exception's class
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_mapping_option_given_without_its_value_names_the_forms(tmp_path, capsys):
+    """`--model-args dim=64` said "model_args must be a mapping ..., got True"."""
+    assert main(["train", "--model-args", "dim=64", "--out", str(tmp_path / "r")]) == 2
+    line = _one_error_line(capsys, "--model-args takes a mapping", "model_args.dim=64")
+    assert "True" not in line
+
+
+def test_train_help_lists_every_registered_dataset(capsys):
+    from whiteformer.app.data import list_datasets
+
+    assert main(["train", "--help"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("--dataset "))
+    assert all(name in line for name in list_datasets()) and "tokens" in line, line
+
+
+def test_eval_of_a_run_s_weights_file_reads_the_run_s_settings_beside_it(tmp_path, capsys):
+    """`eval --checkpoint RUN/final/model.safetensors` ignored train_config.json beside it (and asked
+    for --model and --dataset)."""
+    import json
+
+    out = tmp_path / "r"
+    assert main(["train", *SUBSPACES_TINY, "data_args={num_train: 32, num_test: 16}", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(out / "final"), "--json"]) == 0
+    folder = json.loads(capsys.readouterr().out)
+    assert main(["eval", "--checkpoint", str(out / "final" / "model.safetensors"), "--json"]) == 0
+    weights = json.loads(capsys.readouterr().out)
+    assert weights["dataset"] == "subspaces" and weights["loss"] == folder["loss"] and weights["n"] == 16
+
+
+def test_a_native_panic_is_one_error_line(tmp_path, capsys, monkeypatch):
+    """pyo3's PanicException (tokenizers) derives from BaseException, which main's `except Exception`
+    missed: a traceback."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from test_tokenizer import backtracking_tokenizer
+
+    backend = tokenizers.Tokenizer.from_file(str(backtracking_tokenizer(tmp_path)))
+    with pytest.raises(BaseException) as info:  # a real panic of the library
+        backend.encode("a" * 5000 + "b")
+    assert not isinstance(info.value, Exception)
+    import whiteformer.app.cli as cli
+
+    def panics(args):
+        raise info.value
+
+    monkeypatch.setattr(cli.COMMANDS["list-models"], "run", panics)
+    assert main(["list-models"]) == 2
+    _one_error_line(capsys, "a native library failed", "retry-limit", "backtracks")

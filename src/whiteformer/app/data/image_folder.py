@@ -12,7 +12,7 @@ Pillow is needed: ``pip install whiteformer[data]``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -46,7 +46,8 @@ def _scan(root: Path, classes: Optional[List[str]] = None) -> Tuple[List[str], L
 
 @register_dataset("image-folder", reads="directory",
                   help="class-per-subfolder images read with Pillow (data_dir[/split]/class/*.png)")
-def image_folder(split: str = "train", data_dir: Optional[str] = None, img_size: Optional[int] = 32,
+def image_folder(split: str = "train", data_dir: Optional[str] = None,
+                 img_size: Optional[Union[int, Tuple[int, int]]] = 32,
                  in_chans: int = 3, mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None,
                  test_fraction: float = 0.2, split_seed: int = 0, preload: bool = False,
                  crop_pct: Optional[float] = None) -> FileImageDataset:

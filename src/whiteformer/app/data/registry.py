@@ -4,14 +4,17 @@ arguments (:func:`check_dataset_args`). The builders import it; it imports none 
 from __future__ import annotations
 
 import inspect
+import math
 import os
+import typing
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
+from ..._checks import is_real
 from ..._registry import Registry
 
 __all__ = ["build_dataset", "list_datasets", "register_dataset", "dataset_builder", "dataset_info",
-           "check_dataset_args", "check_split", "check_data_dir", "DATASETS", "READS"]
+           "check_dataset_args", "check_dataset_values", "check_split", "check_data_dir", "DATASETS", "READS"]
 
 DATASETS = Registry("dataset", choices="available: {names}")
 #: what ``reads=`` may say: ``None`` (generated or bundled), "directory" (``data_dir`` required),
@@ -83,12 +86,61 @@ def check_data_dir(data_dir, dataset: str) -> Path:
     return path
 
 
+#: the largest count a dataset argument ``num_*`` / ``limit`` may ask for (examples generated or read)
+MAX_COUNT = 10 ** 9
+#: seeds: what ``torch.manual_seed`` takes, negative ones refused
+MAX_SEED = 2 ** 63 - 1
+
+
+def _scalar_type(hint) -> Tuple[Optional[type], bool]:
+    """(int / float / bool / str or None for any other annotation, whether None is allowed)."""
+    optional = False
+    if typing.get_origin(hint) is Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(hint))
+        hint = args[0] if len(args) == 1 else None
+    return (hint if hint in (int, float, bool, str) else None), optional
+
+
+def check_dataset_values(name: str, kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """``kwargs`` checked against the builder's annotations, converted (an integral float such as
+    ``1e3`` for an int): an int / float / bool / str argument must be one (a str not empty), a
+    number finite; counts (``num_*``, ``limit``) in [0, :data:`MAX_COUNT`], seeds in [0, 2**63 - 1].
+    A ``ValueError`` / ``TypeError`` names the argument."""
+    hints = typing.get_type_hints(dataset_builder(name))
+    out = dict(kwargs)
+    for key, value in kwargs.items():
+        kind, optional = _scalar_type(hints.get(key))
+        if kind is None or (value is None and optional):
+            continue
+        if kind is bool:
+            if not isinstance(value, bool):
+                raise TypeError(f"{key} must be true or false, got {value!r}")
+        elif kind is str:  # (a path may be a PathLike)
+            if not isinstance(value, (str, os.PathLike)) or not str(value):
+                raise ValueError(f"{key} must be a non-empty string, got {value!r}")
+        elif not is_real(value) or not math.isfinite(value):
+            what = "an integer" if kind is int else "a number"
+            raise ValueError(f"{key} must be {what if not is_real(value) else 'finite'}, got {value!r}")
+        elif kind is float:
+            out[key] = float(value)
+        elif not float(value).is_integer():
+            raise ValueError(f"{key} must be an integer, got {value!r}")
+        else:
+            out[key] = v = int(value)
+            top = MAX_SEED if key.endswith("seed") else MAX_COUNT if key.startswith("num_") or key == "limit" else None
+            if top is not None and not 0 <= v <= top:
+                raise ValueError(f"{key} must be an integer in [0, {top}], got {value!r}")
+    return out
+
+
 def build_dataset(name: str, split: str = "train", **kwargs: Any):
     """Build dataset ``name`` for ``split`` ("train", "test"; "val" is an alias of "test" for the
     image datasets and the validation part of ``text``), after :func:`check_dataset_args`
-    (unknown keyword arguments raise a ``TypeError`` listing the valid ones)."""
+    (unknown keyword arguments raise a ``TypeError`` listing the valid ones) and
+    :func:`check_dataset_values` (each argument of the type its builder annotates)."""
     check_dataset_args(name, **kwargs)
-    return dataset_builder(name)(split=split, **kwargs)
+    return dataset_builder(name)(split=split, **check_dataset_values(name, kwargs))
 
 
 def check_split(name: str, split: str, canonical=("train", "test"), aliases=None) -> str:

@@ -43,7 +43,7 @@ def build_datasets(dataset: str, data_dir: Optional[str], data_args: Dict[str, A
     except (TypeError, ValueError, FileNotFoundError, EOFError, OSError) as err:
         if isinstance(err, ConfigError):
             raise
-        raise ConfigError(f"cannot build dataset {dataset!r}: {type(err).__name__}: {err}") from err
+        raise ConfigError(f"cannot build dataset {dataset!r}: {err}") from err
 
 
 def build_model(name: str, ds, model_args: Dict[str, Any], finetune: Optional[str] = None,
