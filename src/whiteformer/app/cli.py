@@ -472,22 +472,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the console script; returns the exit code: 2 with one ``error: ...`` line
     for a user-caused failure (``--debug`` or ``WHITEFORMER_DEBUG=1`` show the traceback), 128 +
     the signal number after an interrupted run saved its checkpoint."""
-    from .train.errors import debug_requested
-
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = debug_requested(argv)
-    if not argv:
-        build_parser(()).print_help()
-        return 2
-    name = argv[0]
+    debug = "--debug" in argv
+    name = next((a for a in argv if a != "--debug"), "")
+    who = f"whiteformer {name}".strip()
     try:
+        from .train.errors import debug_requested  # (the training package: an interrupt here is one line too)
+
+        debug = debug_requested(argv)
+        if not argv:
+            build_parser(()).print_help()
+            return 2
         try:
             cmd, args = _parse(argv)
         except SystemExit as err:  # --help / --version (0) or a usage error (2, its line printed)
             return err.code if isinstance(err.code, int) else 0
         return cmd.run(args)
     except KeyboardInterrupt as err:
-        print(f"whiteformer {name}: interrupted" + (f": {err}" if str(err) else ""), file=sys.stderr)
+        print(f"{who}: interrupted" + (f": {err}" if str(err) else ""), file=sys.stderr)
         return int(getattr(err, "exit_code", 130))
     except Exception as err:  # noqa: BLE001 - user errors become one line; bugs keep their traceback
         from .train.errors import user_error
@@ -495,14 +497,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         msg = str(err) if isinstance(err, UsageError) else user_error(err)
         if msg is None or debug:
             raise
-        print(f"whiteformer {name}: error: {msg}", file=sys.stderr)
+        print(f"{who}: error: {msg}", file=sys.stderr)
         return 2
     except BaseException as err:  # a native library's panic (pyo3's PanicException, e.g. from tokenizers)
         from .train.errors import is_panic, panic_message
 
         if not is_panic(err) or debug:
             raise
-        print(f"whiteformer {name}: error: {panic_message(err)}", file=sys.stderr)
+        print(f"{who}: error: {panic_message(err)}", file=sys.stderr)
         return 2
 
 

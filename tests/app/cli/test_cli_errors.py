@@ -323,3 +323,39 @@ def test_a_native_panic_is_one_error_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cli.COMMANDS["list-models"], "run", panics)
     assert main(["list-models"]) == 2
     _one_error_line(capsys, "a native library failed", "retry-limit", "backtracks")
+
+
+def test_ctrl_c_during_start_up_is_one_line_and_exit_130(tmp_path):
+    """Ctrl-C while the command was still importing the training package printed a KeyboardInterrupt
+    traceback. A real SIGINT at several moments of a train command's start-up (the first while it
+    imports its modules), in a process that has imported only the command line."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import contextlib, io, os, signal, threading
+        from whiteformer.app.cli import main
+        for i, delay in enumerate([0.01, 0.1, 0.4]):
+            timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
+            err = io.StringIO()
+            timer.start()
+            try:
+                with contextlib.redirect_stderr(err):
+                    rc = main(["train", "--dataset", "subspaces", "--steps", "100000", "--batch-size", "8",
+                               "model_args={{patch_size: 2, embed_dim: 16, depth: 1, num_heads: 2}}",
+                               "--no-progress", "--no-tensorboard", "--no-report", "--num-threads", "1",
+                               "--out", {str(tmp_path)!r} + f"/r{{i}}"])
+            except BaseException as e:
+                rc = "raised " + type(e).__name__
+            timer.join()
+            lines = [ln for ln in err.getvalue().splitlines() if ln.strip() and not ln.startswith("run ")]
+            print(repr((delay, rc, "Traceback" in err.getvalue(), lines[-1:])))
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    results = [eval(line) for line in res.stdout.splitlines() if line.startswith("(")]
+    assert len(results) == 3, res.stdout
+    for delay, rc, traceback, last in results:
+        assert rc == 130 and not traceback and last and "interrupted" in last[0], (delay, rc, last)
