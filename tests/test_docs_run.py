@@ -117,6 +117,9 @@ def test_the_pages_have_python_blocks_and_their_markers_are_sound():
             if MARKER.match(text.strip()):
                 nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
                 assert nxt == "```python", f"{page.name}:{i + 1}: a marker not followed by a python block"
+            if text.strip() == "```python" and i and lines[i - 1].strip().startswith("<!--"):
+                assert MARKER.match(lines[i - 1].strip()), (f"{page.name}:{i}: unknown marker {lines[i - 1]!r}; "
+                                                            f"use <!-- continues --> or <!-- skip: REASON -->")
 
 
 @pytest.mark.parametrize("chain", CHAINS, ids=[c.id for c in CHAINS])
