@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from .._checks import check_choice, check_instance, check_int, check_positive_real, is_int, is_real
+from ..models import create_model
 from ..models.decoder import DecoderLM
 
 __all__ = ["linearize", "LinearizeResult", "INITS"]
@@ -86,7 +87,8 @@ def _student(teacher: DecoderLM, keep: List[int], init: str, seed: int) -> Decod
     layer initialised by ``init`` from the teacher's projections."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        student = DecoderLM(**{**teacher.init_kwargs, "attention": "tssa", "keep_softmax": keep})
+        student = create_model("tost_decoder_base", **{**teacher.init_kwargs, "attention": "tssa",
+                                                       "keep_softmax": keep})
     student.to(next(teacher.parameters()).device, next(teacher.parameters()).dtype)
     own = {k: v for k, v in teacher.state_dict().items() if k in student.state_dict()
            and student.state_dict()[k].shape == v.shape}

@@ -1,0 +1,122 @@
+"""``whiteformer linearize``: a transformers Llama folder + token files -> a causal TSSA model folder."""
+import argparse
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import whiteformer
+from whiteformer.app import linearize_cli
+from whiteformer.app.cli import main
+from whiteformer.convert import linearize
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 24
+STEPS = ["--transfer-steps", "4", "--finetune-steps", "3", "--batch-size", "4", "--block-size", "16", "--no-progress"]
+
+
+def _one_error_line(capsys, *needles):
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and ": error: " in lines[0] and "Traceback" not in err, err
+    for n in needles:
+        assert n in lines[0], (n, err)
+
+
+def _tokens_dir(d, vocab=VOCAB):
+    """train.bin / val.bin of repeated motifs, meta.json with ``vocab``."""
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    for name, n in (("train.bin", 60), ("val.bin", 15)):
+        rows = [np.tile(rng.integers(0, VOCAB, rng.integers(3, 6)), 8)[:20] for _ in range(n)]
+        np.concatenate(rows).astype(np.uint16).tofile(d / name)
+    (d / "meta.json").write_text(json.dumps({"vocab_size": vocab, "dtype": "uint16"}))
+    return d
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lin")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=False, eos_token_id=1, bos_token_id=0)
+    transformers.LlamaForCausalLM(config).save_pretrained(root / "teacher")
+    (root / "teacher" / "tokenizer_config.json").write_text('{"model_max_length": 64}')
+    return root / "teacher", _tokens_dir(root / "data")
+
+
+def _argv(teacher, data, out, *extra):
+    return ["linearize", "--teacher", str(teacher), "--dataset", "tokens", "--data-dir", str(data), "--out", str(out),
+            *STEPS, *extra]
+
+
+def test_writes_a_model_that_generates_as_the_in_process_student(folders, tmp_path):
+    teacher_dir, data = folders
+    out = tmp_path / "student"
+    assert main(_argv(teacher_dir, data, out, "--keep-softmax", "1")) == 0
+    model = whiteformer.from_pretrained(out).eval()
+    assert model.attention == "tssa" and model.keep_softmax == [1]
+    for name in ("generation_config.json", "tokenizer_config.json"):
+        assert (out / name).read_bytes() == (teacher_dir / name).read_bytes()
+    report = json.loads((out / "linearize.json").read_text())
+    assert report["tssa_layers"] == [0] and len(report["transfer_after"]) == 1
+
+    # the same run in process
+    args = argparse.Namespace(data_dir=str(data), dataset="tokens", tokenizer=None, teacher=str(teacher_dir))
+    teacher = linearize_cli._load_teacher(teacher_dir)
+    train, val = linearize_cli._dataset(args, "train"), linearize_cli._dataset(args, "val")
+    held = next(linearize_cli._windows(val, 4, 16, 1))
+    student, _ = linearize(teacher, linearize_cli._windows(train, 4, 16, 0), keep_softmax=[1], transfer_steps=4,
+                           finetune_steps=3, eval_batch=held, progress=False)
+    prompt = torch.tensor([[3, 4, 5, 3, 4]])
+    want = student.generate(prompt, max_new_tokens=8, temperature=0)
+    assert torch.equal(model.generate(prompt, max_new_tokens=8, temperature=0), want)
+
+
+def test_out_is_refused_unless_overwrite(folders, tmp_path, capsys):
+    teacher_dir, data = folders
+    out = tmp_path / "student"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    assert main(_argv(teacher_dir, data, out)) == 2
+    _one_error_line(capsys, "--overwrite")
+    assert (out / "mine.txt").read_text() == "keep me"
+    assert main(_argv(teacher_dir, data, out, "--overwrite", "--transfer-steps", "0", "--finetune-steps", "0")) == 0
+    assert whiteformer.from_pretrained(out).attention == "tssa" and not (out / "mine.txt").exists()
+
+
+def _unsupported(teacher):
+    cfg = json.loads((teacher / "config.json").read_text())
+    (teacher / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen3"}))
+
+
+@pytest.mark.parametrize("spoil, needle", [
+    (_unsupported, "qwen3"),
+    (lambda t: (t / "model.safetensors").unlink(), "teacher"),
+    (lambda t: (t / "config.json").unlink(), "config.json"),
+    ("vocab", "vocabulary"),
+])
+def test_bad_input_is_one_error_line_and_writes_nothing(folders, tmp_path, capsys, spoil, needle):
+    teacher_dir, data = folders
+    teacher = shutil.copytree(teacher_dir, tmp_path / "teacher")
+    if spoil == "vocab":
+        data = _tokens_dir(tmp_path / "data", vocab=VOCAB + 10)
+    else:
+        spoil(teacher)
+    out = tmp_path / "student"
+    assert main(_argv(teacher, data, out)) == 2
+    _one_error_line(capsys, needle)
+    assert not out.exists()
+
+
+def test_bad_options_are_one_error_line(folders, tmp_path, capsys):
+    teacher_dir, data = folders
+    for extra, needle in ((["--transfer-steps", "-1"], "--transfer-steps"), (["--keep-softmax", "a"], "--keep-softmax"),
+                          (["--keep-softmax", "5"], "keep_softmax"), (["--lora-rank", "0"], "--lora-rank")):
+        assert main(_argv(teacher_dir, data, tmp_path / "student", *extra)) == 2
+        _one_error_line(capsys, needle)
+        assert not (tmp_path / "student").exists()
