@@ -1,7 +1,11 @@
 """``whiteformer linearize``: a transformers Llama folder + token files -> a causal TSSA model folder."""
 import argparse
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -54,10 +58,17 @@ def _argv(teacher, data, out, *extra):
             *STEPS, *extra]
 
 
-def test_writes_a_model_that_generates_as_the_in_process_student(folders, tmp_path):
+@pytest.fixture(scope="module")
+def written(folders, tmp_path_factory):
     teacher_dir, data = folders
-    out = tmp_path / "student"
+    out = tmp_path_factory.mktemp("out") / "student"
     assert main(_argv(teacher_dir, data, out, "--keep-softmax", "1")) == 0
+    return out
+
+
+def test_writes_a_model_that_generates_as_the_in_process_student(folders, written):
+    teacher_dir, data = folders
+    out = written
     model = whiteformer.from_pretrained(out).eval()
     assert model.attention == "tssa" and model.keep_softmax == [1]
     for name in ("generation_config.json", "tokenizer_config.json"):
@@ -75,6 +86,23 @@ def test_writes_a_model_that_generates_as_the_in_process_student(folders, tmp_pa
     prompt = torch.tensor([[3, 4, 5, 3, 4]])
     want = student.generate(prompt, max_new_tokens=8, temperature=0)
     assert torch.equal(model.generate(prompt, max_new_tokens=8, temperature=0), want)
+
+
+def test_the_folder_loads_in_a_process_that_imports_only_transformers(written, tmp_path):
+    model = whiteformer.from_pretrained(written).eval()
+    prompt = [[3, 4, 5, 3, 4, 5, 3]]
+    ref = model.generate(torch.tensor(prompt), max_new_tokens=5, temperature=0)
+    code = ("import sys, torch\nfrom transformers import AutoModelForCausalLM\n"
+            f"m = AutoModelForCausalLM.from_pretrained({str(written)!r}, trust_remote_code=True).eval()\n"
+            f"out = m.generate(torch.tensor({prompt}), max_new_tokens=5, min_new_tokens=5, do_sample=False, "
+            "pad_token_id=0)\nprint(out.tolist())\nprint('whiteformer' in sys.modules)")
+    src = str(Path(whiteformer.__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": src, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"),
+           "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.strip().splitlines()
+    assert lines[-2] == str(ref.tolist())
 
 
 def test_out_is_refused_unless_overwrite(folders, tmp_path, capsys):
