@@ -2,7 +2,7 @@
 
     whiteformer linearize --teacher PATH --dataset tokens|text --data-dir D --out DIR
         [--keep-softmax 0,5] [--transfer-steps N] [--finetune-steps M] [--lora-rank R] [--lr LR]
-        [--init vo|qk|random] [--kl-weight W] [--batch-size B] [--block-size T] [--seed S]
+        [--init vo|qk|random] [--kl-weight W] [--batch-size B] [--block-size T] [--pack] [--seed S]
         [--overwrite] [--no-progress]
 
 - ``--teacher``: a transformers ``save_pretrained`` folder of a Llama / Qwen2 / Mistral model (read by
@@ -12,7 +12,9 @@
   ``--dataset text`` the text file ``D`` with its tokenizer (``--tokenizer``). Each step draws
   ``--batch-size`` random windows of ``--block-size + 1`` tokens of the train split, as
   ``whiteformer train`` does for language models; a held-out batch of the val split measures the KL
-  to the teacher.
+  to the teacher. ``--pack``: the windows' documents (ended by the data's end-of-document token) are
+  packed into one row with ``cu_seqlens`` (:func:`~whiteformer.app.data.packing.pack_windows`), so no
+  token attends or is predicted across a document boundary.
 - :func:`whiteformer.convert.linearize` trains the student (tqdm bars, the per-layer transfer loss on
   the postfix); its report is printed.
 - ``DIR``: the student's ``save_pretrained`` files, the teacher folder's tokenizer files and
@@ -65,6 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kl-weight", type=float, default=1.0, help="weight of the KL to the teacher (default 1)")
     p.add_argument("--batch-size", type=int, default=8, help="windows per step (default 8)")
     p.add_argument("--block-size", type=int, default=256, help="tokens per window (default 256)")
+    p.add_argument("--pack", action="store_true", help="pack the windows' documents (split at the data's "
+                   "end-of-document token) with cu_seqlens")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
@@ -96,7 +100,7 @@ def _dataset(args: argparse.Namespace, split: str):
     from .config import ConfigError
     from .data.registry import dataset_builder
 
-    kwargs: Dict[str, Any] = {"split": split, "data_dir": args.data_dir}
+    kwargs: Dict[str, Any] = {"split": split, "data_dir": args.data_dir, "pack": bool(args.pack)}
     if args.dataset == "text":
         tok = args.tokenizer or (args.teacher if (Path(args.teacher) / "tokenizer.json").is_file() else None)
         if tok is None:
@@ -108,15 +112,22 @@ def _dataset(args: argparse.Namespace, split: str):
         raise ConfigError(f"--dataset {args.dataset} --data-dir {args.data_dir!r}: {err}") from None
 
 
-def _windows(ds, batch_size: int, block_size: int, seed: int) -> Iterator[Dict[str, Any]]:
-    """Random windows of ``block_size + 1`` tokens: {"idx", "targets"} (B, block_size) each."""
+def _windows(ds, batch_size: int, block_size: int, seed: int, pack: bool = False) -> Iterator[Dict[str, Any]]:
+    """Random windows of ``block_size + 1`` tokens: {"idx", "targets"} (B, block_size) each, or with
+    ``pack`` the packed row {"idx", "targets"} (1, B * block_size) and its "cu_seqlens"."""
     import torch
+
+    from .data.packing import pack_windows
 
     g = torch.Generator().manual_seed(seed)
     while True:
         starts = torch.randint(0, len(ds) - block_size - 1, (batch_size,), generator=g)
         x, y = ds.get_windows(starts, block_size)
-        yield {"idx": x, "targets": y}
+        if pack:
+            packed, y = pack_windows(x, y, ds.eod_id)
+            yield {"idx": packed.idx, "targets": y, "cu_seqlens": packed.cu_seqlens}
+        else:
+            yield {"idx": x, "targets": y}
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -155,9 +166,9 @@ def run(args: argparse.Namespace) -> int:
                               f"({teacher.vocab_size}): its ids were not made for this model")
         if len(ds) < args.block_size + 2:
             raise ConfigError(f"{ds.name}: {len(ds)} tokens are fewer than --block-size + 2 = {args.block_size + 2}")
-    held = next(_windows(val, args.batch_size, args.block_size, args.seed + 1))
+    held = next(_windows(val, args.batch_size, args.block_size, args.seed + 1, args.pack))
     try:
-        student, res = linearize(teacher, _windows(train, args.batch_size, args.block_size, args.seed),
+        student, res = linearize(teacher, _windows(train, args.batch_size, args.block_size, args.seed, args.pack),
                                  keep_softmax=args.keep_softmax, transfer_steps=args.transfer_steps,
                                  finetune_steps=args.finetune_steps, lr=args.lr, init=args.init,
                                  lora_rank=args.lora_rank, kl_weight=args.kl_weight, eval_batch=held, seed=args.seed,
@@ -166,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(str(err)) from None
     report = {"teacher": str(args.teacher), "dataset": args.dataset, "keep_softmax": args.keep_softmax,
               "transfer_steps": args.transfer_steps, "finetune_steps": args.finetune_steps,
-              "lora_rank": args.lora_rank, "init": args.init, "tssa_layers": res.tssa_layers,
+              "lora_rank": args.lora_rank, "init": args.init, "pack": args.pack, "tssa_layers": res.tssa_layers,
               "transfer_before": res.transfer_before, "transfer_after": res.transfer_after,
               "kl_swap": res.kl_swap, "kl_transfer": res.kl_transfer, "kl_finetune": res.kl_finetune}
     with staged_folder(args.out, keep=False) as stage:

@@ -77,7 +77,8 @@ def test_writes_a_model_that_generates_as_the_in_process_student(folders, writte
     assert report["tssa_layers"] == [0] and len(report["transfer_after"]) == 1
 
     # the same run in process
-    args = argparse.Namespace(data_dir=str(data), dataset="tokens", tokenizer=None, teacher=str(teacher_dir))
+    args = argparse.Namespace(data_dir=str(data), dataset="tokens", tokenizer=None, teacher=str(teacher_dir),
+                              pack=False)
     teacher = linearize_cli._load_teacher(teacher_dir)
     train, val = linearize_cli._dataset(args, "train"), linearize_cli._dataset(args, "val")
     held = next(linearize_cli._windows(val, 4, 16, 1))
@@ -148,3 +149,29 @@ def test_bad_options_are_one_error_line(folders, tmp_path, capsys):
         assert main(_argv(teacher_dir, data, tmp_path / "student", *extra)) == 2
         _one_error_line(capsys, needle)
         assert not (tmp_path / "student").exists()
+
+
+def test_text_data_with_the_teachers_tokenizer_packed(tmp_path):
+    from whiteformer.app.data.tokenizer import train_bpe
+
+    docs = ["the cat sat on the mat. " * 3, "a dog ran in the park. " * 3, "we go to the sea. " * 3] * 6
+    text = "<|endoftext|>".join(docs)
+    tok = train_bpe(text, 270)
+    teacher = tmp_path / "teacher"
+    config = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    transformers.LlamaForCausalLM(config).save_pretrained(teacher)
+    for name, body in tok.files().items():
+        (teacher / name).write_text(body)
+    (tmp_path / "corpus.txt").write_text(text)
+    out = tmp_path / "student"
+    argv = ["linearize", "--teacher", str(teacher), "--dataset", "text", "--data-dir", str(tmp_path / "corpus.txt"),
+            "--out", str(out), "--pack", *STEPS]
+    assert main(argv) == 0
+    assert json.loads((out / "linearize.json").read_text())["pack"] is True
+    assert (out / "tokenizer.json").read_bytes() == (teacher / "tokenizer.json").read_bytes()
+    assert whiteformer.from_pretrained(out).attention == "tssa"
+    args = argparse.Namespace(data_dir=str(tmp_path / "corpus.txt"), dataset="text", tokenizer=None,
+                              teacher=str(teacher), pack=True)
+    batch = next(linearize_cli._windows(linearize_cli._dataset(args, "train"), 4, 16, 0, pack=True))
+    assert batch["idx"].shape == (1, 64) and len(batch["cu_seqlens"]) > 5  # documents split inside the windows
