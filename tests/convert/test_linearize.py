@@ -1,4 +1,7 @@
 """linearize: a softmax decoder -> its causal TSSA student (attention transfer, then fine-tuning)."""
+import itertools
+
+import numpy as np
 import pytest
 import torch
 
@@ -128,3 +131,34 @@ def test_teacher_and_batches_are_checked(teacher):
         linearize(teacher, [torch.full((2, 8), VOCAB)], progress=False)
     with pytest.raises(ValueError, match="batches"):
         linearize(teacher, [], progress=False)
+    with pytest.raises(ValueError, match="batches ran out"):
+        linearize(teacher, iter(_patterns(2, n=3)), transfer_steps=2, finetune_steps=2, progress=False)
+
+
+def _stopping(batches, after):
+    """The batches, cycled, as an iterator that fails at draw ``after`` (an interrupted run)."""
+    for k, b in enumerate(itertools.cycle(batches)):
+        if k == after:
+            raise RuntimeError("interrupted")
+        yield b
+
+
+@pytest.mark.parametrize("lora_rank, stop", [(None, 2), (2, 5)])  # stopped in stage 1; in stage 2 with adapters
+def test_resume_ends_as_the_uninterrupted_run(teacher, tmp_path, lora_rank, stop):
+    data, held = _patterns(2, n=3), _patterns(3, n=1)[0]
+    kw = dict(keep_softmax=[1], transfer_steps=3, finetune_steps=3, lr=3e-3, lora_rank=lora_rank, eval_batch=held,
+              progress=False)
+    want, want_res = linearize(teacher, itertools.cycle(data), **kw)
+    ckpt = tmp_path / "state.pt"
+    with pytest.raises(RuntimeError, match="interrupted"):
+        linearize(teacher, _stopping(data, stop), checkpoint=ckpt, checkpoint_every=1, **kw)
+    got, got_res = linearize(teacher, _stopping(data, 99), checkpoint=ckpt, resume=True, **kw)
+    for k, v in want.state_dict().items():
+        torch.testing.assert_close(got.state_dict()[k], v, rtol=0, atol=1e-6, msg=k)
+    assert np.allclose(got_res.transfer_history, want_res.transfer_history, rtol=1e-5)
+    assert np.allclose(got_res.finetune_history, want_res.finetune_history, rtol=1e-5)
+    assert got_res.kl_finetune == pytest.approx(want_res.kl_finetune, rel=1e-5)
+    with pytest.raises(ValueError, match="resume"):
+        linearize(teacher, itertools.cycle(data), checkpoint=ckpt, resume=True, **{**kw, "finetune_steps": 4})
+    with pytest.raises(ValueError, match="resume"):
+        linearize(teacher, itertools.cycle(data), checkpoint=tmp_path / "none.pt", resume=True, **kw)

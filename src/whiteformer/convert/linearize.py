@@ -26,8 +26,9 @@ the last target ignored) and optional ``cu_seqlens`` (S + 1,) for packed documen
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -204,10 +205,29 @@ def _check(teacher, keep_softmax, transfer_steps, finetune_steps, lr, init, lora
     check_int(seed, "seed")
 
 
+def _save_state(path, state: Dict[str, Any]) -> None:
+    from .._files import atomic_write
+
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def _load_state(path, settings: Dict[str, Any]) -> Dict[str, Any]:
+    """The training state of an interrupted run at ``path``, which must have been made with ``settings``."""
+    if not os.path.isfile(path):
+        raise ValueError(f"resume: there is no training state {str(path)!r} to resume from")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("settings") != settings:
+        theirs = state.get("settings") if isinstance(state, dict) else None
+        raise ValueError(f"resume: the training state {str(path)!r} was made with other settings ({theirs}), "
+                         f"not {settings}")
+    return state
+
+
 def linearize(teacher: DecoderLM, batches: Iterable[Any], *, keep_softmax: Sequence[int] = (),
               transfer_steps: int = 100, finetune_steps: int = 100, lr: float = 1e-3, init: str = "vo",
               lora_rank: Optional[int] = None, kl_weight: float = 1.0, eval_batch: Any = None, seed: int = 0,
-              progress: bool = True) -> "tuple[DecoderLM, LinearizeResult]":
+              progress: bool = True, checkpoint: Optional[Union[str, os.PathLike]] = None,
+              checkpoint_every: int = 50, resume: bool = False) -> "tuple[DecoderLM, LinearizeResult]":
     """Teacher -> ``(student, result)``: the teacher's shell with causal TSSA outside ``keep_softmax``,
     after ``transfer_steps`` of attention transfer and ``finetune_steps`` of fine-tuning (see the
     module docstring), in eval mode; the teacher is left as it was.
@@ -218,11 +238,23 @@ def linearize(teacher: DecoderLM, batches: Iterable[Any], *, keep_softmax: Seque
     None: stage 2 trains the TSSA layers' weights; R: LoRA adapters of rank R on their ``qkv`` and
     ``proj`` (through peft), merged in at the end. ``progress``: tqdm bars, the per-layer transfer
     losses on the postfix. ``transfer_steps=0, finetune_steps=0`` gives the plain swap.
+
+    ``checkpoint``: a file the training state (student, optimizer, step, losses so far) is written
+    to, whole or not at all, every ``checkpoint_every`` steps and at the end of each stage.
+    ``resume=True`` continues from it: the batches already used are drawn again and skipped (give
+    the same ``batches``), so the run ends as the uninterrupted one would; the settings must match.
     """
     _check(teacher, keep_softmax, transfer_steps, finetune_steps, lr, init, lora_rank, kl_weight, seed)
     check_instance(batches, "batches", Iterable, "an iterable of batches")
+    check_int(checkpoint_every, "checkpoint_every", 1)
+    check_instance(resume, "resume", bool, "a bool")
+    if resume and checkpoint is None:
+        raise ValueError("resume=True needs the checkpoint file to resume from")
     keep = sorted(int(i) for i in keep_softmax)
     layers = [i for i in range(teacher.depth) if i not in keep]
+    settings = dict(keep_softmax=keep, transfer_steps=transfer_steps, finetune_steps=finetune_steps, lr=float(lr),
+                    init=init, lora_rank=lora_rank, kl_weight=float(kl_weight), seed=seed)
+    state = _load_state(checkpoint, settings) if resume else None
     if isinstance(batches, Sequence):
         if not len(batches):
             raise ValueError("batches is empty")
@@ -231,8 +263,21 @@ def linearize(teacher: DecoderLM, batches: Iterable[Any], *, keep_softmax: Seque
     else:
         stream = iter(batches)
         held = next(stream) if eval_batch is None else eval_batch
-    draw: Callable[[], Dict[str, Any]] = lambda: _split(next(stream), teacher.vocab_size)  # noqa: E731
+    drawn = [0]
+
+    def draw() -> Dict[str, Any]:
+        try:
+            batch = next(stream)
+        except StopIteration:
+            raise ValueError(f"batches ran out after {drawn[0]} batches; the run needs transfer_steps + "
+                             f"finetune_steps = {transfer_steps + finetune_steps} (give a sequence, which is cycled)"
+                             ) from None
+        drawn[0] += 1
+        return batch
+
     held = _split(held, teacher.vocab_size)
+    for _ in range(state["drawn"] if state else 0):  # the batches the interrupted run used
+        draw()
 
     was_training = teacher.training
     teacher.eval()
@@ -244,17 +289,35 @@ def linearize(teacher: DecoderLM, batches: Iterable[Any], *, keep_softmax: Seque
     with torch.no_grad():
         before = [float(v) for v in _transfer_losses(student, held_seen, layers)]
     result = LinearizeResult(layers, before, kl_swap=_eval_kl(held_logits, student, held))
+    start = 0
+    if state is not None:
+        for k in ("transfer_history", "finetune_history", "transfer_after", "kl_transfer"):
+            setattr(result, k, state["result"][k])
+        start = state["step"]
+
+    def save(stage: int, step: int, opt, every: int = checkpoint_every) -> None:
+        """The state after ``step`` steps of ``stage`` (every ``every`` steps)."""
+        if checkpoint is not None and step % every == 0:
+            _save_state(checkpoint, {"settings": settings, "stage": stage, "step": step,
+                                     "drawn": (step if stage == 1 else transfer_steps + step),
+                                     "model": student.state_dict(), "opt": opt.state_dict(),
+                                     "result": asdict(result)})
 
     # stage 1: attention transfer, every TSSA layer at once, everything else frozen
     params = [p for i in layers for p in student.transformer.h[i].attn.parameters()]
-    if transfer_steps and params:
+    stage1_done = state is not None and state["stage"] == 2
+    if transfer_steps and params and not stage1_done:
         torch.manual_seed(seed)
         for p in params:
             p.requires_grad_(True)
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+        if state is not None:
+            student.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
         with _bar(progress, transfer_steps, "attention transfer") as bar:
-            for _ in range(transfer_steps):
-                _, seen = _capture(teacher, layers, draw())
+            bar.update(start)
+            for step in range(start, transfer_steps):
+                _, seen = _capture(teacher, layers, _split(draw(), teacher.vocab_size))
                 losses = _transfer_losses(student, seen, layers)
                 opt.zero_grad(set_to_none=True)
                 torch.stack(losses).sum().backward()
@@ -262,11 +325,15 @@ def linearize(teacher: DecoderLM, batches: Iterable[Any], *, keep_softmax: Seque
                 result.transfer_history.append([float(v.detach()) for v in losses])
                 bar.set_postfix({f"L{i}": f"{v:.3g}" for i, v in zip(layers, result.transfer_history[-1])})
                 bar.update()
+                if step + 1 < transfer_steps:
+                    save(1, step + 1, opt)
         for p in params:
             p.requires_grad_(False)
-    with torch.no_grad():
-        result.transfer_after = [float(v) for v in _transfer_losses(student, held_seen, layers)]
-    result.kl_transfer = _eval_kl(held_logits, student, held)
+    if not stage1_done:
+        with torch.no_grad():
+            result.transfer_after = [float(v) for v in _transfer_losses(student, held_seen, layers)]
+        result.kl_transfer = _eval_kl(held_logits, student, held)
+    start = state["step"] if stage1_done else 0
 
     # stage 2: LM loss + kl_weight * KL(teacher || student), the TSSA layers (or their LoRA adapters)
     if finetune_steps and layers:
@@ -276,9 +343,15 @@ def linearize(teacher: DecoderLM, batches: Iterable[Any], *, keep_softmax: Seque
         for p in params:
             p.requires_grad_(True)
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+        if stage1_done:
+            student.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+        else:
+            save(2, 0, opt, every=1)  # stage 1 done: a resume starts from here
         with _bar(progress, finetune_steps, "fine-tuning") as bar:
-            for _ in range(finetune_steps):
-                b = draw()
+            bar.update(start)
+            for step in range(start, finetune_steps):
+                b = _split(draw(), teacher.vocab_size)
                 with torch.no_grad():
                     t_logits, _ = teacher(b["idx"], cu_seqlens=b["cu_seqlens"])
                 logits, lm = student(b["idx"], b["targets"], cu_seqlens=b["cu_seqlens"])
@@ -289,6 +362,8 @@ def linearize(teacher: DecoderLM, batches: Iterable[Any], *, keep_softmax: Seque
                 result.finetune_history.append(float(loss.detach()))
                 bar.set_postfix(loss=f"{result.finetune_history[-1]:.4g}")
                 bar.update()
+                if step + 1 < finetune_steps:
+                    save(2, step + 1, opt)
         if lora_rank is not None:
             _merge_lora(student, layers)
         for p in student.parameters():
