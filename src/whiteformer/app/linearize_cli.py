@@ -3,7 +3,7 @@
     whiteformer linearize --teacher PATH --dataset tokens|text --data-dir D --out DIR
         [--keep-softmax 0,5] [--transfer-steps N] [--finetune-steps M] [--lora-rank R] [--lr LR]
         [--init vo|qk|random] [--kl-weight W] [--batch-size B] [--block-size T] [--pack] [--seed S]
-        [--overwrite] [--no-progress]
+        [--checkpoint-every K] [--resume] [--overwrite] [--no-progress]
 
 - ``--teacher``: a transformers ``save_pretrained`` folder of a Llama / Qwen2 / Mistral model (read by
   :func:`whiteformer.convert.from_transformers`, no code of it runs) or a whiteformer model folder of a
@@ -21,6 +21,10 @@
   ``generation_config.json`` when it has them, and ``linearize.json`` (the report). ``DIR`` must be
   missing or empty unless ``--overwrite``; it is written beside and moved in as one unit
   (:func:`whiteformer._files.staged_folder`), so a failed run leaves it as it was.
+- Resuming: the training state is written to ``DIR.linearize-state.pt`` (beside ``DIR``) every
+  ``--checkpoint-every`` steps; ``--resume`` continues an interrupted run from it with the same
+  options, ending as the uninterrupted run would. It is removed once ``DIR`` is written. A run that
+  finds one without ``--resume`` is refused (``--overwrite`` starts over).
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
-__all__ = ["add_arguments", "run", "TEACHER_FILES"]
+__all__ = ["add_arguments", "run", "state_path", "TEACHER_FILES"]
 
 #: files of the teacher's folder copied next to the student (when present)
 TEACHER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
@@ -70,7 +74,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pack", action="store_true", help="pack the windows' documents (split at the data's "
                    "end-of-document token) with cu_seqlens")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--checkpoint-every", type=int, default=50, metavar="K",
+                   help="write the training state (OUT.linearize-state.pt) every K steps (default 50)")
+    p.add_argument("--resume", action="store_true", help="continue the interrupted run of OUT from its state")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out (and start over from an "
+                   "interrupted run's state)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="progress bars on a terminal (default on)")
 
@@ -136,7 +144,8 @@ def _check(args: argparse.Namespace) -> None:
     for name in ("transfer_steps", "finetune_steps"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    for name in ("batch_size", "block_size") + (("lora_rank",) if args.lora_rank is not None else ()):
+    optional = ("lora_rank",) if args.lora_rank is not None else ()
+    for name in ("batch_size", "block_size", "checkpoint_every") + optional:
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not args.lr > 0:
@@ -148,6 +157,18 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError(f"--out {args.out!r} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         raise ConfigError(f"--out {args.out!r} is not empty (pass --overwrite to replace it)")
+    state = state_path(args.out)
+    if args.resume and not state.is_file():
+        raise ConfigError(f"--resume: there is no interrupted run of --out {args.out!r} ({str(state)!r} is missing)")
+    if state.exists() and not (args.resume or args.overwrite):
+        raise ConfigError(f"an interrupted run of --out {args.out!r} left {str(state)!r}: pass --resume to continue "
+                          "it, or --overwrite to start over")
+
+
+def state_path(out) -> Path:
+    """Where the training state of the run writing ``out`` is kept: ``OUT.linearize-state.pt`` beside it."""
+    out = Path(out)
+    return out.with_name(out.name + ".linearize-state.pt")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -167,12 +188,14 @@ def run(args: argparse.Namespace) -> int:
         if len(ds) < args.block_size + 2:
             raise ConfigError(f"{ds.name}: {len(ds)} tokens are fewer than --block-size + 2 = {args.block_size + 2}")
     held = next(_windows(val, args.batch_size, args.block_size, args.seed + 1, args.pack))
+    state_path(args.out).parent.mkdir(parents=True, exist_ok=True)
     try:
         student, res = linearize(teacher, _windows(train, args.batch_size, args.block_size, args.seed, args.pack),
                                  keep_softmax=args.keep_softmax, transfer_steps=args.transfer_steps,
                                  finetune_steps=args.finetune_steps, lr=args.lr, init=args.init,
                                  lora_rank=args.lora_rank, kl_weight=args.kl_weight, eval_batch=held, seed=args.seed,
-                                 progress=args.progress)
+                                 progress=args.progress, checkpoint=state_path(args.out),
+                                 checkpoint_every=args.checkpoint_every, resume=args.resume)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     report = {"teacher": str(args.teacher), "dataset": args.dataset, "keep_softmax": args.keep_softmax,
@@ -187,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
             if src.is_file():
                 shutil.copyfile(src, stage / name)
         write_text(stage / "linearize.json", json.dumps(report, indent=2) + "\n")
+    state_path(args.out).unlink(missing_ok=True)
     say("transfer loss per TSSA layer: " + ", ".join(
         f"{i}: {a:.4g} -> {b:.4g}" for i, a, b in zip(res.tssa_layers, res.transfer_before, res.transfer_after)))
     say(f"KL to the teacher (val batch): plain swap {res.kl_swap:.4g}, after transfer {res.kl_transfer:.4g}, "

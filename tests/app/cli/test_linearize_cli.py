@@ -106,6 +106,36 @@ def test_the_folder_loads_in_a_process_that_imports_only_transformers(written, t
     assert lines[-2] == str(ref.tolist())
 
 
+def test_an_interrupted_run_resumes_to_the_same_model(folders, written, tmp_path, monkeypatch, capsys):
+    teacher_dir, data = folders
+    out = tmp_path / "student"
+    argv = _argv(teacher_dir, data, out, "--keep-softmax", "1", "--checkpoint-every", "1")
+    windows = linearize_cli._windows
+
+    def interrupted(ds, *a, **kw):  # Ctrl-C while the 6th training batch is read
+        for k, b in enumerate(windows(ds, *a, **kw)):
+            if k == 5 and ds.name.endswith("train"):
+                raise KeyboardInterrupt
+            yield b
+
+    monkeypatch.setattr(linearize_cli, "_windows", interrupted)
+    assert main(argv) == 130
+    state = linearize_cli.state_path(out)
+    assert state.is_file() and not out.exists()
+    monkeypatch.setattr(linearize_cli, "_windows", windows)
+    capsys.readouterr()
+    assert main(argv) == 2  # the state is not silently thrown away
+    _one_error_line(capsys, "--resume")
+    assert main([*argv, "--resume"]) == 0
+    assert not state.exists()
+    got, want = whiteformer.from_pretrained(out).state_dict(), whiteformer.from_pretrained(written).state_dict()
+    for k, v in want.items():
+        torch.testing.assert_close(got[k], v, rtol=0, atol=1e-6, msg=k)
+    capsys.readouterr()
+    assert main([*argv, "--resume", "--overwrite"]) == 2
+    _one_error_line(capsys, "--resume", "no interrupted run")
+
+
 def test_out_is_refused_unless_overwrite(folders, tmp_path, capsys):
     teacher_dir, data = folders
     out = tmp_path / "student"
