@@ -205,3 +205,14 @@ def test_text_data_with_the_teachers_tokenizer_packed(tmp_path):
                               teacher=str(teacher), pack=True)
     batch = next(linearize_cli._windows(linearize_cli._dataset(args, "train"), 4, 16, 0, pack=True))
     assert batch["idx"].shape == (1, 64) and len(batch["cu_seqlens"]) > 5  # documents split inside the windows
+
+
+@pytest.mark.parametrize("option", ["--teacher", "--data-dir", "--out", "--tokenizer"])
+def test_an_empty_path_is_one_error_line(folders, tmp_path, capsys, monkeypatch, option):
+    teacher_dir, data = folders
+    monkeypatch.chdir(tmp_path)
+    argv = _argv(teacher_dir, data, tmp_path / "student", "--tokenizer", str(teacher_dir))
+    argv[argv.index(option) + 1] = ""
+    assert main(argv) == 2
+    _one_error_line(capsys, "empty path")
+    assert list(tmp_path.iterdir()) == []
