@@ -25,12 +25,14 @@ the last target ignored) and optional ``cu_seqlens`` (S + 1,) for packed documen
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from .._checks import check_choice, check_instance, check_int, check_positive_real, is_int, is_real
@@ -65,8 +67,8 @@ class LinearizeResult:
     finetune_history: List[float] = field(default_factory=list)
 
 
-def _split(batch: Any, vocab_size: int) -> Dict[str, Any]:
-    """A batch (see the module docstring) -> {"idx", "targets", "cu_seqlens"}."""
+def _split(batch: Any, vocab_size: int, device: torch.device) -> Dict[str, Any]:
+    """A batch (see the module docstring) -> {"idx", "targets", "cu_seqlens"} on ``device``."""
     if isinstance(batch, torch.Tensor):
         idx, targets, cu = batch, None, None
     elif isinstance(batch, Mapping) and "idx" in batch:
@@ -78,9 +80,10 @@ def _split(batch: Any, vocab_size: int) -> Dict[str, Any]:
                          f"{getattr(idx, 'shape', idx)!r}")
     if targets is None:
         targets = torch.cat([idx[:, 1:], idx.new_full((idx.shape[0], 1), -1)], dim=1)
-    if idx.numel() and int(idx.max()) >= vocab_size:
-        raise ValueError(f"batches hold token id {int(idx.max())}, outside the teacher's vocabulary of {vocab_size}")
-    return {"idx": idx, "targets": targets, "cu_seqlens": cu}
+    if idx.numel() and not 0 <= int(idx.min()) <= int(idx.max()) < vocab_size:
+        raise ValueError(f"batches hold token ids in [{int(idx.min())}, {int(idx.max())}], outside the teacher's "
+                         f"vocabulary [0, {vocab_size})")
+    return {"idx": idx.to(device), "targets": targets.to(device), "cu_seqlens": None if cu is None else cu.to(device)}
 
 
 def _student(teacher: DecoderLM, keep: List[int], init: str, seed: int) -> DecoderLM:
@@ -205,6 +208,17 @@ def _check(teacher, keep_softmax, transfer_steps, finetune_steps, lr, init, lora
     check_int(seed, "seed")
 
 
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode inside the block, in its former mode after it (an exception included)."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
 def _save_state(path, state: Dict[str, Any]) -> None:
     from .._files import atomic_write
 
@@ -275,101 +289,100 @@ def linearize(teacher: DecoderLM, batches: Iterable[Any], *, keep_softmax: Seque
         drawn[0] += 1
         return batch
 
-    held = _split(held, teacher.vocab_size)
+    device = teacher.lm_head.weight.device
+    held = _split(held, teacher.vocab_size, device)
     for _ in range(state["drawn"] if state else 0):  # the batches the interrupted run used
         draw()
 
-    was_training = teacher.training
-    teacher.eval()
-    student = _student(teacher, keep, init, seed)
-    student.eval()
-    for p in student.parameters():
-        p.requires_grad_(False)
-    held_logits, held_seen = _capture(teacher, layers, held)
-    with torch.no_grad():
-        before = [float(v) for v in _transfer_losses(student, held_seen, layers)]
-    result = LinearizeResult(layers, before, kl_swap=_eval_kl(held_logits, student, held))
-    start = 0
-    if state is not None:
-        for k in ("transfer_history", "finetune_history", "transfer_after", "kl_transfer"):
-            setattr(result, k, state["result"][k])
-        start = state["step"]
-
-    def save(stage: int, step: int, opt, every: int = checkpoint_every) -> None:
-        """The state after ``step`` steps of ``stage`` (every ``every`` steps)."""
-        if checkpoint is not None and step % every == 0:
-            _save_state(checkpoint, {"settings": settings, "stage": stage, "step": step,
-                                     "drawn": (step if stage == 1 else transfer_steps + step),
-                                     "model": student.state_dict(), "opt": opt.state_dict(),
-                                     "result": asdict(result)})
-
-    # stage 1: attention transfer, every TSSA layer at once, everything else frozen
-    params = [p for i in layers for p in student.transformer.h[i].attn.parameters()]
-    stage1_done = state is not None and state["stage"] == 2
-    if transfer_steps and params and not stage1_done:
-        torch.manual_seed(seed)
-        for p in params:
-            p.requires_grad_(True)
-        opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-        if state is not None:
-            student.load_state_dict(state["model"])
-            opt.load_state_dict(state["opt"])
-        with _bar(progress, transfer_steps, "attention transfer") as bar:
-            bar.update(start)
-            for step in range(start, transfer_steps):
-                _, seen = _capture(teacher, layers, _split(draw(), teacher.vocab_size))
-                losses = _transfer_losses(student, seen, layers)
-                opt.zero_grad(set_to_none=True)
-                torch.stack(losses).sum().backward()
-                opt.step()
-                result.transfer_history.append([float(v.detach()) for v in losses])
-                bar.set_postfix({f"L{i}": f"{v:.3g}" for i, v in zip(layers, result.transfer_history[-1])})
-                bar.update()
-                if step + 1 < transfer_steps:
-                    save(1, step + 1, opt)
-        for p in params:
-            p.requires_grad_(False)
-    if not stage1_done:
-        with torch.no_grad():
-            result.transfer_after = [float(v) for v in _transfer_losses(student, held_seen, layers)]
-        result.kl_transfer = _eval_kl(held_logits, student, held)
-    start = state["step"] if stage1_done else 0
-
-    # stage 2: LM loss + kl_weight * KL(teacher || student), the TSSA layers (or their LoRA adapters)
-    if finetune_steps and layers:
-        torch.manual_seed(seed)
-        if lora_rank is not None:
-            params = _lora(student, layers, lora_rank)
-        for p in params:
-            p.requires_grad_(True)
-        opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-        if stage1_done:
-            student.load_state_dict(state["model"])
-            opt.load_state_dict(state["opt"])
-        else:
-            save(2, 0, opt, every=1)  # stage 1 done: a resume starts from here
-        with _bar(progress, finetune_steps, "fine-tuning") as bar:
-            bar.update(start)
-            for step in range(start, finetune_steps):
-                b = _split(draw(), teacher.vocab_size)
-                with torch.no_grad():
-                    t_logits, _ = teacher(b["idx"], cu_seqlens=b["cu_seqlens"])
-                logits, lm = student(b["idx"], b["targets"], cu_seqlens=b["cu_seqlens"])
-                loss = lm + kl_weight * _kl(t_logits, logits) if kl_weight else lm
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                result.finetune_history.append(float(loss.detach()))
-                bar.set_postfix(loss=f"{result.finetune_history[-1]:.4g}")
-                bar.update()
-                if step + 1 < finetune_steps:
-                    save(2, step + 1, opt)
-        if lora_rank is not None:
-            _merge_lora(student, layers)
+    with _eval_mode(teacher):
+        student = _student(teacher, keep, init, seed)
+        student.eval()
         for p in student.parameters():
             p.requires_grad_(False)
-    result.kl_finetune = _eval_kl(held_logits, student, held)
-    for p in student.parameters():
-        p.requires_grad_(True)
-    teacher.train(was_training)
+        held_logits, held_seen = _capture(teacher, layers, held)
+        with torch.no_grad():
+            before = [float(v) for v in _transfer_losses(student, held_seen, layers)]
+        result = LinearizeResult(layers, before, kl_swap=_eval_kl(held_logits, student, held))
+        start = 0
+        if state is not None:
+            for k in ("transfer_history", "finetune_history", "transfer_after", "kl_transfer"):
+                setattr(result, k, state["result"][k])
+            start = state["step"]
+
+        def save(stage: int, step: int, opt, every: int = checkpoint_every) -> None:
+            """The state after ``step`` steps of ``stage`` (every ``every`` steps)."""
+            if checkpoint is not None and step % every == 0:
+                _save_state(checkpoint, {"settings": settings, "stage": stage, "step": step,
+                                         "drawn": (step if stage == 1 else transfer_steps + step),
+                                         "model": student.state_dict(), "opt": opt.state_dict(),
+                                         "result": asdict(result)})
+
+        # stage 1: attention transfer, every TSSA layer at once, everything else frozen
+        params = [p for i in layers for p in student.transformer.h[i].attn.parameters()]
+        stage1_done = state is not None and state["stage"] == 2
+        if transfer_steps and params and not stage1_done:
+            torch.manual_seed(seed)
+            for p in params:
+                p.requires_grad_(True)
+            opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+            if state is not None:
+                student.load_state_dict(state["model"])
+                opt.load_state_dict(state["opt"])
+            with _bar(progress, transfer_steps, "attention transfer") as bar:
+                bar.update(start)
+                for step in range(start, transfer_steps):
+                    _, seen = _capture(teacher, layers, _split(draw(), teacher.vocab_size, device))
+                    losses = _transfer_losses(student, seen, layers)
+                    opt.zero_grad(set_to_none=True)
+                    torch.stack(losses).sum().backward()
+                    opt.step()
+                    result.transfer_history.append([float(v.detach()) for v in losses])
+                    bar.set_postfix({f"L{i}": f"{v:.3g}" for i, v in zip(layers, result.transfer_history[-1])})
+                    bar.update()
+                    if step + 1 < transfer_steps:
+                        save(1, step + 1, opt)
+            for p in params:
+                p.requires_grad_(False)
+        if not stage1_done:
+            with torch.no_grad():
+                result.transfer_after = [float(v) for v in _transfer_losses(student, held_seen, layers)]
+            result.kl_transfer = _eval_kl(held_logits, student, held)
+        start = state["step"] if stage1_done else 0
+
+        # stage 2: LM loss + kl_weight * KL(teacher || student), the TSSA layers (or their LoRA adapters)
+        if finetune_steps and layers:
+            torch.manual_seed(seed)
+            if lora_rank is not None:
+                params = _lora(student, layers, lora_rank)
+            for p in params:
+                p.requires_grad_(True)
+            opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+            if stage1_done:
+                student.load_state_dict(state["model"])
+                opt.load_state_dict(state["opt"])
+            else:
+                save(2, 0, opt, every=1)  # stage 1 done: a resume starts from here
+            with _bar(progress, finetune_steps, "fine-tuning") as bar:
+                bar.update(start)
+                for step in range(start, finetune_steps):
+                    b = _split(draw(), teacher.vocab_size, device)
+                    with torch.no_grad():
+                        t_logits, _ = teacher(b["idx"], cu_seqlens=b["cu_seqlens"])
+                    logits, lm = student(b["idx"], b["targets"], cu_seqlens=b["cu_seqlens"])
+                    loss = lm + kl_weight * _kl(t_logits, logits) if kl_weight else lm
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                    result.finetune_history.append(float(loss.detach()))
+                    bar.set_postfix(loss=f"{result.finetune_history[-1]:.4g}")
+                    bar.update()
+                    if step + 1 < finetune_steps:
+                        save(2, step + 1, opt)
+            if lora_rank is not None:
+                _merge_lora(student, layers)
+            for p in student.parameters():
+                p.requires_grad_(False)
+        result.kl_finetune = _eval_kl(held_logits, student, held)
+        for p in student.parameters():
+            p.requires_grad_(True)
     return student.eval(), result
