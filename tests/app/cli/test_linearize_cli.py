@@ -216,3 +216,15 @@ def test_an_empty_path_is_one_error_line(folders, tmp_path, capsys, monkeypatch,
     assert main(argv) == 2
     _one_error_line(capsys, "empty path")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_whiteformer_teacher_folder(folders, tmp_path, capsys):
+    _, data = folders
+    kw = dict(vocab_size=VOCAB, dim=32, depth=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
+    whiteformer.create_model("decoder_base", **kw).save_pretrained(tmp_path / "decoder")
+    assert main(_argv(tmp_path / "decoder", data, tmp_path / "student", "--finetune-steps", "0")) == 0
+    assert whiteformer.from_pretrained(tmp_path / "student").attention == "tssa"
+    whiteformer.create_model("tost_decoder_base", **kw).save_pretrained(tmp_path / "tssa")
+    assert main(_argv(tmp_path / "tssa", data, tmp_path / "student2")) == 2
+    _one_error_line(capsys, "softmax")
+    assert not (tmp_path / "student2").exists()
