@@ -96,8 +96,10 @@ def test_no_steps_is_the_plain_swap_with_value_output_init(teacher):
 
 
 def test_lora_finetuning_merges_back(teacher):
+    rng = torch.get_rng_state()
     student, result = linearize(teacher, _patterns(2, n=2), transfer_steps=2, finetune_steps=3, lora_rank=2,
                                 progress=False)
+    assert torch.equal(torch.get_rng_state(), rng)  # the caller's random state is left as it was
     assert not any("lora" in k for k in student.state_dict())
     assert result.kl_finetune != result.kl_transfer  # the adapters trained and were merged in
     assert len(result.finetune_history) == 3

@@ -89,10 +89,8 @@ def _split(batch: Any, vocab_size: int, device: torch.device) -> Dict[str, Any]:
 def _student(teacher: DecoderLM, keep: List[int], init: str, seed: int) -> DecoderLM:
     """The teacher's shell with causal TSSA outside ``keep``: every other weight copied, each TSSA
     layer initialised by ``init`` from the teacher's projections."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        student = create_model("tost_decoder_base", **{**teacher.init_kwargs, "attention": "tssa",
-                                                       "keep_softmax": keep})
+    torch.manual_seed(seed)
+    student = create_model("tost_decoder_base", **{**teacher.init_kwargs, "attention": "tssa", "keep_softmax": keep})
     student.to(next(teacher.parameters()).device, next(teacher.parameters()).dtype)
     own = {k: v for k, v in teacher.state_dict().items() if k in student.state_dict()
            and student.state_dict()[k].shape == v.shape}
@@ -294,7 +292,7 @@ def linearize(teacher: DecoderLM, batches: Iterable[Any], *, keep_softmax: Seque
     for _ in range(state["drawn"] if state else 0):  # the batches the interrupted run used
         draw()
 
-    with _eval_mode(teacher):
+    with _eval_mode(teacher), torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
         student = _student(teacher, keep, init, seed)
         student.eval()
         for p in student.parameters():
