@@ -7,6 +7,7 @@ subcommand per registered command.
     whiteformer analyze  ANALYSIS [--out DIR ...]                         (eca-toy, layerwise, report)
     whiteformer compress --checkpoint CKPT --out DIR [...]                (whiteformer.app.compress_cli)
     whiteformer prepare-text FILE... --out DIR (--tokenizer PATH | --train-tokenizer N)   (.prepare_text)
+    whiteformer linearize --teacher PATH --dataset tokens|text --data-dir D --out DIR [...]  (.linearize_cli)
     whiteformer list-models [PATTERN]        whiteformer list-datasets        whiteformer list-configs
 
 ``train``, ``eval``, ``generate`` and ``analyze`` take their options from the command's configuration
@@ -294,6 +295,11 @@ register_lazy_command("compress", "whiteformer.app.compress_cli:run",
 register_lazy_command("prepare-text", "whiteformer.app.prepare_text:run",
                       "tokenize text files into train.bin / val.bin / meta.json for --dataset tokens",
                       arguments="whiteformer.app.prepare_text:add_arguments")
+
+
+register_lazy_command("linearize", "whiteformer.app.linearize_cli:run",
+                      "linearize a pretrained softmax decoder into causal TSSA (attention transfer + fine-tuning)",
+                      arguments="whiteformer.app.linearize_cli:add_arguments")
 
 
 def _pattern_argument(p: argparse.ArgumentParser) -> None:
