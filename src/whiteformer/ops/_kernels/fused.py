@@ -219,7 +219,7 @@ def _causal_backward(ctx, g_out, g_pi, g_ec, g_qc, g_mc):
         from ..causal_tssa.parallel import causal_tssa_parallel
 
         inputs = (w, temp) if lb is None else (w, temp, lb)
-        out, pi, sum_sq, sum_pi, sum_sq_pi = causal_tssa_parallel(w, temp, lb, mask)
+        out, pi, sum_sq, sum_pi, sum_sq_pi, _ = causal_tssa_parallel(w, temp, lb, mask)  # scale 1 in range
         grads = _double_backward((out, pi, sum_sq, sum_sq_pi, sum_pi), inputs,
                                  (g_out, g_pi, _last(g_ec), _last(g_qc), _last(g_mc)))
         return grads[0], grads[1], grads[2] if lb is not None else None, None, None, None
