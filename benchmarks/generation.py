@@ -89,7 +89,7 @@ def extend_state(kind: str, state, length: int):
             layers.append(KVCache(k, v))
         else:
             f = length / p0
-            layers.append(type(st)(st.sum_sq * f, st.sum_pi * f, st.sum_sq_pi * f, length))
+            layers.append(type(st)(st.sum_sq * f, st.sum_pi * f, st.sum_sq_pi * f, length, st.scale))
     return LMState(length, tuple(layers))
 
 

@@ -194,11 +194,35 @@ def test_onnx_lm_step_with_explicit_state(tmp_path):
     with torch.no_grad():
         _, state = lm.prefill(prompt)
         logits, new = lm.step(nxt, state)
-    flat = [t for layer in state.layers for t in layer[:3]]
+    flat = [t for layer in state.layers for t in (*layer[:3], layer.scale)]
     got = _ort_run(path, [nxt, torch.full((3,), 5, dtype=torch.long), *flat])
-    want = [logits, torch.full((3,), 6), *(t for layer in new.layers for t in layer[:3])]
+    want = [logits, torch.full((3,), 6), *(t for layer in new.layers for t in (*layer[:3], layer.scale))]
     assert got[1].tolist() == [6, 6, 6]
     assert _max_diff(got, want) <= TOL
+
+
+def test_lm_step_carries_the_state_scale():
+    """Projections large enough that the state is rescaled (|w| > 2^32, squares beyond float32):
+    LMStep's explicit state holds each block's scale, so it continues a prefill as LM.step does."""
+    lm, _, _ = tiny("tost_lm_base")
+    lm.eval()
+    with torch.no_grad():
+        for blk in lm.transformer.h:
+            blk.attn.qkv.weight.mul_(1e25)
+    step = LMStep(lm).eval()
+    prompt = torch.randint(0, lm.vocab_size, (2, 4))
+    nxt = torch.randint(0, lm.vocab_size, (2,))
+    with torch.no_grad():
+        _, state = lm.prefill(prompt)
+        logits, new = lm.step(nxt, state)
+        flat = [t for layer in state.layers for t in (*layer[:3], layer.scale)]
+        got, pos, *got_state = step(nxt, torch.full((2,), 4), *flat)
+    assert all((layer.scale > 1).all() for layer in state.layers)
+    assert torch.isfinite(logits).all() and torch.isfinite(got).all()
+    torch.testing.assert_close(got, logits)
+    want = [t for layer in new.layers for t in (*layer[:3], layer.scale)]
+    for a, b in zip(got_state, want, strict=True):
+        torch.testing.assert_close(a, b)
 
 
 def test_lm_step_refuses_gpt():

@@ -24,6 +24,7 @@ from whiteformer.ops._kernels.triton import _tiles  # noqa: E402
 from whiteformer.ops._kernels.triton import causal_tssa as tri_causal  # noqa: E402
 from whiteformer.ops._kernels.triton import causal_tssa_step as tri_step  # noqa: E402
 from whiteformer.ops._kernels.triton import tssa as tri_tssa  # noqa: E402
+from whiteformer.ops._kernels.triton._scaling import kernel_scale  # noqa: E402
 from whiteformer.ops.reference import causal_tssa_reference, tssa_reference  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,7 +177,8 @@ def test_custom_ops_pass_opcheck():
                           test_utils=tests)
     x, e = torch.randn(2, 2, 2, dtype=torch.float64), torch.rand(2, 2, 2, dtype=torch.float64)
     m = torch.rand(2, 2, dtype=torch.float64)
-    torch.library.opcheck(tri_step._fwd, (x, e, m, e.clone(), temp.view(2), None), test_utils=tests)
+    scl = kernel_scale(x, 1)[1]  # the per-(sequence, head) [1 / c, c, eps / c^2]
+    torch.library.opcheck(tri_step._fwd, (x, e, m, e.clone(), temp.view(2), None, scl), test_utils=tests)
 
 
 GPU_SCRIPT = """

@@ -124,9 +124,9 @@ def test_causal_without_bias_and_final_state_grads():
 
     w, temp = _inputs((2, 3, 6, 3), torch.float64)
     mask = _mask(2, 6)
-    out, pi, e, m, q = causal_tssa_triton(w, temp, None, mask)
-    ref_out, ref_pi, *st = causal_tssa_parallel(w, temp, None, mask)
-    for a, r in ((out, ref_out), (pi, ref_pi), (e, st[0]), (m, st[1]), (q, st[2])):
+    out, pi, e, m, q, k = causal_tssa_triton(w, temp, None, mask)
+    ref_out, ref_pi, *st, ref_k = causal_tssa_parallel(w, temp, None, mask)
+    for a, r in ((out, ref_out), (pi, ref_pi), (e, st[0]), (m, st[1]), (q, st[2]), (k, ref_k)):
         torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-12)
     gs = [torch.randn_like(t) for t in (e, m, q)]
     got = torch.autograd.grad(sum((t * g).sum() for t, g in zip((e, m, q), gs)), (w, temp))
@@ -243,14 +243,15 @@ def test_step_matches_recurrence_and_sequence(dtype):
     state = CausalTSSAState(torch.zeros(b, h, p, dtype=sd), torch.zeros(b, h, dtype=sd), torch.zeros(b, h, p, dtype=sd), 0)
     outs = []
     for t in range(n):
-        o, pi, e, m, q = causal_tssa_step_triton(w[:, :, t], state.sum_sq, state.sum_pi, state.sum_sq_pi, temp,
-                                                 position_logit_bias(bias, p, 1, start=t))  # as the public step
+        o, pi, e, m, q, k = causal_tssa_step_triton(w[:, :, t], *state[:3], temp,
+                                                    position_logit_bias(bias, p, 1, start=t), state.scale)
         ro, rpi, rstate = causal_tssa_step(w[:, :, t], state, temp, bias, return_pi=True)
         _close(o, ro, dtype, f"step {t} out")
         _close(pi, rpi, dtype, f"step {t} pi")
         for a, r in ((e, rstate.sum_sq), (m, rstate.sum_pi), (q, rstate.sum_sq_pi)):
             _close(a, r, torch.float32, f"step {t} state")
-        state = CausalTSSAState(e, m, q, t + 1)
+        assert (k == rstate.scale).all()
+        state = CausalTSSAState(e, m, q, t + 1, k)
         outs.append(o)
     seq = torch.stack(outs, dim=2)
     full = causal_tssa_triton(w, temp, _logit_bias(bias, None, n, p))[0]

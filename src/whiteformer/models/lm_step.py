@@ -9,7 +9,8 @@ and outputs::
 
 with ``idx_t`` (B,) the current token, ``pos`` (B,) int64 the number of tokens each sequence has
 consumed (its next position), and per block ``sum_sq`` (B, H, p), ``sum_pi`` (B, H),
-``sum_sq_pi`` (B, H, p) (float32 for half models), in block order. Memory and time per token are
+``sum_sq_pi`` (B, H, p) and ``scale`` (B, H) (float32 for half models; the sums of squares are in
+units of the power of two ``scale``, see :class:`~whiteformer.ops.CausalTSSAState`), in block order. Memory and time per token are
 independent of the position; a GPT's key/value cache grows each token, so it has no such step.
 
 Example (ONNX Runtime runs the loop)::
@@ -36,7 +37,8 @@ from .lm import CausalLM, LMState
 
 __all__ = ["LMStep"]
 
-_FIELDS = ("sum_sq", "sum_pi", "sum_sq_pi")
+_FIELDS = ("sum_sq", "sum_pi", "sum_sq_pi", "scale")
+_N = len(_FIELDS)  # state tensors per block
 
 
 class LMStep(nn.Module):
@@ -56,17 +58,17 @@ class LMStep(nn.Module):
         return self.model.num_heads, self.model.dim // self.model.num_heads
 
     def forward(self, idx_t: torch.Tensor, pos: torch.Tensor, *state: torch.Tensor):
-        """idx_t (B,) tokens, pos (B,) int64 positions, the 3 * depth state tensors -> ``(logits
+        """idx_t (B,) tokens, pos (B,) int64 positions, the 4 * depth state tensors -> ``(logits
         (B, V), pos + 1, *new state)``."""
         depth = self.model.depth
-        if len(state) != 3 * depth:
-            raise ValueError(f"expected {3 * depth} state tensors (sum_sq, sum_pi, sum_sq_pi for each of "
+        if len(state) != _N * depth:
+            raise ValueError(f"expected {_N * depth} state tensors ({', '.join(_FIELDS)} for each of "
                              f"{depth} blocks), got {len(state)}")
         if not isinstance(pos, torch.Tensor) or pos.dim() != 1:
             raise ValueError(f"pos must be a (B,) integer tensor, got {getattr(pos, 'shape', type(pos).__name__)}")
-        layers = tuple(CausalTSSAState(*state[3 * i:3 * i + 3], pos) for i in range(depth))
+        layers = tuple(CausalTSSAState(*state[_N * i:_N * i + 3], pos, state[_N * i + 3]) for i in range(depth))
         logits, new = self.model.step(idx_t, LMState(pos, layers))
-        flat: List[torch.Tensor] = [t for layer in new.layers for t in layer[:3]]
+        flat: List[torch.Tensor] = [t for layer in new.layers for t in (*layer[:3], layer.scale)]
         return (logits, new.pos, *flat)
 
     def example_inputs(self, batch_size: int = 1, device: Optional[torch.device] = None) -> Tuple[torch.Tensor, ...]:
@@ -81,11 +83,12 @@ class LMStep(nn.Module):
         for _ in range(self.model.depth):
             state += [torch.zeros(batch_size, heads, p, dtype=sd, device=device),
                       torch.zeros(batch_size, heads, dtype=sd, device=device),
-                      torch.zeros(batch_size, heads, p, dtype=sd, device=device)]
+                      torch.zeros(batch_size, heads, p, dtype=sd, device=device),
+                      torch.ones(batch_size, heads, dtype=sd, device=device)]
         return (idx, pos, *state)
 
     def state_names(self) -> List[str]:
-        """``block{i}.{sum_sq, sum_pi, sum_sq_pi}`` in input order."""
+        """``block{i}.{sum_sq, sum_pi, sum_sq_pi, scale}`` in input order."""
         return [f"block{i}.{f}" for i in range(self.model.depth) for f in _FIELDS]
 
     def input_names(self) -> List[str]:
@@ -98,4 +101,4 @@ class LMStep(nn.Module):
         """``dynamic_shapes`` for ``torch.export`` / ``torch.onnx.export(dynamo=True)``: the batch
         dimension of every input is dynamic (the state, ``*state`` of :meth:`forward`, is one entry)."""
         batch = {0: Dim("B", max=max_batch) if max_batch else Dim("B")}
-        return (batch, batch, tuple(batch for _ in range(3 * self.model.depth)))
+        return (batch, batch, tuple(batch for _ in range(_N * self.model.depth)))

@@ -263,7 +263,7 @@ def _causal_backward(ctx, g_out, g_pi, g_ec, g_qc, g_mc, _):
         from ..causal_tssa.parallel import causal_tssa_parallel
 
         inputs = (w, temp) if lb is None else (w, temp, lb)
-        out, pi, sum_sq, sum_pi, sum_sq_pi = causal_tssa_parallel(w, temp, lb, mask)
+        out, pi, sum_sq, sum_pi, sum_sq_pi, _ = causal_tssa_parallel(w, temp, lb, mask)  # scale 1 in range
         grads = _double_backward((out, pi, sum_sq, sum_sq_pi, sum_pi), inputs,
                                  (g_out, g_pi, _last(g_ec), _last(g_qc), _last(g_mc)))
         return grads[0], grads[1], grads[2] if lb is not None else None, None, None, None
@@ -280,7 +280,7 @@ _causal_fwd.register_autograd(_causal_backward, setup_context=_causal_setup)
 def causal_tssa_fused(
     w: Tensor, temp: Tensor, logit_bias: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
     fallback: Optional[Callable] = None,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Fused causal TSSA (no dropout).
 
     Args:
@@ -291,8 +291,9 @@ def causal_tssa_fused(
             range, as in :func:`tssa_fused`.
 
     Returns:
-        out (B, H, N, p), pi (B, H, N) and the final running sums sum_sq (B, H, p),
-        sum_pi (B, H), sum_sq_pi (B, H, p) (float64; differentiable).
+        out (B, H, N, p), pi (B, H, N), the final running sums sum_sq (B, H, p),
+        sum_pi (B, H), sum_sq_pi (B, H, p) (float64; differentiable) and their scale (B, H) (the
+        power of two they are in units of: 1 from the kernel, the fallback's own on its rows).
     """
     w = _rows(w)
     b, h, n, _ = w.shape
@@ -301,4 +302,7 @@ def causal_tssa_fused(
     out, pi, ec, qc, mc, over = _causal_fwd(w, temp.to(w.dtype).contiguous(), lb, mask, CAUSAL_MODE, CHUNK)
     bias = None if logit_bias is None else logit_bias.expand(b, h, n)
     split = None if fallback is None else by_rows(over, causal_tssa_fused, fallback, w, temp, bias, mask)
-    return (out, pi, ec[:, -1], mc[:, -1], qc[:, -1]) if split is None else split
+    if split is not None:
+        return split
+    # sums in w's units: scale 1 (the rows past the kernel's range took the fallback, which returns its own)
+    return out, pi, ec[:, -1], mc[:, -1], qc[:, -1], ec.new_ones(b, h)

@@ -1088,8 +1088,12 @@ std::vector<at::Tensor> causal_fwd(const at::Tensor& w, const at::Tensor& temp, 
 //   U_s = sum_{t>=s} dL/dQ_t, V_s = sum_{t>=s} dL/dM_t (reverse cumulative sums, + state grads),
 //   dL/dPi_s = gPi_s - sum_j w g G + sum_j U_sj w_sj^2 + V_s,
 //   Lambda = Pi (dL/dPi - sum_heads Pi dL/dPi), lambda = temp Lambda (= dL/dlb),
-//   dL/dE_t = -lambda_t w_t^2 / E_t^2 (0 where clamped), W_s = sum_{t>=s} dL/dE_t,
-//   dw = -Pi g G + 2 w (U Pi + lambda / max(E, 1e-12) + W).
+//   dL/dE_t = -lambda_t w_t^2 / E_t^2 (0 where clamped), W_s = sum_{t>s} dL/dE_t (the later tokens),
+//   dw = -Pi g G + 2 w (U Pi + lambda B / E^2 + W), B_s = E_s - w_s^2 = sum_{t<s} w_t^2 (the exclusive
+//   prefix; 1 / 1e-12 in place of B / E^2 where clamped).
+// A token's own ratio w^2 / E has the gradient 1 / E - w^2 / E^2 = B / E^2 with respect to w^2: the
+// two terms of size 1 / E cancel at a sequence's first tokens (B = 0), so they are never formed
+// apart (in float they left ~1 ulp of lambda / E, up to 1e-3 of the gradient on short rows).
 // Three passes over (b, chunk): (1) chunk sums of dL/dQ, dL/dM -> suffix sums; (2) per chunk a
 // forward recompute from the checkpoint (1/E and d into a scratch), then a reverse scan giving
 // lambda and the chunk sums of dL/dE -> suffix sums; (3) the same reverse scan writing dw.
@@ -1169,21 +1173,23 @@ void causal_bwd_impl(const CausalArgs<T>& A, const CausalGrads<T>& Z, const doub
   suffix(pQ, gQ, Uoff, HP);
   suffix(pM, gM, Voff, H);
 
-  // scratch of one chunk, [h][token] rows: iE = 1 / max(E, 1e-12) (negative where clamped), d = Q c; c
+  // scratch of one chunk, [h][token] rows: iE = 1 / max(E, 1e-12) (negative where clamped), d = Q c,
+  // own = B / E^2 (1 / 1e-12 where clamped: the gradient of the token's own ratio); c
   struct Scratch {
-    std::vector<T> iE, d;
+    std::vector<T> iE, d, own;
     std::vector<double> c;
   };
   // the inputs of the reverse scans at kept token n of chunk [n0, ...), head h: the rows of w and
   // G, the scratch rows 1 / E and d, Pi_n and c_n
   struct Token {
-    const T *x, *gr, *ie, *sd;
+    const T *x, *gr, *ie, *sd, *own;
     T pv;
     double c;
   };
   auto token = [&](const Scratch& S, int64_t b, int64_t h, int64_t n, int64_t n0) {
     const int64_t i = h * CHUNK + (n - n0);
-    return Token{A.W.row(b, h, n), Z.G.row(b, h, n), S.iE.data() + i * P, S.d.data() + i * P, piv(b, h, n), S.c[i]};
+    return Token{A.W.row(b, h, n), Z.G.row(b, h, n), S.iE.data() + i * P, S.d.data() + i * P, S.own.data() + i * P,
+                 piv(b, h, n), S.c[i]};
   };
   auto recompute = [&](Scratch& S, int64_t b, int64_t c, int64_t n0, int64_t n1) {
     Buf<double, PC> eb(P), qb(P);
@@ -1204,12 +1210,15 @@ void causal_bwd_impl(const CausalArgs<T>& A, const CausalGrads<T>& Z, const doub
         S.c[i] = cc;
         T* __restrict ie = S.iE.data() + i * P;
         T* __restrict sd = S.d.data() + i * P;
+        T* __restrict ow = S.own.data() + i * P;
 #pragma omp simd
         for (int64_t j = 0; j < P; ++j) {
           const T x2 = x[j] * x[j];
+          const double before = e[j];
           e[j] += double(x2);
           q[j] += double(pv * x2);
           ie[j] = e[j] > RATIO_EPS ? T(1) / T(e[j]) : T(-1.0 / RATIO_EPS);
+          ow[j] = e[j] > RATIO_EPS ? T(before / (e[j] * e[j])) : T(1.0 / RATIO_EPS);
           sd[j] = T(q[j] * cc);
         }
       }
@@ -1241,7 +1250,7 @@ void causal_bwd_impl(const CausalArgs<T>& A, const CausalGrads<T>& Z, const doub
             Pg[k] = Rs[k] = 0.0;
             continue;
           }
-          const auto [x, gr, ie, sd, pv, cc] = token(S, b, h, n, n0);
+          const auto [x, gr, ie, sd, own, pv, cc] = token(S, b, h, n, n0);
           const T ct = T(cc);
           T* an_ = v1.data();
           T* dm_ = v2.data();
@@ -1308,23 +1317,25 @@ void causal_bwd_impl(const CausalArgs<T>& A, const CausalGrads<T>& Z, const doub
           wr.zero(y, P);
           continue;
         }
-        const auto [x, gr, ie, sd, pv, cc] = token(S, b, h, n, n0);
+        const auto [x, gr, ie, sd, own, pv, cc] = token(S, b, h, n, n0);
         const T ct = T(cc);
         const T lam = dlb[(b * H + h) * N + n];
         wr.put(y, P, [&](int64_t j) {
           const T g = T(1) / (T(1) + sd[j]);
           const T gxg = g * x[j] * gr[j];
           u[j] += double(ct * g * pv * gxg);
+          const T later = T(wv[j]);  // W: dL/dE of the later tokens only
           const T ia = std::abs(ie[j]);
           wv[j] += ie[j] > T(0) ? double(-lam * x[j] * x[j] * ia * ia) : 0.0;
-          return T(2) * x[j] * (T(u[j]) * pv + lam * ia + T(wv[j])) - pv * g * gr[j];
+          return T(2) * x[j] * (T(u[j]) * pv + lam * own[j] + later) - pv * g * gr[j];
         });
       }
     }
   };
   auto run_pass = [&](bool write_dw) {
     at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
-      Scratch S{std::vector<T>(CHUNK * HP), std::vector<T>(CHUNK * HP), std::vector<double>(CHUNK * H)};
+      Scratch S{std::vector<T>(CHUNK * HP), std::vector<T>(CHUNK * HP), std::vector<T>(CHUNK * HP),
+                std::vector<double>(CHUNK * H)};
       RowWriter<T, PC> wr(stream && write_dw, P);
       for (int64_t it = lo; it < hi; ++it) {
         const int64_t b = it / nc, c = it % nc, n0 = c * CHUNK, n1 = std::min(N, n0 + CHUNK);

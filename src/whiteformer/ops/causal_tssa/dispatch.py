@@ -99,8 +99,8 @@ def causal_tssa(
     Any finite ``w`` gives a finite result: heads whose largest |w| exceeds 2^32 are rescaled by a
     power of two before squaring (:mod:`whiteformer.ops.scaling`, per packed document with
     ``cu_seqlens``; the kernels that square w unscaled hand such inputs to the PyTorch path). The
-    state's sums are in ``w``'s units and overflow the statistics dtype (float32 for float32/half
-    inputs) when they exceed its range (|w| ~ 1.8e19).
+    state keeps its sums in units of that power of two (its ``scale``), so that steps from it are
+    finite too and continue the sequence exactly as the parallel op.
     """
     with local_checks(group, w):  # split: a rank failing these stops every rank (no wait in a collective)
         temp, attn_mask, drop = check_tssa_args(w, temp, attn_mask, cu_seqlens, attn_drop, group, pos_bias)
@@ -153,6 +153,8 @@ def causal_tssa_impl(w, temp, pos_bias, attn_mask, return_pi, return_state, attn
             kernel = functools.partial(causal_tssa_fused, fallback=causal_tssa_parallel)
     if kernel is not None:
         out, pi, *sums = kernel(w, temp, bias, attn_mask)
+        if len(sums) == 3:  # sums in w's units (a kernel that runs only below the scaling threshold)
+            sums.append(None)
     else:
         out, pi, *sums = causal_tssa_parallel(w, temp, bias, attn_mask, drop_p, group=group)
     if not (return_pi or return_state):
@@ -163,7 +165,8 @@ def causal_tssa_impl(w, temp, pos_bias, attn_mask, return_pi, return_state, attn
     if return_state:
         sd = stats_dtype(w)
         t = start + (n if attn_mask is None else attn_mask.long().sum(dim=-1))
-        res += (CausalTSSAState(*(s.to(sd) for s in sums), t),)
+        scale = sums[3] if sums[3] is not None else torch.ones_like(sums[1])
+        res += (CausalTSSAState(*(s.to(sd) for s in sums[:3]), t, scale.to(sd)),)
     return res
 
 
@@ -178,7 +181,7 @@ def _causal_varlen(w, temp, pos_bias, cu_seqlens, lengths, drop_p, return_pi, re
     out, pi, *sums = causal_tssa_varlen(w, temp, seg, pos_bias, drop_p)
     res = (out,) + ((pi,) if return_pi else ())
     if return_state:
-        res += (CausalTSSAState(*sums, torch.tensor(seg.lengths, device=w.device)),)
+        res += (CausalTSSAState(*sums[:3], torch.tensor(seg.lengths, device=w.device), sums[3]),)
     return res if len(res) > 1 else res[0]
 
 
@@ -203,7 +206,8 @@ def causal_tssa_step(
 
     Returns:
         ``(out_t, new_state)`` (or ``(out_t, pi_t, new_state)``) with out_t (B, H, p) in
-        ``w_t``'s dtype. Stepping through a sequence reproduces :func:`causal_tssa`.
+        ``w_t``'s dtype. Stepping through a sequence reproduces :func:`causal_tssa`, for any
+        finite ``w_t``: the state's sums are kept in units of its power-of-two ``scale``.
     """
     check_tensor(w_t, "w_t", 3)
     check_nonempty(w_t, "w_t", 1, "heads")
@@ -224,7 +228,8 @@ def causal_tssa_step_impl(w_t, state, temp, pos_bias, return_pi, attn_drop, trai
     sd = stats_dtype(w_t)
     if state is None:
         zeros = torch.zeros(b, h, p, dtype=sd, device=w_t.device)
-        state = CausalTSSAState(zeros, torch.zeros(b, h, dtype=sd, device=w_t.device), zeros, 0)
+        state = CausalTSSAState(zeros, torch.zeros(b, h, dtype=sd, device=w_t.device), zeros, 0,
+                                torch.ones(b, h, dtype=sd, device=w_t.device))
     else:
         check_state(state, w_t)
     t = state.t
@@ -240,10 +245,11 @@ def causal_tssa_step_impl(w_t, state, temp, pos_bias, return_pi, attn_drop, trai
                              f"causal TSSA with pos_bias cannot go past T_max tokens")
         bias = position_logit_bias(pos_bias, p, 1, start=t)  # (H, 1) or (B, H, 1)
     sums = tuple(s.to(sd) for s in state[:3])
+    scale = None if state.scale is None else state.scale.to(sd)
     kernel = kernel_for("causal_tssa_step", w_t) if drop_p == 0.0 else None
     if kernel is not None:
-        out, pi, *sums = kernel(w_t, *sums, temp, bias)
+        out, pi, *sums, scale = kernel(w_t, *sums, temp, bias, scale)
     else:
-        out, pi, *sums = causal_tssa_recurrent(w_t, *sums, temp, bias, drop_p)
-    new_state = CausalTSSAState(*sums, t + 1)
+        out, pi, *sums, scale = causal_tssa_recurrent(w_t, *sums, temp, bias, scale, drop_p)
+    new_state = CausalTSSAState(*sums, t + 1, scale)
     return (out, pi, new_state) if return_pi else (out, new_state)

@@ -13,26 +13,34 @@ __all__ = ["CausalTSSAState", "check_state", "position_logit_bias"]
 class CausalTSSAState(NamedTuple):
     """Running statistics of causal TSSA after ``t`` tokens (memory independent of ``t``).
 
+    The sums of squares are kept in units of a per-(sequence, head) power of two ``scale`` (the
+    scale of :mod:`whiteformer.ops.scaling`: 1 unless the largest |w| seen exceeds 2^32), so that
+    they stay finite for any finite ``w``; ``sum_sq * scale^2`` is the sum in ``w``'s units.
+
     Fields (statistics dtype: float32 for half inputs):
-        sum_sq: (B, H, p) sum_{s<t} w_s^2.
+        sum_sq: (B, H, p) sum_{s<t} (w_s / scale)^2.
         sum_pi: (B, H) sum_{s<t} Pi_s.
-        sum_sq_pi: (B, H, p) sum_{s<t} Pi_s w_s^2.
+        sum_sq_pi: (B, H, p) sum_{s<t} Pi_s (w_s / scale)^2.
         t: number of tokens seen: an int, or a (B,) integer tensor (per-sequence counts, e.g.
            after a padded prefill); it indexes ``pos_bias`` for the next token.
+        scale: (B, H) the power of two of the sums' units, or None for 1 (sums in ``w``'s units).
     """
 
     sum_sq: torch.Tensor
     sum_pi: torch.Tensor
     sum_sq_pi: torch.Tensor
     t: Union[int, torch.Tensor]
+    scale: Optional[torch.Tensor] = None
 
 
 def check_state(state, w_t: torch.Tensor) -> None:
     """``state`` continues a sequence of ``w_t`` (B, H, p): field shapes, device and ``t``."""
     check_instance(state, "state", CausalTSSAState, "a CausalTSSAState or None")
     b, h, p = w_t.shape
-    for name, shape in (("sum_sq", (b, h, p)), ("sum_pi", (b, h)), ("sum_sq_pi", (b, h, p))):
+    for name, shape in (("sum_sq", (b, h, p)), ("sum_pi", (b, h)), ("sum_sq_pi", (b, h, p)), ("scale", (b, h))):
         val = getattr(state, name)
+        if val is None and name == "scale":
+            continue
         check_tensor(val, f"state.{name}")
         if val.shape != shape:
             raise ValueError(f"state.{name} must have shape {shape} to match w_t, got {tuple(val.shape)}")

@@ -44,7 +44,7 @@ def causal_tssa_varlen(
     Returns:
         out (1, H, total, p) and pi (1, H, total) in ``w``'s dtype, and each document's final
         sums sum_sq (S, H, p), sum_pi (S, H), sum_sq_pi (S, H, p) in the statistics dtype
-        (float32 for half inputs; zeros for an empty document).
+        (float32 for half inputs; zeros for an empty document), in units of their scale (S, H).
     """
     sd = stats_dtype(w)
     p = w.shape[-1]
@@ -64,7 +64,6 @@ def causal_tssa_varlen(
         if drop_p > 0.0:
             gain = F.dropout(gain, p=drop_p, training=True)
         out = -(x * pi.unsqueeze(-1)) * gain
-        c2 = c * c
-        sums = tuple(v.transpose(0, 1) for v in (segment_sum(x2, seg) * c2, segment_sum(pi, seg),
-                                                 segment_sum(sq, seg) * c2))
-    return (out.unsqueeze(0).to(w.dtype), pi.unsqueeze(0).to(w.dtype)) + sums
+        sums = tuple(v.transpose(0, 1) for v in (segment_sum(x2, seg), segment_sum(pi, seg), segment_sum(sq, seg)))
+        scale = c[..., 0].transpose(0, 1).contiguous()  # (S, H): each document's own
+    return (out.unsqueeze(0).to(w.dtype), pi.unsqueeze(0).to(w.dtype)) + sums + (scale,)

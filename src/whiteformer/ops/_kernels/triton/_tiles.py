@@ -150,12 +150,22 @@ def per_head(ptr, bh, idx, NI, in_h):
 
 
 @triton.jit
-def sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N: tl.constexpr,
+def head_scales(scl_ptr, bh, in_h):
+    """The per-head ``1 / c``, ``c`` (exact powers of two) and clamp ``eps`` in units of c
+    (BLOCK_H,) of a (B*H, 3) tensor (see :mod:`._scaling`; 1 outside the real heads, so that
+    padded heads stay finite)."""
+    return (tl.load(scl_ptr + 3 * bh, mask=in_h, other=1.0), tl.load(scl_ptr + 3 * bh + 1, mask=in_h, other=1.0),
+            tl.load(scl_ptr + 3 * bh + 2, mask=in_h, other=1.0))
+
+
+@triton.jit
+def sub_block(x_ptr, mask_ptr, b, bh, in_h, inv_c, start, N, P, has_mask, BLOCK_N: tl.constexpr,
               BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     """Sub-block of BLOCK_N tokens from ``start`` for every head: per-token offsets into
     (B*H, N) tensors (BLOCK_H, BLOCK_N), their in-range mask, element offsets into (B*H, N, P)
     tensors and their in-range mask (BLOCK_H, BLOCK_N, BLOCK_P), the kept tokens (BLOCK_N,), and
-    the w tile (BLOCK_H, BLOCK_N, BLOCK_P) in the statistics dtype, 0 outside and at padded tokens."""
+    the tile x = w / c (BLOCK_H, BLOCK_N, BLOCK_P) in the statistics dtype (``inv_c`` (BLOCK_H,):
+    1 / c per head, a power of two), 0 outside and at padded tokens."""
     offs_n = start + tl.arange(0, BLOCK_N)
     in_n = offs_n < N
     tok = bh[:, None] * N + offs_n[None, :]
@@ -166,7 +176,7 @@ def sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N: tl.c
     keep = in_n
     if has_mask:
         keep = keep & (tl.load(mask_ptr + b.to(tl.int64) * N + offs_n, mask=in_n, other=0) != 0)
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(ACC)
+    x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(ACC) * inv_c[:, None, None]
     return tok, in_tok, offs, inside, keep, tl.where(keep[None, :, None], x, 0.0)
 
 
@@ -192,13 +202,22 @@ def softmax_heads(logit, in_h):
 
 
 @triton.jit
-def chunk_energy(x_ptr, mask_ptr, part_ptr, H, N, P, NC,
+def chunk_energy(x_ptr, mask_ptr, part_ptr, amax_ptr, H, N, P, NC,
                  has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    """Grid (B, NC): per-chunk totals sum_n w_n^2 over kept tokens into part (B, H, NC, P)."""
+    """Grid (B, NC): per-chunk totals sum_n w_n^2 over kept tokens into part (B, H, NC, P), in
+    float64 (no float32 / bfloat16 value overflows there: the host divides them by the scale c^2,
+    :mod:`._scaling`), and the chunk's largest |w| per head into amax (B, H, NC): the scale costs
+    no extra read of w."""
     b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
-    acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
+    one = tl.full([BLOCK_H], 1.0, ACC)
+    acc = tl.zeros([BLOCK_H, BLOCK_P], tl.float64)
+    top = tl.zeros([BLOCK_H], ACC)
     for start in range(lo, hi, BLOCK_N):
-        _, _, _, _, _, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask, BLOCK_N, BLOCK_P, ACC)
-        acc += tl.sum(x * x, axis=1)
+        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, one, start, N, P, has_mask,
+                                                       BLOCK_N, BLOCK_P, ACC)
+        x64 = x.to(tl.float64)
+        acc += tl.sum(x64 * x64, axis=1)
+        top = tl.maximum(top, tl.max(tl.max(tl.abs(x), axis=2), axis=1))
     put_rows(part_ptr, bh, c, NC, P, in_hp, acc, BLOCK_P)
+    tl.store(amax_ptr + bh * NC + c, top, mask=in_h)

@@ -24,6 +24,11 @@ Backward (G = dL/dout, gPi = dL/dPi), three passes over (w, G)::
     dw = -Pi g G + 2 w (c D Pi + lambda r + ds)                                      (3.)
 
 Saved for backward: w, Pi (statistics dtype, (B, H, N)), s, T (B, H, p), M (B, H).
+
+Scale-safe form (:mod:`._scaling`): the kernels read the per-(b, h) power of two k of
+:mod:`whiteformer.ops.scaling` and work on x = w / k: s, T and the clamp 1e-24 are in units of
+k^2, g = 1 / (1 / k + k c T) (= k / (1 + dots)), out = -x Pi g, D = k g^2 q and dw = dL/dx / k.
+With k = 1 (|w| <= 2^32) these are the formulas above.
 """
 from __future__ import annotations
 
@@ -36,12 +41,14 @@ from torch import Tensor
 
 from ...constants import PI_EPS
 from . import _tiles
+from ._scaling import chunk_scale
 from ._tiles import (
     acc_dtype,
     add_pi_sums,
     chunk_energy,
     chunk_program,
     div,
+    head_scales,
     load_go_pi,
     mask_u8,
     per_head,
@@ -56,16 +63,17 @@ __all__ = ["tssa_triton"]
 
 
 @triton.jit
-def _pi(x_ptr, mask_ptr, r_ptr, temp_ptr, pi_ptr, t_part_ptr, m_part_ptr, H, N, P, NC,
+def _pi(x_ptr, mask_ptr, scl_ptr, r_ptr, temp_ptr, pi_ptr, t_part_ptr, m_part_ptr, H, N, P, NC,
         has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
+    inv_sc, sc, _ = head_scales(scl_ptr, bh, in_h)
     r = rows(r_ptr, bh, 0, 1, P, in_hp, BLOCK_P)
     temp = tl.load(temp_ptr + tl.arange(0, BLOCK_H), mask=in_h, other=0.0)
     t_acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
     m_acc = tl.zeros([BLOCK_H], ACC)
     for start in range(lo, hi, BLOCK_N):
-        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask,
+        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, inv_sc, start, N, P, has_mask,
                                                        BLOCK_N, BLOCK_P, ACC)
         x2 = x * x
         pi = softmax_heads(temp[:, None] * tl.sum(x2 * r[:, None, :], axis=2), in_h)
@@ -77,14 +85,16 @@ def _pi(x_ptr, mask_ptr, r_ptr, temp_ptr, pi_ptr, t_part_ptr, m_part_ptr, H, N, 
 
 
 @triton.jit
-def _out(x_ptr, mask_ptr, pi_ptr, t_ptr, m_ptr, out_ptr, H, N, P, PI_EPS,
+def _out(x_ptr, mask_ptr, scl_ptr, pi_ptr, t_ptr, m_ptr, out_ptr, H, N, P, PI_EPS,
          has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
          BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
+    inv_sc, sc, _ = head_scales(scl_ptr, bh, in_h)
     inv_m = div(1.0, per_head(m_ptr, bh, 0, 1, in_h) + PI_EPS)
-    gain = div(1.0, 1.0 + inv_m[:, None] * rows(t_ptr, bh, 0, 1, P, in_hp, BLOCK_P))
+    # 1 / (1 / sc + sc c T) (full-range division: far from 1, its denominator exceeds 2^126)
+    gain = 1.0 / (inv_sc[:, None] + sc[:, None] * (inv_m[:, None] * rows(t_ptr, bh, 0, 1, P, in_hp, BLOCK_P)))
     for start in range(lo, hi, BLOCK_N):
-        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask,
+        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, inv_sc, start, N, P, has_mask,
                                                        BLOCK_N, BLOCK_P, ACC)
         pi = tl.load(pi_ptr + tok, mask=in_tok, other=0.0)
         out = -x * pi[:, :, None] * gain[:, None, :]
@@ -92,13 +102,14 @@ def _out(x_ptr, mask_ptr, pi_ptr, t_ptr, m_ptr, out_ptr, H, N, P, PI_EPS,
 
 
 @triton.jit
-def _bwd_q(x_ptr, mask_ptr, pi_ptr, go_ptr, q_part_ptr, H, N, P, NC,
+def _bwd_q(x_ptr, mask_ptr, scl_ptr, pi_ptr, go_ptr, q_part_ptr, H, N, P, NC,
            has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
            BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
+    inv_sc, sc, _ = head_scales(scl_ptr, bh, in_h)
     acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
     for start in range(lo, hi, BLOCK_N):
-        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask,
+        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, inv_sc, start, N, P, has_mask,
                                                        BLOCK_N, BLOCK_P, ACC)
         go, pi = load_go_pi(go_ptr, pi_ptr, tok, in_tok, offs, inside, ACC)
         acc += tl.sum(x * pi[:, :, None] * go, axis=1)
@@ -106,17 +117,18 @@ def _bwd_q(x_ptr, mask_ptr, pi_ptr, go_ptr, q_part_ptr, H, N, P, NC,
 
 
 @triton.jit
-def _bwd_lambda(x_ptr, mask_ptr, pi_ptr, go_ptr, gpi_ptr, gain_ptr, cd_ptr, k_ptr, r_ptr, temp_ptr,
+def _bwd_lambda(x_ptr, mask_ptr, scl_ptr, pi_ptr, go_ptr, gpi_ptr, gain_ptr, cd_ptr, k_ptr, r_ptr, temp_ptr,
                 lam_ptr, dtemp_part_ptr, ds_part_ptr, H, N, P, NC,
                 has_mask, has_gpi, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
+    inv_sc, sc, _ = head_scales(scl_ptr, bh, in_h)
     k = per_head(k_ptr, bh, 0, 1, in_h)
     temp = tl.load(temp_ptr + tl.arange(0, BLOCK_H), mask=in_h, other=0.0)
     ds_acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
     dtemp_acc = tl.zeros([BLOCK_H], ACC)
     for start in range(lo, hi, BLOCK_N):
-        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask,
+        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, inv_sc, start, N, P, has_mask,
                                                        BLOCK_N, BLOCK_P, ACC)
         go, pi = load_go_pi(go_ptr, pi_ptr, tok, in_tok, offs, inside, ACC)
         x2 = x * x
@@ -135,12 +147,13 @@ def _bwd_lambda(x_ptr, mask_ptr, pi_ptr, go_ptr, gpi_ptr, gain_ptr, cd_ptr, k_pt
 
 
 @triton.jit
-def _bwd_dw(x_ptr, mask_ptr, pi_ptr, go_ptr, gain_ptr, cd_ptr, r_ptr, ds_ptr, lam_ptr, dw_ptr, H, N, P,
+def _bwd_dw(x_ptr, mask_ptr, scl_ptr, pi_ptr, go_ptr, gain_ptr, cd_ptr, r_ptr, ds_ptr, lam_ptr, dw_ptr, H, N, P,
             has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
+    inv_sc, sc, _ = head_scales(scl_ptr, bh, in_h)
     for start in range(lo, hi, BLOCK_N):
-        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, start, N, P, has_mask,
+        tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, inv_sc, start, N, P, has_mask,
                                                        BLOCK_N, BLOCK_P, ACC)
         go, pi = load_go_pi(go_ptr, pi_ptr, tok, in_tok, offs, inside, ACC)
         pi = pi[:, :, None]
@@ -149,6 +162,7 @@ def _bwd_dw(x_ptr, mask_ptr, pi_ptr, go_ptr, gain_ptr, cd_ptr, r_ptr, ds_ptr, la
         dw += 2.0 * x * (rows(cd_ptr, bh, 0, 1, P, in_hp, BLOCK_P)[:, None, :] * pi
                          + lam * rows(r_ptr, bh, 0, 1, P, in_hp, BLOCK_P)[:, None, :]
                          + rows(ds_ptr, bh, 0, 1, P, in_hp, BLOCK_P)[:, None, :])
+        dw = dw * inv_sc[:, None, None]  # dL/dw = dL/dx / sc
         tl.store(dw_ptr + offs, dw.to(dw_ptr.dtype.element_ty), mask=inside)
 
 
@@ -164,21 +178,22 @@ def _launch(w: Tensor, mask: Optional[Tensor]):
 
 
 @torch.library.custom_op("whiteformer::tssa_triton_fwd", mutates_args=())
-def _fwd(w: Tensor, temp: Tensor, mask: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _fwd(w: Tensor, temp: Tensor, mask: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     b, h, n, p = w.shape
     acc = acc_dtype(w.dtype)
     grid, meta, m8 = _launch(w, mask)
-    part = w.new_empty(b, h, grid[1], p, dtype=acc)
-    chunk_energy[grid](w, m8, part, h, n, p, grid[1], **meta)
+    part, amax = w.new_empty(b, h, grid[1], p, dtype=torch.float64), w.new_empty(b, h, grid[1], dtype=acc)
+    chunk_energy[grid](w, m8, part, amax, h, n, p, grid[1], **meta)
+    _, scl, part = chunk_scale(part, amax, acc, _tiles.NORM_EPS_SQ)  # the scale from the chunks' maxima
     s = part.sum(2)
-    r = s.clamp_min(_tiles.NORM_EPS_SQ).reciprocal()
+    r = torch.maximum(s, scl[..., 2:]).reciprocal()
     pi = w.new_empty(b, h, n, dtype=acc)
     m_part = w.new_empty(b, h, grid[1], dtype=acc)
-    _pi[grid](w, m8, r, temp, pi, part, m_part, h, n, p, grid[1], **meta)
+    _pi[grid](w, m8, scl, r, temp, pi, part, m_part, h, n, p, grid[1], **meta)
     t, m = part.sum(2), m_part.sum(2)
     out = torch.empty_like(w)
-    _out[grid](w, m8, pi, t, m, out, h, n, p, PI_EPS, **meta)
-    return out, pi, s, t, m
+    _out[grid](w, m8, scl, pi, t, m, out, h, n, p, PI_EPS, **meta)
+    return out, pi, s, t, m, scl
 
 
 @_fwd.register_fake
@@ -186,48 +201,50 @@ def _(w, temp, mask):
     b, h, n, p = w.shape
     acc = acc_dtype(w.dtype)
     return (torch.empty_like(w), w.new_empty(b, h, n, dtype=acc), w.new_empty(b, h, p, dtype=acc),
-            w.new_empty(b, h, p, dtype=acc), w.new_empty(b, h, dtype=acc))
+            w.new_empty(b, h, p, dtype=acc), w.new_empty(b, h, dtype=acc), w.new_empty(b, h, 3, dtype=acc))
 
 
 @torch.library.custom_op("whiteformer::tssa_triton_bwd", mutates_args=())
 def _bwd(grad_out: Tensor, grad_pi: Optional[Tensor], w: Tensor, temp: Tensor, mask: Optional[Tensor],
-         pi: Tensor, s: Tensor, t: Tensor, m: Tensor) -> Tuple[Tensor, Tensor]:
+         scl: Tensor, pi: Tensor, s: Tensor, t: Tensor, m: Tensor) -> Tuple[Tensor, Tensor]:
     b, h, n, p = w.shape
     acc = acc_dtype(w.dtype)
     grid, meta, m8 = _launch(w, mask)
     nc = grid[1]
     c = (m + PI_EPS).reciprocal()  # (B, H)
     d = c[..., None] * t
-    gain = (1.0 + d).reciprocal()  # (B, H, p)
+    inv_sc, sc, eps = scl.unbind(-1)  # (B, H) each: 1 / sc, the scale sc, NORM_EPS^2 / sc^2
+    gain = (inv_sc[..., None] + sc[..., None] * d).reciprocal()  # (B, H, p): sc / (1 + dots)
     part = w.new_empty(b, h, nc, p, dtype=acc)
-    _bwd_q[grid](w, m8, pi, grad_out, part, h, n, p, nc, **meta)
-    cd = c[..., None] * gain * gain * part.sum(2)  # c D
+    _bwd_q[grid](w, m8, scl, pi, grad_out, part, h, n, p, nc, **meta)
+    cd = gain * gain * part.sum(2) * sc[..., None] * c[..., None]  # c D, D = sc g^2 q (the PyTorch path's order)
     k = (cd * d).sum(-1).contiguous()  # K = c sum_j D_j d_j
-    r = s.clamp_min(_tiles.NORM_EPS_SQ).reciprocal()
+    r = torch.maximum(s, eps[..., None]).reciprocal()
     lam = w.new_empty(b, h, n, dtype=acc)
     dtemp_part = w.new_empty(b, nc, h, dtype=acc)
     gpi = grad_pi if grad_pi is not None else lam
-    _bwd_lambda[grid](w, m8, pi, grad_out, gpi, gain, cd, k, r, temp, lam, dtemp_part, part,
+    _bwd_lambda[grid](w, m8, scl, pi, grad_out, gpi, gain, cd, k, r, temp, lam, dtemp_part, part,
                       h, n, p, nc, has_gpi=grad_pi is not None, **meta)
-    ds = torch.where(s > _tiles.NORM_EPS_SQ, -r * r * part.sum(2), 0.0)
+    ds = torch.where(s > eps[..., None], -r * (r * part.sum(2)), 0.0)
     dw = torch.empty_like(w)
-    _bwd_dw[grid](w, m8, pi, grad_out, gain, cd, r, ds, lam, dw, h, n, p, **meta)
+    _bwd_dw[grid](w, m8, scl, pi, grad_out, gain, cd, r, ds, lam, dw, h, n, p, **meta)
     return dw, dtemp_part.sum((0, 1))
 
 
 @_bwd.register_fake
-def _(grad_out, grad_pi, w, temp, mask, pi, s, t, m):
+def _(grad_out, grad_pi, w, temp, mask, scl, pi, s, t, m):
     return torch.empty_like(w), w.new_empty(w.shape[1], dtype=acc_dtype(w.dtype))
 
 
 def _setup(ctx, inputs, output):
     w, temp, mask = inputs
-    _, pi, s, t, m = output
-    ctx.save_for_backward(w, temp, mask, pi, s, t, m)
+    _, pi, s, t, m, scl = output
+    ctx.mark_non_differentiable(scl)
+    ctx.save_for_backward(w, temp, mask, scl, pi, s, t, m)
 
 
 def _backward(ctx, g_out, g_pi, *_):
-    w, temp, mask, pi, s, t, m = ctx.saved_tensors
+    w, temp, mask, scl, pi, s, t, m = ctx.saved_tensors
     if torch.is_grad_enabled():  # create_graph: differentiable recomputation in PyTorch
         from ...tssa.parallel import tssa_parallel
         from ..fused import _double_backward
@@ -236,7 +253,7 @@ def _backward(ctx, g_out, g_pi, *_):
         return dw, dtemp, None
     g_out = torch.zeros_like(w) if g_out is None else g_out.contiguous()
     g_pi = None if g_pi is None else g_pi.contiguous()
-    dw, dtemp = _bwd(g_out, g_pi, w, temp, mask, pi, s, t, m)
+    dw, dtemp = _bwd(g_out, g_pi, w, temp, mask, scl, pi, s, t, m)
     return dw, dtemp.view_as(temp), None
 
 
@@ -249,5 +266,5 @@ def tssa_triton(w: Tensor, temp: Tensor, attn_mask: Optional[Tensor] = None) -> 
     pi (B, H, N) in w's dtype). Inputs are assumed validated (see :func:`whiteformer.ops.tssa`)."""
     w = w.contiguous()
     temp_acc = temp.to(acc_dtype(w.dtype)).contiguous()
-    out, pi, _, _, _ = _fwd(w, temp_acc, None if attn_mask is None else attn_mask.contiguous())
+    out, pi, _, _, _, _ = _fwd(w, temp_acc, None if attn_mask is None else attn_mask.contiguous())
     return out, pi.to(w.dtype)
