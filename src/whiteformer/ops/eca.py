@@ -181,7 +181,7 @@ def orthonormal_basis(Y: torch.Tensor, eps: float = DEFAULT_EPS) -> torch.Tensor
 
 def _solve_q(yn: torch.Tensor, chol: torch.Tensor) -> torch.Tensor:
     # Q = Yn L^{-T}: solve X L^T = Yn
-    return torch.linalg.solve_triangular(chol.mT, yn, upper=True, left=False)
+    return torch.linalg.solve_triangular(chol.transpose(-2, -1), yn, upper=True, left=False)
 
 
 def _basis(y: torch.Tensor, eps: float) -> torch.Tensor:
@@ -189,7 +189,7 @@ def _basis(y: torch.Tensor, eps: float) -> torch.Tensor:
     r = y.shape[-1]
     yn = F.normalize(y, p=2.0, dim=-2)
     eye = torch.eye(r, dtype=y.dtype, device=y.device)
-    gram = yn.mT @ yn + eps * eye
+    gram = yn.transpose(-2, -1) @ yn + eps * eye
     if torch.compiler.is_compiling():
         failed = torch.linalg.cholesky_ex(gram.detach()).info != 0
         return _basis_with_fallback(yn, gram, eye, failed)
@@ -216,7 +216,7 @@ def _projector(y: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor]
     The basis depends on the directions of y's columns only: each column whose largest |entry|
     exceeds 2^32 is first divided by a power of two (:mod:`whiteformer.ops.scaling`, exact), so that
     its norm stays finite (float32 squares overflow from ~1.8e19)."""
-    y = y / head_scale(y.mT, 1).mT  # (..., 1, R): per column
+    y = y / head_scale(y.transpose(-2, -1), 1).transpose(-2, -1)  # (..., 1, R): per column
     if eps > 0 and exporting():
         return _ridge_projector(y, eps)
     if onnx_exporting():
