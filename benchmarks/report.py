@@ -338,6 +338,26 @@ def fused_section(results: Path, suffix: str = "") -> List[str]:
     return out
 
 
+def op_floor_section(results: Path, suffix: str = "") -> List[str]:
+    """``tssa`` / ``causal_tssa`` as multiples of ``w.clone()`` against their targets
+    (``benchmarks/op_floor.py``)."""
+    data = _load(results, f"op_floor{suffix}.json")
+    if not data:
+        return prose("op_floor_not_run")
+    load = data.get("loadavg"), data.get("loadavg_end")
+    cfg = data.get("config", {})
+    note = cfg.get("rounds_note")
+    out = prose("op_floor", command=data.get("command", "python -m benchmarks.op_floor"), torch=data.get("torch"),
+                load_start=load[0] and load[0][0], load_end=load[1] and load[1][0], rounds=cfg.get("rounds"),
+                rounds_note=f" ({note})" if note else "")
+    try:
+        mod = importlib.import_module("benchmarks.op_floor")
+        out += [mod.table(data), ""]
+    except Exception as e:  # noqa: BLE001 - the other benchmark's format may change
+        out += [f"(table not rendered: {type(e).__name__}: {e}; see the JSON)", ""]
+    return out
+
+
 def gpu_section(results: Path, suffix: str = "") -> List[str]:
     """The GPU (Triton) section: what ``benchmarks/gpu.py`` measures, how to run it, and what this
     machine could measure (the kernels' correctness through Triton's interpreter only, until a
@@ -536,6 +556,7 @@ def render(results: Path, suffix: str = "") -> str:
     lines += grad_checkpointing_section(_load(results, f"grad_checkpointing{suffix}.json"))
     lines += packed_varlen_section(_load(results, f"packed_varlen{suffix}.json"))
     lines += fused_section(results, suffix)
+    lines += op_floor_section(results, suffix)
     lines += gpu_section(results, suffix)
     lines += context_parallel_section(results, suffix)
     sections = "".join(line + "\n" for line in lines)

@@ -292,3 +292,44 @@ def test_results_are_written_whole_and_never_through_a_link(tmp_path):
     assert target.read_text() == "theirs"
     assert json.loads((out / "gpu.json").read_text()) == {"a": 1} and (out / "gpu.md").read_text() == "| a |"
     assert sorted(p.name for p in out.iterdir()) == ["gpu.json", "gpu.md"]
+
+
+def test_op_floor_tiny(tmp_path):
+    from benchmarks import op_floor
+
+    path = tmp_path / "op_floor_quick.json"
+    threads = torch.get_num_threads()
+    op_floor.main(["--quick", "--threads", "1", "--out", str(path)])
+    assert torch.get_num_threads() == threads  # the process's setting is restored
+    res = json.loads(path.read_text())
+    assert {"torch", "loadavg", "loadavg_end", "command", "config", "rows"} <= set(res)
+    assert res["config"]["rounds"] >= 1
+    ops = {(r["op"], r["n"]) for r in res["rows"]}
+    sizes = {s[2] for s in op_floor.QUICK_SIZES}
+    assert ops == ({(op, n) for op in ("tssa_fwd", "causal_fwd", "overflow_guard") for n in sizes}
+                   | {(op, max(sizes)) for op in ("tssa_fwdbwd", "causal_fwdbwd")})
+    for r in res["rows"]:
+        assert {"target", "met", "threads", "batch", "loadavg"} <= set(r)
+        value = r["share_of_fwd"] if r["op"] == "overflow_guard" else r["ratio"]
+        assert math.isfinite(value) and (value > 0 or r["op"] == "overflow_guard" and value == 0)
+        if r["op"] != "overflow_guard":
+            assert r["met"] is None and r["target"] is None  # no target at tiny sizes
+    assert "| overflow guard |" in op_floor.table(res)
+    page = "\n".join(report.op_floor_section(tmp_path, "_quick"))
+    assert "### TSSA against its traffic floor" in page and "| tssa_fwd |" in page
+    assert "has not written" in "\n".join(report.op_floor_section(tmp_path / "none"))
+
+
+def test_op_floor_targets_and_profile():
+    from benchmarks import op_floor
+
+    assert op_floor.target_for("tssa_fwd", 4, 1024, 1)[0] == 2.5
+    assert op_floor.target_for("tssa_fwd", 4, 1024, 2) is None
+    assert op_floor.target_for("causal_fwdbwd", 1, 16384, 2)[0] == 4.0
+    w = torch.randn(1, 2, 32, 4)
+    top = op_floor.top_ops(lambda: (w * 2).sum())
+    assert 1 <= len(top) <= 3 and all(t["self_cpu_us"] >= 0 and 0 <= t["share"] <= 1 for t in top)
+    # a row past its target carries the profile of its call; one within it does not
+    missed = op_floor._row("tssa_fwd", (1, 8, 16384, 48), 1, {"ratio": 9.0}, lambda: (w * 2).sum())
+    kept = op_floor._row("tssa_fwd", (1, 8, 16384, 48), 1, {"ratio": 1.0}, lambda: (w * 2).sum())
+    assert missed["met"] is False and missed["profile_top3"] and kept["met"] is True and "profile_top3" not in kept

@@ -1,0 +1,231 @@
+"""How close ``tssa`` and ``causal_tssa`` run to the memory-traffic floor, as a multiple of ``w.clone()``.
+
+``w.clone()`` reads and writes ``w`` once; TSSA needs three dependent passes over ``w`` (feature
+energies; logits, softmax over heads and Pi-weighted moments; output) and one write, so its
+traffic floor is about 2x a clone from DRAM (less where a head's ``w`` stays in cache).
+
+Measured in one process, float32 on CPU, at each ``torch.set_num_threads`` value of ``--threads``:
+
+* forward of :func:`whiteformer.ops.tssa` and :func:`whiteformer.ops.causal_tssa` at each
+  (B, H, N, p) of ``--sizes`` (w of shape (B, H, N, p));
+* forward + backward (``out.backward(g)``) of both at the sizes with the largest N;
+* the overflow guard: the time of :func:`whiteformer.ops.scaling.rows_beyond_kernel_range` (the pass
+  over ``w`` that finds rows with some |w| past the kernels' range) as a share of the ``tssa``
+  forward. The C++ kernels flag such rows from their own sums, so on their path the guard is no
+  separate pass (share 0; the standalone share of the pass is recorded for information).
+
+Timing: ``--rounds`` round-robin rounds over the candidates (clone, tssa, causal_tssa, guard) after
+one untimed call of each, so that a change of machine load affects all alike; the ratio is the
+median over rounds of time(op) / time(clone) of the same round. Each row names the target it is
+compared with (``TARGETS``) and whether it is met; a row that misses its target carries a short
+profile of one call (``torch.profiler``: the top 3 ops by self CPU time).
+
+Usage::
+
+    python -m benchmarks.op_floor [--threads 1,2] [--rounds 21] [--quick] [--out PATH]
+
+Writes ``benchmarks/results/op_floor.json`` (``--quick``: tiny sizes, ``op_floor_quick.json``) and
+prints a markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from . import common
+
+SIZES = [(1, 8, 16384, 48)] + [(4, 8, n, 48) for n in (256, 1024, 4096, 16384)]
+QUICK_SIZES = [(1, 2, 64, 8), (2, 2, 128, 8)]
+GUARD_TARGET = 0.05
+
+
+def target_for(op: str, b: int, n: int, threads: int) -> Optional[Tuple[float, str]]:
+    """(ratio to clone, description) of the target a row is compared with, or None."""
+    if op == "tssa_fwd" and n == 16384:
+        return 1.7, "tssa forward <= 1.7x clone at N 16k"
+    if op == "tssa_fwd" and n == 1024 and b == 4 and threads == 1:
+        return 2.5, "tssa forward <= 2.5x clone at N 1k (B 4, 1 thread)"
+    if op == "causal_fwd" and n == 16384:
+        return 1.9, "causal_tssa forward <= 1.9x clone at N 16k"
+    if op.endswith("_fwdbwd") and n == 16384:
+        return 4.0, "forward + backward <= 4.0x clone at N 16k"
+    return None
+
+
+def top_ops(fn: Callable[[], Any], k: int = 3) -> List[Dict[str, Any]]:
+    """The ``k`` ops with the most self CPU time in one call of ``fn`` (name, self time, share)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    return [{"op": e.key, "self_cpu_us": round(e.self_cpu_time_total, 1),
+             "share": round(e.self_cpu_time_total / total, 3), "calls": e.count} for e in events[:k]]
+
+
+def path_of(w: torch.Tensor) -> Dict[str, Any]:
+    """Which kernel the default call takes on ``w`` and whether the guard is a separate pass there."""
+    from whiteformer.ops._kernels import fused_supported, kernel_for
+
+    if kernel_for("tssa", w) is not None:
+        return {"kernel": "registered backend", "guard_separate_pass": True}
+    if fused_supported(w):
+        return {"kernel": "C++ fused", "guard_separate_pass": False}
+    return {"kernel": "PyTorch", "guard_separate_pass": False}
+
+
+def _ratios(times: Dict[str, List[float]], op: str) -> Dict[str, Any]:
+    t_op, t_base = times[op], times["clone"]
+    return {
+        "ratio": statistics.median(a / b for a, b in zip(t_op, t_base)),
+        "ratio_of_medians": statistics.median(t_op) / statistics.median(t_base),
+        "time_s": statistics.median(t_op),
+        "clone_s": statistics.median(t_base),
+    }
+
+
+def _row(op: str, size, threads: int, stats: Dict[str, Any], fn: Callable[[], Any]) -> Dict[str, Any]:
+    b, h, n, p = size
+    row: Dict[str, Any] = {"op": op, "batch": b, "heads": h, "n": n, "head_dim": p, "threads": threads, **stats}
+    tgt = target_for(op, b, n, threads)
+    row["target"] = tgt[0] if tgt else None
+    row["target_text"] = tgt[1] if tgt else None
+    row["met"] = None if tgt is None else bool(stats["ratio"] <= tgt[0])
+    if row["met"] is False:
+        row["profile_top3"] = top_ops(fn)
+    return row
+
+
+def measure(size, threads: int, rounds: int, backward: bool) -> List[Dict[str, Any]]:
+    """The rows of one (size, thread count): forward ratios, the guard's share, and (``backward``)
+    forward + backward ratios."""
+    from whiteformer.ops import causal_tssa, tssa
+    from whiteformer.ops.scaling import rows_beyond_kernel_range
+
+    torch.set_num_threads(threads)
+    b, h, n, p = size
+    w = torch.randn(b, h, n, p)
+    temp = torch.rand(h, 1) + 0.5
+    load = common.loadavg()
+    fwd = {"clone": lambda: w.clone(), "tssa_fwd": lambda: tssa(w, temp), "causal_fwd": lambda: causal_tssa(w, temp),
+           "guard": lambda: rows_beyond_kernel_range(w)}
+    with torch.no_grad():
+        times = common.interleaved_runs(fwd, rounds=rounds)
+        rows = [_row(op, size, threads, _ratios(times, op), fwd[op]) for op in ("tssa_fwd", "causal_fwd")]
+        path = path_of(w)
+        alone = statistics.median(a / b for a, b in zip(times["guard"], times["tssa_fwd"]))
+        share = alone if path["guard_separate_pass"] else 0.0
+        rows.append({"op": "overflow_guard", "batch": b, "heads": h, "n": n, "head_dim": p, "threads": threads,
+                     **path, "share_of_fwd": share, "standalone_share_of_fwd": alone,
+                     "guard_s": statistics.median(times["guard"]), "target": GUARD_TARGET,
+                     "target_text": "overflow guard <= 5 % of the tssa forward", "met": bool(share <= GUARD_TARGET)})
+    if backward:
+        wg = w.clone().requires_grad_(True)
+        tg = temp.clone().requires_grad_(True)
+        g = torch.randn_like(w)
+
+        def fwdbwd(f):
+            def call():
+                wg.grad = tg.grad = None
+                f(wg, tg).backward(g)
+            return call
+
+        bwd = {"clone": lambda: w.clone(), "tssa_fwdbwd": fwdbwd(tssa), "causal_fwdbwd": fwdbwd(causal_tssa)}
+        times = common.interleaved_runs(bwd, rounds=rounds)
+        rows += [_row(op, size, threads, _ratios(times, op), bwd[op]) for op in ("tssa_fwdbwd", "causal_fwdbwd")]
+    for r in rows:
+        r["loadavg"] = load
+    return rows
+
+
+def run(sizes: Sequence[Tuple[int, int, int, int]], threads: Sequence[int], rounds: int) -> List[Dict[str, Any]]:
+    top_n = max(s[2] for s in sizes)
+    rows: List[Dict[str, Any]] = []
+    before = torch.get_num_threads()
+    try:
+        for t in threads:
+            for size in sizes:
+                common.log(f"  threads {t}, (B, H, N, p) = {size}")
+                rows += measure(size, t, rounds, backward=size[2] == top_n)
+    finally:
+        torch.set_num_threads(before)
+    return rows
+
+
+def _fmt_met(r: Dict[str, Any]) -> str:
+    return "-" if r.get("met") is None else ("yes" if r["met"] else "**no**")
+
+
+def table(result: Dict[str, Any]) -> str:
+    header = ["threads", "B", "N", "op", "time / clone", "clone", "target", "met", "top op by self CPU (missed)"]
+    lines = []
+    for r in result["rows"]:
+        if r["op"] == "overflow_guard":
+            cell = (f"{r['share_of_fwd']:.1%} of fwd" if r["guard_separate_pass"]
+                    else f"no separate pass ({r['kernel']}; alone {r['standalone_share_of_fwd']:.1%})")
+            lines.append([r["threads"], r["batch"], common.fmt_tokens(r["n"]), "overflow guard", cell, "-",
+                          "<= 5 %", _fmt_met(r), ""])
+            continue
+        prof = r.get("profile_top3") or []
+        top = f"`{prof[0]['op']}` {prof[0]['share']:.0%}" if prof else ""
+        target = f"<= {r['target']}x" if r["target"] is not None else "-"
+        lines.append([r["threads"], r["batch"], common.fmt_tokens(r["n"]), r["op"], f"{r['ratio']:.2f}x",
+                      common.fmt_time(r["clone_s"]), target, _fmt_met(r), top])
+    return common.markdown_table(header, lines)
+
+
+def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
+    """Run the benchmark (command-line ``argv``), write the JSON and print the table; returns the
+    JSON content."""
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.op_floor", description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=common.int_list, default=[1, 2], help="comma-separated thread counts")
+    ap.add_argument("--rounds", type=int, default=21, help="round-robin rounds (median over them)")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, 3 rounds, into *_quick.json")
+    ap.add_argument("--rounds-note", default="", help="why fewer rounds than the default were run (recorded)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if args.rounds < 1 or not args.threads or min(args.threads) < 1:
+        ap.error("--rounds and every --threads value must be >= 1")
+    sizes = QUICK_SIZES if args.quick else SIZES
+    rounds = min(args.rounds, 3) if args.quick else args.rounds
+    out_path = args.out or common.RESULTS_DIR / ("op_floor_quick.json" if args.quick else "op_floor.json")
+    command = common.command_string("benchmarks.op_floor", argv)
+    t0 = time.time()
+    common.setup_torch(None, seed=0)
+    env = common.row_env(command, threads=None)
+    env.pop("threads")
+    rows = run(sizes, args.threads, rounds)
+    out = {
+        **env,
+        "loadavg_end": common.loadavg(),
+        "threads": list(args.threads),
+        "config": {"sizes_bhnp": [list(s) for s in sizes], "dtype": "float32", "rounds": rounds,
+                   "rounds_note": args.rounds_note, "quick": args.quick, "omp_num_threads": os.environ.get(
+                       "OMP_NUM_THREADS")},
+        "timing": "round-robin rounds over (w.clone(), ops); ratio = median over rounds of time(op) / time(clone)",
+        "wall_s": round(time.time() - t0, 1),
+        "rows": rows,
+    }
+    bad = [r for r in rows if "ratio" in r and not (math.isfinite(r["ratio"]) and r["ratio"] > 0)]
+    if bad:
+        raise RuntimeError(f"non-positive or non-finite ratio in {bad[0]}")
+    path = common.write_json(out_path, out)
+    print(f"machine: {out['machine']}; torch {out['torch']}; load {out['loadavg']} -> {out['loadavg_end']}")
+    print(f"command: {command}\n")
+    print(table(out))
+    print(f"\nwrote {path}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
