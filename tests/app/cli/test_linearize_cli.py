@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import whiteformer
+from test_cli_errors import _one_error_line
 from whiteformer.app import linearize_cli
 from whiteformer.app.cli import main
 from whiteformer.convert import linearize
@@ -20,14 +21,6 @@ transformers = pytest.importorskip("transformers")
 
 VOCAB = 24
 STEPS = ["--transfer-steps", "4", "--finetune-steps", "3", "--batch-size", "4", "--block-size", "16", "--no-progress"]
-
-
-def _one_error_line(capsys, *needles):
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and ": error: " in lines[0] and "Traceback" not in err, err
-    for n in needles:
-        assert n in lines[0], (n, err)
 
 
 def _tokens_dir(d, vocab=VOCAB):
