@@ -50,3 +50,25 @@ def test_packed_batches_compile_with_one_graph_break_and_fullgraph_names_why():
         torch._dynamo.reset()
         with pytest.raises(Exception, match="cu_seqlens: packed batches read their segment boundaries"):
             torch.compile(model, fullgraph=True, backend="aot_eager")(idx, cu_seqlens=cu)
+
+
+def test_first_compile_in_a_fresh_process_traces_the_export_switch():
+    """The export switch reads the ONNX exporter's flag module; a compile that imports that module
+    while it traces must not invalidate its own guard (it did only in a fresh process, where no
+    earlier test had imported it)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import torch, whiteformer
+        m = whiteformer.create_model("tost_lm_base", dim=32, depth=2, num_heads=2, vocab_size=100,
+                                     max_len=64).eval()
+        idx = torch.randint(0, 100, (1, 16))
+        with torch.no_grad():
+            got = torch.compile(m, fullgraph=True, backend="aot_eager")(idx)  # the first call: compiles
+            want = m(idx)
+        torch.testing.assert_close(got, want)
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]

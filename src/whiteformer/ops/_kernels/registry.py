@@ -7,14 +7,19 @@ kernel signatures), the C++ build and the Triton package all import it, never ea
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional
 
 import torch
+import torch.onnx
 
 from ..._registry import Registry
+
+try:  # the dynamo ONNX exporter's state (a private module: absent from some torch versions)
+    from torch.onnx._internal.exporter import _flags as _onnx_flags
+except ImportError:  # pragma: no cover - depends on the torch version
+    _onnx_flags = None
 
 __all__ = ["BACKENDS", "ENV_BACKEND", "ENV_DISABLE", "OPS", "Backend", "exporting", "fused_supported", "has_kernel",
            "kernel_for", "kernels_disabled", "register_backend"]
@@ -69,15 +74,13 @@ def exporting() -> bool:
 def onnx_exporting() -> bool:
     """True while ``torch.onnx.export`` runs (either exporter): for the operations that ONNX has no
     operator for (e.g. a Cholesky factorisation), which ``torch.export`` keeps."""
-    onnx = sys.modules.get("torch.onnx")  # not imported: no ONNX export is running
-    if onnx is None:
-        return False
     if not torch.compiler.is_dynamo_compiling():
-        return onnx.is_in_onnx_export()
+        return torch.onnx.is_in_onnx_export()
     # Dynamo folds is_in_onnx_export() to False while it traces (the strict torch.export capture that
-    # torch.onnx.export(dynamo=True) falls back to): read the flag of the dynamo exporter instead
-    flags = sys.modules.get("torch.onnx._internal.exporter._flags")
-    return bool(getattr(flags, "_is_onnx_exporting", False))
+    # torch.onnx.export(dynamo=True) falls back to): read the flag of the dynamo exporter instead, from
+    # the module imported with this one (a lookup in sys.modules would be a guard that the first
+    # compile, importing that module while it traces, breaks)
+    return bool(getattr(_onnx_flags, "_is_onnx_exporting", False))
 
 
 def kernels_disabled() -> bool:
