@@ -62,11 +62,11 @@ GOALS = {"tssa_loss_rel": 0.03, "tssa_token_share": 0.05, "hybrid_1of4_loss_rel"
 # the teacher's); eval_windows: held-out windows every row is measured on; contexts / gen_steps: the
 # generation cost; max_chars: only the text's first characters (None: all of it)
 PRESETS: Dict[str, Dict[str, Any]] = {
-    "smoke": dict(vocab=320, max_chars=60_000,
+    "smoke": dict(vocab=300, max_chars=30_000,
                   model=dict(dim=32, depth=4, num_heads=4, num_kv_heads=2, intermediate_size=64),
-                  train=dict(steps=12, batch_size=4, block_size=32, lr=3e-3, warmup_steps=2),
+                  train=dict(steps=8, batch_size=4, block_size=32, lr=3e-3, warmup_steps=2),
                   lin=dict(transfer_steps=2, finetune_steps=2, lr=3e-3), eval_windows=4,
-                  contexts=[64, 128, 256], gen_steps=2),
+                  contexts=[32, 64, 128], gen_steps=2),
     "tiny": dict(vocab=4096, max_chars=None,
                  model=dict(dim=128, depth=4, num_heads=4, num_kv_heads=2, intermediate_size=352),
                  train=dict(steps=700, batch_size=16, block_size=128, lr=3e-3, warmup_steps=40),
@@ -347,13 +347,15 @@ def run(preset_name: str = "tiny", text: Optional[Path] = None, out: Optional[Pa
 def goal_results(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The goals against the measured rows: the best pure-TSSA linearized row within the token
     budget, and the 1-in-4 hybrid."""
-    lin = [r for r in rows if r["stage"] in ("transfer", "finetune")
-           and r["token_share_of_teacher"] <= GOALS["tssa_token_share"]]
+    budget = GOALS["tssa_token_share"]
+    lin = [r for r in rows if r["stage"] in ("transfer", "finetune")]
+    within = [r for r in lin if r["token_share_of_teacher"] <= budget]
     out: Dict[str, Any] = {}
     if lin:
-        b = min(lin, key=lambda r: r["val_loss"])
+        b = min(within or lin, key=lambda r: r["val_loss"])
+        ok = b["token_share_of_teacher"] <= budget
         out["tssa"] = {"row": b["name"], "loss_rel": b["loss_rel_to_teacher"], "token_share": b["token_share_of_teacher"],
-                       "met": b["loss_rel_to_teacher"] <= GOALS["tssa_loss_rel"]}
+                       "within_token_budget": ok, "met": ok and b["loss_rel_to_teacher"] <= GOALS["tssa_loss_rel"]}
     h = next((r for r in rows if r["stage"] == "hybrid 1 of 4"), None)
     if h is not None:
         out["hybrid_1of4"] = {"row": h["name"], "loss_rel": h["loss_rel_to_teacher"],
@@ -389,8 +391,7 @@ def transfer_lines(data: Dict[str, Any]) -> List[str]:
     for r in data["rows"]:
         if r["stage"] in ("transfer", "finetune") or r["stage"].startswith("hybrid"):
             rel = r.get("transfer_after_relative") or []
-            parts = [f"layer {i}: {a:.3g} -> {b:.3g}" + (f" ({100 * q:.0f} % of its output's mean square)"
-                                                          if q is not None else "")
+            parts = [f"layer {i}: {a:.3g} -> {b:.3g}" + (f" ({100 * q:.0f} %)" if q is not None else "")
                      for i, a, b, q in zip(r["tssa_layers"], r["transfer_before"], r["transfer_after"],
                                            rel or [None] * len(r["tssa_layers"]))]
             out.append(f"- {r['name']}: KL to the teacher {r['kl_swap']:.3f} (swap) -> {r['kl_transfer']:.3f} "
@@ -410,27 +411,32 @@ def goal_lines(data: Dict[str, Any]) -> List[str]:
     t = res.get("tssa")
     if t:
         gap = t["loss_rel"] - g["tssa_loss_rel"]
+        budget = "" if t["within_token_budget"] else " (over the token budget: no linearized row is within it)"
+        miss = [f"the loss by {100 * gap:.1f} points" if gap > 0 else "",
+                "" if t["within_token_budget"] else "the token budget"]
         out.append(f"- Pure TSSA within {100 * g['tssa_loss_rel']:.0f} % of the teacher's validation loss with at most "
-                   f"{100 * g['tssa_token_share']:.0f} % of its tokens: best such row *{t['row']}*, "
-                   f"{_pct(t['loss_rel'])} with {100 * t['token_share']:.1f} % of the tokens: "
-                   + ("**met**." if t["met"] else f"**missed by {100 * gap:.1f} points**; the layer matched worst "
-                      f"is {worst}."))
-    else:
-        out.append("- Pure TSSA goal: no linearized row within the token budget.")
+                   f"{100 * g['tssa_token_share']:.0f} % of its tokens: best row *{t['row']}*, "
+                   f"{_pct(t['loss_rel'])} with {100 * t['token_share']:.1f} % of the tokens{budget}: "
+                   + ("**met**." if t["met"] else f"**missed**: {' and '.join(m for m in miss if m)}; the layer "
+                      f"matched worst is {worst}."))
     h = res.get("hybrid_1of4")
     if h:
         gap = h["loss_rel"] - g["hybrid_1of4_loss_rel"]
         kept = rows[h["row"]].get("keep_softmax")
         out.append(f"- 1-in-4 hybrid within {100 * g['hybrid_1of4_loss_rel']:.0f} %: *{h['row']}*, {_pct(h['loss_rel'])}: "
-                   + ("**met**." if h["met"] else f"**missed by {100 * gap:.1f} points** (layers kept softmax: "
+                   + ("**met**." if h["met"] else f"**missed** by {100 * gap:.1f} points (layers kept softmax: "
                       f"{kept}, the ones matched worst after transfer)."))
     return out
 
 
-def section(data: Optional[Dict[str, Any]], vision: Optional[Dict[str, Any]] = None) -> List[str]:
-    """The markdown lines of the linearization section, from ``linearize.json`` (``data``) and,
-    when given, the vision study's ``linearize_vision.json`` (``vision``)."""
-    out = ["## 10. Linearizing a softmax decoder into TSSA (Shakespeare, BPE)", ""]
+HEADING = "Linearizing a softmax decoder into TSSA (Shakespeare, BPE)"
+
+
+def section(data: Optional[Dict[str, Any]], vision: Optional[Dict[str, Any]] = None,
+            heading: str = f"## {HEADING}") -> List[str]:
+    """The markdown lines of the linearization section (under ``heading``), from ``linearize.json``
+    (``data``) and, when given, the vision study's ``linearize_vision.json`` (``vision``)."""
+    out = [heading, ""]
     if data is None:
         return out + ["**Not run yet.** Command: `.venv/bin/python -m benchmarks.linearize` (writes "
                       "`benchmarks/results/linearize.json`).", ""]
@@ -469,7 +475,9 @@ def section(data: Optional[Dict[str, Any]], vision: Optional[Dict[str, Any]] = N
             "see below." if vision else "not part of this study (`benchmarks/linearize_vision.py`, "
             "`benchmarks/results/linearize_vision.json`; not run yet)."),
         "",
-        "Transfer loss per TSSA layer (held-out batch, before -> after transfer) and KL to the teacher:",
+        "Transfer loss per TSSA layer (mean squared difference to its softmax layer's output on the held-out batch, "
+        "before -> after transfer; in brackets after transfer relative to the mean square of that output, 100 % being "
+        "no better than zeros) and the mean per-token KL(teacher || student) on that batch:",
         "",
         *transfer_lines(data),
         "",
