@@ -401,12 +401,13 @@ def transfer_lines(data: Dict[str, Any]) -> List[str]:
 
 
 def goal_lines(data: Dict[str, Any]) -> List[str]:
-    g, res = data["goals"], data["goal_results"]
+    g, res = data["goals"], goal_results(data["rows"])  # as stored in the file, from its rows
     rows = {r["name"]: r for r in data["rows"]}
     order = data["layers_by_relative_transfer_loss"]
     best = next(r for r in data["rows"] if r["stage"] == "transfer" and r["init"] == data["best_init"])
     rel = best["transfer_after_relative"]
-    worst = f"layer {order[0]} ({100 * rel[order[0]]:.0f} % of its output's mean square after transfer)"
+    worst = (f"the transfer loss stays high in every layer: {100 * min(rel):.0f}-{100 * max(rel):.0f} % of the mean "
+             f"square of its softmax output after transfer (init {data['best_init']}), highest in layer {order[0]}")
     out = []
     t = res.get("tssa")
     if t:
@@ -417,8 +418,7 @@ def goal_lines(data: Dict[str, Any]) -> List[str]:
         out.append(f"- Pure TSSA within {100 * g['tssa_loss_rel']:.0f} % of the teacher's validation loss with at most "
                    f"{100 * g['tssa_token_share']:.0f} % of its tokens: best row *{t['row']}*, "
                    f"{_pct(t['loss_rel'])} with {100 * t['token_share']:.1f} % of the tokens{budget}: "
-                   + ("**met**." if t["met"] else f"**missed**: {' and '.join(m for m in miss if m)}; the layer "
-                      f"matched worst is {worst}."))
+                   + ("**met**." if t["met"] else f"**missed**: {' and '.join(m for m in miss if m)}; {worst}."))
     h = res.get("hybrid_1of4")
     if h:
         gap = h["loss_rel"] - g["hybrid_1of4_loss_rel"]
