@@ -537,6 +537,13 @@ def context_parallel_section(results: Path, suffix: str = "") -> List[str]:
     return section(_load(results, f"context_parallel{suffix}.json"))
 
 
+def linearize_section(results: Path, suffix: str = "") -> List[str]:
+    """The linearization study (:mod:`benchmarks.linearize`; also docs/results.md, section 10)."""
+    from .linearize import section
+
+    return section(_load(results, f"linearize{suffix}.json"), _load(results, f"linearize_vision{suffix}.json"))
+
+
 def render(results: Path, suffix: str = "") -> str:
     """The page for the result files in ``results`` (``suffix`` "_quick" for a --quick run)."""
     att = _load(results, f"attention_scaling{suffix}.json")
@@ -559,6 +566,7 @@ def render(results: Path, suffix: str = "") -> str:
     lines += op_floor_section(results, suffix)
     lines += gpu_section(results, suffix)
     lines += context_parallel_section(results, suffix)
+    lines += linearize_section(results, suffix)
     sections = "".join(line + "\n" for line in lines)
     return string.Template((TEMPLATES / "page.md").read_text(encoding="utf-8")).substitute(
         page_values(att, gen, comp), sections=sections)

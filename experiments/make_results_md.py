@@ -17,6 +17,7 @@ import common as C  # noqa: E402
 R = C.RESULTS_DIR
 DOC = C.REPO / "docs" / "results.md"
 REL = "../experiments/results"
+BENCH = C.REPO / "benchmarks" / "results"
 
 
 def pct(x, nd=2):
@@ -710,15 +711,35 @@ def plain_vit(out, verdicts):
         verdicts.append((claim, text + " (exp8)"))
 
 
+# ----------------------------------------------------------------------------- 10. linearization
+def linearization(out, verdicts):
+    """The linearization study of the benchmark suite (``benchmarks/results/linearize.json``)."""
+    if str(C.REPO) not in sys.path:
+        sys.path.insert(0, str(C.REPO))
+    from benchmarks.linearize import HEADING, section
+
+    data = C.read_json(BENCH / "linearize.json")
+    vision = C.read_json(BENCH / "linearize_vision.json")
+    out.append("\n".join(section(data, vision, heading=f"## 10. {HEADING}")))
+    claims = (("tssa", "Linearized pure TSSA within 3 % of the teacher's validation loss with <= 5 % of its tokens"),
+              ("hybrid_1of4", "Linearized 1-in-4 softmax hybrid within 1 % of the teacher's validation loss"))
+    for key, claim in claims:
+        g = (data or {}).get("goal_results", {}).get(key)
+        verdicts.append((claim, "not run yet" if g is None else
+                         f"{'met' if g['met'] else 'not met'}: {100 * g['loss_rel']:+.1f} % with "
+                         f"{100 * g['token_share']:.1f} % of the tokens, preset {data['preset']} (section 10)"))
+
+
 def main(argv=None) -> int:
     import argparse
 
-    global R, DOC
+    global R, DOC, BENCH
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=str(R), help="results root (default: %(default)s)")
     ap.add_argument("--doc", default=str(DOC), help="markdown file to write (default: %(default)s)")
+    ap.add_argument("--bench-results", default=str(BENCH), help="the benchmark suite's results (default: %(default)s)")
     a = ap.parse_args(argv)
-    R, DOC = Path(a.results), Path(a.doc)
+    R, DOC, BENCH = Path(a.results), Path(a.doc), Path(a.bench_results)
     out = ["# Reproduction study\n",
            "The papers trained on ImageNet-1k / OpenWebText with many GPUs; everything here ran on a 2-core CPU "
            "shared with other work, one experiment at a time with `torch.set_num_threads(1)`, at a much smaller "
@@ -738,6 +759,7 @@ def main(argv=None) -> int:
     efficiency(out, verdicts)
     plain_vit(out, verdicts)
     lra(out, verdicts)
+    linearization(out, verdicts)
     out.append("## Summary\n")
     out.append("| claim | here |\n| --- | --- |")
     for claim, v in verdicts:

@@ -150,9 +150,10 @@ def test_make_results_md_reads_only_result_files(roots, tmp_path):
 
     doc = tmp_path / "results.md"
     # an empty results root: every section says "not run yet" with its command
-    assert make_results_md.main(["--results", str(tmp_path / "none"), "--doc", str(doc)]) == 0
+    assert make_results_md.main(["--results", str(tmp_path / "none"), "--bench-results", str(tmp_path / "none"),
+                                 "--doc", str(doc)]) == 0
     text = doc.read_text()
-    assert text.count("**Not run yet.**") == 9
+    assert text.count("**Not run yet.**") == 10 and "python -m benchmarks.linearize" in text
     assert "experiments/exp4_compression.py" in text
     # the smoke results of the tests above (run earlier in this module)
     assert make_results_md.main(["--results", str(roots / "results"), "--doc", str(doc)]) == 0
