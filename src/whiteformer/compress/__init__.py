@@ -47,7 +47,8 @@ __all__ = [
 from .latency import compare_latency, measure_latency  # noqa: E402
 from .constraints import apply_fusion_constraints  # noqa: E402
 from .model import compress  # noqa: E402
+from .spec import CompressSpec  # noqa: E402
 from .report import CompressionReport  # noqa: E402
 
-__all__ += ["compress", "CompressionReport", "apply_fusion_constraints", "apply_compression_spec",
+__all__ += ["compress", "CompressSpec", "CompressionReport", "apply_fusion_constraints", "apply_compression_spec",
             "compression_spec", "measure_latency", "compare_latency"]
