@@ -153,8 +153,9 @@ def test_existing_output_is_kept_unless_overwrite(tmp_path, capsys):
     (["SRC", "--train-tokenizer", "100"], "--train-tokenizer must be an integer in [257"),
     (["SRC", "--train-tokenizer", "300", "--val-fraction", "1.5"], "--val-fraction must be in (0, 1)"),
     (["SRC", "--tokenizer", "NOPE.json"], "NOPE.json' does not exist"),
-    (["SRC", "--train-tokenizer", "300", "--documents", "pages"], "invalid choice: 'pages'"),
-    (["SRC", "--train-tokenizer", "300", "--bogus"], "unrecognized arguments: --bogus"),
+    (["SRC", "--train-tokenizer", "300", "--documents", "pages"], "--documents must be 'file' or 'blank-line'"),
+    (["SRC", "--train-tokenizer", "300", "--bogus"], "unknown option 'bogus' for PrepareTextConfig"),
+    (["SRC", "--train-tokenizer", "abc"], "train_tokenizer must be an integer, got 'abc'"),
 ])
 def test_usage_mistakes_are_one_error_line(tmp_path, capsys, argv, match):
     src, _ = _corpus(tmp_path, 2)

@@ -6,9 +6,10 @@ import math
 import pytest
 import torch
 
-from whiteformer.compress import HeadFactors, Whitening, allocate_ranks_spectral, btd_ll1, cp, head_spectra, truncatt
+from whiteformer.compress import HeadFactors, Whitening, btd_ll1, cp, truncatt
 from whiteformer.compress.btd import assign_cp_terms, btd_from_cp
 from whiteformer.compress.cp import cp_sensitivity
+from whiteformer.compress.truncatt import allocate_ranks_spectral, head_spectra
 
 DT = torch.float64
 

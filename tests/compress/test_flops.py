@@ -10,21 +10,22 @@ from whiteformer.compress import (
     IrrAtt,
     LowRankLinear,
     TruncAtt,
-    allocate_ranks_spectral,
     btd_ll1,
+    qk_rank_for_budget,
+    truncatt,
+)
+from whiteformer.compress.cp import cp
+from whiteformer.compress.flops import (
     count_flops,
     cp_qk_macs,
-    head_spectra,
     irratt_qk_macs,
     mhsa_macs,
     mhsa_qk_macs,
     mhsa_vo_macs,
-    qk_rank_for_budget,
-    truncatt,
     truncatt_qk_macs,
     vo_truncatt_macs,
 )
-from whiteformer.compress.cp import cp
+from whiteformer.compress.truncatt import allocate_ranks_spectral, head_spectra
 
 DT = torch.float64
 
@@ -41,10 +42,6 @@ def test_formulas():
     assert irratt_qk_macs(N, F, [5, 0, 3], H, "identity") == 2 * N * F * 8 + N * N * 8
     assert irratt_qk_macs(N, F, [5, 0, 3], H, "general") == 2 * N * F * 8 + N * N * 8 + N * N * H * 2
     assert vo_truncatt_macs(N, F, [D] * H) == mhsa_vo_macs(N, F, H, D)
-    with pytest.raises(ValueError, match="fusion"):
-        irratt_qk_macs(N, F, [1], H, "diag")
-    with pytest.raises(ValueError, match="num_tokens"):
-        mhsa_macs(0, F, H, D)
 
 
 @pytest.mark.parametrize("model,rows", [
@@ -112,6 +109,9 @@ def test_budget_rank_selection():
         qk_rank_for_budget("svd", 0.5, num_tokens=N, dim=F, num_heads=H)
     with pytest.raises(ValueError, match="too small"):
         qk_rank_for_budget("cp", 1e-4, num_tokens=N, dim=F, num_heads=H)
+    for name, value in (("num_tokens", 0), ("dim", True), ("num_heads", 0), ("head_dim", 2.0)):
+        with pytest.raises(ValueError, match=f"^{name} must be a positive integer"):
+            qk_rank_for_budget("cp", 0.5, **{"num_tokens": N, "dim": F, "num_heads": H, name: value})
 
 
 def heads_with_different_spectra(F=48, H=4, p=12, seed=0):

@@ -14,12 +14,10 @@ from whiteformer.compress import (
     compress_attention,
     compress_linear,
     compress_mlp,
-    fusion_head_ranks,
-    fusion_penalty,
-    project_fusion,
     qk_factors,
     vo_factors,
 )
+from whiteformer.compress.constraints import fusion_head_ranks, fusion_penalty, project_fusion
 from whiteformer.compress.reference import attention_from_tensors
 
 DT = torch.float64

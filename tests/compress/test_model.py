@@ -15,9 +15,9 @@ from whiteformer.compress import (
     apply_fusion_constraints,
     compress,
     measure_latency,
-    project_fusion,
     qk_factors,
 )
+from whiteformer.compress.constraints import project_fusion
 from whiteformer.compress.model import collect_block_inputs
 from whiteformer.models import create_model
 

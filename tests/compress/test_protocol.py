@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from whiteformer.attention import MHSA
-from whiteformer.compress import allocate_ranks_spectral, compress, compress_attention, qk_rank_for_budget
+from whiteformer.compress import compress, compress_attention, qk_rank_for_budget
 from whiteformer.compress.btd import _cap_and_respend
+from whiteformer.compress.truncatt import allocate_ranks_spectral
 
 DT = torch.float64
 F, P = 64, 16   # 4 heads of dim 16

@@ -10,10 +10,11 @@ subcommand per registered command.
     whiteformer linearize --teacher PATH --dataset tokens|text --data-dir D --out DIR [...]  (.linearize_cli)
     whiteformer list-models [PATTERN]        whiteformer list-datasets        whiteformer list-configs
 
-``train``, ``eval``, ``generate`` and ``analyze`` take their options from the command's configuration
-dataclass (``whiteformer train --help`` lists them): its defaults, a YAML file (``-c FILE``, or ``-c
-NAME`` of a shipped config: ``whiteformer list-configs``) and the words the parser does not know,
-read as overrides by :func:`whiteformer.app.config.parse_overrides`, the last winning. Data-parallel
+``train``, ``eval``, ``generate``, ``analyze`` (each analysis its own subclass of ``AnalyzeConfig``),
+``compress`` and ``prepare-text`` take their options from the command's configuration dataclass
+(``whiteformer train --help`` lists them): its defaults, a YAML file (``-c FILE``, or ``-c NAME`` of
+a shipped config: ``whiteformer list-configs``) and the words the parser does not know, read as
+overrides by :func:`whiteformer.app.config.parse_overrides`, the last winning. Data-parallel
 training: ``torchrun --nproc_per_node=N -m whiteformer train ...``.
 
 Extension points: ``@register_command(name, help, arguments=add)`` adds a subcommand: ``add(parser)``
@@ -21,12 +22,15 @@ adds its options to the subcommand's parser and the function takes the parsed
 ``argparse.Namespace`` (with ``overrides=True``, the words the parser does not know are kept in
 order as ``args.overrides`` instead of being refused); without ``arguments`` the function takes the
 words after the command's name. ``register_lazy_command(name, "module:function", help,
-arguments="module:function")`` imports both on first use. ``@register_analysis(name, help)`` adds an
-``analyze`` target. Each returns an exit code.
+arguments="module:function")`` imports both on first use (``arguments=config_arguments("module:Class")``
+for a command configured by a dataclass). ``register_analysis(name, help, "module:function",
+config="module:Class")`` (or ``@register_analysis(name, help)``) adds an ``analyze`` target. Each
+returns an exit code.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -108,11 +112,35 @@ def register_lazy_command(name: str, target: str, help: str, arguments: Union[st
     register_command(name, help, add if arguments is not None else None, overrides)(run)
 
 
-def register_analysis(name: str, help: str) -> Callable:
-    """Decorator registering ``fn(cfg: AnalyzeConfig) -> int`` as ``whiteformer analyze <name>``."""
+@dataclass
+class Analysis:
+    """An ``analyze`` target: ``run(cfg) -> int`` with ``cfg`` its configuration (``config``, a
+    dataclass or ``"module:Class"``; default :class:`~whiteformer.app.config.AnalyzeConfig`), each
+    given as ``"module:name"`` to be imported on first use."""
+
+    help: str
+    run: Union[str, Callable[[Any], int]]
+    config: Union[str, type, None] = None
+
+    def resolve(self) -> Tuple[Callable[[Any], int], type]:
+        run = _resolve("analyze", self.run) if isinstance(self.run, str) else self.run
+        if self.config is None:
+            from .config import AnalyzeConfig
+
+            return run, AnalyzeConfig
+        return run, (_resolve("analyze", self.config) if isinstance(self.config, str) else self.config)
+
+
+def register_analysis(name: str, help: str, run: Optional[str] = None, config: Union[str, type, None] = None):
+    """Register ``whiteformer analyze <name>``: ``run`` as ``"module:function"`` (imported on first
+    use, with ``config`` its configuration class as ``"module:Class"``), or, without ``run``, a
+    decorator registering ``fn(cfg) -> int``."""
+    if run is not None:
+        ANALYSES.register(name, Analysis(help, run, config), help=help)
+        return None
 
     def deco(fn: Callable) -> Callable:
-        ANALYSES.register(name, (help, fn), help=help)
+        ANALYSES.register(name, Analysis(help, fn, config), help=help)
         return fn
 
     return deco
@@ -165,13 +193,14 @@ def _parse(argv: List[str]) -> Tuple[Command, Any]:
 
 def config_arguments(config: str, usage: str = "[--key value | key=value ...]") -> Arguments:
     """The options of a command configured by the dataclass named ``config`` in
-    :mod:`whiteformer.app.config`: ``-c NAME|FILE``, and ``--help`` listing the dataclass's fields
+    :mod:`whiteformer.app.config` (or ``"module:Class"``, imported when the options are added):
+    ``-c NAME|FILE``, and ``--help`` listing the dataclass's fields
     (the overrides themselves are the words the parser does not know: register with ``overrides=True``)."""
 
     def add(p: argparse.ArgumentParser) -> None:
         from . import config as config_module
 
-        cls = getattr(config_module, config)
+        cls = _resolve(config, config) if ":" in config else getattr(config_module, config)
         p.usage = f"{p.prog} [-h] [-c NAME|FILE] {usage}"
         p.description = (cls.__doc__ or "").strip().splitlines()[0]
         p.epilog = ("options, from a YAML file (-c) and the command line (--key value, --key=value or key=value; "
@@ -186,11 +215,9 @@ def config_arguments(config: str, usage: str = "[--key value | key=value ...]") 
 
 def _config(cls, args: argparse.Namespace, base: Optional[Callable] = None):
     """``cls`` from its defaults, ``base(overrides)`` (a mapping or None), ``-c FILE`` and the overrides."""
-    from .config import build_config, parse_overrides
+    from .config import config_from_args
 
-    overrides = parse_overrides(args.overrides)
-    start = base(overrides) if base is not None else None
-    return build_config(cls, args.config, overrides, base=start)
+    return config_from_args(cls, args, base=base)
 
 
 def _resumed_run_config(overrides) -> Optional[Dict]:
@@ -268,33 +295,48 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _analyze_arguments(p: argparse.ArgumentParser) -> None:
+    from .config import AnalyzeConfig, format_fields
+
     config_arguments("AnalyzeConfig", "[--out DIR] [--key value | key=value ...]")(p)
     p.usage = p.usage.replace("[-c NAME|FILE]", "ANALYSIS [-c NAME|FILE]")
     p.add_argument("analysis", nargs="?", metavar="ANALYSIS", help="the analysis to run (listed below)")
-    p.epilog = ("analyses:\n" + "\n".join(f"  {n:12s} {h}" for n, (h, _) in sorted(ANALYSES.items()))
-                + "\n\n" + p.epilog)
+    own = []
+    for n, a in sorted(ANALYSES.items()):
+        fields = format_fields(a.resolve()[1], skip=[f.name for f in dataclasses.fields(AnalyzeConfig)])
+        own.append(f"options of {n}:\n{fields}" if fields else f"options of {n}: none of its own")
+    p.epilog = ("analyses:\n" + "\n".join(f"  {n:12s} {a.help}" for n, a in sorted(ANALYSES.items()))
+                + "\n\n" + p.epilog + "\n\n" + "\n\n".join(own))
+
+
+def _analysis_overrides(overrides: List[str]) -> List[str]:
+    """The words of ``analyze``, ``options.KEY=VALUE`` (the earlier spelling) read as ``KEY=VALUE``."""
+    return [w.replace("options.", "", 1) if w.lstrip("-").startswith("options.") else w for w in overrides]
 
 
 @register_command("analyze", "white-box analyses: " + "eca-toy, layerwise, report", _analyze_arguments,
                   overrides=True)
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from .train import AnalyzeConfig
-
     if args.analysis is None:
         raise UsageError("analyze needs an analysis name: " + ", ".join(sorted(ANALYSES)))
     if args.analysis not in ANALYSES:
         raise UsageError(ANALYSES.unknown(args.analysis))
-    return ANALYSES[args.analysis][1](_config(AnalyzeConfig, args))
+    run, cls = ANALYSES[args.analysis].resolve()
+    args.overrides = _analysis_overrides(args.overrides)
+    return run(_config(cls, args))
 
 
 register_lazy_command("compress", "whiteformer.app.compress_cli:run",
                       "compress a ViT/DeiT's attention (TruncAtt / CP SlimAtt / IrrAtt), save + report",
-                      arguments="whiteformer.app.compress_cli:add_arguments", overrides=True)
+                      arguments=config_arguments("whiteformer.app.compress_cli:CompressConfig",
+                                                 "--checkpoint CKPT --out DIR [--key value | key=value ...]"),
+                      overrides=True)
 
 
 register_lazy_command("prepare-text", "whiteformer.app.prepare_text:run",
                       "tokenize text files into train.bin / val.bin / meta.json for --dataset tokens",
-                      arguments="whiteformer.app.prepare_text:add_arguments")
+                      arguments=config_arguments("whiteformer.app.prepare_text:PrepareTextConfig",
+                                                 "FILE_OR_DIR [...] --out DIR [--key value | key=value ...]"),
+                      overrides=True)
 
 
 register_lazy_command("linearize", "whiteformer.app.linearize_cli:run",
@@ -344,136 +386,14 @@ def cmd_list_datasets(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------- analyses
-@register_analysis("eca-toy", "ECAttention toy experiment (ECA paper Sec. 4.1; whiteformer.app.eca_toy)")
-def analysis_eca_toy(cfg) -> int:
-    try:
-        from . import eca_toy
-    except ImportError as err:
-        raise UsageError(f"the eca-toy analysis is not available: {err}") from err
-    try:
-        eca_toy.check_overrides(cfg.options, eca_toy.SMALL if cfg.small else None)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    from .train.outputs import staged_output
-
-    with staged_output(cfg.out, overwrite=cfg.overwrite) as stage:
-        res = eca_toy.run(stage, seed=cfg.seed, small=cfg.small, plots=cfg.plots, progress=cfg.progress,
-                          **cfg.options)
-    fmt = getattr(eca_toy, "_format_summary", None)
-    if callable(fmt):
-        print(fmt(res))
-    print(f"results: {cfg.out}/eca_toy.json" + "".join(f", {cfg.out}/{f}" for f in res.get("figures", [])))
-    return 0
-
-
-@register_analysis("report", "re-create the report of a classification run (--checkpoint RUN --out DIR)")
-def analysis_report(cfg) -> int:
-    import shutil
-    from pathlib import Path
-
-    from .config import ConfigError
-    from .evaluate import load_model, resolve_checkpoint
-    from .train.build import build_task
-    from .train.distributed import DistInfo, resolve_device
-    from .train.outputs import check_output_dir, staged_output
-    from .train.report import write_report
-
-    if not cfg.checkpoint:
-        raise ConfigError("analyze report needs --checkpoint RUN_DIR")
-    path, run = resolve_checkpoint(cfg.checkpoint)
-    if not run:
-        raise ConfigError(f"{str(path)!r} has no train_config.json (not a run written by whiteformer train)")
-    check_output_dir(cfg.out, overwrite=cfg.overwrite)  # before any work
-    device = resolve_device("auto")
-    model = load_model(path).to(device).eval()
-    task = build_task(run["dataset"], data_dir=run.get("data_dir"), data_args=run.get("data_args", {}),
-                      eval_split=run["eval_split"], dist=DistInfo(device=device),
-                      **{k: run[k] for k in ("batch_size", "block_size", "eval_batches") if k in run})
-    task.eval_progress = cfg.progress
-    results = {"final_eval": task.evaluate(model)}
-    info = {"model": run["model"], "dataset": run["dataset"], "eval_split": run["eval_split"], "checkpoint": str(path)}
-    with staged_output(cfg.out, overwrite=cfg.overwrite) as stage:
-        metrics = [d / "metrics.jsonl" for d in (path.parent, path.parent.parent) if (d / "metrics.jsonl").is_file()]
-        if metrics:  # the run's training curves (read only; not written to --out)
-            shutil.copyfile(metrics[0], stage / "metrics.jsonl")
-        name = write_report(stage, model, task, results, info).name
-        (stage / "metrics.jsonl").unlink(missing_ok=True)
-    print(f"report: {Path(cfg.out) / name}")
-    return 0
-
-
-@register_analysis("layerwise", "layer-wise coding rates R, R_c, delta R of a saved model, whiteformer or any "
-                                "transformers one (--checkpoint DIR --out DIR; options.inputs=FILE.pt, options.eps, "
-                                "options.subspaces=K, options.samples, options.seq_len)")
-def analysis_layerwise(cfg) -> int:
-    from pathlib import Path
-
-    import torch
-
-    from ..analysis import layerwise_report
-    from ..analysis.hidden_states import example_inputs, load_for_analysis
-    from ..models import resolve_model_dir
-    from ..models.read import load_torch_file
-    from .config import ConfigError
-    from .train.outputs import check_output_dir, staged_output
-
-    known = {"inputs", "eps", "subspaces", "samples", "seq_len", "features"}
-    unknown = sorted(set(cfg.options) - known)
-    if unknown:
-        raise UsageError(f"unknown option(s) {unknown} for analyze layerwise; known: {sorted(known)}")
-    if not cfg.checkpoint:
-        raise ConfigError("analyze layerwise needs --checkpoint MODEL_DIR (a saved whiteformer or transformers model)")
-    opts = _layerwise_options(cfg.options)
-    check_output_dir(cfg.out, overwrite=cfg.overwrite)  # before any work
-    try:
-        model = load_for_analysis(resolve_model_dir(cfg.checkpoint)).eval()
-    except (ValueError, TypeError) as err:  # its config.json: not a model's, or sizes refused before building
-        raise ConfigError(f"cannot load {str(cfg.checkpoint)!r}: {str(err).splitlines()[0]}") from err
-    if opts.get("inputs"):
-        x = load_torch_file(Path(opts["inputs"]))  # a file that is no torch file is named as such
-        if not isinstance(x, torch.Tensor):
-            raise ConfigError(f"options.inputs {opts['inputs']!r} must hold one tensor (images or token ids)")
-    else:
-        x = example_inputs(model, opts["samples"], opts["seq_len"], cfg.seed)
-        print("note: no options.inputs given: the rates are measured on random inputs")
-    with staged_output(cfg.out, overwrite=cfg.overwrite) as stage:
-        try:
-            report = layerwise_report(model, x, eps=opts["eps"], out_dir=stage, plot=cfg.plots,
-                                      features=opts["features"], subspaces=opts.get("subspaces"),
-                                      progress=cfg.progress)
-        except (ValueError, TypeError) as err:  # its argument checks: options that do not fit this model
-            raise UsageError(str(err)) from None
-    print(report.to_markdown())
-    print(f"report: {cfg.out}/layerwise_report.json" + (f", {cfg.out}/layerwise_report.png" if cfg.plots else ""))
-    return 0
-
-
-#: bounds of analyze layerwise's random inputs (options.samples x options.seq_len tokens)
-LAYERWISE_MAX_SAMPLES = 4096
-LAYERWISE_MAX_SEQ_LEN = 65536
-
-
-def _layerwise_options(opts: Dict) -> Dict:
-    """``analyze layerwise``'s options with their defaults, checked (a :class:`UsageError` naming the
-    option): samples / seq_len integers in [1, bound], eps a finite number > 0, subspaces an integer
-    >= 1, features 'output' or 'input'."""
-    import math
-
-    from .._checks import is_int, is_real
-
-    out = {"samples": 8, "seq_len": 32, "eps": 0.5, "features": "output", **opts}
-    for k, cap in (("samples", LAYERWISE_MAX_SAMPLES), ("seq_len", LAYERWISE_MAX_SEQ_LEN)):
-        if not (is_int(out[k]) and 1 <= out[k] <= cap):
-            raise UsageError(f"options.{k} must be an integer in [1, {cap}], got {out[k]!r}")
-    if not (is_real(out["eps"]) and math.isfinite(out["eps"]) and out["eps"] > 0):
-        raise UsageError(f"options.eps must be a finite number > 0, got {out['eps']!r}")
-    if out.get("subspaces") is not None and not (is_int(out["subspaces"]) and out["subspaces"] >= 1):
-        raise UsageError(f"options.subspaces must be an integer >= 1, got {out['subspaces']!r}")
-    if out["features"] not in ("output", "input"):
-        raise UsageError(f"options.features must be 'output' or 'input', got {out['features']!r}")
-    if out.get("inputs") is not None and not isinstance(out["inputs"], str):
-        raise UsageError(f"options.inputs must be the path of a .pt file holding one tensor, got {out['inputs']!r}")
-    return out
+register_analysis("eca-toy", "ECAttention toy experiment (ECA paper Sec. 4.1; whiteformer.app.eca_toy)",
+                  "whiteformer.app.analyze:eca_toy", config="whiteformer.app.analyze:EcaToyConfig")
+register_analysis("report", "re-create the report of a classification run (--checkpoint RUN --out DIR)",
+                  "whiteformer.app.analyze:report", config="whiteformer.app.analyze:ReportConfig")
+register_analysis("layerwise", "layer-wise coding rates R, R_c, delta R of a saved model, whiteformer or any "
+                               "transformers one (--checkpoint DIR --out DIR; --inputs FILE.pt, --eps, "
+                               "--subspaces K, --samples, --seq-len)",
+                  "whiteformer.app.analyze:layerwise", config="whiteformer.app.analyze:LayerwiseConfig")
 
 
 # ---------------------------------------------------------------------------------- entry point

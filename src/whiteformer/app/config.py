@@ -26,7 +26,7 @@ from ..models.lm import check_temperature
 from .schedule import SCHEDULES
 
 __all__ = ["TrainConfig", "EvalConfig", "GenerateConfig", "AnalyzeConfig", "ConfigError", "check_seed", "check_device",
-           "RUN_DEFINING", "changed_run_options", "parse_overrides", "parse_value", "build_config", "config_to_dict",
+           "RUN_DEFINING", "changed_run_options", "parse_overrides", "config_from_args", "parse_value", "build_config", "config_to_dict",
            "save_config", "load_yaml", "format_fields"]
 
 T = TypeVar("T")
@@ -355,20 +355,18 @@ class GenerateConfig:
 
 @dataclass
 class AnalyzeConfig:
-    """``whiteformer analyze <analysis>``: white-box analyses (``eca-toy``, ``layerwise``, ``report``)."""
+    """``whiteformer analyze <analysis>``: the options of every analysis (each analysis's own options
+    are the fields of its subclass, :mod:`whiteformer.app.analyze`)."""
 
     out: str = _h("output directory (missing or empty unless --overwrite)", path=True, default="runs/analysis")
     seed: int = _h("random seed", default=0)
-    small: bool = _h("reduced problem size (quick check)", default=False)
     plots: bool = _h("write PNG figures (needs matplotlib)", default=True)
-    checkpoint: Optional[str] = _h("run directory (analysis 'report') or saved model folder (analysis 'layerwise')",
-                                   path=True, default=None)
-    options: Dict[str, Any] = _h("analysis-specific options, e.g. options.layers=6", default_factory=dict)
     overwrite: bool = _h("write into a non-empty --out, replacing the files of the same names (others are kept)",
                          default=False)
     progress: bool = _h("tqdm progress bar on a terminal (--no-progress: none)", default=True)
 
     def validate(self) -> None:
+        _check_finite(self)
         check_seed(self.seed)
 
 
@@ -406,11 +404,14 @@ class Raw(str):
     true`` is the text "true"), other options parse it with :func:`parse_value`."""
 
 
-def parse_overrides(tokens: Sequence[str]) -> List[Tuple[str, Any]]:
+def parse_overrides(tokens: Sequence[str], positional: Optional[str] = None) -> List[Tuple[str, Any]]:
     """``["--lr", "1e-3", "epochs=3", "--ema", "--no-progress"]`` -> [("lr", "1e-3"), ("epochs", "3"),
     ("ema", True), ("progress", False)] (names with dashes turned into underscores; the values are
-    :class:`Raw` strings, converted to the option's type by :func:`build_config`)."""
+    :class:`Raw` strings, converted to the option's type by :func:`build_config`). With
+    ``positional``, the words that are neither an option, its value nor ``key=value`` are that
+    list option's values, in order (``prepare-text a.txt b.txt --out DIR``: ``("inputs", [a.txt, b.txt])``)."""
     out: List[Tuple[str, Any]] = []
+    words: List[str] = []
     i = 0
     toks = list(tokens)
     while i < len(toks):
@@ -432,6 +433,10 @@ def parse_overrides(tokens: Sequence[str]) -> List[Tuple[str, Any]]:
         elif _is_assignment(tok):
             key, val = tok.split("=", 1)
             out.append((key.replace("-", "_"), Raw(val)))
+        elif positional is not None:
+            if not words:
+                out.append((positional, words))
+            words.append(tok)
         else:
             raise ConfigError(f"unexpected argument {tok!r}: use --key value or key=value")
         i += 1
@@ -495,9 +500,13 @@ def _coerce(name: str, value: Any, tp) -> Any:
                               f"(e.g. {name}.dim=64) or --{name.replace('_', '-')} '{{dim: 64}}'")
         raise ConfigError(f"{name} must be a mapping (e.g. {name}.key=value), got {value!r}")
     if origin in (list, List, tuple):
-        if isinstance(value, (list, tuple)):
-            return list(value)
-        return [value]
+        if isinstance(value, str) and "," in value:  # 4,4,8: a list of numbers written as one word
+            value = [parse_value(v) for v in value.split(",")]
+        items = list(value) if isinstance(value, (list, tuple)) else [value]
+        elem = (typing.get_args(base) or (Any,))[0]
+        if elem in (int, float):  # a list of numbers: each converted and checked as the option's own value
+            items = [_coerce(f"{name}[{i}]", v, elem) for i, v in enumerate(items)]
+        return items
     return value
 
 
@@ -591,6 +600,15 @@ def _expanded_size(data: Any, limit: int) -> int:
     return n
 
 
+def config_from_args(cls: Type[T], args, base=None, positional: Optional[str] = None) -> T:
+    """``cls`` of a command parsed by :mod:`whiteformer.app.cli`: its defaults, ``base(overrides)`` (a
+    mapping or None), ``-c FILE`` (``args.config``) and the words the parser did not know
+    (``args.overrides``, :func:`parse_overrides`; ``positional``: the list option bare words fill)."""
+    overrides = parse_overrides(args.overrides, positional=positional)
+    start = base(overrides) if base is not None else None
+    return build_config(cls, getattr(args, "config", None), overrides, base=start)
+
+
 def build_config(cls: Type[T], yaml_path=None, overrides: Union[Sequence[Tuple[str, Any]], Dict[str, Any], None] = None,
                  base: Optional[Dict[str, Any]] = None) -> T:
     """``cls`` from its defaults, then ``base`` (a mapping), the YAML file, then ``overrides``."""
@@ -654,10 +672,13 @@ def save_config(cfg, path) -> None:
     write_text(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
-def format_fields(cls) -> str:
-    """Help text: one line per option with its default and description (``metadata["help"]``)."""
+def format_fields(cls, skip: Sequence[str] = ()) -> str:
+    """Help text: one line per option with its default and description (``metadata["help"]``), but
+    the options named in ``skip``."""
     lines = []
     for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
         if f.default is not dataclasses.MISSING:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]

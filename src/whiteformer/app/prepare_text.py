@@ -44,9 +44,9 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .config import ConfigError, check_path_option, path_argument
+from .config import ConfigError, _h, check_path_option
 
-__all__ = ["add_arguments", "run", "prepare_text", "PrepareResult", "iter_pieces", "bounded_lines", "input_files"]
+__all__ = ["PrepareTextConfig", "run", "prepare_text", "PrepareResult", "iter_pieces", "bounded_lines", "input_files"]
 
 TEXT_SUFFIXES = (".txt", ".txt.gz", ".txt.xz", ".txt.lzma")
 #: documents are read and tokenized in line-aligned pieces of about this many characters
@@ -340,36 +340,45 @@ def prepare_text(inputs: Sequence[str], out, *, tokenizer: Optional[str] = None,
 
 
 # ---------------------------------------------------------------------------------- command
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``whiteformer prepare-text`` (its subparser is built by :mod:`whiteformer.app.cli`)."""
-    p.description = ("Tokenize text files into train.bin / val.bin / meta.json / tokenizer.json for "
-                     "whiteformer train --dataset tokens --data-dir OUT.")
-    p.add_argument("inputs", nargs="+", metavar="FILE_OR_DIR", type=path_argument,
-                   help="UTF-8 text files (.gz / .xz read compressed); a directory: its *.txt[.gz|.xz] files")
-    p.add_argument("--out", required=True, type=path_argument,
-                   help="output directory (missing or empty unless --overwrite)")
-    p.add_argument("--tokenizer", type=path_argument, help="a tokenizer.json, or a tokenizer folder (tokenizer.json / transformers)")
-    p.add_argument("--train-tokenizer", type=int, metavar="N", help="train a byte-level BPE of N tokens on the "
-                   "training documents instead")
-    p.add_argument("--documents", choices=("file", "blank-line"), default="file",
-                   help="what one document is: a whole file (default), or a run of non-blank lines")
-    p.add_argument("--eod-token", help="end-of-document token text (default: the tokenizer's eos token, else "
-                   "<|endoftext|>)")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="share of the characters (last documents) "
-                   "that form val.bin (default 0.1)")
-    p.add_argument("--overwrite", action="store_true", help="replace train.bin / val.bin / meta.json / "
-                   "tokenizer.json in a non-empty --out (other files are kept)")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                   help="a progress bar on a terminal (default on)")
+@dataclass
+class PrepareTextConfig:
+    """``whiteformer prepare-text``: tokenize text files into the token files of ``--dataset tokens``.
+
+    Writes train.bin / val.bin / meta.json / tokenizer.json for whiteformer train --dataset tokens --data-dir OUT."""
+
+    inputs: List[str] = _h("UTF-8 text files (.gz / .xz read compressed) or directories (their *.txt[.gz|.xz] "
+                           "files), the words before or between the options", default_factory=list)
+    out: Optional[str] = _h("output directory (missing or empty unless --overwrite; required)", path=True,
+                            default=None)
+    tokenizer: Optional[str] = _h("a tokenizer.json, or a tokenizer folder (tokenizer.json / transformers)",
+                                  path=True, default=None)
+    train_tokenizer: Optional[int] = _h("train a byte-level BPE of this many tokens on the training documents "
+                                        "instead", default=None)
+    documents: str = _h("what one document is: a whole file (file), or a run of non-blank lines (blank-line)",
+                        default="file")
+    eod_token: Optional[str] = _h("end-of-document token text (none: the tokenizer's eos token, else "
+                                  "<|endoftext|>)", default=None)
+    val_fraction: float = _h("share of the characters (last documents) that form val.bin", default=0.1)
+    overwrite: bool = _h("replace train.bin / val.bin / meta.json / tokenizer.json in a non-empty --out (other "
+                         "files are kept)", default=False)
+    progress: bool = _h("a progress bar on a terminal (--no-progress: none)", default=True)
+
+    def validate(self) -> None:
+        if self.out is None:
+            raise ConfigError("prepare-text needs --out DIR (see whiteformer prepare-text --help)")
+        _check_args(self.inputs, self.tokenizer, self.train_tokenizer, self.val_fraction, self.documents)
 
 
 def run(args: argparse.Namespace) -> int:
-    """``whiteformer prepare-text``: ``args`` parsed by :mod:`whiteformer.app.cli`."""
+    """``whiteformer prepare-text``: ``args`` parsed by :mod:`whiteformer.app.cli` (``-c FILE`` and
+    ``args.overrides``: the input files and the options)."""
+    from .config import config_from_args
     from .train.outputs import say
 
-    res = prepare_text(args.inputs, args.out, tokenizer=args.tokenizer, train_tokenizer=args.train_tokenizer,
-                       documents=args.documents, eod_token=args.eod_token, val_fraction=args.val_fraction,
-                       overwrite=args.overwrite, progress=args.progress, say=say)
+    cfg = config_from_args(PrepareTextConfig, args, positional="inputs")
+    res = prepare_text(cfg.inputs, cfg.out, tokenizer=cfg.tokenizer, train_tokenizer=cfg.train_tokenizer,
+                       documents=cfg.documents, eod_token=cfg.eod_token, val_fraction=cfg.val_fraction,
+                       overwrite=cfg.overwrite, progress=cfg.progress, say=say)
     say(f"train.bin: {res.train_tokens} tokens ({res.train_documents} documents), val.bin: {res.val_tokens} tokens "
         f"({res.val_documents} documents); vocabulary {res.vocab_size} ({res.dtype}), end-of-document id {res.eod_id}")
     say(f"data: {res.out} (whiteformer train --dataset tokens --data-dir {res.out} ...)")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .._checks import check_choice, is_int, is_real
+from .._checks import check_choice, check_int, is_int, is_real
 from .flops import cp_qk_macs, irratt_qk_macs, mhsa_qk_macs, truncatt_qk_macs
 
 __all__ = ["qk_rank_for_budget", "rank_for_method"]
@@ -64,6 +64,10 @@ def qk_rank_for_budget(method: str, qk_flops_ratio: float, *, num_tokens: int, d
     check_choice(method, "method", ("truncatt", "cp", "irratt"))
     check_choice(fusion, "fusion", ("identity", "general"))
     check_flops_ratio(qk_flops_ratio)
+    for name, value in (("num_tokens", num_tokens), ("dim", dim), ("num_heads", num_heads)):
+        check_int(value, name, 1)
+    if head_dim is not None:
+        check_int(head_dim, "head_dim", 1)
     if protocol == "rank":
         r = qk_rank_for_budget("truncatt", qk_flops_ratio, num_tokens=num_tokens, dim=dim, num_heads=num_heads,
                                head_dim=head_dim)

@@ -13,22 +13,20 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from .._checks import check_choice, check_instance, check_int, is_int
+from .._checks import check_instance, check_int, is_int
 from .._utils import count_params
 from . import flops
 from .btd import btd_ll1
-from .budget import check_flops_ratio, qk_rank_for_budget, rank_for_method
+from .budget import qk_rank_for_budget, rank_for_method
 from .cp import cp
 from .layers import CompressedAttention, CPSlimAtt, IrrAtt, TruncAtt
 from .qk_vo import MHSASpec, mhsa_spec, qk_factors, vo_factors
 from .ranks import normalize_ranks
+from .spec import CompressSpec
 from .truncatt import allocate_ranks_spectral, head_spectra, truncatt
 from .whitening import Whitening
 
 __all__ = ["BlockReport", "compress_attention", "check_growth"]
-
-_QK_METHODS = (None, "none", "truncatt", "cp", "irratt")
-
 
 @dataclass
 class BlockReport:
@@ -100,32 +98,6 @@ def _set_vo(layer: CompressedAttention, A, B, out_bias) -> None:
             layer.proj.bias.copy_(out_bias)
 
 
-def _ranks_arg(rank, name: str):
-    if rank is None or is_int(rank):
-        return rank
-    if isinstance(rank, (list, tuple)):
-        return tuple(rank)
-    raise TypeError(f"{name} must be an int, a sequence of ints or None, got {type(rank).__name__}")
-
-
-def check_attention_options(qk, qk_rank, qk_flops_ratio, fusion: str, rank_allocation: str, protocol: str):
-    """The options of :func:`compress_attention` that do not depend on the block (also those of
-    :func:`whiteformer.compress.compress`, checked once for all blocks); returns ``(qk, qk_rank)``
-    with ``qk`` None for "none" and a rank sequence as a tuple."""
-    check_choice(qk, "qk", _QK_METHODS)
-    check_choice(fusion, "fusion", ("general", "identity"))
-    check_choice(rank_allocation, "rank_allocation", ("btd", "spectral"))
-    check_choice(protocol, "protocol", ("flops", "rank"))
-    qk, qk_rank = None if qk == "none" else qk, _ranks_arg(qk_rank, "qk_rank")
-    if qk is None and (qk_rank is not None or qk_flops_ratio is not None):
-        raise ValueError("qk_rank / qk_flops_ratio given but qk=None (QK kept exact)")
-    if qk is not None and (qk_rank is None) == (qk_flops_ratio is None):
-        raise ValueError(f"qk={qk!r} needs exactly one of qk_rank and qk_flops_ratio")
-    if qk_flops_ratio is not None:  # before any block is calibrated or counted
-        check_flops_ratio(qk_flops_ratio)
-    return qk, qk_rank
-
-
 def check_growth(macs: int, num_tokens: int, dim: int, num_heads: int, head_dim: int, allow_growth: bool,
                  what: str) -> None:
     """Refuse (``ValueError``) a compressed attention whose MACs (QK + VO) exceed the original
@@ -181,23 +153,25 @@ def compress_attention(attn: nn.Module, *, qk: Optional[str] = "truncatt",
     Raises:
         TypeError for a non-MHSA module, ValueError for bad ranks/options.
     """
-    spec: MHSASpec = mhsa_spec(attn)
+    mhsa = mhsa_spec(attn)
     if getattr(attn, "causal", False):
         raise ValueError("causal attention blocks are not supported by compress_attention")
-    qk, qk_rank = check_attention_options(qk, qk_rank, qk_flops_ratio, fusion, rank_allocation, protocol)
-    check_int(num_tokens, "num_tokens", 1)
+    opts = CompressSpec(qk=qk, qk_rank=qk_rank, qk_flops_ratio=qk_flops_ratio, vo_rank=vo_rank, fusion=fusion,
+                        rank_allocation=rank_allocation, protocol=protocol, num_tokens=num_tokens, seed=seed,
+                        cp_kwargs=cp_kwargs, btd_kwargs=btd_kwargs, allow_growth=allow_growth, progress=False)
     check_instance(calib, "calib", torch.Tensor, "a tensor of tokens (..., F)", optional=True, error=ValueError)
-    return _compress_attention(attn, spec, qk, qk_rank, qk_flops_ratio, _ranks_arg(vo_rank, "vo_rank"), num_tokens,
-                               calib, fusion, rank_allocation, protocol, seed, cp_kwargs, btd_kwargs, allow_growth)
+    return _compress_attention(attn, mhsa, opts, opts.num_tokens, calib)
 
 
-def _compress_attention(attn: nn.Module, spec: MHSASpec, qk, qk_rank, qk_flops_ratio, vo_rank, num_tokens: int,
-                        calib, fusion: str, rank_allocation: str, protocol: str, seed: int, cp_kwargs, btd_kwargs,
-                        allow_growth: bool) -> Tuple[CompressedAttention, BlockReport]:
-    """:func:`compress_attention` on checked options (:func:`check_attention_options`; ``spec`` the
-    MHSA's, ``calib`` a tensor or None): the per-block step of :func:`whiteformer.compress.compress`.
+def _compress_attention(attn: nn.Module, spec: MHSASpec, opts: CompressSpec, num_tokens: int,
+                        calib: Optional[torch.Tensor]) -> Tuple[CompressedAttention, BlockReport]:
+    """:func:`compress_attention` on checked options (``opts``; ``spec`` the MHSA's, ``num_tokens``
+    N, ``calib`` a tensor or None): the per-block step of :func:`whiteformer.compress.compress`.
     The ranks are checked here, against this block's heads, and the calibration tokens' feature size
     by :meth:`Whitening.from_calibration`."""
+    qk, qk_rank, qk_flops_ratio, vo_rank = opts.qk, opts.qk_rank, opts.qk_flops_ratio, opts.vo_rank
+    fusion, protocol, seed, allow_growth = opts.fusion, opts.protocol, opts.seed, opts.allow_growth
+    rank_allocation, cp_kwargs, btd_kwargs = opts.rank_allocation, opts.cp_kwargs, opts.btd_kwargs
     F, H, p = spec.dim, spec.num_heads, spec.head_dim
     if qk_flops_ratio is not None:
         qk_rank = qk_rank_for_budget(qk, qk_flops_ratio, num_tokens=num_tokens, dim=F, num_heads=H,

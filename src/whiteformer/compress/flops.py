@@ -12,7 +12,8 @@ other elementwise work are not counted, as in the paper's Table 1):
 * VO TruncAtt, ranks r_h: ``sum_h r_h (2 N F + N^2)``.
 * Linear (in -> out): ``N in out``; rank-r factorised: ``N r (in + out)``.
 
-These are the counts of the explicit-matmul path of the layers in :mod:`whiteformer.compress.layers`,
+The formulas trust their callers (the layers and :func:`~.budget.qk_rank_for_budget`, which check
+the sizes and ranks once). These are the counts of the explicit-matmul path of the layers in :mod:`whiteformer.compress.layers`,
 which ``torch.utils.flop_counter.FlopCounterMode`` reproduces (:func:`count_flops`).
 """
 from __future__ import annotations
@@ -21,31 +22,24 @@ from typing import Sequence, Union
 
 import torch
 
-from .._checks import check_choice, check_int, is_int
-
 __all__ = ["mhsa_macs", "mhsa_qk_macs", "mhsa_vo_macs", "truncatt_qk_macs", "cp_qk_macs", "irratt_qk_macs",
            "vo_truncatt_macs", "linear_macs", "lowrank_linear_macs", "count_flops"]
 
 
-def _ranks(ranks, name: str = "ranks") -> Sequence[int]:
-    if is_int(ranks):
-        ranks = (ranks,)
-    if not isinstance(ranks, (list, tuple)):
-        raise ValueError(f"{name} must be a sequence of non-negative ints, got {ranks!r}")
-    return [check_int(r, name, 0) for r in ranks]
+def _ranks(ranks: Union[int, Sequence[int]], num_heads: int) -> Sequence[int]:
+    """``ranks`` as a list: an int is that rank for each of ``num_heads``."""
+    return [ranks] * num_heads if isinstance(ranks, int) else list(ranks)
 
 
 def mhsa_macs(num_tokens: int, dim: int, num_heads: int, head_dim: int) -> int:
     """Whole MHSA block: ``4 N F D H + 2 H N^2 D``."""
-    N, F, H, D = (check_int(v, n, 1) for v, n in ((num_tokens, "num_tokens"), (dim, "dim"), (num_heads, "num_heads"),
-                                               (head_dim, "head_dim")))
+    N, F, H, D = num_tokens, dim, num_heads, head_dim
     return 4 * N * F * D * H + 2 * H * N * N * D
 
 
 def mhsa_qk_macs(num_tokens: int, dim: int, num_heads: int, head_dim: int) -> int:
     """QK part of MHSA: ``N D H (2F + N)``."""
-    N, F, H, D = (check_int(v, n, 1) for v, n in ((num_tokens, "num_tokens"), (dim, "dim"), (num_heads, "num_heads"),
-                                               (head_dim, "head_dim")))
+    N, F, H, D = num_tokens, dim, num_heads, head_dim
     return N * D * H * (2 * F + N)
 
 
@@ -56,53 +50,43 @@ def mhsa_vo_macs(num_tokens: int, dim: int, num_heads: int, head_dim: int) -> in
 
 def truncatt_qk_macs(num_tokens: int, dim: int, ranks: Union[int, Sequence[int]], num_heads: int = 1) -> int:
     """TruncAtt QK: ``sum_h N r_h (2F + N)``; an int ``ranks`` means that rank for each of ``num_heads``."""
-    N, F = check_int(num_tokens, "num_tokens", 1), check_int(dim, "dim", 1)
-    rs = _ranks(ranks)
-    if isinstance(ranks, int):
-        rs = rs * check_int(num_heads, "num_heads", 1)
-    return sum(N * r * (2 * F + N) for r in rs)
+    N, F = num_tokens, dim
+    return sum(N * r * (2 * F + N) for r in _ranks(ranks, num_heads))
 
 
 def cp_qk_macs(num_tokens: int, dim: int, num_heads: int, rank: int) -> int:
     """CP SlimAtt QK: ``2 N F R + N (N+1) H R``."""
-    N, F, H, R = (check_int(v, n, 1) for v, n in ((num_tokens, "num_tokens"), (dim, "dim"), (num_heads, "num_heads"),
-                                               (rank, "rank")))
+    N, F, H, R = num_tokens, dim, num_heads, rank
     return 2 * N * F * R + N * (N + 1) * H * R
 
 
 def irratt_qk_macs(num_tokens: int, dim: int, ranks: Sequence[int], num_heads: int = 1,
                    fusion: str = "identity") -> int:
     """IrrAtt QK: ``2 N F sum L + N^2 sum L`` (+ ``N^2 H B`` for ``fusion="general"``, B = number of
-    non-empty blocks)."""
-    check_choice(fusion, "fusion", ("identity", "general"))
-    N, F = check_int(num_tokens, "num_tokens", 1), check_int(dim, "dim", 1)
-    rs = _ranks(ranks)
+    non-empty blocks; any other ``fusion`` is the identity)."""
+    N, F = num_tokens, dim
+    rs = _ranks(ranks, 1)
     total = sum(rs)
     macs = 2 * N * F * total + N * N * total
     if fusion == "general":
-        macs += N * N * check_int(num_heads, "num_heads", 1) * sum(1 for r in rs if r > 0)
+        macs += N * N * num_heads * sum(1 for r in rs if r > 0)
     return macs
 
 
 def vo_truncatt_macs(num_tokens: int, dim: int, ranks: Union[int, Sequence[int]], num_heads: int = 1) -> int:
     """VO TruncAtt: ``sum_h r_h (2 N F + N^2)``."""
-    N, F = check_int(num_tokens, "num_tokens", 1), check_int(dim, "dim", 1)
-    rs = _ranks(ranks)
-    if isinstance(ranks, int):
-        rs = rs * check_int(num_heads, "num_heads", 1)
-    return sum(r * (2 * N * F + N * N) for r in rs)
+    N, F = num_tokens, dim
+    return sum(r * (2 * N * F + N * N) for r in _ranks(ranks, num_heads))
 
 
 def linear_macs(num_tokens: int, in_features: int, out_features: int) -> int:
     """Dense linear layer: ``N in out``."""
-    return check_int(num_tokens, "num_tokens", 1) * check_int(in_features, "in_features", 1) * check_int(out_features,
-                                                                                         "out_features", 1)
+    return num_tokens * in_features * out_features
 
 
 def lowrank_linear_macs(num_tokens: int, in_features: int, out_features: int, rank: int) -> int:
     """Rank-r factorised linear layer (truncated SVD, two linears): ``N r (in + out)``."""
-    return (check_int(num_tokens, "num_tokens", 1) * check_int(rank, "rank", 1)
-            * (check_int(in_features, "in_features", 1) + check_int(out_features, "out_features", 1)))
+    return num_tokens * rank * (in_features + out_features)
 
 
 def count_flops(module: torch.nn.Module, *args, **kwargs) -> int:

@@ -21,6 +21,7 @@ Sec. 3.3 (Eq. 7): call it after each optimizer step to project every head-fusion
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import time
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -28,12 +29,12 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from .._checks import check_choice, check_finite, check_int, check_tensor, is_int
+from .._checks import check_finite, check_instance, check_tensor, is_int
 from .._utils import count_params, eval_mode, to_jsonable
 from ..models import create_model, from_pretrained, from_transformers_vit, resolve_model_dir
 from ..models.formats.vit_weights import HF_VIT_MODEL_TYPES, init_kwargs_from_config, is_hf_vit_config, model_name_for
 from ..models.read import read_config
-from .compress_block import BlockReport, _compress_attention, _ranks_arg, check_attention_options
+from .compress_block import BlockReport, _compress_attention
 from .constraints import apply_fusion_constraints  # noqa: F401  (re-exported: whiteformer.compress.model)
 from .flops import count_flops, mhsa_qk_macs, mhsa_vo_macs
 from .latency import compare_latency, example_images
@@ -42,11 +43,13 @@ from .mlp import compress_mlp
 from .progress import BlockProgress
 from .qk_vo import mhsa_spec
 from .report import CompressionReport
+from .spec import CompressSpec
 from .surgery import layer_spec, mlp_spec, record_compression_spec
 
-__all__ = ["compress", "CompressionReport", "apply_fusion_constraints", "collect_block_inputs", "model_flops"]
+__all__ = ["compress", "CompressSpec", "CompressionReport", "apply_fusion_constraints", "collect_block_inputs",
+           "model_flops"]
 
-_VO = (None, "none", "truncatt")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(CompressSpec)}
 
 
 # ----------------------------------------------------------------------------- model structure
@@ -100,19 +103,14 @@ def _check_mlp(model: nn.Module, i: int) -> None:
                          f"{type(model).__name__}.blocks[{i}].mlp is {type(mlp).__name__}")
 
 
-def _select(blocks, n: int) -> List[int]:
+def _select(blocks: Optional[Tuple[int, ...]], n: int) -> List[int]:
+    """The sorted block indices of a spec's ``blocks`` (None: all) in a model of ``n`` blocks."""
     if blocks is None:
         return list(range(n))
-    if is_int(blocks):
-        blocks = [blocks]
-    out = []
     for b in blocks:
         if not is_int(b) or not -n <= b < n:
             raise ValueError(f"blocks must hold block indices in [-{n}, {n}), got {b!r}")
-        out.append(b % n)
-    if not out:
-        raise ValueError("blocks must not be empty")
-    return sorted(set(out))
+    return sorted({b % n for b in blocks})
 
 
 # ----------------------------------------------------------------------------- measurements
@@ -210,6 +208,18 @@ def _block_entry(i: int, attn: nn.Module, rep: Optional[BlockReport], N: int) ->
 
 
 # ----------------------------------------------------------------------------- compress
+def _spec(spec: Optional[CompressSpec], **kwargs) -> CompressSpec:
+    """``spec``, or the spec of ``compress()``'s keyword arguments (checked by its ``__post_init__``)."""
+    if spec is None:
+        return CompressSpec(**kwargs)
+    check_instance(spec, "spec", CompressSpec, "a CompressSpec")
+    given = sorted(k for k, v in kwargs.items() if v != _DEFAULTS[k])
+    if given:
+        raise ValueError(f"give the options either as spec= or as keyword arguments, not both (got spec and "
+                         f"{', '.join(given)})")
+    return spec
+
+
 def _check_calib(calib, model: nn.Module) -> torch.Tensor:
     check_tensor(calib, "calib", 4)
     check_finite(calib, "calib")
@@ -228,7 +238,8 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
              cp_kwargs: Optional[dict] = None, btd_kwargs: Optional[dict] = None,
              latency_batch: Optional[int] = None, latency_runs: int = 10, latency_warmup: int = 2,
              latency_threads: Optional[int] = None,
-             allow_growth: bool = False, progress: bool = True) -> Tuple[nn.Module, CompressionReport]:
+             allow_growth: bool = False, progress: bool = True,
+             spec: Optional[CompressSpec] = None) -> Tuple[nn.Module, CompressionReport]:
     """Compress the attention (and optionally the MLPs) of a ViT / DeiT; ``model`` is left untouched.
 
     Args:
@@ -267,40 +278,38 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
         allow_growth: accept ranks that make a block's attention (QK + VO MACs at ``num_tokens``) or
             an MLP linear cost more than the original (e.g. a large CP rank, whose head expansion
             costs ``N H R``); by default such a compression raises ``ValueError`` naming the block.
+        spec: a :class:`~.spec.CompressSpec` holding all the options above (but ``calib``) instead of
+            the keyword arguments, which must then be left at their defaults.
     Returns:
-        ``(new_model, CompressionReport)``; the new model records its compression spec in
+        ``(new_model, CompressionReport)``; the new model records its compressed blocks and the
+        options (``CompressSpec.to_dict()``, one entry per call under ``"options"``) in
         ``init_kwargs["compression"]`` (checkpoints load back with ``create_model``).
     Raises:
         ValueError: a model without MHSA blocks (qkv/proj), bad options, ranks out of range or a
         per-head rank list that does not match the number of heads (the message names the block);
         TypeError / ValueError for a bad ``calib``.
     """
+    opts = _spec(spec, qk=qk, qk_rank=qk_rank, qk_flops_ratio=qk_flops_ratio, vo=vo, vo_rank=vo_rank,
+                 mlp_rank=mlp_rank, fusion=fusion, rank_allocation=rank_allocation, protocol=protocol, blocks=blocks,
+                 num_tokens=num_tokens, seed=seed, cp_kwargs=cp_kwargs, btd_kwargs=btd_kwargs,
+                 latency_batch=latency_batch, latency_runs=latency_runs, latency_warmup=latency_warmup,
+                 latency_threads=latency_threads, allow_growth=allow_growth, progress=progress)
+    do_attn = opts.compresses_attention
+    if not do_attn and opts.mlp_rank is None:
+        raise ValueError("nothing to compress: give qk (with qk_rank or qk_flops_ratio), vo_rank or mlp_rank")
     model = _as_timm_vit(model)
     bl = _blocks(model)
     if any(p.device.type == "meta" for p in model.parameters()):
         raise ValueError("compress() needs the model's weights, but they are on the meta device (no values); "
                          "load or materialise the model first (e.g. create_model(..., checkpoint_path=...))")
-    idx = _select(blocks, len(bl))
-    qk, qk_rank = check_attention_options(qk, qk_rank, qk_flops_ratio, fusion, rank_allocation, protocol)
-    check_choice(vo, "vo", _VO)
-    if vo in (None, "none") and vo_rank is not None:
-        raise ValueError("vo_rank given but vo=None (VO kept exact); pass vo='truncatt'")
-    vo_rank = _ranks_arg(vo_rank, "vo_rank")
-    do_attn = qk is not None or vo_rank is not None
-    if not do_attn and mlp_rank is None:
-        raise ValueError("nothing to compress: give qk (with qk_rank or qk_flops_ratio), vo_rank or mlp_rank")
+    idx = _select(opts.blocks, len(bl))
     for i in idx:
         if do_attn:
             _check_mhsa(model, i)
-        if mlp_rank is not None:
+        if opts.mlp_rank is not None:
             _check_mlp(model, i)
-    N = None if num_tokens is None else check_int(num_tokens, "num_tokens", 1)
-    if latency_batch is not None:  # checked before any compression work, named as the caller wrote them
-        check_int(latency_batch, "latency_batch", 1)
-        check_int(latency_runs, "latency_runs", 1)
-        check_int(latency_warmup, "latency_warmup", 0)
-        if latency_threads is not None:
-            check_int(latency_threads, "latency_threads", 1)
+    N = opts.num_tokens
+    mlp_rank = opts.mlp_rank
 
     inputs: Dict[int, Dict[str, torch.Tensor]] = {}
     if calib is not None:
@@ -316,23 +325,21 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
     reports: Dict[int, BlockReport] = {}
     entries: Dict[int, dict] = {}
     seconds: Dict[int, float] = {}
-    bar = BlockProgress(len(idx), enabled=bool(progress))
+    bar = BlockProgress(len(idx), enabled=opts.progress)
     for i in idx:
         blk = new.blocks[i]
         entry: dict = {}
         t0 = time.perf_counter()
         try:
             if do_attn:
-                layer, rep = _compress_attention(  # options checked above, the block by _check_mhsa
-                    blk.attn, mhsa_spec(blk.attn), qk, qk_rank, qk_flops_ratio, vo_rank, N,
-                    inputs.get(i, {}).get("attn"), fusion, rank_allocation, protocol, seed, cp_kwargs,
-                    btd_kwargs, allow_growth)
+                layer, rep = _compress_attention(  # options checked by the spec, the block by _check_mhsa
+                    blk.attn, mhsa_spec(blk.attn), opts, N, inputs.get(i, {}).get("attn"))
                 blk.attn = layer
                 reports[i] = rep
                 entry["attn"] = layer_spec(layer)
             if mlp_rank is not None:
-                r = tuple(mlp_rank) if isinstance(mlp_rank, (list, tuple)) else mlp_rank
-                blk.mlp = compress_mlp(blk.mlp, r, calib=inputs.get(i, {}).get("mlp"), allow_growth=allow_growth)
+                blk.mlp = compress_mlp(blk.mlp, mlp_rank, calib=inputs.get(i, {}).get("mlp"),
+                                       allow_growth=opts.allow_growth)
                 entry["mlp"] = mlp_spec(blk.mlp)
         except (TypeError, ValueError) as err:
             bar.close()
@@ -344,7 +351,7 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
                    rep.qk_total_rank if rep else None, rep.qk_rel_error if rep and rep.method != "none" else None,
                    seconds[i])
     bar.close()
-    record_compression_spec(new, entries)
+    record_compression_spec(new, entries, opts.to_dict())
 
     flops_new, attn_new = model_flops(new, x)
     rows = []
@@ -359,14 +366,15 @@ def compress(model: Union[nn.Module, str, os.PathLike], qk: Optional[str] = "irr
         rows.append(row)
 
     latency = None
-    if latency_batch is not None:
-        xb = example_images(model, latency_batch)
-        latency = compare_latency(model, new, xb, runs=latency_runs, warmup=latency_warmup, threads=latency_threads)
+    if opts.latency_batch is not None:
+        xb = example_images(model, opts.latency_batch)
+        latency = compare_latency(model, new, xb, runs=opts.latency_runs, warmup=opts.latency_warmup,
+                                  threads=opts.latency_threads)
 
-    config = {"qk": qk, "qk_rank": qk_rank, "qk_flops_ratio": qk_flops_ratio, "vo": vo, "vo_rank": vo_rank,
-              "mlp_rank": mlp_rank, "calib": None if calib is None else list(calib.shape), "fusion": fusion,
-              "rank_allocation": rank_allocation, "protocol": protocol, "blocks": idx, "seed": seed,
-              "allow_growth": bool(allow_growth)}
+    config = {k: getattr(opts, k) for k in ("qk", "qk_rank", "qk_flops_ratio", "vo", "vo_rank", "mlp_rank")}
+    config.update(calib=None if calib is None else list(calib.shape), fusion=opts.fusion,
+                  rank_allocation=opts.rank_allocation, protocol=opts.protocol, blocks=idx, seed=opts.seed,
+                  allow_growth=opts.allow_growth)
     report = CompressionReport(config=to_jsonable(config, tensors=True), blocks=rows, num_tokens=N,
                                params=count_params(new), params_orig=count_params(model), flops=flops_new,
                                flops_orig=flops_orig,

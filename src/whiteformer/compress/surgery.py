@@ -4,7 +4,8 @@ JSON spec and rebuild them (IrrAtt paper layers) on a fresh model before its wei
 Each replaced layer is described by :func:`layer_spec` (layer type + sizes + ranks) and rebuilt
 empty by :func:`_build_attention_layer`; a compressed MLP by :func:`mlp_spec` (the two ranks). A
 model's ``init_kwargs["compression"]`` holds ``{"format": 1, "blocks": [{"attn": spec, "mlp": spec}
-or None, ...]}`` (:func:`record_compression_spec`), so ``save_pretrained`` records it and
+or None, ...], "options": [...]}`` (:func:`record_compression_spec`; ``"options"``: the
+:class:`~.spec.CompressSpec` of each ``compress()`` call as a dict, read by no loader), so ``save_pretrained`` records it and
 ``create_model(name, checkpoint_path=dir)`` rebuilds the compressed blocks
 (:func:`apply_compression_spec`, registered as the models' "compression" structure, which the model
 constructor applies). The decompositions that fill the layers with values live in the rest of
@@ -125,7 +126,10 @@ def apply_compression_spec(model: nn.Module, spec: Mapping) -> nn.Module:
     return model
 
 
-def record_compression_spec(model: nn.Module, entries: Dict[int, dict]) -> None:
+def record_compression_spec(model: nn.Module, entries: Dict[int, dict], options: Optional[dict] = None) -> None:
+    """Record the compressed blocks ``entries`` (block index -> ``{"attn": ..., "mlp": ...}``) on
+    ``model``, merged into a spec an earlier call recorded; ``options``: the call's
+    ``CompressSpec.to_dict()``, appended to the spec's ``"options"`` list."""
     depth = len(model.blocks)
     old = compression_spec(model)
     blocks: List[Optional[dict]] = [None] * depth
@@ -134,6 +138,9 @@ def record_compression_spec(model: nn.Module, entries: Dict[int, dict]) -> None:
     for i, e in entries.items():
         blocks[i] = {**(blocks[i] or {}), **e}
     spec = {"format": SPEC_FORMAT, "blocks": blocks}
+    calls = list((old or {}).get("options") or []) + ([options] if options is not None else [])
+    if calls:
+        spec["options"] = calls
     kwargs = getattr(model, "init_kwargs", None)  # every constructor argument, defaults included
     if isinstance(kwargs, dict) and "compression" in kwargs:
         kwargs["compression"] = spec
