@@ -149,8 +149,13 @@ def section(results: Dict[str, Any]) -> str:
                else f"missed by {goal['missed_by_points']:.2f} points ({goal['gap_points']:.2f} below the teacher)")
     tl = results["transfer_loss"]
     per_layer = ", ".join(f"block {i}: {a:.3g} -> {b:.3g}" for i, a, b in zip(tl["layers"], tl["before"], tl["after"]))
+    worst = max(range(len(tl["layers"])), key=lambda k: tl["after"][k]) if tl["layers"] else None
+    limit = "" if worst is None else (
+        f" The transfer loss stays highest in block {tl['layers'][worst]} ({tl['after'][worst]:.3g}, "
+        f"{tl['after'][worst] / tl['before'][worst]:.0%} of its plain-swap value).")
     lines += ["", f"Goal ({goal['target']}): **{verdict}**.", "",
-              f"Transfer loss per TSSA block (held-out images, plain swap -> after transfer): {per_layer}.", "",
+              f"Transfer loss per TSSA block (mean squared difference to the softmax block's output on held-out "
+              f"images, plain swap -> after transfer): {per_layer}.{limit}", "",
               f"Settings: teacher `{cfg['teacher_model']}` with D {cfg['embed_dim']}, {cfg['depth']} blocks, "
               f"{cfg['num_heads']} heads, patch {cfg['patch_size']}, {cfg['cls_attn_layers']} class-attention "
               f"block(s); {cfg['train_images']:,} training and {cfg['test_images']:,} test images of MNIST; batch "
