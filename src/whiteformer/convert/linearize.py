@@ -196,7 +196,8 @@ def linearize(teacher: nn.Module, batches: Iterable[Any], *, keep_softmax: Seque
               checkpoint_every: int = 50, resume: bool = False) -> "tuple[nn.Module, LinearizeResult]":
     """Teacher -> ``(student, result)``: the teacher's shell with TSSA outside ``keep_softmax``,
     after ``transfer_steps`` of attention transfer and ``finetune_steps`` of fine-tuning (see the
-    module docstring), in eval mode; the teacher is left as it was.
+    module docstring), in eval mode; the teacher is left as it was. ``teacher``: a softmax language
+    model or image classifier (:data:`~whiteformer.convert.students.TEACHERS`; another is a ValueError).
 
     ``batches``: a sequence of batches (cycled) or an iterator of them (one per step). ``eval_batch``:
     the held-out batch the result is measured on (None: the first of ``batches``, drawn before
