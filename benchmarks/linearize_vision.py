@@ -35,7 +35,7 @@ __all__ = ["DEFAULTS", "QUICK", "GOAL_POINTS", "run", "section", "main"]
 #: the default run's settings (about 15 minutes at one thread)
 DEFAULTS: Dict[str, Any] = dict(train_images=12000, test_images=2000, img_size=28, patch_size=4, embed_dim=64,
                                 depth=4, num_heads=4, cls_attn_layers=1, batch_size=64, teacher_steps=900,
-                                teacher_lr=2e-3, transfer_steps=150, finetune_steps=300, lr=1e-3, lora_rank=None,
+                                teacher_lr=2e-3, transfer_steps=150, finetune_steps=400, lr=3e-3, lora_rank=None,
                                 kl_weight=1.0, init="vo", eval_images=256, seed=0)
 #: a tiny run for the smoke test (seconds)
 QUICK: Dict[str, Any] = {**DEFAULTS, **dict(train_images=256, test_images=64, embed_dim=32, depth=2, batch_size=16,
