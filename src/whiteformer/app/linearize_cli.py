@@ -164,8 +164,8 @@ def _images(ds, batch_size: int, seed: int) -> Iterator[Any]:
         yield ds.get_batch(torch.randint(0, len(ds), (batch_size,), generator=g))
 
 
-def _check_data(args: argparse.Namespace, teacher, train, val) -> None:
-    """The data fit the teacher: its kind, vocabulary, image channels, classes and lengths."""
+def _check_kind(args: argparse.Namespace, teacher) -> None:
+    """``--dataset`` is of the teacher's kind: images for an image classifier, tokens for a language model."""
     from ..convert.students import family_of
     from .config import ConfigError
 
@@ -175,6 +175,13 @@ def _check_data(args: argparse.Namespace, teacher, train, val) -> None:
         raise ConfigError(f"--dataset {args.dataset} is {'an image' if image else 'a token'} data set, but the teacher "
                           f"is {'an' if kind[0] in 'aeiou' else 'a'} {kind} ({type(teacher).__name__}); use --dataset "
                           f"{'|'.join(TEXT_DATASETS if image else IMAGE_DATASETS)}")
+
+
+def _check_data(args: argparse.Namespace, teacher, train, val) -> None:
+    """The data fit the teacher: its vocabulary and lengths, or its image channels and classes."""
+    from .config import ConfigError
+
+    image = args.dataset in IMAGE_DATASETS
     for ds in (train, val):
         if image:
             chans = teacher.init_kwargs.get("in_chans")
@@ -235,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
 
     _check(args)
     teacher = _load_teacher(Path(args.teacher))
+    _check_kind(args, teacher)
     image = args.dataset in IMAGE_DATASETS
     size = teacher.init_kwargs.get("img_size") if image else None
     train, val = _dataset(args, "train", size), _dataset(args, "val", size)

@@ -83,9 +83,9 @@ def test_vit_folder_and_mnist(folders, tmp_path):
     assert model(torch.zeros(2, 1, 16, 16)).shape == (2, 10)  # the teacher's image size: MNIST was resized
 
 
-@pytest.mark.parametrize("teacher, dataset, data, needle", [
-    ("gpt2", "mnist", "mnist", "an image data set, but the teacher is a language model"),
-    ("vit", "tokens", "tokens", "a token data set, but the teacher is an image classifier"),
+@pytest.mark.parametrize("teacher, dataset, data, needle", [  # (said before the data are read)
+    ("gpt2", "mnist", "tokens", "an image data set, but the teacher is a language model"),
+    ("vit", "tokens", "mnist", "a token data set, but the teacher is an image classifier"),
 ])
 def test_data_of_the_other_kind_is_one_error_line(folders, tmp_path, capsys, teacher, dataset, data, needle):
     out = tmp_path / "student"
