@@ -29,7 +29,8 @@ def test_dry_run_runs_every_part(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     data = json.loads((out / "gpu_check.json").read_text())
     parts = data["parts"]
-    assert data["dry_run"] and list(parts) == ["env", "correctness", "ops", "bandwidth", "fla", "lm", "stack"]
+    assert data["dry_run"] and list(parts) == ["env", "correctness", "ops", "bandwidth", "fla", "lm", "stack",
+                                               "lm_linearized", "lm_packed"]
     assert all(p["status"] == "ok" for p in parts.values()), {k: p["status"] for k, p in parts.items()}
     # (a) Triton and the PyTorch path against the reference, every dtype, masks and packed documents
     rows = parts["correctness"]["rows"]
@@ -50,6 +51,13 @@ def test_dry_run_runs_every_part(tmp_path):
     bw = data["summary"]["bandwidth"]["ops"]
     assert set(bw) == {"tssa_fwd", "tssa_fwdbwd", "causal_fwd", "causal_fwdbwd"}
     assert bw["tssa_fwdbwd"]["model_bytes"] > bw["tssa_fwd"]["model_bytes"] > 0 and bw["tssa_fwd"]["pct_of_copy"] > 0
+    # (g) the linearized model's steps equal its parallel forward, its state keeps its size; (h) packed
+    # documents give each document's logits as alone
+    (lin,), (packed,) = parts["lm_linearized"]["rows"], parts["lm_packed"]["rows"]
+    assert lin["passed"] and lin["step_s_median"] > 0
+    assert lin["state_bytes_after_prompt"] == lin["state_bytes_after_steps"] > 0
+    assert packed["passed"] and packed["time_s"] > 0 and packed["documents"] > 1
+    assert not data["summary"]["lm_more"]["failed"]
     # (f) the summary, printed and written
     md = (out / "gpu_check.md").read_text()
     assert "## Targets (bfloat16, H100)" in md and md.strip() in res.stdout

@@ -16,7 +16,11 @@ loses only that part; every part saves its rows as it goes):
 - ``fla`` (c): flash-linear-attention's ``chunk_simple_gla`` / ``chunk_retention`` beside
   ``tssa`` / ``causal_tssa`` at the same shapes;
 - ``lm`` (d): a training step of causal ToST vs GPT (SDPA), 12 layers, at 4k and 8k tokens;
-- ``stack`` (b): 12 layers of TSSA vs MHSA (SDPA), 4k to 64k tokens, time and peak memory.
+- ``stack`` (b): 12 layers of TSSA vs MHSA (SDPA), 4k to 64k tokens, time and peak memory;
+- ``lm_linearized`` (g): a ``decoder_base`` linearized with 0 steps: prefill 1k tokens, ``step`` per
+  token, its logits against the parallel forward's (:mod:`benchmarks.gpu_check.lm_more`);
+- ``lm_packed`` (h): the forward of a 12-layer causal ToST on one packed row of 1,000 documents
+  (``cu_seqlens``), timed, two documents checked against each run alone.
 
 Writes ``DIR/gpu_check.json`` (all parts and the summary), ``DIR/gpu_check.md`` (the summary
 tables, also printed at the end: (f)), ``DIR/parts/PART.json`` and ``DIR/logs/PART.log``.
@@ -50,9 +54,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ["env", "correctness", "ops", "bandwidth", "fla", "lm", "stack"]
+PARTS = ["env", "correctness", "ops", "bandwidth", "fla", "lm", "stack", "lm_linearized", "lm_packed"]
 # seconds per part on a GPU (the first calls compile the kernels); the whole check is cut at --budget-s
-BUDGETS = {"env": 40, "correctness": 100, "ops": 100, "bandwidth": 40, "fla": 120, "lm": 60, "stack": 80}
+BUDGETS = {"env": 40, "correctness": 100, "ops": 100, "bandwidth": 40, "fla": 120, "lm": 60, "stack": 80,
+           "lm_linearized": 45, "lm_packed": 45}
 DRY_BUDGET_S = 120  # per part in a dry run
 # bfloat16 on an H100 (the targets): op time / w.clone() time
 TARGETS = {"tssa_fwd": 2.5, "tssa_fwdbwd": 6.0, "causal_fwdbwd": 8.0}

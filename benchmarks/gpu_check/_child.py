@@ -12,7 +12,8 @@ import traceback
 from .record import Recorder, describe
 
 PARTS = {"env": "environment", "correctness": "correctness", "ops": "ops_stack", "stack": "ops_stack",
-         "bandwidth": "bandwidth", "fla": "fla_side", "lm": "lm_step"}
+         "bandwidth": "bandwidth", "fla": "fla_side", "lm": "lm_step", "lm_linearized": "lm_more",
+         "lm_packed": "lm_more"}
 
 
 def run_part(part: str, cfg, path) -> bool:

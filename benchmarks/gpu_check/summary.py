@@ -97,6 +97,14 @@ def lm(results) -> List[Dict[str, Any]]:
     return out
 
 
+def lm_more(results) -> Dict[str, Any]:
+    """The linearized model's generation step and the packed forward: their rows, and the checks that failed."""
+    rows = {p: _rows(results, p) for p in ("lm_linearized", "lm_packed")}
+    failed = [f"{p}: {r.get('status') or 'logits differ'}" for p, rs in rows.items() for r in rs
+              if not r.get("passed")]
+    return {**rows, "failed": failed}
+
+
 def targets(ratios: Dict[str, Dict[str, Any]], fla_rows: List[Dict[str, Any]], cfg) -> List[Dict[str, Any]]:
     out = []
     tri = ratios.get("triton", {})
@@ -162,6 +170,23 @@ def markdown(s: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> str:
                   r["status"]] for r in s["lm"]]
         out += [markdown_table(["tokens", "ToST", "GPT", "time ToST/GPT", "ToST peak", "GPT peak", "memory ToST/GPT",
                                 "status"], lines), ""]
+    more = s.get("lm_more") or {}
+    if more.get("lm_linearized"):
+        out += ["## (g) Linearized model (decoder_base, 0 steps): generation step, float32", ""]
+        out += [markdown_table(["prompt", "prefill", "step per token", "state after prompt", "state after steps",
+                                "step vs forward (rel. error)", "status"], [
+            [fmt_tokens(results["lm_linearized"].get("prompt", 0)), fmt_time(r["prefill_s"]),
+             fmt_time(r["step_s_median"]), fmt_bytes(r["state_bytes_after_prompt"]),
+             fmt_bytes(r["state_bytes_after_steps"]), f"{r['rel_err_step_vs_forward']:.2e} (tol {r['tol']:g})",
+             "ok" if r["passed"] else "FAILED"] for r in more["lm_linearized"]]), ""]
+    if more.get("lm_packed"):
+        out += ["## (h) Packed forward (cu_seqlens), causal ToST", ""]
+        out += [markdown_table(["documents", "tokens", "forward", "tokens / s", "document vs alone (rel. error)",
+                                "status"], [
+            [str(r["documents"]), str(r["tokens"]), fmt_time(r.get("time_s")),
+             f"{r['tokens_per_s']:.3g}" if "tokens_per_s" in r else "-",
+             f"{r['rel_err_document_vs_alone']:.2e} (tol {r['tol']:g})" if "tol" in r else "-",
+             r.get("status") or ("ok" if r.get("passed") else "FAILED")] for r in more["lm_packed"]]), ""]
     b = s.get("bandwidth")
     if b:
         out += [f"## (e) Bandwidth: copy {b['copy_bytes_per_s'] / 1e9:.3g} GB/s (w.clone())", ""]
@@ -181,7 +206,8 @@ def build(results: Dict[str, Dict[str, Any]], cfg: Dict[str, Any]) -> Dict[str, 
     c = correctness(results)
     s: Dict[str, Any] = {"dry_run": cfg["dry_run"], "parts": {p: r.get("status") for p, r in results.items()},
                          "correctness": c, "ops": ratios, "bandwidth": bandwidth(results), "fla": fla_rows,
-                         "lm": lm(results)}
+                         "lm": lm(results), "lm_more": lm_more(results)}
     s["targets"] = targets(ratios, fla_rows, cfg)
-    s["complete"] = all(r.get("status") == "ok" for r in results.values()) and not (c and c["failed"])
+    s["complete"] = (all(r.get("status") == "ok" for r in results.values()) and not (c and c["failed"])
+                     and not s["lm_more"]["failed"])
     return {"summary": s, "markdown": markdown(s, results)}

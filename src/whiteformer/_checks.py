@@ -297,3 +297,20 @@ def check_input_dtype(x: torch.Tensor, param: torch.Tensor, name: str = "x") -> 
         return
     raise TypeError(f"{name} has dtype {x.dtype} but the layer's parameters are {param.dtype}: cast the input "
                     f"({name}.to({param.dtype})) or the layer (.to({x.dtype})), or run under torch.autocast")
+
+
+def check_keep_softmax(keep_softmax, depth: int, attention: str, arg: str = "attention",
+                       softmax: str = "softmax") -> list:
+    """``keep_softmax`` (the blocks of a hybrid that stay softmax): None or distinct layer indices in
+    [0, depth), only when the model's attention ``arg=attention`` is not the softmax one -> sorted list."""
+    if keep_softmax is None:
+        return []
+    if not isinstance(keep_softmax, (list, tuple)) or not all(is_int(i) for i in keep_softmax):
+        raise TypeError(f"keep_softmax must be a list of layer indices, got {keep_softmax!r}")
+    if keep_softmax and attention == softmax:
+        raise ValueError(f"keep_softmax names the layers that stay softmax in a model of another attention; it "
+                         f"needs {arg} other than {softmax!r} (e.g. {arg}='tssa'), got {arg}={attention!r}")
+    bad = [i for i in keep_softmax if not 0 <= i < depth]
+    if bad or len(set(keep_softmax)) != len(keep_softmax):
+        raise ValueError(f"keep_softmax must hold distinct layer indices in [0, {depth}), got {list(keep_softmax)}")
+    return sorted(int(i) for i in keep_softmax)

@@ -202,3 +202,17 @@ def test_a_half_precision_source_gives_a_model_of_its_dtype():
     idx = torch.randint(0, V, (1, 12))
     ref, got = _logits(source, idx).float(), _logits(net, idx).float()
     assert (got - ref).abs().max() < 0.05 * ref.abs().max()  # bf16 rounding (float32 statistics here)
+
+
+def test_the_sources_end_of_sequence_id_is_carried(kind, tmp_path):
+    source = _source(kind)
+    assert from_transformers(source).eos_token_id == 2  # the config's
+    source.generation_config.eos_token_id = [5, 2]  # the generation config's wins; the first of a list
+    assert from_transformers(source).eos_token_id == 5
+    source.save_pretrained(tmp_path / "src")
+    assert from_transformers(tmp_path / "src").eos_token_id == 5
+    generation = tmp_path / "src" / "generation_config.json"
+    generation.write_text(json.dumps({**json.loads(generation.read_text()), "eos_token_id": V}))
+    assert from_transformers(tmp_path / "src").eos_token_id is None  # outside the vocabulary: none
+    generation.unlink()
+    assert from_transformers(tmp_path / "src").eos_token_id == 2

@@ -27,14 +27,8 @@ def _patterns(seed: int, n: int = 8, batch: int = 8, length: int = 33):
     return out
 
 
-@pytest.fixture(scope="module")
-def teacher():
-    """A tiny Llama (grouped key/value heads), imported, then trained a little on the patterns."""
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                      tie_word_embeddings=False)
-    model = from_transformers(transformers.LlamaForCausalLM(config).eval())
+def _trained(model):
+    """``model`` trained a little on the patterns, in eval mode."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model.train()
     for b in _patterns(1, n=60):
@@ -43,6 +37,16 @@ def teacher():
         loss.backward()
         opt.step()
     return model.eval()
+
+
+@pytest.fixture(scope="module")
+def teacher():
+    """A tiny Llama (grouped key/value heads), imported, then trained a little on the patterns."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=False)
+    return _trained(from_transformers(transformers.LlamaForCausalLM(config).eval()))
 
 
 @pytest.fixture(scope="module")
@@ -170,3 +174,37 @@ def test_resume_ends_as_the_uninterrupted_run(teacher, tmp_path, lora_rank, stop
         linearize(teacher, itertools.cycle(data), checkpoint=ckpt, resume=True, **{**kw, "finetune_steps": 4})
     with pytest.raises(ValueError, match="resume"):
         linearize(teacher, itertools.cycle(data), checkpoint=tmp_path / "none.pt", resume=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    """A tiny GPT-2 (the GPT shell), imported, then trained a little on the patterns."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=3, n_head=4)
+    return _trained(from_transformers(transformers.GPT2LMHeadModel(config).eval()))
+
+
+def test_gpt2_teacher_becomes_the_tost_gpt_shell(gpt2):
+    from whiteformer.models.hybrid_lm import HybridGPTLM
+
+    student, result = linearize(gpt2, _patterns(2), keep_softmax=[1], transfer_steps=40, finetune_steps=40,
+                                lr=3e-3, eval_batch=_patterns(3, n=1)[0], progress=False)
+    assert isinstance(student, HybridGPTLM) and student.keep_softmax == [1] and result.tssa_layers == [0, 2]
+    assert all(a < b for a, b in zip(result.transfer_after, result.transfer_before))
+    assert result.kl_finetune < result.kl_swap
+    t = gpt2.state_dict()
+    for k, v in student.state_dict().items():
+        if k.startswith("transformer.h.1.attn.") or ".attn." not in k:
+            assert torch.equal(v, t[k]), k  # kept softmax layer, embeddings, LayerNorms, MLPs, layer scales
+    _, state = student.prefill(torch.randint(0, VOCAB, (1, 9)))
+    assert [isinstance(s, CausalTSSAState) for s in state.layers] == [True, False, True]
+
+
+def test_gpt2_plain_swap_starts_from_the_value_and_output_projections(gpt2):
+    student, _ = linearize(gpt2, _patterns(2, n=1), transfer_steps=0, finetune_steps=0, progress=False)
+    d = gpt2.dim
+    for src, dst in zip(gpt2.transformer.h, student.transformer.h):
+        assert torch.equal(dst.attn.qkv.weight, src.attn.qkv.weight[2 * d:])
+        assert torch.equal(dst.attn.qkv.bias, src.attn.qkv.bias[2 * d:])
+        assert torch.equal(dst.attn.proj.weight, src.attn.proj.weight)
+        assert torch.equal(dst.attn.proj.bias, src.attn.proj.bias)

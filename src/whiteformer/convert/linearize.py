@@ -1,27 +1,33 @@
-"""Linearizing a softmax decoder into causal TSSA: attention transfer, then fine-tuning.
+"""Linearizing a softmax transformer into TSSA: attention transfer, then fine-tuning.
 
-:func:`linearize` takes a softmax :class:`~whiteformer.models.decoder.DecoderLM` (the teacher, e.g.
-from :func:`~whiteformer.convert.from_transformers`) and returns the same shell with causal TSSA
-(ToST, Wu et al., ICLR 2025, Appendix B Eq. (28)) in every layer but ``keep_softmax``, trained in
-the two stages of LoLCATs (Zhang et al., "LoLCATs: On Low-Rank Linearizing of Large Language
-Models", arXiv:2410.10254):
+:func:`linearize` takes a softmax teacher (e.g. from :func:`~whiteformer.convert.from_transformers`):
+a language model (:class:`~whiteformer.models.decoder.DecoderLM`, the GPT shell
+:class:`~whiteformer.models.lm.GPTLM`) or an image classifier (the timm-layout ViT / DeiT, the ToST
+vision shell with softmax attention); :mod:`whiteformer.convert.students` says how each becomes its
+student. It returns the same shell with (causal, for language models) TSSA (ToST, Wu et al., ICLR
+2025, Eq. (11); Appendix B Eq. (28)) in every layer but ``keep_softmax``, trained in the two stages
+of LoLCATs (Zhang et al., "LoLCATs: On Low-Rank Linearizing of Large Language Models",
+arXiv:2410.10254):
 
 1. attention transfer (their Eq. (5)): with every other weight frozen, each TSSA layer ``l`` is
    trained to reproduce its softmax layer's output on the teacher's own hidden states,
    ``L_l = mean ||TSSA_l(x_l) - Softmax_l(x_l)||^2`` with ``x_l`` the input of the teacher's layer
    ``l``, summed over the layers, all at once;
-2. fine-tuning: next-token cross-entropy plus ``kl_weight * KL(p_teacher || p_student)`` on the
-   logits, training the TSSA layers (fully, or LoRA adapters through ``peft`` when ``lora_rank``
-   is given, merged back into the weights at the end).
+2. fine-tuning: the task's cross-entropy (next token, or the class when the batches have labels)
+   plus ``kl_weight * KL(p_teacher || p_student)`` on the logits, training the TSSA layers (fully,
+   or LoRA adapters through ``peft`` when ``lora_rank`` is given, merged back into the weights at
+   the end).
 
 A TSSA layer has one projection ``qkv`` (its queries, keys and values are the same ``x W``) and
 an output ``proj``; it starts from the teacher's layer by ``init``: ``"vo"`` copies the value
-projection (each key/value head repeated for the query heads it serves) and the output
-projection, ``"qk"`` the query projection, ``"random"`` nothing.
+projection (of a grouped-query decoder: each key/value head repeated for the query heads it
+serves) and the output projection, ``"qk"`` the query projection, ``"random"`` nothing.
 
-Batches: a (B, T) integer tensor of token ids (inputs ``[:, :-1]``, targets ``[:, 1:]``), or a
-dict with ``idx`` (B, T), optional ``targets`` (B, T) (``-1`` ignored; default: ``idx`` shifted,
-the last target ignored) and optional ``cu_seqlens`` (S + 1,) for packed documents in idx (1, T).
+Batches (:mod:`whiteformer.convert.students`): for a language model a (B, T) integer tensor of
+token ids (targets: the ids shifted, the last ignored), or a dict with ``idx`` (B, T), optional
+``targets`` (B, T) (``-1`` ignored) and optional ``cu_seqlens`` (S + 1,) for packed documents in idx
+(1, T); for an image classifier images (B, C, H, W), an ``(images, labels)`` pair, or a dict with
+``images`` and optional ``labels`` (B,).
 """
 from __future__ import annotations
 
@@ -29,15 +35,14 @@ import contextlib
 import itertools
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .._checks import check_choice, check_instance, check_int, check_positive_real, is_int, is_real
-from ..models import create_model
-from ..models.decoder import DecoderLM
+from .students import Family, family_of
 
 __all__ = ["linearize", "LinearizeResult", "INITS"]
 
@@ -52,9 +57,9 @@ class LinearizeResult:
     ``tssa_layers``: the indices of the layers made TSSA. ``transfer_before`` / ``transfer_after``:
     each TSSA layer's transfer loss (mean squared difference to its softmax layer's output) on the
     held-out batch before and after stage 1. ``kl_swap``, ``kl_transfer``, ``kl_finetune``: the mean
-    per-token KL(teacher || student) of the next-token distributions on the held-out batch for the
-    plain swap, after stage 1 and after stage 2. ``transfer_history`` / ``finetune_history``: the
-    training losses per step.
+    KL(teacher || student) of the output distributions (per token of a language model, per image of
+    a classifier) on the held-out batch for the plain swap, after stage 1 and after stage 2.
+    ``transfer_history`` / ``finetune_history``: the training losses per step.
     """
 
     tssa_layers: List[int]
@@ -67,76 +72,30 @@ class LinearizeResult:
     finetune_history: List[float] = field(default_factory=list)
 
 
-def _split(batch: Any, vocab_size: int, device: torch.device) -> Dict[str, Any]:
-    """A batch (see the module docstring) -> {"idx", "targets", "cu_seqlens"} on ``device``."""
-    if isinstance(batch, torch.Tensor):
-        idx, targets, cu = batch, None, None
-    elif isinstance(batch, Mapping) and "idx" in batch:
-        idx, targets, cu = batch["idx"], batch.get("targets"), batch.get("cu_seqlens")
-    else:
-        raise TypeError(f"batches must hold (B, T) token-id tensors or dicts with 'idx', got {type(batch).__name__}")
-    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype.is_floating_point or idx.shape[1] < 2:
-        raise ValueError(f"batches must hold integer token ids of shape (B, T) with T >= 2, got "
-                         f"{getattr(idx, 'shape', idx)!r}")
-    if targets is None:
-        targets = torch.cat([idx[:, 1:], idx.new_full((idx.shape[0], 1), -1)], dim=1)
-    if idx.numel() and not 0 <= int(idx.min()) <= int(idx.max()) < vocab_size:
-        raise ValueError(f"batches hold token ids in [{int(idx.min())}, {int(idx.max())}], outside the teacher's "
-                         f"vocabulary [0, {vocab_size})")
-    return {"idx": idx.to(device), "targets": targets.to(device), "cu_seqlens": None if cu is None else cu.to(device)}
-
-
-def _student(teacher: DecoderLM, keep: List[int], init: str, seed: int) -> DecoderLM:
-    """The teacher's shell with causal TSSA outside ``keep``: every other weight copied, each TSSA
-    layer initialised by ``init`` from the teacher's projections."""
-    torch.manual_seed(seed)
-    student = create_model("tost_decoder_base", **{**teacher.init_kwargs, "attention": "tssa", "keep_softmax": keep})
-    student.to(next(teacher.parameters()).device, next(teacher.parameters()).dtype)
-    own = {k: v for k, v in teacher.state_dict().items() if k in student.state_dict()
-           and student.state_dict()[k].shape == v.shape}
-    tssa = [i for i in range(teacher.depth) if i not in keep]
-    own = {k: v for k, v in own.items() if not any(k.startswith(f"transformer.h.{i}.attn.") for i in tssa)}
-    student.load_state_dict(own, strict=False)
-    groups = teacher.num_heads // teacher.num_kv_heads
-    with torch.no_grad():
-        for i in tssa:
-            src, dst = teacher.transformer.h[i].attn, student.transformer.h[i].attn
-            if init == "vo":
-                w = src.v_proj.weight.view(teacher.num_kv_heads, teacher.head_dim, -1)
-                dst.qkv.weight.copy_(w.repeat_interleave(groups, dim=0).reshape_as(dst.qkv.weight))
-                if src.v_proj.bias is not None:
-                    b = src.v_proj.bias.view(teacher.num_kv_heads, teacher.head_dim)
-                    dst.qkv.bias.copy_(b.repeat_interleave(groups, dim=0).reshape(-1))
-                dst.proj.load_state_dict(src.proj.state_dict())
-            elif init == "qk":
-                dst.qkv.load_state_dict(src.q_proj.state_dict())
-    return student
-
-
-def _capture(teacher: DecoderLM, layers: List[int], batch: Dict[str, Any]):
-    """The teacher run on ``batch`` -> (logits, {layer: (attention input, its kwargs, attention output)})."""
+def _capture(fam: Family, layers: List[int], batch: Dict[str, Any]):
+    """The teacher run on ``batch`` -> (logits, {layer: (attention input, its mask, cu_seqlens, attention output)})."""
     seen: Dict[int, Any] = {}
     hooks = []
     for i in layers:
         def hook(mod, args, kwargs, out, i=i):
             seen[i] = (args[0].detach(), args[1] if len(args) > 1 else kwargs.get("attn_mask"),
                        kwargs.get("cu_seqlens"), out.detach())
-        hooks.append(teacher.transformer.h[i].attn.register_forward_hook(hook, with_kwargs=True))
+        hooks.append(fam.attn(fam.teacher, i).register_forward_hook(hook, with_kwargs=True))
     try:
         with torch.no_grad():
-            logits, _ = teacher(batch["idx"], cu_seqlens=batch["cu_seqlens"])
+            logits = fam.logits(fam.teacher, batch)
     finally:
         for h in hooks:
             h.remove()
     return logits, seen
 
 
-def _transfer_losses(student: DecoderLM, seen: Dict[int, Any], layers: List[int]) -> List[torch.Tensor]:
+def _transfer_losses(fam: Family, student: nn.Module, seen: Dict[int, Any], layers: List[int]) -> List[torch.Tensor]:
     out = []
     for i in layers:
         x, mask, cu, y = seen[i]
         packed = {} if cu is None else {"cu_seqlens": cu}
-        out.append(F.mse_loss(student.transformer.h[i].attn(x, mask, **packed).float(), y.float()))
+        out.append(F.mse_loss(fam.attn(student, i)(x, mask, **packed).float(), y.float()))
     return out
 
 
@@ -147,9 +106,9 @@ def _kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Ten
     return F.kl_div(ls, lt, log_target=True, reduction="batchmean")
 
 
-def _eval_kl(teacher_logits: torch.Tensor, student: DecoderLM, batch: Dict[str, Any]) -> float:
+def _eval_kl(fam: Family, teacher_logits: torch.Tensor, student: nn.Module, batch: Dict[str, Any]) -> float:
     with torch.no_grad():
-        logits, _ = student(batch["idx"], cu_seqlens=batch["cu_seqlens"])
+        logits = fam.logits(student, batch)
     return float(_kl(teacher_logits, logits))
 
 
@@ -159,21 +118,21 @@ def _bar(progress: bool, total: int, desc: str):
     return tqdm(total=total, desc=desc, disable=not progress or total == 0, leave=False)
 
 
-def _lora(student: DecoderLM, layers: List[int], rank: int):
+def _lora(fam: Family, student: nn.Module, layers: List[int], rank: int):
     """LoRA adapters (rank ``rank``) on the TSSA layers' ``qkv`` and ``proj`` through peft."""
     from peft import LoraConfig, inject_adapter_in_model
 
-    targets = [f"transformer.h.{i}.attn.{n}" for i in layers for n in ("qkv", "proj")]
+    targets = [f"{fam.prefix(i)}{n}" for i in layers for n in ("qkv", "proj")]
     inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, target_modules=targets), student)
     return [p for n, p in student.named_parameters() if "lora_" in n]
 
 
-def _merge_lora(student: DecoderLM, layers: List[int]) -> None:
+def _merge_lora(fam: Family, student: nn.Module, layers: List[int]) -> None:
     """Fold the LoRA adapters into the weights and put the plain Linear layers back."""
     from peft.tuners.lora import LoraLayer
 
     for i in layers:
-        attn = student.transformer.h[i].attn
+        attn = fam.attn(student, i)
         for n in ("qkv", "proj"):
             mod = getattr(attn, n)
             if isinstance(mod, LoraLayer):
@@ -181,29 +140,24 @@ def _merge_lora(student: DecoderLM, layers: List[int]) -> None:
                 setattr(attn, n, mod.get_base_layer())
 
 
-def _check(teacher, keep_softmax, transfer_steps, finetune_steps, lr, init, lora_rank, kl_weight, seed):
-    if not isinstance(teacher, DecoderLM) or teacher.attention != "softmax":
-        raise ValueError(f"teacher must be a softmax DecoderLM (from_transformers of a Llama / Qwen2 / Mistral "
-                         f"model, or decoder_base), got {type(teacher).__name__}"
-                         + (f" with attention={teacher.attention!r}" if isinstance(teacher, DecoderLM) else ""))
+def _check(teacher, keep_softmax, transfer_steps, finetune_steps, lr, init, lora_rank, kl_weight, seed) -> Family:
+    fam = family_of(teacher)
     if not isinstance(keep_softmax, (list, tuple)) or not all(is_int(i) for i in keep_softmax):
         raise ValueError(f"keep_softmax must be a list of layer indices, got {keep_softmax!r}")
-    if any(not 0 <= i < teacher.depth for i in keep_softmax) or len(set(keep_softmax)) != len(keep_softmax):
-        raise ValueError(f"keep_softmax must hold distinct layer indices in [0, {teacher.depth}), "
+    if any(not 0 <= i < fam.depth for i in keep_softmax) or len(set(keep_softmax)) != len(keep_softmax):
+        raise ValueError(f"keep_softmax must hold distinct layer indices in [0, {fam.depth}), "
                          f"got {list(keep_softmax)}")
     check_int(transfer_steps, "transfer_steps", 0)
     check_int(finetune_steps, "finetune_steps", 0)
     check_positive_real(lr, "lr")
     check_choice(init, "init", INITS)
-    if init != "random" and teacher.num_heads * teacher.head_dim != teacher.dim:
-        raise ValueError(f"init={init!r} copies the teacher's projections into TSSA's (dim x dim) ones, which needs "
-                         f"num_heads * head_dim == dim ({teacher.num_heads} * {teacher.head_dim} != {teacher.dim}); "
-                         "use init='random'")
+    fam.check_init(init)
     if lora_rank is not None:
         check_int(lora_rank, "lora_rank", 1)
     if not is_real(kl_weight) or not kl_weight >= 0 or kl_weight == float("inf"):
         raise ValueError(f"kl_weight must be a finite number >= 0, got {kl_weight!r}")
     check_int(seed, "seed")
+    return fam
 
 
 @contextlib.contextmanager
@@ -235,14 +189,15 @@ def _load_state(path, settings: Dict[str, Any]) -> Dict[str, Any]:
     return state
 
 
-def linearize(teacher: DecoderLM, batches: Iterable[Any], *, keep_softmax: Sequence[int] = (),
+def linearize(teacher: nn.Module, batches: Iterable[Any], *, keep_softmax: Sequence[int] = (),
               transfer_steps: int = 100, finetune_steps: int = 100, lr: float = 1e-3, init: str = "vo",
               lora_rank: Optional[int] = None, kl_weight: float = 1.0, eval_batch: Any = None, seed: int = 0,
               progress: bool = True, checkpoint: Optional[Union[str, os.PathLike]] = None,
-              checkpoint_every: int = 50, resume: bool = False) -> "tuple[DecoderLM, LinearizeResult]":
-    """Teacher -> ``(student, result)``: the teacher's shell with causal TSSA outside ``keep_softmax``,
+              checkpoint_every: int = 50, resume: bool = False) -> "tuple[nn.Module, LinearizeResult]":
+    """Teacher -> ``(student, result)``: the teacher's shell with TSSA outside ``keep_softmax``,
     after ``transfer_steps`` of attention transfer and ``finetune_steps`` of fine-tuning (see the
-    module docstring), in eval mode; the teacher is left as it was.
+    module docstring), in eval mode; the teacher is left as it was. ``teacher``: a softmax language
+    model or image classifier (:data:`~whiteformer.convert.students.TEACHERS`; another is a ValueError).
 
     ``batches``: a sequence of batches (cycled) or an iterator of them (one per step). ``eval_batch``:
     the held-out batch the result is measured on (None: the first of ``batches``, drawn before
@@ -256,14 +211,14 @@ def linearize(teacher: DecoderLM, batches: Iterable[Any], *, keep_softmax: Seque
     ``resume=True`` continues from it: the batches already used are drawn again and skipped (give
     the same ``batches``), so the run ends as the uninterrupted one would; the settings must match.
     """
-    _check(teacher, keep_softmax, transfer_steps, finetune_steps, lr, init, lora_rank, kl_weight, seed)
+    fam = _check(teacher, keep_softmax, transfer_steps, finetune_steps, lr, init, lora_rank, kl_weight, seed)
     check_instance(batches, "batches", Iterable, "an iterable of batches")
     check_int(checkpoint_every, "checkpoint_every", 1)
     check_instance(resume, "resume", bool, "a bool")
     if resume and checkpoint is None:
         raise ValueError("resume=True needs the checkpoint file to resume from")
     keep = sorted(int(i) for i in keep_softmax)
-    layers = [i for i in range(teacher.depth) if i not in keep]
+    layers = [i for i in range(fam.depth) if i not in keep]
     settings = dict(keep_softmax=keep, transfer_steps=transfer_steps, finetune_steps=finetune_steps, lr=float(lr),
                     init=init, lora_rank=lora_rank, kl_weight=float(kl_weight), seed=seed)
     state = _load_state(checkpoint, settings) if resume else None
@@ -287,20 +242,20 @@ def linearize(teacher: DecoderLM, batches: Iterable[Any], *, keep_softmax: Seque
         drawn[0] += 1
         return batch
 
-    device = teacher.lm_head.weight.device
-    held = _split(held, teacher.vocab_size, device)
+    device = next(teacher.parameters()).device
+    held = fam.split(held, device)
     for _ in range(state["drawn"] if state else 0):  # the batches the interrupted run used
         draw()
 
     with _eval_mode(teacher), torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
-        student = _student(teacher, keep, init, seed)
+        student = fam.student(keep, init, seed)
         student.eval()
         for p in student.parameters():
             p.requires_grad_(False)
-        held_logits, held_seen = _capture(teacher, layers, held)
+        held_logits, held_seen = _capture(fam, layers, held)
         with torch.no_grad():
-            before = [float(v) for v in _transfer_losses(student, held_seen, layers)]
-        result = LinearizeResult(layers, before, kl_swap=_eval_kl(held_logits, student, held))
+            before = [float(v) for v in _transfer_losses(fam, student, held_seen, layers)]
+        result = LinearizeResult(layers, before, kl_swap=_eval_kl(fam, held_logits, student, held))
         start = 0
         if state is not None:
             for k in ("transfer_history", "finetune_history", "transfer_after", "kl_transfer"):
@@ -316,7 +271,7 @@ def linearize(teacher: DecoderLM, batches: Iterable[Any], *, keep_softmax: Seque
                                          "result": asdict(result)})
 
         # stage 1: attention transfer, every TSSA layer at once, everything else frozen
-        params = [p for i in layers for p in student.transformer.h[i].attn.parameters()]
+        params = [p for i in layers for p in fam.attn(student, i).parameters()]
         stage1_done = state is not None and state["stage"] == 2
         if transfer_steps and params and not stage1_done:
             torch.manual_seed(seed)
@@ -329,8 +284,8 @@ def linearize(teacher: DecoderLM, batches: Iterable[Any], *, keep_softmax: Seque
             with _bar(progress, transfer_steps, "attention transfer") as bar:
                 bar.update(start)
                 for step in range(start, transfer_steps):
-                    _, seen = _capture(teacher, layers, _split(draw(), teacher.vocab_size, device))
-                    losses = _transfer_losses(student, seen, layers)
+                    _, seen = _capture(fam, layers, fam.split(draw(), device))
+                    losses = _transfer_losses(fam, student, seen, layers)
                     opt.zero_grad(set_to_none=True)
                     torch.stack(losses).sum().backward()
                     opt.step()
@@ -343,15 +298,15 @@ def linearize(teacher: DecoderLM, batches: Iterable[Any], *, keep_softmax: Seque
                 p.requires_grad_(False)
         if not stage1_done:
             with torch.no_grad():
-                result.transfer_after = [float(v) for v in _transfer_losses(student, held_seen, layers)]
-            result.kl_transfer = _eval_kl(held_logits, student, held)
+                result.transfer_after = [float(v) for v in _transfer_losses(fam, student, held_seen, layers)]
+            result.kl_transfer = _eval_kl(fam, held_logits, student, held)
         start = state["step"] if stage1_done else 0
 
-        # stage 2: LM loss + kl_weight * KL(teacher || student), the TSSA layers (or their LoRA adapters)
+        # stage 2: task loss + kl_weight * KL(teacher || student), the TSSA layers (or their LoRA adapters)
         if finetune_steps and layers:
             torch.manual_seed(seed)
             if lora_rank is not None:
-                params = _lora(student, layers, lora_rank)
+                params = _lora(fam, student, layers, lora_rank)
             for p in params:
                 p.requires_grad_(True)
             opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
@@ -363,11 +318,11 @@ def linearize(teacher: DecoderLM, batches: Iterable[Any], *, keep_softmax: Seque
             with _bar(progress, finetune_steps, "fine-tuning") as bar:
                 bar.update(start)
                 for step in range(start, finetune_steps):
-                    b = _split(draw(), teacher.vocab_size, device)
+                    b = fam.split(draw(), device)
                     with torch.no_grad():
-                        t_logits, _ = teacher(b["idx"], cu_seqlens=b["cu_seqlens"])
-                    logits, lm = student(b["idx"], b["targets"], cu_seqlens=b["cu_seqlens"])
-                    loss = lm + kl_weight * _kl(t_logits, logits) if kl_weight else lm
+                        t_logits = fam.logits(teacher, b)
+                    logits, task = fam.loss(student, b)
+                    loss = task + kl_weight * _kl(t_logits, logits) if kl_weight else task
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                     opt.step()
@@ -377,10 +332,10 @@ def linearize(teacher: DecoderLM, batches: Iterable[Any], *, keep_softmax: Seque
                     if step + 1 < finetune_steps:
                         save(2, step + 1, opt)
             if lora_rank is not None:
-                _merge_lora(student, layers)
+                _merge_lora(fam, student, layers)
             for p in student.parameters():
                 p.requires_grad_(False)
-        result.kl_finetune = _eval_kl(held_logits, student, held)
+        result.kl_finetune = _eval_kl(fam, held_logits, student, held)
         for p in student.parameters():
             p.requires_grad_(True)
     return student.eval(), result

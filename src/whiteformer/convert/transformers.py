@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 import torch
 import torch.nn as nn
 
+from .._checks import is_int
 from ..models import create_model, from_transformers_vit
 from ..models.formats.vit_weights import HF_VIT_MODEL_TYPES, init_kwargs_from_config, model_name_for
 from ..models.read import read_json, read_state_dict
@@ -208,6 +209,18 @@ def _family(cfg: Mapping[str, Any]) -> Tuple[Callable, Callable]:
     return _FAMILIES[kind]
 
 
+def _eos_token_id(cfg: Mapping[str, Any], generation: Mapping[str, Any], vocab_size: int) -> Optional[int]:
+    """The source's end-of-sequence id, where its ``generate`` stops: the generation config's, else
+    the config's; the first of a list (whiteformer's ``generate`` stops at one id); None when there is
+    none or it lies outside the vocabulary (a tiny model's config keeps the default of a large one)."""
+    eos = generation.get("eos_token_id", cfg.get("eos_token_id"))
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    if not is_int(eos) or not 0 <= eos < vocab_size:
+        return None
+    return int(eos)
+
+
 # ---- reading -------------------------------------------------------------------------------------
 def _read_folder(folder: Path) -> Tuple[Dict[str, Any], Callable[[], Dict[str, torch.Tensor]]]:
     """(config.json, a function reading the weights) of a transformers ``save_pretrained`` folder."""
@@ -234,6 +247,16 @@ def _read_folder(folder: Path) -> Tuple[Dict[str, Any], Callable[[], Dict[str, t
         return out
 
     return cfg, read
+
+
+def _generation_config(model_or_folder: Any) -> Dict[str, Any]:
+    """The source's generation config ({} when it has none): ``generation_config.json`` of a folder,
+    ``model.generation_config`` of a model."""
+    if isinstance(model_or_folder, (str, os.PathLike)):
+        path = Path(model_or_folder).expanduser() / "generation_config.json"
+        return read_json(path, dict) if path.is_file() else {}
+    gen = getattr(model_or_folder, "generation_config", None)
+    return gen.to_dict() if callable(getattr(gen, "to_dict", None)) else {}
 
 
 def _source(model_or_folder: Any) -> Tuple[Dict[str, Any], Callable[[], Dict[str, torch.Tensor]], Optional[nn.Module]]:
@@ -268,7 +291,9 @@ def from_transformers(model_or_folder: Union[nn.Module, str, os.PathLike]) -> nn
         ``deit_*`` (timm's layout) for ViT and DeiT, with the source's sizes
         and weights (copies), its dtype and device, in the source's train/eval mode (eval for a
         folder). Its logits equal the source's; ``save_pretrained`` / ``whiteformer.from_pretrained``
-        round-trip it.
+        round-trip it. A language model's ``eos_token_id`` (where ``generate`` stops) is the
+        source's: its generation config's, else its config's (the first of a list; none when it lies
+        outside the vocabulary).
 
     Raises:
         ValueError: naming the config field (``model_type``, ``sliding_window``, ``rope_scaling``,
@@ -283,6 +308,7 @@ def from_transformers(model_or_folder: Union[nn.Module, str, os.PathLike]) -> nn
     to_kwargs, to_state = _family(cfg)
     _common(cfg)
     name, kwargs = to_kwargs(cfg)
+    kwargs["eos_token_id"] = _eos_token_id(cfg, _generation_config(model_or_folder), kwargs["vocab_size"])
     with torch.device("meta"):
         net = create_model(name, **kwargs)  # sizes checked, nothing allocated
     state = net.convert_state_dict(to_state(read(), kwargs))

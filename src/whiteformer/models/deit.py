@@ -16,15 +16,17 @@ antialiasing, :func:`whiteformer.layers.resample_abs_pos_embed`, as timm's) by
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Set
+from typing import Dict, Optional, Sequence, Set
 
 import torch
 import torch.nn as nn
 
+from .. import attention as _attention
 from .._checks import (
     check_divisible,
     check_finite_real,
     check_int,
+    check_keep_softmax,
     check_positive_real,
     check_probability,
 )
@@ -34,6 +36,7 @@ from ._head import set_head_args
 from .formats.vit_weights import convert_hf_vit_state_dict, is_hf_vit_state_dict
 from .registry import apply_structure, build_with_defaults, register_model
 from .save import PretrainedMixin
+from .vision import SOFTMAX_ATTN, _attention_kwargs, check_attn_args
 
 __all__ = ["VisionTransformer", "PatchEmbed", "Block"]
 
@@ -56,15 +59,19 @@ class PatchEmbed(PatchGrid):
 
 class Block(nn.Module):
     """timm's ``Block`` (DeiT's keys ``norm1``, ``attn``, ``ls1.gamma``, ``norm2``, ``mlp``, ``ls2.gamma``): pre-LN
-    MHSA and MLP residual branches with optional layer scale. The generic block with any attention is
+    MHSA (or the registered attention ``attn``) and MLP residual branches with optional layer scale. The generic block with any attention is
     :class:`whiteformer.layers.ViTBlock`."""
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True,
                  init_values: Optional[float] = None, proj_drop: float = 0.0, attn_drop: float = 0.0,
-                 drop_path: float = 0.0, norm_eps: float = 1e-6):
+                 drop_path: float = 0.0, norm_eps: float = 1e-6, attn: str = SOFTMAX_ATTN):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = MHSA(dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop)
+        if attn == SOFTMAX_ATTN:
+            self.attn = MHSA(dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop)
+        else:  # another registered attention in the same slot (a linearized ViT: "tssa")
+            self.attn = _attention.build(attn, dim, num_heads=num_heads,
+                                         **_attention_kwargs(attn, qkv_bias, attn_drop, proj_drop, None))
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
@@ -91,7 +98,10 @@ class VisionTransformer(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, 
     :func:`whiteformer.compress.compress`, recorded in its checkpoint; None: plain ViT), norm_eps
     (LayerNorm epsilon: 1e-6 as timm; 1e-12 for checkpoints from transformers' ViT),
     dynamic_img_size / dynamic_img_pad (timm's: other input sizes, the position embedding resized
-    to each input's grid; padding up to a multiple of the patch size).
+    to each input's grid; padding up to a multiple of the patch size), attn (the blocks' attention,
+    a registered name: ``"mhsa"``, timm's softmax attention, or e.g. ``"tssa"`` for a ViT
+    linearized by :func:`whiteformer.convert.linearize`), keep_softmax (with another ``attn``: the
+    blocks that keep softmax attention, a hybrid).
     Shapes: images (B, in_chans, H, W) with (H, W) = img_size (any multiple of the patch size with
     dynamic_img_size) -> logits (B, num_classes).
     """
@@ -105,10 +115,14 @@ class VisionTransformer(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, 
                  mlp_ratio: float = 4.0, qkv_bias: bool = True, init_values: Optional[float] = None,
                  drop_rate: float = 0.0, pos_drop_rate: float = 0.0, proj_drop_rate: float = 0.0,
                  attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0, compression: Optional[dict] = None,
-                 norm_eps: float = 1e-6, dynamic_img_size: bool = False, dynamic_img_pad: bool = False):
+                 norm_eps: float = 1e-6, dynamic_img_size: bool = False, dynamic_img_pad: bool = False,
+                 attn: str = SOFTMAX_ATTN, keep_softmax: Optional[Sequence[int]] = None):
         super().__init__()
         set_head_args(self, num_classes, global_pool)
         check_int(depth, "depth", 0)
+        check_attn_args(attn, None)
+        self.attn_name = attn
+        self.keep_softmax = check_keep_softmax(keep_softmax, depth, attn, "attn", SOFTMAX_ATTN)
         check_divisible(embed_dim, num_heads, "embed_dim")
         for name, val in (("drop_rate", drop_rate), ("pos_drop_rate", pos_drop_rate),
                           ("proj_drop_rate", proj_drop_rate), ("attn_drop_rate", attn_drop_rate),
@@ -128,7 +142,7 @@ class VisionTransformer(GradCheckpointMixin, TimmFeatureMixin, PretrainedMixin, 
         dpr = [drop_path_rate * i / (depth - 1) if depth > 1 else 0.0 for i in range(depth)]
         self.blocks = nn.Sequential(*[
             Block(embed_dim, num_heads, mlp_ratio, qkv_bias, init_values, proj_drop_rate, attn_drop_rate, dpr[i],
-                     norm_eps)
+                  norm_eps, SOFTMAX_ATTN if i in self.keep_softmax else attn)
             for i in range(depth)])
         use_fc_norm = global_pool == "avg"
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(embed_dim, eps=norm_eps)

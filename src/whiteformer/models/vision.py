@@ -42,6 +42,7 @@ from .._checks import (
     check_finite_real,
     check_instance,
     check_int,
+    check_keep_softmax,
     check_positive_real,
     check_probability,
     check_tokens_input,
@@ -68,7 +69,10 @@ from ._head import set_head_args
 from .registry import build_with_defaults, register_model
 from .save import PretrainedMixin
 
-__all__ = ["Block", "ToSTVision"]
+__all__ = ["Block", "ToSTVision", "SOFTMAX_ATTN"]
+
+#: the registered softmax attention the shells keep in a hybrid's ``keep_softmax`` blocks
+SOFTMAX_ATTN = "mhsa"
 
 _MLP_KINDS = ("mlp", "ista", "none")
 _NO_DECAY_SUFFIXES = ("temp", "temperature", "pos_bias", "cls_token", "pos_embed")
@@ -184,6 +188,8 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
             ``x_{l+1} = x_l + ECAttention(x_l)``, the ECAttention paper's Eq. (4) literally).
         global_pool: what the head reads: "token" (the class token after class attention, official)
             or "avg" (the mean of the normalised patch tokens, as timm's XCiT).
+        keep_softmax: the blocks (indices) that keep softmax attention (``"mhsa"``) whatever ``attn``:
+            a hybrid, e.g. of a model linearized by :func:`whiteformer.convert.linearize`.
         dynamic_img_size, dynamic_img_pad: timm's flags. Images of any size already run (the
             Fourier position encoding is computed for each input's grid), so ``dynamic_img_size``
             changes nothing and is accepted for timm's callers; ``dynamic_img_pad`` pads the images
@@ -243,6 +249,7 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
         global_pool: str = "token",
         dynamic_img_size: bool = False,
         dynamic_img_pad: bool = False,
+        keep_softmax: Optional[Sequence[int]] = None,
     ):
         super().__init__()
         check_divisible(embed_dim, num_heads, "embed_dim")
@@ -250,6 +257,7 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
             check_int(v, name, 0 if name == "depth" else 1)
         set_head_args(self, num_classes, global_pool)
         check_attn_args(attn, attn_kwargs)
+        self.keep_softmax = check_keep_softmax(keep_softmax, depth, attn, "attn", SOFTMAX_ATTN)
         check_choice(mlp, "mlp", _MLP_KINDS)
         drop_rate = check_probability(drop_rate, "drop_rate")
         attn_drop_rate = check_probability(attn_drop_rate, "attn_drop_rate")
@@ -269,11 +277,13 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
         self.pos_embed = FourierPositionalEncoding(dim=embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
+        kept = set(self.keep_softmax)
         self.blocks = nn.ModuleList(
-            Block(embed_dim, num_heads, attn=attn, attn_kwargs=attn_kwargs, mlp=mlp, mlp_ratio=mlp_ratio,
+            Block(embed_dim, num_heads, attn=SOFTMAX_ATTN if i in kept else attn,
+                  attn_kwargs=None if i in kept else attn_kwargs, mlp=mlp, mlp_ratio=mlp_ratio,
                   qkv_bias=qkv_bias, drop=drop_rate, attn_drop=attn_drop_rate, drop_path=drop_path_rate, eta=eta,
                   prenorm=prenorm)
-            for _ in range(depth)
+            for i in range(depth)
         )
         self.cls_attn_blocks = nn.ModuleList(
             ClassAttentionBlock(embed_dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate,
@@ -386,8 +396,9 @@ class ToSTVision(ContextParallel, GradCheckpointMixin, TimmFeatureMixin, Pretrai
         if not return_pi:
             return super().forward_intermediates(x, indices, return_prefix_tokens, norm, stop_early, output_fmt,
                                                  intermediates_only)
-        if not getattr(self.blocks[0].attn, "returns_pi", False):
-            raise ValueError(f"attention {self.attn_name!r} does not support return_pi")
+        if not all(getattr(blk.attn, "returns_pi", False) for blk in self.blocks):
+            kept = f" (the keep_softmax blocks {self.keep_softmax} are softmax)" if self.keep_softmax else ""
+            raise ValueError(f"attention {self.attn_name!r} does not support return_pi{kept}")
         take = set(feature_take_indices(len(self.blocks), indices)[0])
         stats: Dict[int, Dict[str, torch.Tensor]] = {}
 

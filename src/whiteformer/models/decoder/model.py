@@ -27,7 +27,7 @@ The forward pass, loss (``loss_chunk`` included), packed ``cu_seqlens`` batches,
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -37,9 +37,9 @@ from ..._checks import (
     check_divisible,
     check_instance,
     check_int,
+    check_keep_softmax,
     check_positive_real,
     check_probability,
-    is_int,
 )
 from ...attention.context_parallel import ContextParallel
 from ...attention.tssa import CausalTSSA
@@ -68,21 +68,6 @@ class DecoderBlock(PreNormBlock):
     def _finish(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         x = x + h
         return x + self.mlp(self.ln_2(x))
-
-
-def _check_keep_softmax(keep_softmax: Any, depth: int, attention: str) -> List[int]:
-    """``keep_softmax``: distinct layer indices in [0, depth), only with ``attention="tssa"`` -> sorted list."""
-    if keep_softmax is None:
-        return []
-    if not isinstance(keep_softmax, (list, tuple)) or not all(is_int(i) for i in keep_softmax):
-        raise TypeError(f"keep_softmax must be a list of layer indices, got {keep_softmax!r}")
-    if keep_softmax and attention != "tssa":
-        raise ValueError(f"keep_softmax names the layers that stay softmax in a TSSA model; it needs "
-                         f"attention='tssa', got attention={attention!r}")
-    bad = [i for i in keep_softmax if not 0 <= i < depth]
-    if bad or len(set(keep_softmax)) != len(keep_softmax):
-        raise ValueError(f"keep_softmax must hold distinct layer indices in [0, {depth}), got {list(keep_softmax)}")
-    return sorted(int(i) for i in keep_softmax)
 
 
 class DecoderLM(CausalLM):
@@ -132,7 +117,7 @@ class DecoderLM(CausalLM):
         for name, flag in (("tie_embeddings", tie_embeddings), ("qkv_bias", qkv_bias), ("proj_bias", proj_bias),
                            ("mlp_bias", mlp_bias)):
             check_instance(flag, name, bool, "a bool")
-        self.keep_softmax = _check_keep_softmax(keep_softmax, depth, attention)
+        self.keep_softmax = check_keep_softmax(keep_softmax, depth, attention)
         self.rope_theta = check_positive_real(rope_theta, "rope_theta")
         self.rope_scaling = check_rope_scaling(rope_scaling)
         self.norm_eps = check_positive_real(norm_eps, "norm_eps")
