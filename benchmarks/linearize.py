@@ -486,7 +486,8 @@ def section(data: Optional[Dict[str, Any]], vision: Optional[Dict[str, Any]] = N
         try:
             from .linearize_vision import section as vision_section
 
-            out += vision_section(vision)
+            out += ["### A DeiT-style teacher on MNIST (`python -m benchmarks.linearize_vision`)", "",
+                    *vision_section(vision).rstrip("\n").split("\n"), ""]
         except (ImportError, KeyError, TypeError) as e:  # the vision study's format is its own
             out += [f"(vision rows not rendered: {type(e).__name__}: {e}; see linearize_vision.json)", ""]
     return out

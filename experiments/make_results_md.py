@@ -728,6 +728,11 @@ def linearization(out, verdicts):
         verdicts.append((claim, "not run yet" if g is None else
                          f"{'met' if g['met'] else 'not met'}: {100 * g['loss_rel']:+.1f} % with "
                          f"{100 * g['token_share']:.1f} % of the tokens, preset {data['preset']} (section 10)"))
+    goal = (vision or {}).get("goal")
+    verdicts.append(("Linearized ViT (DeiT-style, MNIST) within 0.5 points of the teacher's accuracy",
+                     "not run yet" if goal is None else
+                     f"{'met' if goal['met'] else 'not met'}: {goal['gap_points']:.2f} points below the teacher "
+                     "(section 10)"))
 
 
 def main(argv=None) -> int:
