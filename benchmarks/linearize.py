@@ -174,10 +174,11 @@ def train_batches(data: Path, preset: Dict[str, Any], seed: int):
 def relative_transfer(res, teacher, held) -> List[float]:
     """Each TSSA layer's transfer loss after stage 1 over the mean square of its softmax layer's
     output on the held-out batch (1: no better than outputting zeros)."""
-    from whiteformer.convert.linearize import _capture, _split
+    from whiteformer.convert.linearize import _capture
+    from whiteformer.convert.students import family_of
 
-    b = _split(held, teacher.vocab_size, torch.device("cpu"))
-    _, seen = _capture(teacher, res.tssa_layers, b)
+    fam = family_of(teacher)
+    _, seen = _capture(fam, res.tssa_layers, fam.split(held, torch.device("cpu")))
     return [a / float(seen[i][3].float().pow(2).mean()) for i, a in zip(res.tssa_layers, res.transfer_after)]
 
 
