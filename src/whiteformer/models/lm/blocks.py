@@ -10,6 +10,8 @@ import torch.nn as nn
 
 from ..._utils import apply_layer_scale, layer_scale_param
 from ...attention.causal import CausalAttention
+from ...attention.tssa import CausalTSSA
+from ...ops.layout import TokenLayout
 
 __all__ = ["MLP_ACTS", "LMMlp", "PreNormBlock", "LMBlock"]
 
@@ -40,16 +42,24 @@ class PreNormBlock(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
-                cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
+                cu_seqlens: Optional[torch.Tensor] = None, layout: Optional[TokenLayout] = None) -> torch.Tensor:
+        """x (B, T, D) -> (B, T, D); ``layout``: the model's :class:`~whiteformer.ops.layout.TokenLayout`
+        of the tokens (instead of ``attn_mask`` / ``cu_seqlens``)."""
+        if layout is not None:
+            return self._finish(x, self.attn(self.ln_1(x), layout=layout))
         packed = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
         return self._finish(x, self.attn(self.ln_1(x), attn_mask, **packed))
 
-    def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Any]:
-        h, state = self.attn.prefill(self.ln_1(x), attn_mask)
+    def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                layout: Optional[TokenLayout] = None) -> Tuple[torch.Tensor, Any]:
+        h, state = (self.attn.prefill(self.ln_1(x), attn_mask) if layout is None
+                    else self.attn.prefill(self.ln_1(x), layout=layout))
         return self._finish(x, h), state
 
     def step(self, x_t: torch.Tensor, state: Any) -> Tuple[torch.Tensor, Any]:
-        h, state = self.attn.step(self.ln_1(x_t), state)
+        """One token; the model checked the state's position against its context limit (``max_len``)."""
+        checked = {"check_position": False} if isinstance(self.attn, CausalTSSA) else {}
+        h, state = self.attn.step(self.ln_1(x_t), state, **checked)
         return self._finish(x_t, h), state
 
 

@@ -3,20 +3,19 @@ step, generate): token ids, keep-masks, targets, the context limit, packed docum
 checks before any collective when context-parallel)."""
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Optional, Union
 
 import torch
 
 from ..._checks import (
-    check_cu_seqlens,
     check_int,
     check_integer_tensor,
     check_mask,
     check_token_ids,
 )
 from ..._compile import can_read_values
-from ...ops.context_parallel import chunk_layout, local_checks
-from ...ops.packing import segment_positions, split_cu_seqlens
+from ...ops.context_parallel import local_checks
+from ...ops.layout import TokenLayout
 from .step import LMState
 
 __all__ = ["LMInputChecks"]
@@ -33,8 +32,9 @@ class LMInputChecks:
                              f"got {eos_token_id}")
         return int(eos_token_id)
 
-    def _check_idx(self, idx, name: str = "idx") -> None:
-        check_token_ids(idx, name, self.vocab_size, allow_no_tokens=self.context_parallel_group is not None)
+    def _check_idx(self, idx, name: str = "idx", values: bool = True) -> None:
+        check_token_ids(idx, name, self.vocab_size, allow_no_tokens=self.context_parallel_group is not None,
+                        values=values)
 
     def _check_attn_mask(self, attn_mask, idx: torch.Tensor, whole: bool = True) -> Optional[torch.Tensor]:
         """A (B, T) keep-mask (bool, or 0/1 integers as in ``transformers``) -> bool or None;
@@ -56,6 +56,12 @@ class LMInputChecks:
             raise ValueError(f"sequence length {t} exceeds the model's context limit {limit} (max_len; build the "
                              f"model with {self._length_free_hint()} to remove it)")
 
+    def _check_layout_len(self, layout: TokenLayout) -> None:
+        """Every sequence (document) of ``layout`` within the context limit (the real tokens of a padded
+        one: read once, into the layout, where the blocks find it; not while torch.compile traces)."""
+        if self.context_limit is not None and (not isinstance(layout.real, torch.Tensor) or can_read_values()):
+            self._check_len(layout.longest)
+
     def _check_targets(self, targets, idx: torch.Tensor) -> None:
         if not isinstance(targets, torch.Tensor) or targets.shape != idx.shape:
             raise ValueError(f"targets must be a tensor of shape {tuple(idx.shape)}, got "
@@ -68,13 +74,12 @@ class LMInputChecks:
                 raise ValueError(f"targets hold token ids outside [0, {self.vocab_size - 1}] (-1 = ignored): "
                                  f"{sorted(set(targets[bad].tolist()))[:5]}{hint}")
 
-    def _check_inputs(self, idx, attn_mask, cu_seqlens, targets=None, idx_checked: bool = False
-                      ) -> Tuple[Optional[torch.Tensor], List[int]]:
-        """This rank's checks of a forward's arguments, before any collective (context-parallel: a
-        rank failing them stops every rank of the group, :class:`~whiteformer.ops.context_parallel.local_checks`).
-        Returns the bool attn_mask and, for packed documents split over the group, the fingerprint of
-        ``cu_seqlens`` (:func:`~whiteformer.ops.packing.split_cu_seqlens`) that the ranks compare.
-        ``idx_checked``: the caller (the ``transformers`` wrapper's door) checked idx already."""
+    def _check_inputs(self, idx, attn_mask, cu_seqlens, targets=None, idx_checked: bool = False) -> TokenLayout:
+        """The checks of a forward's arguments -> the :class:`~whiteformer.ops.layout.TokenLayout` of its
+        tokens, built once for every block. This rank's checks come before any collective
+        (context-parallel: a rank failing them stops every rank of the group,
+        :class:`~whiteformer.ops.context_parallel.local_checks`); the layout then exchanges the chunks'
+        shapes once. ``idx_checked``: the caller (the ``transformers`` wrapper's door) checked idx already."""
         group = self.context_parallel_group
         with local_checks(group, idx):
             if not idx_checked:
@@ -82,38 +87,18 @@ class LMInputChecks:
             attn_mask = self._check_attn_mask(attn_mask, idx, whole=group is None)
             if targets is not None:
                 self._check_targets(targets, idx)
-            if cu_seqlens is None:
-                return attn_mask, []
-            if idx.shape[0] != 1 or attn_mask is not None:
-                raise ValueError(f"with cu_seqlens, idx must hold the packed documents in one row (1, T) and "
-                                 f"attn_mask must be None; got idx of shape {tuple(idx.shape)}")
-            if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != idx.device:
-                raise ValueError(f"cu_seqlens must be on idx's device ({idx.device}), got {cu_seqlens.device}")
-            return attn_mask, [] if group is None else split_cu_seqlens(cu_seqlens)
+        layout = TokenLayout.of(idx, attn_mask, cu_seqlens, group, name="idx", row="(1, T)")
+        if group is not None and isinstance(layout.real, torch.Tensor) and not bool((layout.real > 0).all()):
+            raise ValueError("attn_mask has a sequence without any real token on any rank (an all-False row)")
+        self._check_layout_len(layout)
+        return layout
 
-    def _packed_positions(self, idx: torch.Tensor, cu_seqlens, fingerprint: Sequence[int]) -> torch.Tensor:
-        """Packed documents (checked by :meth:`_check_inputs`), each within the context limit: the
-        (1, T) positions within the documents (context-parallel: idx is this rank's chunk of the row
-        that ``cu_seqlens`` describes)."""
-        start, total = self._row_span(idx, fingerprint)
-        lengths = check_cu_seqlens(cu_seqlens, total)
-        self._check_len(max(lengths))
-        return segment_positions(cu_seqlens, lengths, idx.device)[None, start:start + idx.shape[1]]
-
-    def _row_span(self, idx: torch.Tensor, fingerprint: Sequence[int] = ()) -> Tuple[int, int]:
-        """(first token's index in the whole row, the row's length): this rank's chunk when
-        context-parallel (``fingerprint``: of the ``cu_seqlens``, checked equal on every rank), else (0, T)."""
-        group = self.context_parallel_group
-        if group is None:
-            return 0, idx.shape[1]
-        start, total, _ = chunk_layout(idx, group, name="idx", token_dim=1, same=fingerprint, same_name="cu_seqlens")
-        return start, total
-
-    def _check_prompt_mask(self, idx: torch.Tensor, attn_mask) -> Optional[torch.Tensor]:
-        """A prompt's keep-mask (bool, or None), its real tokens within the context limit (idx checked)."""
-        attn_mask = self._check_attn_mask(attn_mask, idx)
-        self._check_len(self._real_len(idx, attn_mask))
-        return attn_mask
+    def _check_prompt_mask(self, idx: torch.Tensor, attn_mask) -> TokenLayout:
+        """A prompt's layout: its keep-mask checked (bool, or None), its real tokens within the context
+        limit (idx checked)."""
+        layout = TokenLayout.of(idx, self._check_attn_mask(attn_mask, idx), name="idx")
+        self._check_layout_len(layout)
+        return layout
 
     def _check_step(self, idx_t, state) -> LMState:
         """:meth:`step`'s arguments: idx_t (B,) token ids and a state (:meth:`_check_state`), returned."""

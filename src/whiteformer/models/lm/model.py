@@ -25,7 +25,8 @@ from ...attention.causal import CausalSelfAttention
 from ...attention.context_parallel import ContextParallel
 from ...attention.tssa import CausalTSSA
 from ...layers import GradCheckpointMixin, feature_take_indices
-from ...ops.context_parallel import all_reduce_sum, chunk_layout, local_checks
+from ...ops.context_parallel import all_reduce_sum, local_checks
+from ...ops.layout import TokenLayout
 from ...ops.linear_cross_entropy import linear_cross_entropy
 from .._context_parallel import check_blocks_split, one_process
 from ..registry import build_with_defaults, register_model
@@ -164,9 +165,6 @@ class CausalLM(LMInputChecks, LMRecurrence, LMGeneration, LMStateDictConversion,
             x = x + self.transformer.wpe(pos)
         return self.transformer.drop(x)
 
-    def _real_len(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor]) -> Union[int, torch.Tensor]:
-        return idx.shape[1] if attn_mask is None else attn_mask.long().sum(dim=1)
-
     def forward_features(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, *,
                          cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
         """idx (B, T) token ids, attn_mask (B, T) keep-mask (None: no padding; left or right
@@ -185,27 +183,22 @@ class CausalLM(LMInputChecks, LMRecurrence, LMGeneration, LMStateDictConversion,
                     idx_checked: bool = False) -> torch.Tensor:
         """Checks (``targets`` too, when given; idx unless ``idx_checked``), embedding, blocks, ``ln_f``;
         the embeddings and each block's output are appended to ``states`` when a list is given."""
-        group = self.context_parallel_group
-        attn_mask, fingerprint = self._check_inputs(idx, attn_mask, cu_seqlens, targets, idx_checked)
-        if cu_seqlens is not None:
-            x = self._embed(idx, positions=self._packed_positions(idx, cu_seqlens, fingerprint))
-        else:
-            start, real = 0, self._real_len(idx, attn_mask)
-            if group is not None:
-                start, _, real = chunk_layout(idx, group, attn_mask, name="idx", token_dim=1)
-                if isinstance(real, torch.Tensor) and not bool((real > 0).all()):
-                    raise ValueError("attn_mask has a sequence without any real token on any rank (an all-False row)")
-            self._check_len(real)
-            x = self._embed(idx, start, attn_mask)
-        return self._blocks(x, attn_mask, cu_seqlens, states)
+        return self._hidden(idx, self._check_inputs(idx, attn_mask, cu_seqlens, targets, idx_checked), states)
 
-    def _blocks(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, cu_seqlens=None,
+    def _hidden(self, idx: torch.Tensor, layout: TokenLayout, states: Optional[List[torch.Tensor]] = None
+                ) -> torch.Tensor:
+        """Checked ids idx (B, T) of the tokens that ``layout`` describes through the embedding, the
+        blocks (each handed the layout) and ``ln_f``."""
+        return self._blocks(self._embed(idx, positions=layout.positions if self.has_pos_emb else None), layout, states)
+
+    def _blocks(self, x: torch.Tensor, layout: Optional[TokenLayout] = None,
                 states: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
-        """Embeddings x (B, T, D) of checked inputs through the blocks and ``ln_f``."""
+        """Embeddings x (B, T, D) of checked inputs (their ``layout``; None: no padding, one sequence per
+        row) through the blocks and ``ln_f``."""
         if states is not None:
             states.append(x)
         for blk in self.transformer.h:
-            x = self.run_block(blk, x, attn_mask, cu_seqlens)
+            x = self.run_block(blk, x, None, None, layout)
             if states is not None:
                 states.append(x)
         return self.transformer.ln_f(x)
@@ -242,14 +235,13 @@ class CausalLM(LMInputChecks, LMRecurrence, LMGeneration, LMStateDictConversion,
         with local_checks(self.context_parallel_group, idx):
             if loss_chunk is not None and targets is None:
                 raise ValueError("loss_chunk needs targets (it computes the loss without forming the logits)")
-        h = self._run_blocks(idx, attn_mask, cu_seqlens, targets=targets)  # forward_features, targets checked too
-        if targets is not None:
-            if cu_seqlens is not None:
-                start, total = self._row_span(idx)
-                ends = cu_seqlens[1:-1].to(targets.device, torch.long)
-                ends = ends[(ends > 0) & (ends < total)] - 1 - start  # last token of each document but the row's last
-                ends = ends[(ends >= 0) & (ends < idx.shape[1])]  # ... on this rank's chunk
-                targets = targets.long().index_fill(1, ends, -1)
+        layout = self._check_inputs(idx, attn_mask, cu_seqlens, targets)  # targets checked too
+        h = self._hidden(idx, layout)
+        if targets is not None and layout.packed:
+            ends = cu_seqlens[1:-1].to(targets.device, torch.long)
+            ends = ends[(ends > 0) & (ends < layout.total)] - 1 - layout.start  # each document's last token but the row's
+            ends = ends[(ends >= 0) & (ends < idx.shape[1])]  # ... on this rank's chunk
+            targets = targets.long().index_fill(1, ends, -1)
         if loss_chunk is not None and self.context_parallel_group is not None:
             flat = targets.reshape(-1).long()
             counted = (flat != -1).sum()

@@ -7,6 +7,7 @@ from typing import Any, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 
+from ...ops.layout import TokenLayout
 from .._context_parallel import one_process
 
 __all__ = ["LMState", "LMRecurrence"]
@@ -25,17 +26,19 @@ class LMState(NamedTuple):
 class LMRecurrence:
     """:meth:`prefill` / :meth:`step` of a :class:`~whiteformer.models.lm.CausalLM`."""
 
-    def _prefill_hidden(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor] = None
+    def _prefill_hidden(self, idx: torch.Tensor, layout: Optional[TokenLayout] = None
                         ) -> Tuple[torch.Tensor, LMState]:
-        """:meth:`prefill` of checked arguments (:meth:`_check_prompt_mask`), without the ``lm_head``."""
+        """:meth:`prefill` of checked arguments (``layout``: :meth:`_check_prompt_mask`'s; None: no
+        padding), without the ``lm_head``: the layout is handed to every block."""
         one_process(self, "prefill / generation")
-        real = self._real_len(idx, attn_mask)
-        x = self._embed(idx, 0, attn_mask)
+        if layout is None:
+            layout = TokenLayout.of(idx, name="idx")
+        x = self._embed(idx, positions=layout.positions if self.has_pos_emb else None)
         states = []
         for blk in self.transformer.h:
-            x, st = blk.prefill(x, attn_mask)
+            x, st = blk.prefill(x, None, layout)
             states.append(st)
-        return self.transformer.ln_f(x), LMState(real, tuple(states))
+        return self.transformer.ln_f(x), LMState(layout.real, tuple(states))
 
     def prefill(self, idx: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, LMState]:
         """Run a prompt idx (B, T) (``attn_mask`` (B, T) keep-mask for a padded batch):
