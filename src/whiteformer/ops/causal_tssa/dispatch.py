@@ -113,7 +113,7 @@ def causal_tssa(
 def _door(w, temp, pos_bias, attn_mask, cu_seqlens, attn_drop, group, layout):
     """:func:`causal_tssa`'s checks -> ``(temp (H, 1), attn_drop, the TokenLayout)``."""
     with local_checks(layout_group(layout, group), w):  # split: a rank failing these stops every rank
-        temp, drop = check_tssa_args(w, temp, attn_drop, group, pos_bias, layout)
+        temp, drop = check_tssa_args(w, temp, attn_drop, group, pos_bias, layout, attn_mask)
         if layout is not None:
             check_layout_alone(layout, w, attn_mask, cu_seqlens, group)
     if layout is None:  # the table's length too: each rank checks the whole length against it

@@ -55,16 +55,16 @@ def check_pos_bias(pos_bias, heads: int, name: str = "pos_bias") -> None:
         )
 
 
-def check_tssa_args(w, temp, attn_drop, group, pos_bias=None, layout=None):
+def check_tssa_args(w, temp, attn_drop, group, pos_bias=None, layout=None, attn_mask=None):
     """The arguments that :func:`tssa` and :func:`~whiteformer.ops.causal_tssa` share besides the token
     layout (checked inside their ``local_checks``; the layout: :meth:`TokenLayout.of`): w (B, H, N, p)
-    (N = 0 too on a rank of a split sequence), ``temp``, ``pos_bias``, their devices and ``attn_drop``.
-    Returns ``(temp (H, 1), attn_drop as a float)``."""
+    (N = 0 too on a rank of a split sequence), ``temp``, ``pos_bias``, their devices (and
+    ``attn_mask``'s) and ``attn_drop``. Returns ``(temp (H, 1), attn_drop as a float)``."""
     split = layout_group(layout, group) is not None
     check_heads_input(w, allow_no_tokens=split)  # split: a rank may hold no tokens
     temp = check_temp(temp, w.shape[1], w)
     check_pos_bias(pos_bias, w.shape[1])
-    check_same_device(w, temp=temp, pos_bias=pos_bias)
+    check_same_device(w, temp=temp, pos_bias=pos_bias, attn_mask=attn_mask)
     drop = check_probability(attn_drop, "attn_drop")
     return temp, drop
 
@@ -144,7 +144,7 @@ def tssa(
     one.
     """
     with local_checks(layout_group(layout, group), w):  # split: no rank waits in a collective
-        temp, drop = check_tssa_args(w, temp, attn_drop, group, None, layout)
+        temp, drop = check_tssa_args(w, temp, attn_drop, group, None, layout, attn_mask)
         check_instance(normalize, "normalize", bool, "a bool")
         if layout is not None:
             check_layout_alone(layout, w, attn_mask, cu_seqlens, group)
