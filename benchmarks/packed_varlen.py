@@ -273,6 +273,40 @@ def lm_table(result: Dict[str, Any]) -> str:
     return common.markdown_table(["library", "model", "depth", "documents", "tokens", "host reads", "forward"], body)
 
 
+def lm_section(result: Optional[Dict[str, Any]]) -> List[str]:
+    """The docs/benchmarks.md section of the language-model row (:mod:`benchmarks.report`)."""
+    out = ["## Packed documents through a language model: the token layout built once", ""]
+    if not result:
+        return out + ["Not run yet: `python -m benchmarks.packed_varlen --lm after` (see its docstring).", ""]
+    machine = result["machine"]
+    first = next(iter(result["runs"].values()))[0]
+    reads = "; ".join(f"{label}: {', '.join(str(r['host_reads']) for r in rows)}"
+                      for label, rows in result["runs"].items())
+    return out + [
+        f"One forward (no gradients, float32, the PyTorch path) of a {first['depth']}-layer ToST LM and its GPT "
+        f"baseline (D {first['dim']}, {first['heads']} heads) on one packed row of {first['documents']:,} documents "
+        "of 1-32 tokens, with the library before and after the token layout "
+        "(`whiteformer.ops.TokenLayout`: `cu_seqlens` validated and read once per forward, the padded layout "
+        "and the segments built once, handed to every block). Host reads: `.tolist()`, `.item()`, `.cpu()` and "
+        "tensors turned into Python numbers during the forward, each a stream synchronisation on a GPU; time: "
+        f"the median of the runs that fit the budget ({machine['logical_cpus']} shared CPUs, load "
+        f"{machine['loadavg'][0]:.1f}, so differences within noise are not meaningful).",
+        "",
+        "```",
+        *result.get("commands", {}).values(),
+        "```",
+        "",
+        "(each with that library's `src` first on `PYTHONPATH`: the same script measures any checkout).",
+        "",
+        lm_table(result),
+        "",
+        f"Host reads per forward ({reads}): with the layout they no longer grow with the depth (the token ids' "
+        "range and `cu_seqlens`, once each). On the CPU a host read costs little, so the time does not move "
+        "beyond the noise. Not measured on GPU.",
+        "",
+    ]
+
+
 def lm_main(args) -> int:
     """The language-model row under ``args.lm`` in results/packed_lm.json (the other labels kept)."""
     import json
