@@ -13,11 +13,21 @@ of the separate runs).
 One forward + backward (float32, ``WHITEFORMER_BACKEND=torch``) of ``causal_tssa`` and ``tssa``
 on a packed row, each cell in a separate process: peak memory is the RSS high-water mark minus
 the RSS before (``benchmarks.common.PeakMemory``), time the wall time of that one call. The
-padded cell is the former route: :func:`whiteformer.ops.packing.to_padded`, the masked op,
-:func:`whiteformer.ops.packing.from_padded`. Usage::
+padded cell is the former route: :func:`whiteformer.ops.layout.to_padded`, the masked op,
+:func:`whiteformer.ops.layout.from_padded`. Usage::
 
     python -m benchmarks.packed_varlen [--lengths 4096,8x100] [--heads 8] [--p 64] [--kernel]
                                        [--errors-lengths 1,3,8,12,17,24x4000+65536]
+
+The language-model row (``--lm LABEL``, written to ``results/packed_lm.json`` under LABEL, e.g.
+"before" / "after" a change): one forward (no gradients, float32, ``WHITEFORMER_BACKEND=torch``) of
+a 12-layer ToST LM and its GPT baseline on one packed row of 1,000 documents of 1-32 tokens,
+timed (median of the runs that fit the budget) and with its host reads counted (``.tolist()``,
+``.item()``, ``.cpu()``, tensors turned into Python numbers: each one a stream synchronisation on
+a GPU). The same script runs against another checkout of the library with that checkout's ``src``
+first on ``PYTHONPATH``::
+
+    python -m benchmarks.packed_varlen --lm after [--lm-documents 1000] [--lm-depth 12] [--lm-dim 256]
 """
 from __future__ import annotations
 
@@ -143,11 +153,11 @@ def cell(op: str, route: str, lengths: List[int], heads: int, p: int) -> Dict[st
     """Peak memory and time of one forward + backward of ``op`` by ``route``, alone in this process."""
     os.environ["WHITEFORMER_BACKEND"] = "cpu" if route == "C++ kernel (padded)" else "torch"
     common.setup_torch(None)
-    from whiteformer.ops import causal_tssa, packing, tssa
-    from whiteformer.ops.packing import from_padded, packed_layout, to_padded
+    from whiteformer.ops import causal_tssa, layout, tssa
+    from whiteformer.ops.layout import TokenLayout, from_padded, to_padded
 
     if route == "C++ kernel (padded)":  # the kernel on the padded layout, however much it pads
-        packing.PADDED_WASTE_MAX = float("inf")
+        layout.PADDED_WASTE_MAX = float("inf")
     fn = causal_tssa if op == "causal_tssa" else tssa
     cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
     w = torch.randn(1, heads, sum(lengths), p, requires_grad=True)
@@ -157,7 +167,7 @@ def cell(op: str, route: str, lengths: List[int], heads: int, p: int) -> Dict[st
         if route != "padded":
             out = fn(w, temp, cu_seqlens=cu)
         else:
-            pk = packed_layout(w, None, cu)
+            pk = TokenLayout.of(w, cu_seqlens=cu, token_dim=2, name="w").packing
             out = from_padded(fn(to_padded(w, pk), temp, attn_mask=pk.mask), pk)
         out.square().sum().backward()
 
@@ -195,7 +205,7 @@ def section(result: Optional[Dict[str, Any]]) -> List[str]:
         table(result),
         "",
         "Hence the fused kernels keep the padded layout only while it has at most `PADDED_WASTE_MAX` (2) times "
-        "the packed tokens (`whiteformer.ops.packing`); not measured on GPU.",
+        "the packed tokens (`whiteformer.ops.layout`); not measured on GPU.",
         "",
     ] + _errors_section(result.get("errors"))
 
@@ -218,8 +228,108 @@ def _errors_section(errors: Optional[Dict[str, Any]]) -> List[str]:
     ]
 
 
+#: the host reads counted by the language-model row (tensor methods and conversions to Python)
+HOST_READS = ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+
+def lm_cell(name: str, documents: int, depth: int, dim: int, heads: int, seed: int = 0) -> Dict[str, Any]:
+    """One packed forward of ``name`` (``tost_lm_base`` / ``gpt_base`` at these sizes): its time and
+    host reads, alone in this process."""
+    os.environ["WHITEFORMER_BACKEND"] = "torch"
+    common.setup_torch(None)
+    from torch.overrides import TorchFunctionMode
+
+    from whiteformer.models import create_model
+
+    class Reads(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.count += getattr(func, "__name__", "") in HOST_READS
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 33, (documents,), generator=g)
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).to(torch.int32)
+    idx = torch.randint(0, 1024, (1, int(cu[-1])), generator=g)
+    model = create_model(name, vocab_size=1024, dim=dim, depth=depth, num_heads=heads, max_len=64).eval()
+
+    def run():
+        with torch.no_grad():
+            model(idx, cu_seqlens=cu)
+
+    first = common.time_call(run)
+    with Reads() as reads:
+        run()
+    return dict(model=name, documents=documents, tokens=int(cu[-1]), depth=depth, dim=dim, heads=heads,
+                host_reads=reads.count, **common.repeat_runs(run, first, repeats=7, budget_s=60.0))
+
+
+def lm_table(result: Dict[str, Any]) -> str:
+    body = [[label, r["model"], r["depth"], r["documents"], r["tokens"], r["host_reads"], fmt_time(r["time_s"])]
+            for label, rows in result["runs"].items() for r in rows]
+    return common.markdown_table(["library", "model", "depth", "documents", "tokens", "host reads", "forward"], body)
+
+
+def lm_section(result: Optional[Dict[str, Any]]) -> List[str]:
+    """The docs/benchmarks.md section of the language-model row (:mod:`benchmarks.report`)."""
+    out = ["## Packed documents through a language model: the token layout built once", ""]
+    if not result:
+        return out + ["Not run yet: `python -m benchmarks.packed_varlen --lm after` (see its docstring).", ""]
+    machine = result["machine"]
+    first = next(iter(result["runs"].values()))[0]
+    reads = "; ".join(f"{label}: {', '.join(str(r['host_reads']) for r in rows)}"
+                      for label, rows in result["runs"].items())
+    return out + [
+        f"One forward (no gradients, float32, the PyTorch path) of a {first['depth']}-layer ToST LM and its GPT "
+        f"baseline (D {first['dim']}, {first['heads']} heads) on one packed row of {first['documents']:,} documents "
+        "of 1-32 tokens, with the library before and after the token layout "
+        "(`whiteformer.ops.TokenLayout`: `cu_seqlens` validated and read once per forward, the padded layout "
+        "and the segments built once, handed to every block). Host reads: `.tolist()`, `.item()`, `.cpu()` and "
+        "tensors turned into Python numbers during the forward, each a stream synchronisation on a GPU; time: "
+        f"the median of the runs that fit the budget ({machine['logical_cpus']} shared CPUs, load "
+        f"{machine['loadavg'][0]:.1f}, so differences within noise are not meaningful).",
+        "",
+        "```",
+        *result.get("commands", {}).values(),
+        "```",
+        "",
+        "(each with that library's `src` first on `PYTHONPATH`: the same script measures any checkout).",
+        "",
+        lm_table(result),
+        "",
+        f"Host reads per forward ({reads}): with the layout they no longer grow with the depth (the token ids' "
+        "range and `cu_seqlens`, once each). On the CPU a host read costs little, so the time does not move "
+        "beyond the noise. Not measured on GPU.",
+        "",
+    ]
+
+
+def lm_main(args) -> int:
+    """The language-model row under ``args.lm`` in results/packed_lm.json (the other labels kept)."""
+    import json
+
+    path = common.RESULTS_DIR / "packed_lm.json"
+    result = json.loads(path.read_text()) if path.exists() else {"runs": {}}
+    rows = [common.run_isolated(lm_cell, name, args.lm_documents, args.lm_depth, args.lm_dim, args.lm_heads,
+                                timeout=1800) for name in ("tost_lm_base", "gpt_base")]
+    result["runs"][args.lm] = rows
+    result["machine"] = common.machine_info("cpu")
+    result.setdefault("commands", {})[args.lm] = common.command_string("benchmarks.packed_varlen", sys.argv[1:])
+    print(lm_table(result))
+    common.write_json(path, result)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lm", metavar="LABEL", help="only the language-model row, saved under LABEL (see above)")
+    ap.add_argument("--lm-documents", type=int, default=1000)
+    ap.add_argument("--lm-depth", type=int, default=12)
+    ap.add_argument("--lm-dim", type=int, default=256)
+    ap.add_argument("--lm-heads", type=int, default=4)
     ap.add_argument("--lengths", default="4096,8x100", help="document lengths, N or NxCOUNT, comma-separated")
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--p", type=int, default=64)
@@ -230,6 +340,8 @@ def main(argv=None) -> int:
     ap.add_argument("--errors-heads", type=int, default=2)
     ap.add_argument("--errors-p", type=int, default=16)
     args = ap.parse_args(argv)
+    if args.lm:
+        return lm_main(args)
     lengths = _lengths(args.lengths)
     log(f"packed_varlen: {len(lengths)} documents, {sum(lengths)} tokens, padded layout "
         f"{len(lengths) * max(lengths)} slots, H={args.heads}, p={args.p}")

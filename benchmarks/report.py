@@ -516,6 +516,13 @@ def packed_varlen_section(result: Optional[Dict[str, Any]]) -> List[str]:
     return section(result)
 
 
+def packed_lm_section(result: Optional[Dict[str, Any]]) -> List[str]:
+    """Packed documents through a language model, before and after the token layout (:mod:`benchmarks.packed_varlen`)."""
+    from .packed_varlen import lm_section
+
+    return lm_section(result)
+
+
 def compressed_latency_section(result: Optional[Dict[str, Any]]) -> List[str]:
     """Whole compressed models against the original, interleaved (:mod:`benchmarks.compressed_latency`)."""
     from .compressed_latency import section
@@ -562,6 +569,7 @@ def render(results: Path, suffix: str = "") -> str:
     lines += lm_model_section(_load(results, f"lm_model{suffix}.json"))
     lines += grad_checkpointing_section(_load(results, f"grad_checkpointing{suffix}.json"))
     lines += packed_varlen_section(_load(results, f"packed_varlen{suffix}.json"))
+    lines += packed_lm_section(_load(results, f"packed_lm{suffix}.json"))
     lines += fused_section(results, suffix)
     lines += op_floor_section(results, suffix)
     lines += gpu_section(results, suffix)

@@ -16,10 +16,10 @@ BACKENDS = {
 def use_backend(name: str, monkeypatch) -> str:
     """Run the ops of this test on backend ``name`` (skipped where it cannot run); returns ``name``."""
     import whiteformer.ops._kernels.fused as fused
-    import whiteformer.ops.packing as packing
+    import whiteformer.ops.layout as layout
 
     if name != "torch":  # the kernels' padded layout, however much it pads
-        monkeypatch.setattr(packing, "PADDED_WASTE_MAX", float("inf"))
+        monkeypatch.setattr(layout, "PADDED_WASTE_MAX", float("inf"))
     if name == "cpu":
         from whiteformer.ops._kernels.build import fast_path_available
 

@@ -333,3 +333,17 @@ def test_op_floor_targets_and_profile():
     missed = op_floor._row("tssa_fwd", (1, 8, 16384, 48), 1, {"ratio": 9.0}, lambda: (w * 2).sum())
     kept = op_floor._row("tssa_fwd", (1, 8, 16384, 48), 1, {"ratio": 1.0}, lambda: (w * 2).sum())
     assert missed["met"] is False and missed["profile_top3"] and kept["met"] is True and "profile_top3" not in kept
+
+
+def test_packed_lm_row_tiny():
+    """The packed language-model row: a forward's host reads do not grow with the depth, and the
+    section reports each library's."""
+    from benchmarks.packed_varlen import lm_cell, lm_section
+
+    rows = {depth: common.run_isolated(lm_cell, "tost_lm_base", 30, depth, 16, 2, timeout=300)  # its own process
+            for depth in (1, 3)}
+    assert rows[1]["host_reads"] == rows[3]["host_reads"] > 0 and rows[1]["time_s"] > 0
+    page = "\n".join(lm_section({"runs": {"here": [rows[3]]}, "machine": common.machine_info("cpu"),
+                                 "commands": {"here": "pytest"}}))
+    assert f"here: {rows[3]['host_reads']}" in page and "| here | tost_lm_base | 3 | 30 |" in page
+    assert "Not run yet" in "\n".join(lm_section(None))

@@ -82,10 +82,11 @@ def check_mask(attn_mask, batch: int, tokens: int, name: str = "attn_mask",
 @compile_disabled("cu_seqlens: packed batches read their segment boundaries on the host (one graph break); "
                   "torch.compile(fullgraph=True) cannot trace them, compile without fullgraph or pass one "
                   "sequence per row (attn_mask) instead")
-def check_cu_seqlens(cu_seqlens, total: int, name: str = "cu_seqlens") -> list:
+def check_cu_seqlens(cu_seqlens, total: int | None, name: str = "cu_seqlens") -> list:
     """Validate packed-sequence boundaries (FlashAttention's convention): a 1-D integer tensor
     (int32, or int64) of shape (S + 1,) with ``cu_seqlens[0] = 0``, non-decreasing, ending at
-    ``total`` (the packed token count); segment s is tokens ``cu_seqlens[s]:cu_seqlens[s + 1]``.
+    ``total`` (the packed token count; None: not checked here, for a row split over processes whose
+    total needs every rank's chunk); segment s is tokens ``cu_seqlens[s]:cu_seqlens[s + 1]``.
     Returns the S segment lengths as Python ints (reads the values: one host sync)."""
     check_instance(cu_seqlens, name, torch.Tensor, "an int32 tensor of shape (S + 1,)")
     if cu_seqlens.dtype not in (torch.int32, torch.int64):
@@ -98,9 +99,15 @@ def check_cu_seqlens(cu_seqlens, total: int, name: str = "cu_seqlens") -> list:
         raise ValueError(f"{name} must start at 0, got {bounds[0]}")
     if any(b < a for a, b in zip(bounds, bounds[1:])):
         raise ValueError(f"{name} must be non-decreasing (cumulative sequence lengths), got {bounds}")
-    if bounds[-1] != total:
-        raise ValueError(f"{name} must end at the number of packed tokens ({total}), got {bounds[-1]}")
+    if total is not None:
+        check_cu_seqlens_total(bounds[-1], total, name)
     return [b - a for a, b in zip(bounds, bounds[1:])]
+
+
+def check_cu_seqlens_total(end: int, total: int, name: str = "cu_seqlens") -> None:
+    """The last boundary ``end`` of checked ``cu_seqlens`` is the packed token count ``total``."""
+    if end != total:
+        raise ValueError(f"{name} must end at the number of packed tokens ({total}), got {end}")
 
 
 def check_tokens_input(x, name: str = "x", dim: int | None = None, like: torch.Tensor | None = None,
@@ -125,9 +132,11 @@ TOKEN_ID_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint
 
 
 def check_token_ids(ids, name: str, vocab_size: int, shape: str = "(B, T)", ndim: int = 2,
-                    allow_no_tokens: bool = False) -> None:
+                    allow_no_tokens: bool = False, values: bool = True) -> None:
     """Token ids of a model's input: an integer tensor (``TOKEN_ID_DTYPES``) of ``ndim`` dims (``shape``
-    in the message), not empty (no tokens only with ``allow_no_tokens``), each in [0, vocab_size)."""
+    in the message), not empty (no tokens only with ``allow_no_tokens``), each in [0, vocab_size)
+    (one host read of the smallest and largest; ``values=False``: not read, for ids the caller
+    produced itself, e.g. sampled ones)."""
     check_instance(ids, name, torch.Tensor, "a torch.Tensor of token ids")
     if ids.dtype not in TOKEN_ID_DTYPES:
         raise TypeError(f"{name} must be an integer tensor of token ids, got {ids.dtype}")
@@ -135,7 +144,7 @@ def check_token_ids(ids, name: str, vocab_size: int, shape: str = "(B, T)", ndim
         raise ValueError(f"{name} must have shape {shape}, got {tuple(ids.shape)}")
     if ids.shape[0] == 0 or ids.shape[-1] == 0 and not allow_no_tokens:
         raise ValueError(f"{name} must be non-empty, got shape {tuple(ids.shape)}")
-    lo, hi = (int(ids.min()), int(ids.max())) if can_read_values() and ids.numel() else (0, 0)
+    lo, hi = torch.stack(torch.aminmax(ids)).tolist() if values and can_read_values() and ids.numel() else (0, 0)
     if lo < 0 or hi >= vocab_size:
         raise ValueError(f"{name} has token ids in [{lo}, {hi}], expected [0, {vocab_size - 1}]")
 

@@ -446,8 +446,45 @@ def test_forward_checks_input_ids_once(model_type, monkeypatch):
     model = _lm(model_type)
     names, check = [], model.whiteformer._check_idx
     monkeypatch.setattr(model.whiteformer, "_check_idx",
-                        lambda idx, name="idx": (names.append(name), check(idx, name))[1])
+                        lambda idx, name="idx", values=True: (names.append(name), check(idx, name, values))[1])
     out = model(torch.tensor([[1, 2, 3]]), use_cache=True)
     model(torch.tensor([[4, 5]]), cache=cache_of(out), use_cache=True)
     model(torch.tensor([[1, 2, 3]]))
     assert names == ["input_ids"] * 3
+
+
+@pytest.mark.parametrize("model_type", list(LM))
+def test_generate_reads_no_input_value_per_token(model_type, monkeypatch):
+    """generate() checks its prompt's ids once at its door; the forward of each generated token reads
+    none of its inputs' values (ids, mask, state length): the host reads grow by transformers' own per
+    token, the same at every depth, and the ids are range-checked once. (The PyTorch path: the C++
+    kernel also reads, per call, its flag of rows past its range, a read of host memory.)"""
+    from torch.overrides import TorchFunctionMode
+
+    from whiteformer.ops._kernels import ENV_BACKEND
+
+    monkeypatch.setenv(ENV_BACKEND, "torch")
+
+    class Reads(TorchFunctionMode):
+        count = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Reads.count += getattr(func, "__name__", "") in ("tolist", "item", "cpu", "__bool__", "__int__", "__index__")
+            return func(*args, **(kwargs or {}))
+
+    idx = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])  # left padding: each state's position is a tensor
+    counts, checked = {}, []
+    for depth in (2, 6):
+        model = _lm(model_type, depth=depth)
+        check = model.whiteformer._check_idx
+        monkeypatch.setattr(model.whiteformer, "_check_idx",
+                            lambda ids, name="idx", values=True: (checked.append(values), check(ids, name, values))[1])
+        for n in (3, 9):
+            Reads.count = 0
+            with torch.no_grad(), Reads():
+                model.generate(idx, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                               pad_token_id=0)
+            counts[depth, n] = Reads.count
+    assert counts[2, 3] == counts[6, 3] and counts[2, 9] == counts[6, 9], counts
+    assert checked.count(True) == 4, checked  # once per generate() (the prompt), never per generated token

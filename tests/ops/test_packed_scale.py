@@ -26,13 +26,13 @@ def backend(request, monkeypatch):
 def layout(request, monkeypatch, backend):
     """The packed layout: ``native`` (per-document sums on the packed tokens, any backend) or
     ``padded`` (a padded batch of documents through the fused kernels; the torch backend has none)."""
-    import whiteformer.ops.packing as packing
+    import whiteformer.ops.layout as token_layout
 
     if request.param == "padded" and backend == "torch":
         pytest.skip("the PyTorch path has no padded layout")
     if request.param == "native" and backend == "triton":
         pytest.skip("a native packed row runs the PyTorch path (the torch and cpu backends test it)")
-    monkeypatch.setattr(packing, "PADDED_WASTE_MAX", 0.0 if request.param == "native" else float("inf"))
+    monkeypatch.setattr(token_layout, "PADDED_WASTE_MAX", 0.0 if request.param == "native" else float("inf"))
     return request.param
 
 

@@ -148,15 +148,14 @@ def test_packed_refuses_batch_and_mask_and_long_documents():
 @pytest.fixture
 def native(monkeypatch):
     """The PyTorch backend, with the padded layout refused: the packed row must run natively."""
-    import importlib
+    from whiteformer.ops.layout import TokenLayout
 
     monkeypatch.setenv(ENV_BACKEND, "torch")
 
     def padded(*args, **kwargs):
         raise AssertionError("the PyTorch path laid the packed documents out as a padded batch")
 
-    for name in ("whiteformer.ops.tssa.dispatch", "whiteformer.ops.causal_tssa.dispatch"):
-        monkeypatch.setattr(importlib.import_module(name), "packed_layout", padded)
+    monkeypatch.setattr(TokenLayout, "padded", padded)
 
 
 @pytest.mark.parametrize("lengths", [[1], [7], [1, 1, 1], [3] * 12 + [40] + [1, 0]], ids=str)
@@ -223,17 +222,14 @@ def test_native_causal_prefix_sums_restart_exactly(native):
 def test_kernels_take_the_native_path_when_padding_is_large(monkeypatch):
     """With a fused kernel, a packed row whose padded layout would exceed PADDED_WASTE_MAX * total
     slots runs natively; a row of equal lengths keeps the kernel's padded layout."""
-    import importlib
-
     from whiteformer.ops._kernels.build import fast_path_available
+    from whiteformer.ops.layout import TokenLayout
 
     if not fast_path_available():
         pytest.skip("C++ kernel not built on this machine")
     monkeypatch.setenv(ENV_BACKEND, "cpu")
     calls = []
-    for name in ("whiteformer.ops.tssa.dispatch", "whiteformer.ops.causal_tssa.dispatch"):
-        mod = importlib.import_module(name)
-        monkeypatch.setattr(mod, "packed_layout", lambda *a, _f=mod.packed_layout, **k: calls.append(1) or _f(*a, **k))
+    monkeypatch.setattr(TokenLayout, "padded", lambda *a, _f=TokenLayout.padded, **k: calls.append(1) or _f(*a, **k))
     temp = torch.ones(3, 1)
     for lengths, padded in (([12] + [1] * 10, False), ([4, 4, 3], True)):
         w, _, _, cu = _inputs(lengths, dtype=torch.float32)
@@ -335,7 +331,7 @@ def test_step_continues_each_packed_document():
 def test_segment_positions_of_checked_lengths():
     """The caller checks cu_seqlens once and passes the lengths it got: no second check here."""
     from whiteformer._checks import check_cu_seqlens
-    from whiteformer.ops.packing import segment_positions
+    from whiteformer.ops.layout import segment_positions
 
     cu = torch.tensor([0, 1, 4, 4, 6], dtype=torch.int32)
     lengths = check_cu_seqlens(cu, 6)

@@ -27,7 +27,8 @@ from .._checks import (
 )
 from .._utils import zero_padded
 from ..ops.baselines import _mhsa, _mhsa_explicit
-from ..ops.packing import Packing, from_padded, packing, to_padded
+from ..ops.layout import TokenLayout, from_padded, to_padded
+from ..ops.tssa.dispatch import check_layout_alone
 from .registry import register_attention
 
 __all__ = ["CausalAttention", "CausalSelfAttention", "KVCache"]
@@ -59,14 +60,16 @@ class KVCache(NamedTuple):
     mask: Optional[torch.Tensor] = None
 
 
-def packed_row(x: torch.Tensor, attn_mask, cu_seqlens: torch.Tensor, dim: int, like: torch.Tensor) -> Packing:
-    """The checked packed row x (1, N, C) of a causal layer's forward (no ``attn_mask`` then) ->
-    its documents' padded (S, L) layout (:func:`whiteformer.ops.packing.packing`)."""
+def causal_layout(x: torch.Tensor, attn_mask, cu_seqlens, layout: Optional[TokenLayout], dim: int,
+                  like: torch.Tensor) -> TokenLayout:
+    """A causal layer's checks of its input x (B, N, C) (C == ``dim``, on the device and in the dtype
+    of ``like``, one of its weights) -> the layout of its tokens: the given ``layout`` (a model's,
+    built once for all its blocks) or :meth:`TokenLayout.of` ``attn_mask`` / ``cu_seqlens``."""
     check_tokens_input(x, "x", dim, like=like)
-    if x.shape[0] != 1 or attn_mask is not None:
-        raise ValueError(f"with cu_seqlens, x must hold the packed documents in one row (1, N, C) and "
-                         f"attn_mask must be None; got x of shape {tuple(x.shape)}")
-    return packing(cu_seqlens, x.shape[1], x.device)  # documents side by side in an (S, L) layout
+    if layout is None:
+        return TokenLayout.of(x, attn_mask, cu_seqlens, name="x")
+    check_layout_alone(layout, x, attn_mask, cu_seqlens, None, token_dim=1, name="x")
+    return layout
 
 
 @register_attention("causal_mhsa")
@@ -105,21 +108,25 @@ class CausalSelfAttention(nn.Module):
         return self.proj_drop(self.proj(rearrange(y, "b h n d -> b n (h d)")))
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, *,
-                cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
+                cu_seqlens: Optional[torch.Tensor] = None, layout: Optional[TokenLayout] = None) -> torch.Tensor:
         """x (B, N, C), attn_mask (B, N) bool keep-mask -> y (B, N, C); y[:, t] depends only on
         the real tokens of x[:, :t+1]; padded outputs are 0. ``cu_seqlens`` (S + 1,) int32: x
         (1, N, C) holds S packed documents, each attending causally within itself only (a
-        block-diagonal causal mask)."""
-        if cu_seqlens is None:
-            return self.prefill(x, attn_mask)[0]
-        pk = packed_row(x, attn_mask, cu_seqlens, self.dim, self.qkv.weight)
+        block-diagonal causal mask). ``layout``: instead of ``attn_mask`` / ``cu_seqlens``, their
+        :class:`~whiteformer.ops.layout.TokenLayout` (a model's, built once for its blocks)."""
+        layout = causal_layout(x, attn_mask, cu_seqlens, layout, self.dim, self.qkv.weight)
+        if not layout.packed:
+            return self._prefill(x, layout.mask)[0]
+        pk = layout.packing
         q, k, v = (to_padded(t, pk) for t in self._qkv(x))
         return self._out(from_padded(self._attend(q, k, v, pk.mask), pk))
 
-    def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None
-                ) -> Tuple[torch.Tensor, KVCache]:
-        """Like :meth:`forward`, also returning the key/value cache of the N tokens."""
-        attn_mask = check_tokens_input(x, "x", self.dim, like=self.qkv.weight, attn_mask=attn_mask)
+    def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, *,
+                layout: Optional[TokenLayout] = None) -> Tuple[torch.Tensor, KVCache]:
+        """Like :meth:`forward` (without packed documents), also returning the key/value cache of the N tokens."""
+        return self._prefill(x, causal_layout(x, attn_mask, None, layout, self.dim, self.qkv.weight).mask)
+
+    def _prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor]) -> Tuple[torch.Tensor, KVCache]:
         q, k, v = self._qkv(zero_padded(x, attn_mask))  # a padded token takes no part, NaN/inf included
         y = self._out(self._attend(q, k, v, attn_mask))
         return zero_padded(y, attn_mask), KVCache(k, v, attn_mask)

@@ -25,24 +25,36 @@ from .._checks import (
 )
 from .._utils import zero_padded
 from ..ops.causal_tssa import CausalTSSAState
-from ..ops.causal_tssa.dispatch import causal_tssa_impl, causal_tssa_step_impl
+from ..ops.causal_tssa import dispatch as causal_dispatch
 from ..ops.context_parallel import local_checks
-from ..ops.packing import check_packed
-from ..ops.tssa.dispatch import tssa_impl
+from ..ops.layout import TokenLayout
+from ..ops.tssa import dispatch as tssa_dispatch
+from ..ops.tssa.dispatch import check_layout_alone, layout_group
 from .context_parallel import ContextParallel
 from .registry import register_attention
 
 __all__ = ["TSSA", "CausalTSSA"]
 
 
-def _heads(qkv: torch.Tensor, num_heads: int, attn_mask, cu_seqlens, group) -> torch.Tensor:
-    """(B, N, H p) -> w (B, H, N, p), the operator's input; with ``cu_seqlens``, the operator's checks
-    of a packed row (the layer's forward checked everything else: the operator runs unchecked)."""
-    w = rearrange(qkv, "b n (h d) -> b h n d", h=num_heads)
-    if cu_seqlens is not None:
-        with local_checks(group, w):
-            check_packed(w, attn_mask, cu_seqlens)
-    return w
+def _layout(layer: nn.Module, x: torch.Tensor, attn_mask, cu_seqlens, layout: Optional[TokenLayout],
+            same: int, same_name: str) -> TokenLayout:
+    """A TSSA layer's checks of its input x (B, N, C) -> the layout of its tokens: the given
+    ``layout`` (a model's, built once for all its blocks) or :meth:`TokenLayout.of` the arguments
+    (``same``: the layer's argument that must agree over a context-parallel group, ``same_name`` it)."""
+    group = layer.context_parallel_group
+    split = layout_group(layout, group)
+    with local_checks(split, x):  # split: a rank failing these stops every rank
+        check_tokens_input(x, "x", layer.dim, like=layer.qkv.weight, allow_no_tokens=split is not None)
+        if layout is not None:
+            check_layout_alone(layout, x, attn_mask, cu_seqlens, None, token_dim=1, name="x")
+    if layout is not None:
+        return layout
+    return TokenLayout.of(x, attn_mask, cu_seqlens, group, name="x", same=[same], same_name=same_name)
+
+
+def _heads(qkv: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """(B, N, H p) -> w (B, H, N, p), the operator's input."""
+    return rearrange(qkv, "b n (h d) -> b h n d", h=num_heads)
 
 
 @register_attention("tssa")
@@ -90,19 +102,20 @@ class TSSA(ContextParallel, nn.Module):
         return {"temp"}
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, return_pi: bool = False, *,
-                cu_seqlens: Optional[torch.Tensor] = None):
+                cu_seqlens: Optional[torch.Tensor] = None, layout: Optional[TokenLayout] = None):
         """x (B, N, C), attn_mask (B, N) bool keep-mask -> y (B, N, C), or ``(y, {"pi": (B, H, N)})``.
         ``cu_seqlens`` (S + 1,) int32: x (1, N, C) holds S packed documents, each its own sequence
-        (see :func:`whiteformer.ops.tssa`)."""
-        with local_checks(self.context_parallel_group, x):  # split: a rank failing these stops every rank
-            attn_mask = check_tokens_input(x, "x", self.dim, like=self.qkv.weight, attn_mask=attn_mask,
-                                           allow_no_tokens=self.context_parallel_group is not None)  # a chunk may be empty
+        (see :func:`whiteformer.ops.tssa`). ``layout``: instead of ``attn_mask`` / ``cu_seqlens``,
+        their :class:`~whiteformer.ops.layout.TokenLayout` (a model's, built once for its blocks)."""
+        drop = self.training and self.attn_drop > 0
+        layout = _layout(self, x, attn_mask, cu_seqlens, layout, 2 * self.normalize + drop,
+                         "cu_seqlens, normalize and attn_drop (training)")
         # padded tokens take no part: zeroed inputs (NaN/inf reach nothing), outputs 0 (not the bias)
-        w = _heads(self.qkv(zero_padded(x, attn_mask)), self.num_heads, attn_mask, cu_seqlens, self.context_parallel_group)
-        out, pi = tssa_impl(w, self.temp, attn_mask, True, self.attn_drop, self.training, self.normalize,
-                            self.context_parallel_group, cu_seqlens)
+        w = _heads(self.qkv(zero_padded(x, layout.mask)), self.num_heads)
+        out, pi = tssa_dispatch.run(w, self.temp, layout=layout, return_pi=True, attn_drop=self.attn_drop,
+                                    training=self.training, normalize=self.normalize)
         y = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
-        y = zero_padded(y, attn_mask)
+        y = zero_padded(y, layout.mask)
         return (y, {"pi": pi}) if return_pi else y
 
 
@@ -146,40 +159,45 @@ class CausalTSSA(ContextParallel, nn.Module):
     def no_weight_decay(self):
         return {"temp", "pos_bias"} if self.pos_bias is not None else {"temp"}
 
-    def _run(self, x, attn_mask, cu_seqlens=None):
-        with local_checks(self.context_parallel_group, x):  # split: a rank failing these stops every rank
-            attn_mask = check_tokens_input(x, "x", self.dim, like=self.qkv.weight, attn_mask=attn_mask,
-                                           allow_no_tokens=self.context_parallel_group is not None)  # a chunk may be empty
-        w = _heads(self.qkv(zero_padded(x, attn_mask)), self.num_heads, attn_mask, cu_seqlens, self.context_parallel_group)
-        out, pi, state = causal_tssa_impl(w, self.temp, self.pos_bias, attn_mask, True, True, self.attn_drop,
-                                          self.training, self.context_parallel_group, cu_seqlens)
+    def _run(self, x, attn_mask, cu_seqlens=None, layout: Optional[TokenLayout] = None):
+        t_max = 0 if self.pos_bias is None else self.pos_bias.shape[1]
+        layout = _layout(self, x, attn_mask, cu_seqlens, layout, t_max, "cu_seqlens and pos_bias (its length T_max)")
+        w = _heads(self.qkv(zero_padded(x, layout.mask)), self.num_heads)
+        out, pi, state = causal_dispatch.run(w, self.temp, self.pos_bias, layout=layout, return_pi=True,
+                                             return_state=True, attn_drop=self.attn_drop, training=self.training)
         y = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
-        return zero_padded(y, attn_mask), pi, state
+        return zero_padded(y, layout.mask), pi, state
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, return_pi: bool = False, *,
-                cu_seqlens: Optional[torch.Tensor] = None):
+                cu_seqlens: Optional[torch.Tensor] = None, layout: Optional[TokenLayout] = None):
         """x (B, N, C) with N <= max_len (when pos_bias), attn_mask (B, N) bool keep-mask ->
         y (B, N, C), or ``(y, {"pi": (B, H, N)})``. y[:, t] depends only on x[:, :t+1].
         ``cu_seqlens`` (S + 1,) int32: x (1, N, C) holds S packed documents, each its own sequence
-        with positions from 0 (see :func:`whiteformer.ops.causal_tssa`)."""
-        y, pi, _ = self._run(x, attn_mask, cu_seqlens)
+        with positions from 0 (see :func:`whiteformer.ops.causal_tssa`). ``layout``: instead of
+        ``attn_mask`` / ``cu_seqlens``, their :class:`~whiteformer.ops.layout.TokenLayout` (a
+        model's, built once for its blocks)."""
+        y, pi, _ = self._run(x, attn_mask, cu_seqlens, layout)
         return (y, {"pi": pi}) if return_pi else y
 
     def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, *,
-                cu_seqlens: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, CausalTSSAState]:
+                cu_seqlens: Optional[torch.Tensor] = None, layout: Optional[TokenLayout] = None
+                ) -> Tuple[torch.Tensor, CausalTSSAState]:
         """Like :meth:`forward`, also returning the state after the last (real) token (of this
         rank's chunk, when context-parallel; with ``cu_seqlens``: one state per document, batch S)."""
-        y, _, state = self._run(x, attn_mask, cu_seqlens)
+        y, _, state = self._run(x, attn_mask, cu_seqlens, layout)
         return y, state
 
-    def step(self, x_t: torch.Tensor, state: Optional[CausalTSSAState] = None
+    def step(self, x_t: torch.Tensor, state: Optional[CausalTSSAState] = None, *, check_position: bool = True
              ) -> Tuple[torch.Tensor, CausalTSSAState]:
-        """One token x_t (B, C) -> (y_t (B, C), new state); memory independent of position."""
+        """One token x_t (B, C) -> (y_t (B, C), new state); memory independent of position.
+        ``check_position=False``: the caller (a language model) checked the state's next position
+        against ``max_len`` (after a padded prefill that is a host read, which each layer would repeat)."""
         check_step_input(x_t, self.dim, self.qkv.weight)
         if self.context_parallel_group is not None:
             raise ValueError("CausalTSSA.step runs on one process: call set_context_parallel(None) before "
                              "generating (the state of a split prefill is on the group's last rank)")
         w_t = rearrange(self.qkv(x_t), "b (h d) -> b h d", h=self.num_heads)
-        out, state = causal_tssa_step_impl(w_t, state, self.temp, self.pos_bias, False, self.attn_drop, self.training)
+        out, state = causal_dispatch.run_step(w_t, state, self.temp, self.pos_bias, attn_drop=self.attn_drop,
+                                              training=self.training, check_position=check_position)
         y = self.proj_drop(self.proj(rearrange(out, "b h d -> b (h d)")))
         return y, state

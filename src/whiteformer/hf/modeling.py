@@ -101,11 +101,12 @@ def _want_hidden_states(model, output_hidden_states: Optional[bool]) -> bool:
     return bool(output_hidden_states)
 
 
-def _check_input_ids(net: nn.Module, input_ids) -> None:
-    """``input_ids``: a (B, T) integer tensor of ids in the vocabulary (errors name ``input_ids``)."""
+def _check_input_ids(net: nn.Module, input_ids, values: bool = True) -> None:
+    """``input_ids``: a (B, T) integer tensor of ids in the vocabulary (errors name ``input_ids``;
+    ``values=False``: the ids are not read, inside a ``generate()`` that checked its prompt)."""
     if input_ids is None:
         raise ValueError("input_ids is required: a (B, T) tensor of token ids")
-    net._check_idx(input_ids, "input_ids")
+    net._check_idx(input_ids, "input_ids", values=values)
 
 
 def _refuse_labels(model, kwargs, head_class: str) -> None:
@@ -338,9 +339,13 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
     #: neither cache (ToST's running statistics, the GPT's WhiteformerCache) can be cropped back to
     #: the tokens a verifier accepted, so transformers refuses assisted decoding by any route
     _is_stateful = True
+    #: inside ``generate()``: what it checked once (the prompt's ids; the prompt's mask, on the first
+    #: ``prepare_inputs_for_generation``), so that no generated token reads a value again; else None
+    _generation = None
 
     def generate(self, *args, **kwargs):
-        """``GenerationMixin.generate``; assisted (speculative) decoding is refused up front."""
+        """``GenerationMixin.generate``; assisted (speculative) decoding is refused up front. The prompt's
+        ids are checked here once; the forward of each generated token reads none of its inputs' values."""
         for key in ("assistant_model", "prompt_lookup_num_tokens"):
             if kwargs.get(key) is not None:
                 raise ValueError(f"assisted decoding ({key}=...) is not supported by whiteformer models: their "
@@ -349,7 +354,14 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
             check_user_cache(kwargs.get(key))
         if kwargs.get("cache_implementation") == "paged":  # (transformers switches to continuous batching here)
             refuse_continuous_batching()
-        return super().generate(*args, **kwargs)
+        prompt = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
+        if isinstance(prompt, torch.Tensor):
+            _check_input_ids(self.whiteformer, prompt)  # the sampled tokens are in the vocabulary
+        outer, self._generation = self._generation, {}
+        try:
+            return super().generate(*args, **kwargs)
+        finally:
+            self._generation = outer
 
     def _prepare_generation_config(self, generation_config, **kwargs):
         """``transformers``' resolved generation configuration (arguments > ``generation_config`` >
@@ -419,7 +431,8 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         """
         _refuse(output_attentions, return_dict, inputs_embeds)
         output_hidden_states = _want_hidden_states(self, output_hidden_states)
-        _check_input_ids(self.whiteformer, input_ids)
+        generating = self._generation is not None  # generate() checked its prompt; it samples the rest
+        _check_input_ids(self.whiteformer, input_ids, values=not generating)
         keep = logits_to_keep
         if labels is not None and not (is_int(keep) and keep == 0):
             raise ValueError("labels need the logits of every position: leave logits_to_keep at 0 with labels")
@@ -463,13 +476,15 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
                 raise ValueError(f"the cache holds the state of {cache.batch_size} sequences, input_ids has "
                                  f"{input_ids.shape[0]} rows: pass the cache of this batch")
             new = input_ids.shape[1]
-            if attention_mask is not None and not bool((attention_mask[:, -new:] != 0).all()):
+            if not generating and attention_mask is not None and not bool((attention_mask[:, -new:] != 0).all()):
                 raise ValueError("tokens fed after the cached prompt must be real (attention_mask 1): padding is "
                                  "only supported in the prompt")
             state, finals, columns = cache.state, [], []
             for j in range(new):
                 per_block = []  # (input_ids checked at the door)
-                final, state = net._step_hidden(input_ids[:, j], net._check_state(state), per_block)
+                # (generate() crops the context itself: prepare_inputs_for_generation)
+                final, state = net._step_hidden(input_ids[:, j], state if generating else net._check_state(state),
+                                                per_block)
                 finals.append(final)
                 columns.append(per_block)
             final = torch.stack(finals, dim=1)
@@ -492,7 +507,13 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
         ``generate`` infers from ``pad_token_id``) is refused, and so is a prompt cache that already holds
         the whole prompt (``transformers`` would feed the prompt again on top of it)."""
         mask = kwargs.get("attention_mask")
-        check_prompt_mask(mask)
+        limit = self.whiteformer.context_limit
+        generation = self._generation if self._generation is not None else {}
+        prompt = generation.get("prompt")  # (prompt length, its most real tokens): read once per generate()
+        if prompt is None:
+            check_prompt_mask(mask)
+            real = input_ids.shape[1] if mask is None or limit is None else int((mask != 0).sum(dim=-1).max())
+            generation["prompt"] = prompt = (input_ids.shape[1], real)
         uncached = kwargs.get("next_sequence_length")  # a prompt cache passed in: the prompt's tokens it lacks
         if uncached is not None and uncached <= 0:
             cache = kwargs.get("cache", kwargs.get("past_key_values"))
@@ -500,8 +521,7 @@ class _WhiteformerForCausalLM(_WhiteformerLMBase, GenerationMixin):
                              f"{input_ids.shape[1]}-position prompt: at least its last token must be new (the "
                              "cache keeps no logits); pass the cache of a shorter prefix")
         inputs = super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
-        limit = self.whiteformer.context_limit
-        real = input_ids.shape[1] if mask is None else int((mask != 0).sum(dim=-1).max())
+        real = prompt[1] + input_ids.shape[1] - prompt[0]  # each generated token is real (its mask column 1)
         if limit is None or real <= limit:
             return inputs
         inputs["input_ids"] = input_ids[:, -limit:].clone()

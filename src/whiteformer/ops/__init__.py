@@ -54,6 +54,8 @@ Every operator checks its arguments (shapes, dtypes, devices) before any kernel 
 # --- tssa / causal_tssa ---
 from .tssa import tssa  # noqa: F401
 from .causal_tssa import CausalTSSAState, causal_tssa, causal_tssa_step  # noqa: F401
+# --- the token layout of a batch (padding, packed documents, context parallelism), built once ---
+from .layout import TokenLayout  # noqa: F401
 # --- dmsa ---
 from .dmsa import dmsa, sparsemax  # noqa: F401
 from .rotary import rotary  # noqa: F401
@@ -65,7 +67,7 @@ from .baselines import class_attention, mhsa, mhsa_explicit, mssa, xca  # noqa: 
 # --- chunked LM-head cross-entropy ---
 from .linear_cross_entropy import linear_cross_entropy  # noqa: F401
 
-__all__ = ["tssa", "causal_tssa", "causal_tssa_step", "CausalTSSAState", "dmsa", "sparsemax", "rotary", "eca_compress",
+__all__ = ["tssa", "causal_tssa", "causal_tssa_step", "CausalTSSAState", "TokenLayout", "dmsa", "sparsemax", "rotary", "eca_compress",
            "eca_expand", "eca_omega", "orthonormal_basis", "cholesky_fallback_count", "cholesky_stats",
            "reset_cholesky_fallback_count", "class_attention", "mhsa", "mhsa_explicit", "mssa", "xca",
            "linear_cross_entropy"]

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from .constants import SAFE_MAX
-from .packing import Segments, segment_amax
+from .layout import Segments, segment_amax
 
 __all__ = ["SAFE_MAX", "document_scale", "head_scale", "rows_beyond_kernel_range", "scaled_eps"]
 

@@ -21,11 +21,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 
-from ..._checks import check_instance, check_step_input, check_tokens_input
+from ..._checks import check_instance, check_step_input
 from ..._utils import zero_padded
-from ...attention.causal import KVCache, packed_row
+from ...attention.causal import KVCache, causal_layout
 from ...ops.baselines import _mhsa
-from ...ops.packing import from_padded, to_padded
+from ...ops.layout import TokenLayout, from_padded, to_padded
 from .layers import apply_rope, rope_cos_sin, rope_inv_freq
 
 __all__ = ["RotaryCausalAttention"]
@@ -82,26 +82,30 @@ class RotaryCausalAttention(nn.Module):
         return _mhsa(q, self._repeat(k), self._repeat(v), keep, True, self.head_dim ** -0.5, drop)
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, *,
-                cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
+                cu_seqlens: Optional[torch.Tensor] = None, layout: Optional[TokenLayout] = None) -> torch.Tensor:
         """x (B, N, C), attn_mask (B, N) bool keep-mask -> y (B, N, C); y[:, t] depends only on the
         real tokens of x[:, :t+1]; padded outputs are 0. ``cu_seqlens`` (S + 1,) int32: x (1, N, C)
-        holds S packed documents, each attending causally within itself, positions from 0."""
-        if cu_seqlens is None:
-            return self.prefill(x, attn_mask)[0]
-        pk = packed_row(x, attn_mask, cu_seqlens, self.dim, self.q_proj.weight)  # documents side by side, each from 0
+        holds S packed documents, each attending causally within itself, positions from 0.
+        ``layout``: instead of ``attn_mask`` / ``cu_seqlens``, their
+        :class:`~whiteformer.ops.layout.TokenLayout` (a model's, built once for its blocks)."""
+        layout = causal_layout(x, attn_mask, cu_seqlens, layout, self.dim, self.q_proj.weight)
+        if not layout.packed:
+            return self._prefill(x, layout)[0]
+        pk = layout.packing  # documents side by side, each from 0
         q, k, v = (to_padded(t, pk) for t in self._qkv(x))
         q, k = self._rotate(q, k, torch.arange(q.shape[2], device=x.device))
         return self._out(from_padded(self._attend(q, k, v, pk.mask), pk))
 
-    def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, KVCache]:
-        """Like :meth:`forward`, also returning the key/value cache (rotated keys) of the N tokens."""
-        attn_mask = check_tokens_input(x, "x", self.dim, like=self.q_proj.weight, attn_mask=attn_mask)
+    def prefill(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, *,
+                layout: Optional[TokenLayout] = None) -> Tuple[torch.Tensor, KVCache]:
+        """Like :meth:`forward` (without packed documents), also returning the key/value cache (rotated
+        keys) of the N tokens."""
+        return self._prefill(x, causal_layout(x, attn_mask, None, layout, self.dim, self.q_proj.weight))
+
+    def _prefill(self, x: torch.Tensor, layout: TokenLayout) -> Tuple[torch.Tensor, KVCache]:
+        attn_mask = layout.mask
         q, k, v = self._qkv(zero_padded(x, attn_mask))  # a padded token takes no part, NaN/inf included
-        if attn_mask is None:
-            positions = torch.arange(x.shape[1], device=x.device)
-        else:
-            positions = (attn_mask.long().cumsum(dim=1) - 1).clamp_min(0)
-        q, k = self._rotate(q, k, positions)
+        q, k = self._rotate(q, k, layout.positions[0] if attn_mask is None else layout.positions)
         y = self._out(self._attend(q, k, v, attn_mask))
         return zero_padded(y, attn_mask), KVCache(k, v, attn_mask)
 

@@ -8,7 +8,6 @@ from typing import Optional, Union
 import torch
 
 from ..._checks import (
-    check_cu_seqlens,
     check_nonempty,
     check_probability,
     check_same_device,
@@ -18,15 +17,15 @@ from ..._compile import can_read_values
 from ..._dtypes import stats_dtype
 from .._kernels import fused_supported, has_kernel, kernel_for
 from .._kernels.fused import causal_tssa_fused, rows_checked
-from ..context_parallel import chunk_layout, local_checks
-from ..packing import from_padded, packed_layout, pads_little, segments, to_padded
-from ..tssa.dispatch import check_pos_bias, check_temp, check_tssa_args
+from ..context_parallel import local_checks
+from ..layout import TokenLayout, from_padded, to_padded
+from ..tssa.dispatch import check_layout_alone, check_pos_bias, check_temp, check_tssa_args, layout_group
 from .parallel import causal_tssa_parallel
 from .recurrent import causal_tssa_recurrent
 from .state import CausalTSSAState, check_state, position_logit_bias
 from .varlen import causal_tssa_varlen
 
-__all__ = ["causal_tssa", "causal_tssa_impl", "causal_tssa_step", "causal_tssa_step_impl"]
+__all__ = ["causal_tssa", "run", "causal_tssa_step", "run_step"]
 
 
 def causal_tssa(
@@ -41,6 +40,7 @@ def causal_tssa(
     training: bool = False,
     group=None,
     cu_seqlens: Optional[torch.Tensor] = None,
+    layout: Optional[TokenLayout] = None,
 ):
     """Causal Token Statistics Self-Attention (ToST Eq. (28) with memberships Eq. (39)).
 
@@ -87,11 +87,14 @@ def causal_tssa(
             convention: starts at 0, non-decreasing, ends at N) with ``w`` of shape (1, H, N, p):
             each document is its own sequence (own statistics, memberships, positions 0.. for
             ``pos_bias``: the longest document must fit ``T_max``), exactly as if run alone
-            (:mod:`whiteformer.ops.packing`: the PyTorch path works on the packed tokens
+            (:mod:`whiteformer.ops.layout`: the PyTorch path works on the packed tokens
             directly, the fused kernels on a padded layout if it wastes little). ``return_state``
             then gives one state per document (batch S, ``t`` the (S,) lengths). Not combined with ``attn_mask``. With a
             ``group``: the boundaries of the whole split row (the same on every rank); a document
             may span ranks.
+        layout: instead of ``attn_mask`` / ``cu_seqlens`` / ``group``, their
+            :class:`~whiteformer.ops.layout.TokenLayout` (``TokenLayout.of(w, ..., token_dim=2)``, or
+            a model's, built once for all its blocks): nothing of it is validated or read again.
 
     Returns:
         out (B, H, N, p) in ``w``'s dtype, or a tuple ``(out, [pi], [state])`` in that order.
@@ -102,42 +105,47 @@ def causal_tssa(
     state keeps its sums in units of that power of two (its ``scale``), so that steps from it are
     finite too and continue the sequence exactly as the parallel op.
     """
-    with local_checks(group, w):  # split: a rank failing these stops every rank (no wait in a collective)
-        temp, attn_mask, drop = check_tssa_args(w, temp, attn_mask, cu_seqlens, attn_drop, group, pos_bias)
-    return causal_tssa_impl(w, temp, pos_bias, attn_mask, return_pi, return_state, drop, training, group, cu_seqlens)
+    temp, drop, layout = _door(w, temp, pos_bias, attn_mask, cu_seqlens, attn_drop, group, layout)
+    return run(w, temp, pos_bias, layout=layout, return_pi=return_pi, return_state=return_state, attn_drop=drop,
+               training=training)
 
 
-def causal_tssa_impl(w, temp, pos_bias, attn_mask, return_pi, return_state, attn_drop, training, group, cu_seqlens):
-    """:func:`causal_tssa` on arguments already checked (``temp`` (H, 1), ``attn_mask`` bool or None,
-    the shapes of ``cu_seqlens``' row; its values and the length limit are checked here): the entry
-    of the layers, which check their own input."""
-    # packed: the fused kernels run the padded layout when it wastes little, else the PyTorch path
-    lengths = None
-    if cu_seqlens is not None and group is None:  # the documents' lengths: read and checked once, here
-        lengths = check_cu_seqlens(cu_seqlens, w.shape[2])
-    if cu_seqlens is not None and (group is not None or has_kernel("causal_tssa", w, training and attn_drop)
-                                   and pads_little(lengths)):
-        pk = packed_layout(w, attn_mask, cu_seqlens, group, lengths)
-        out, pi, *state = causal_tssa_impl(to_padded(w, pk), temp, pos_bias, pk.mask, True, return_state, attn_drop,
-                                           training, group, None)
-        res = (from_padded(out, pk),) + ((from_padded(pi, pk),) if return_pi else ()) + tuple(state)
-        return res if len(res) > 1 else res[0]
+def _door(w, temp, pos_bias, attn_mask, cu_seqlens, attn_drop, group, layout):
+    """:func:`causal_tssa`'s checks -> ``(temp (H, 1), attn_drop, the TokenLayout)``."""
+    with local_checks(layout_group(layout, group), w):  # split: a rank failing these stops every rank
+        temp, drop = check_tssa_args(w, temp, attn_drop, group, pos_bias, layout, attn_mask)
+        if layout is not None:
+            check_layout_alone(layout, w, attn_mask, cu_seqlens, group)
+    if layout is None:  # the table's length too: each rank checks the whole length against it
+        layout = TokenLayout.of(w, attn_mask, cu_seqlens, group, token_dim=2, name="w", row="(1, H, total, p)",
+                                same=[0 if pos_bias is None else pos_bias.shape[1]],
+                                same_name="cu_seqlens and pos_bias (its length T_max)")
+    return temp, drop, layout
+
+
+def run(w: torch.Tensor, temp: torch.Tensor, pos_bias: Optional[torch.Tensor] = None, *, layout: TokenLayout,
+        return_pi: bool = False, return_state: bool = False, attn_drop: float = 0.0, training: bool = False):
+    """:func:`causal_tssa` on checked arguments: ``temp`` (H, 1), the ``layout`` of w's tokens (its
+    mask, packed documents and group; :meth:`TokenLayout.of`), ``attn_drop`` a probability; the
+    length limit of ``pos_bias`` is checked here. The entry of the layers, which check their own
+    input; a model builds the layout once for all its blocks."""
+    if pos_bias is not None and layout.longest > pos_bias.shape[1]:
+        if layout.packed:
+            raise ValueError(f"the longest packed document ({layout.longest} tokens) exceeds the positional bias "
+                             f"table length T_max = {pos_bias.shape[1]} (pos_bias has shape {tuple(pos_bias.shape)})")
+        raise ValueError(f"sequence length N = {layout.longest} exceeds the positional bias table length T_max = "
+                         f"{pos_bias.shape[1]} (pos_bias has shape {tuple(pos_bias.shape)})")
+    if layout.packed:  # the fused kernels run the padded layout when it wastes little, else the PyTorch path
+        if layout.group is not None or has_kernel("causal_tssa", w, training and attn_drop) and layout.pads_little:
+            pk = layout.packing
+            out, pi, *state = run(to_padded(w, pk), temp, pos_bias, layout=layout.padded(), return_pi=True,
+                                  return_state=return_state, attn_drop=attn_drop, training=training)
+            res = (from_padded(out, pk),) + ((from_padded(pi, pk),) if return_pi else ()) + tuple(state)
+            return res if len(res) > 1 else res[0]
+        return _causal_varlen(w, temp, pos_bias, layout, attn_drop if training else 0.0, return_pi, return_state)
     n, p = w.shape[2], w.shape[3]
     drop_p = attn_drop if training else 0.0
-    if cu_seqlens is not None:  # the PyTorch path on the packed tokens, no padded layout
-        return _causal_varlen(w, temp, pos_bias, cu_seqlens, lengths, drop_p, return_pi, return_state)
-    start, total = 0, n
-    if group is not None:  # the table's length too: each rank checks the whole length against it below
-        start, total, real = chunk_layout(w, group, attn_mask, same=[0 if pos_bias is None else pos_bias.shape[1]],
-                                          same_name="cu_seqlens and pos_bias (its length T_max)")
-        if isinstance(real, torch.Tensor):  # split rows: the limit is on each sequence's real tokens
-            total = int(real.max()) if real.numel() else 0
-    elif pos_bias is not None and attn_mask is not None and can_read_values():
-        # padding has no position: the limit is on the real tokens (none in an empty batch)
-        total = int(attn_mask.sum(dim=-1).max()) if attn_mask.shape[0] else 0
-    if pos_bias is not None and total > pos_bias.shape[1]:
-        raise ValueError(f"sequence length N = {total} exceeds the positional bias table length T_max = "
-                         f"{pos_bias.shape[1]} (pos_bias has shape {tuple(pos_bias.shape)})")
+    attn_mask, group, start = layout.mask, layout.group, layout.start
     if pos_bias is not None and isinstance(start, torch.Tensor):  # rows without real tokens on this rank
         start = start.clamp_max(pos_bias.shape[1] - 1)
 
@@ -170,14 +178,9 @@ def causal_tssa_impl(w, temp, pos_bias, attn_mask, return_pi, return_state, attn
     return res
 
 
-def _causal_varlen(w, temp, pos_bias, cu_seqlens, lengths, drop_p, return_pi, return_state):
-    """:func:`causal_tssa` of a packed row on validated arguments (the documents' ``lengths``),
-    without a padded layout."""
-    seg = segments(cu_seqlens, lengths, w.device)
-    longest = max(seg.lengths)
-    if pos_bias is not None and longest > pos_bias.shape[1]:
-        raise ValueError(f"the longest packed document ({longest} tokens) exceeds the positional bias table "
-                         f"length T_max = {pos_bias.shape[1]} (pos_bias has shape {tuple(pos_bias.shape)})")
+def _causal_varlen(w, temp, pos_bias, layout: TokenLayout, drop_p, return_pi, return_state):
+    """:func:`causal_tssa` of a packed row (one process) on checked arguments, without a padded layout."""
+    seg = layout.segments
     out, pi, *sums = causal_tssa_varlen(w, temp, seg, pos_bias, drop_p)
     res = (out,) + ((pi,) if return_pi else ())
     if return_state:
@@ -216,13 +219,17 @@ def causal_tssa_step(
     check_pos_bias(pos_bias, w_t.shape[1])
     check_same_device(w_t, "w_t", temp=temp, pos_bias=pos_bias)
     drop = check_probability(attn_drop, "attn_drop")
-    return causal_tssa_step_impl(w_t, state, temp, pos_bias, return_pi, drop, training)
+    return run_step(w_t, state, temp, pos_bias, return_pi=return_pi, attn_drop=drop, training=training)
 
 
-def causal_tssa_step_impl(w_t, state, temp, pos_bias, return_pi, attn_drop, training):
+def run_step(w_t: torch.Tensor, state: Optional[CausalTSSAState], temp: torch.Tensor,
+             pos_bias: Optional[torch.Tensor] = None, *, return_pi: bool = False, attn_drop: float = 0.0,
+             training: bool = False, check_position: bool = True):
     """:func:`causal_tssa_step` on checked arguments (``temp`` (H, 1); the ``state`` and the length
-    limit are checked here): the entry of :meth:`whiteformer.attention.CausalTSSA.step`, which
-    checks its own input (no host read of ``temp`` at each generated token)."""
+    limit are checked here, the limit of a (B,) position by one host read unless ``check_position``
+    is False: a language model that checked its state's position against its context limit): the
+    entry of :meth:`whiteformer.attention.CausalTSSA.step`, which checks its own input (no host read
+    of ``temp`` at each generated token)."""
     b, h, p = w_t.shape
     drop_p = attn_drop if training else 0.0
     sd = stats_dtype(w_t)
@@ -237,7 +244,7 @@ def causal_tssa_step_impl(w_t, state, temp, pos_bias, return_pi, attn_drop, trai
     if pos_bias is not None:
         t_max = pos_bias.shape[1]
         if isinstance(t, torch.Tensor):  # not read while a graph is traced (an exported step)
-            too_long = can_read_values() and bool((t >= t_max).any())
+            too_long = check_position and can_read_values() and bool((t >= t_max).any())
         else:
             too_long = t >= t_max
         if too_long:

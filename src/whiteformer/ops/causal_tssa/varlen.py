@@ -1,7 +1,7 @@
 """Causal TSSA on packed documents without a padded layout (the native varlen PyTorch path).
 
 The formula of :func:`.parallel.causal_tssa_parallel` (ToST Eq. (28), memberships Eq. (39))
-with every prefix sum restarting at each document start (:func:`whiteformer.ops.packing.
+with every prefix sum restarting at each document start (:func:`whiteformer.ops.layout.
 segment_cumsum`, a segmented scan) and positions (for ``pos_bias``) counted from each document's
 first token::
 
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ..._dtypes import autocast_off, stats_dtype
 from ..constants import PI_EPS, RATIO_EPS
-from ..packing import Segments, segment_cumsum, segment_gather, segment_sum
+from ..layout import Segments, segment_cumsum, segment_gather, segment_sum
 from ..scaling import document_scale, scaled_eps
 from .parallel import prefix_ratio
 

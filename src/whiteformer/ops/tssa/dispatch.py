@@ -7,12 +7,10 @@ from typing import Optional, Tuple, Union
 import torch
 
 from ..._checks import (
-    check_cu_seqlens,
     check_finite,
     check_finite_real,
     check_heads_input,
     check_instance,
-    check_mask,
     check_probability,
     check_same_device,
     check_tensor,
@@ -21,12 +19,12 @@ from ..._checks import (
 from ..._dtypes import stats_dtype
 from .._kernels import fused_supported, has_kernel, kernel_for
 from .._kernels.fused import rows_checked, tssa_fused
-from ..context_parallel import chunk_layout, local_checks
-from ..packing import check_packed, from_padded, packed_layout, pads_little, segments, to_padded
+from ..context_parallel import local_checks
+from ..layout import TokenLayout, from_padded, to_padded
 from .parallel import tssa_parallel
 from .varlen import tssa_varlen
 
-__all__ = ["tssa", "tssa_impl"]
+__all__ = ["tssa", "run"]
 
 
 def check_temp(temp, heads: int, like: torch.Tensor, name: str = "temp") -> torch.Tensor:
@@ -57,20 +55,34 @@ def check_pos_bias(pos_bias, heads: int, name: str = "pos_bias") -> None:
         )
 
 
-def check_tssa_args(w, temp, attn_mask, cu_seqlens, attn_drop, group, pos_bias=None):
-    """The arguments that :func:`tssa` and :func:`~whiteformer.ops.causal_tssa` share (checked inside
-    their ``local_checks``): w (B, H, N, p) (N = 0 too on a rank of a ``group``), the packed row of
-    ``cu_seqlens``, ``temp``, ``pos_bias``, the (B, N) keep-mask, their devices and ``attn_drop``.
-    Returns ``(temp (H, 1), attn_mask as bool or None, attn_drop as a float)``."""
-    check_heads_input(w, allow_no_tokens=group is not None)  # split: a rank may hold no tokens
-    if cu_seqlens is not None:
-        check_packed(w, attn_mask, cu_seqlens)
+def check_tssa_args(w, temp, attn_drop, group, pos_bias=None, layout=None, attn_mask=None):
+    """The arguments that :func:`tssa` and :func:`~whiteformer.ops.causal_tssa` share besides the token
+    layout (checked inside their ``local_checks``; the layout: :meth:`TokenLayout.of`): w (B, H, N, p)
+    (N = 0 too on a rank of a split sequence), ``temp``, ``pos_bias``, their devices (and
+    ``attn_mask``'s) and ``attn_drop``. Returns ``(temp (H, 1), attn_drop as a float)``."""
+    split = layout_group(layout, group) is not None
+    check_heads_input(w, allow_no_tokens=split)  # split: a rank may hold no tokens
     temp = check_temp(temp, w.shape[1], w)
     check_pos_bias(pos_bias, w.shape[1])
-    attn_mask = check_mask(attn_mask, w.shape[0], w.shape[2])
     check_same_device(w, temp=temp, pos_bias=pos_bias, attn_mask=attn_mask)
     drop = check_probability(attn_drop, "attn_drop")
-    return temp, attn_mask, drop
+    return temp, drop
+
+
+def layout_group(layout, group):
+    """The process group of a call given ``group`` and a ``layout`` (None or a TokenLayout, checked here)."""
+    check_instance(layout, "layout", TokenLayout, "a TokenLayout (TokenLayout.of) or None", optional=True)
+    return group if layout is None else layout.group
+
+
+def check_layout_alone(layout, x: torch.Tensor, attn_mask, cu_seqlens, group, token_dim: int = 2,
+                       name: str = "w") -> None:
+    """A ``layout=`` (a TokenLayout) comes instead of ``attn_mask`` / ``cu_seqlens`` / ``group`` and
+    describes ``x``."""
+    check_instance(layout, "layout", TokenLayout, "a TokenLayout (TokenLayout.of) or None")
+    if attn_mask is not None or cu_seqlens is not None or group is not None:
+        raise ValueError("pass either layout or attn_mask / cu_seqlens / group: the layout already holds them")
+    layout.check_matches(x.shape[0], x.shape[token_dim], name)
 
 
 def tssa(
@@ -84,6 +96,7 @@ def tssa(
     normalize: bool = True,
     group=None,
     cu_seqlens: Optional[torch.Tensor] = None,
+    layout: Optional[TokenLayout] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Token Statistics Self-Attention (ToST Eq. (11), memberships Eq. (10)/(34)).
 
@@ -111,10 +124,13 @@ def tssa(
         cu_seqlens: optional (S + 1,) int32 boundaries of S packed documents (FlashAttention's
             convention: starts at 0, non-decreasing, ends at N) with ``w`` of shape (1, H, N, p):
             each document is its own sequence (its own statistics and memberships), exactly as
-            if run alone (:mod:`whiteformer.ops.packing`: the PyTorch path works on the packed
+            if run alone (:mod:`whiteformer.ops.layout`: the PyTorch path works on the packed
             tokens directly, the fused kernels on a padded layout if it wastes little). Not
             combined with ``attn_mask``. With a ``group``: the boundaries of the whole split row (the same on every rank); a document
             may span ranks.
+        layout: instead of ``attn_mask`` / ``cu_seqlens`` / ``group``, their
+            :class:`~whiteformer.ops.layout.TokenLayout` (``TokenLayout.of(w, ..., token_dim=2)``, or
+            a model's, built once for all its blocks): nothing of it is validated or read again.
 
     Returns:
         out (B, H, N, p) in ``w``'s dtype; with ``return_pi``, ``(out, pi)`` with pi (B, H, N)
@@ -127,32 +143,36 @@ def tssa(
     :func:`.parallel.tssa_parallel`; :func:`whiteformer.ops.reference.tssa_reference` is the literal
     one.
     """
-    with local_checks(group, w):  # split: a rank failing these stops every rank (no wait in a collective)
-        temp, attn_mask, drop = check_tssa_args(w, temp, attn_mask, cu_seqlens, attn_drop, group)
+    with local_checks(layout_group(layout, group), w):  # split: no rank waits in a collective
+        temp, drop = check_tssa_args(w, temp, attn_drop, group, None, layout, attn_mask)
         check_instance(normalize, "normalize", bool, "a bool")
-    return tssa_impl(w, temp, attn_mask, return_pi, drop, training, normalize, group, cu_seqlens)
+        if layout is not None:
+            check_layout_alone(layout, w, attn_mask, cu_seqlens, group)
+    if layout is None:  # the arguments that decide the collectives: the same on every rank
+        layout = TokenLayout.of(w, attn_mask, cu_seqlens, group, token_dim=2, name="w", row="(1, H, total, p)",
+                                same=[2 * normalize + (training and drop > 0)],
+                                same_name="cu_seqlens, normalize and attn_drop (training)")
+    return run(w, temp, layout=layout, return_pi=return_pi, attn_drop=drop, training=training, normalize=normalize)
 
 
-def tssa_impl(w, temp, attn_mask, return_pi, attn_drop, training, normalize, group, cu_seqlens):
-    """:func:`tssa` on arguments already checked (``temp`` (H, 1), ``attn_mask`` bool or None, the
-    shapes of ``cu_seqlens``' row; its values are read once here): the entry of the layers, which
-    check their own input."""
-    # packed: the fused kernels run the padded layout when it wastes little, else the PyTorch path
-    lengths = None
-    if cu_seqlens is not None and group is None:  # the documents' lengths: read and checked once, here
-        lengths = check_cu_seqlens(cu_seqlens, w.shape[2])
+def run(w: torch.Tensor, temp: torch.Tensor, *, layout: TokenLayout, return_pi: bool = False, attn_drop: float = 0.0,
+        training: bool = False, normalize: bool = True):
+    """:func:`tssa` on checked arguments: ``temp`` (H, 1), the ``layout`` of w's tokens
+    (:meth:`TokenLayout.of`), ``attn_drop`` a probability. The entry of the layers, which check
+    their own input; a model builds the layout once for all its blocks."""
     torch_only = not normalize or training and attn_drop
-    if cu_seqlens is not None and (group is not None or has_kernel("tssa", w, torch_only) and pads_little(lengths)):
-        pk = packed_layout(w, attn_mask, cu_seqlens, group, lengths)
-        out, pi = tssa_impl(to_padded(w, pk), temp, pk.mask, True, attn_drop, training, normalize, group, None)
+    group = layout.group
+    if layout.packed and (group is not None or has_kernel("tssa", w, torch_only) and layout.pads_little):
+        pk = layout.packing  # the fused kernels run the padded layout when it wastes little
+        out, pi = run(to_padded(w, pk), temp, layout=layout.padded(), return_pi=True, attn_drop=attn_drop,
+                      training=training, normalize=normalize)
         out, pi = from_padded(out, pk), from_padded(pi, pk)
         return (out, pi) if return_pi else out
     drop_p = attn_drop if training else 0.0
-    if cu_seqlens is not None:  # the PyTorch path on the packed tokens, no padded layout
-        out, pi = tssa_varlen(w, temp, segments(cu_seqlens, lengths, w.device), drop_p, normalize=normalize)
+    attn_mask = layout.mask
+    if layout.packed:  # the PyTorch path on the packed tokens, no padded layout
+        out, pi = tssa_varlen(w, temp, layout.segments, drop_p, normalize=normalize)
     elif group is not None:
-        # the same (B, H, p) on every rank, and the arguments that decide the collectives below
-        chunk_layout(w, group, same=[normalize, drop_p > 0], same_name="cu_seqlens, normalize and attn_drop (training)")
         out, pi = tssa_parallel(w, temp, attn_mask, drop_p, normalize=normalize, group=group)
     elif normalize and drop_p == 0.0:
         # the batch rows past a kernel's range take the rescaled PyTorch path

@@ -2,7 +2,7 @@
 
 The formula of :func:`.parallel.tssa_parallel` (ToST Eq. (11), memberships Eqs. (32)-(34)) with
 every sum over tokens taken per document: for a row of ``total`` tokens from S documents
-(:mod:`whiteformer.ops.packing`), per head and document d(n) of token n::
+(:mod:`whiteformer.ops.layout`), per head and document d(n) of token n::
 
     R_n    = sum_p x_np^2 / max(sum_{m in d(n)} x_mp^2, NORM_EPS^2)
     Pi     = softmax_heads(temp * R)
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ..._dtypes import autocast_off, stats_dtype
 from ..constants import NORM_EPS, PI_EPS
-from ..packing import Segments, segment_sum
+from ..layout import Segments, segment_sum
 from ..scaling import document_scale, scaled_eps
 
 __all__ = ["tssa_varlen"]
