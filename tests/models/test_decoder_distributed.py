@@ -3,7 +3,8 @@
 - Context parallelism: the all-TSSA decoder (``tost_decoder_base``) on a sequence split over the
   ranks gives the unsplit model's rows of the logits, its loss (on every rank) and, averaged over the
   group, its gradients: padded batches (uneven chunks, an empty chunk), ``loss_chunk``, and packed
-  ``cu_seqlens`` documents spanning ranks. A model with a softmax layer (``decoder_base``, a
+  ``cu_seqlens`` documents spanning ranks, with gradient checkpointing too; a rank failing its
+  input checks makes the other raise, not hang. A model with a softmax layer (``decoder_base``, a
   ``keep_softmax`` hybrid) refuses at ``set_context_parallel`` with one ValueError, as the GPT shell does.
 - FSDP2 (``shard_model``, what ``whiteformer train --fsdp`` runs): softmax, TSSA and hybrid decoders
   trained data-parallel with sharded parameters take the same optimizer steps as one process on the
@@ -110,6 +111,15 @@ def _context_parallel_worker(rank: int, world: int, store: str) -> None:
         model.set_grad_checkpointing(checkpointed)
         for sizes in ([5, 4], [9, 0]):  # uneven chunks; rank 1 without tokens
             _check_split(model, group, sizes)
+    # rank 1's token ids out of range: its own error there, one naming rank 1 on rank 0 (not a hang)
+    idx = torch.randint(0, V, (2, 4)) + V * (rank == 1)
+    model.set_context_parallel(group)
+    try:
+        match = "token ids in" if rank == 1 else "rank 1 of the group failed its input checks.*token ids in"
+        with pytest.raises(ValueError, match=match):
+            model(idx, idx % V)
+    finally:
+        model.set_context_parallel(None)
     for variant, block in (("decoder_base", 0), ("hybrid", 1)):
         softmax = _model(variant)
         with pytest.raises(ValueError, match=f"^DecoderLM cannot run context-parallel: block {block} is softmax "
