@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from test_context_parallel import check_lm_split
+
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
 
 V = 37
@@ -62,45 +64,12 @@ def _model(variant: str):
 
 
 def _check_split(model, group, sizes) -> None:
-    """Rows of the logits, the loss and the group's mean gradient of the split model equal the
-    unsplit model's, for a padded batch (ignored targets), ``loss_chunk`` and a packed row of
-    documents spanning ranks; generation and intermediates refuse while split."""
-    rank, world, n = dist.get_rank(group), dist.get_world_size(group), sum(sizes)
-    lo, hi = sum(sizes[:rank]), sum(sizes[:rank + 1])
+    """:func:`check_lm_split` on token ids of the decoder's vocabulary (packed: 3 documents, the
+    second spanning the ranks' boundary)."""
+    n = sum(sizes)
     g = torch.Generator().manual_seed(n)
-    idx = torch.randint(0, V, (2, n), generator=g)
-    targets = torch.randint(0, V, (2, n), generator=g)
-    targets[0, :3] = -1
-    mask = torch.ones(2, n, dtype=torch.bool)
-    mask[1, :2] = False  # left padding, on rank 0's chunk only
-    bounds = torch.tensor([0, 3, 7, n], dtype=torch.int32)  # the second document spans the boundary
-    masked = (dict(attn_mask=mask), dict(attn_mask=None if bool(mask[:, lo:hi].all()) else mask[:, lo:hi]))
-    packed = (dict(cu_seqlens=bounds), dict(cu_seqlens=bounds))
-    for loss_chunk, rows, (kw_full, kw_split) in ((None, slice(None), masked), (4, slice(None), masked),
-                                                  (None, slice(0, 1), packed)):
-        model.zero_grad()
-        logits, loss = model(idx[rows], targets[rows], loss_chunk=loss_chunk, **kw_full)
-        loss.backward()
-        full = {k: p.grad.clone() for k, p in model.named_parameters()}
-        model.zero_grad()
-        model.set_context_parallel(group)
-        try:
-            logits_r, loss_r = model(idx[rows, lo:hi], targets[rows, lo:hi], loss_chunk=loss_chunk, **kw_split)
-            loss_r.backward()
-            for what, call in (("generate", lambda: model.generate(idx[:, :2], 1)),
-                               ("prefill / generation", lambda: model.prefill(idx[:, :2])),
-                               ("forward_intermediates", lambda: model.forward_intermediates(idx[:, :2]))):
-                with pytest.raises(ValueError, match=f"^{what} runs on one process; the model is context-parallel"):
-                    call()
-        finally:
-            model.set_context_parallel(None)
-        torch.testing.assert_close(loss_r, loss, **TOL)
-        if logits is not None:
-            torch.testing.assert_close(logits_r, logits[:, lo:hi], **TOL)
-        for k, p in model.named_parameters():
-            mean = p.grad.clone()
-            dist.all_reduce(mean, group=group)
-            torch.testing.assert_close(mean / world, full[k], **TOL, msg=k)
+    idx, targets = torch.randint(0, V, (2, 2, n), generator=g)
+    check_lm_split(model, group, sizes, idx, targets, [0, 3, 7, n])
 
 
 def _context_parallel_worker(rank: int, world: int, store: str) -> None:

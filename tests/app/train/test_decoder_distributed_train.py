@@ -2,7 +2,6 @@
 under torchrun with 2 CPU processes (gloo): the all-TSSA student with ``--context-parallel 2`` and the
 hybrid (a softmax layer kept) with ``--fsdp`` give the same losses and model as one process; the
 hybrid under ``--context-parallel`` is one ``error:`` line per rank and writes nothing."""
-import json
 import os
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from safetensors.torch import load_file
 from test_context_parallel_train import COMMON as CP_COMMON
 from test_context_parallel_train import SRC
 from test_ddp import cli_args
+from test_fsdp import _losses
 from whiteformer.app.train import TrainConfig, train
 
 pytestmark = [pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available"),
@@ -57,11 +57,6 @@ def _one_process(student, out):
         train(TrainConfig(finetune=str(student), out=str(out), unlimited_length=True, **COMMON))
     finally:
         torch.set_num_threads(n)
-
-
-def _losses(run):
-    return [r["train_loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-            if "train_loss" in r]
 
 
 def _same_run(a, b):
