@@ -121,13 +121,10 @@ def _collectives(group) -> None:
 
 
 def _check_lm(group, sizes) -> None:
-    """A ToST LM (global position embedding and position bias, a padding mask, ignored targets;
-    packed documents spanning ranks): rows of the logits, the loss (same on every rank) and the gradients averaged over the group
-    equal the unsplit model's; GPT refuses."""
+    """A ToST LM (global position embedding and position bias) split as :func:`check_lm_split`; GPT refuses."""
     from whiteformer.models.lm import GPTLM, ToSTLM
 
-    rank, n = dist.get_rank(group), sum(sizes)
-    lo, hi = sum(sizes[:rank]), sum(sizes[:rank + 1])
+    n = sum(sizes)
     torch.manual_seed(3)
     model = ToSTLM(vocab_size=11, dim=8, depth=2, num_heads=2, max_len=n + 2).double()
     with torch.no_grad():
@@ -137,10 +134,24 @@ def _check_lm(group, sizes) -> None:
             blk.gamma2.fill_(0.5)
     idx = torch.randint(0, 11, (2, n))
     targets = torch.randint(0, 11, (2, n))
+    check_lm_split(model, group, sizes, idx, targets, {2: [0, 3, 7, 9], 3: [0, 2, 6, 9]}[len(sizes)])
+    with pytest.raises(ValueError, match="ring attention"):
+        GPTLM(vocab_size=11, dim=8, depth=1, num_heads=2).set_context_parallel(group)
+
+
+def check_lm_split(model, group, sizes, idx, targets, bounds) -> None:
+    """A float64 causal LM split over ``group`` (chunk ``sizes`` in group rank order) on idx and
+    targets (2, N) (a padding mask, ignored targets; the loss ``loss_chunk`` tokens at a time; row 0
+    as packed documents ``bounds`` spanning ranks): rows of the logits, the loss (same on every rank)
+    and the gradients averaged over the group equal the unsplit model's; generation and
+    intermediates refuse while split."""
+    rank, n = dist.get_rank(group), sum(sizes)
+    lo, hi = sum(sizes[:rank]), sum(sizes[:rank + 1])
+    targets = targets.clone()
     targets[0, :3] = -1
     mask = torch.ones(2, n, dtype=torch.bool)
     mask[1, :2] = False
-    bounds = torch.tensor({2: [0, 3, 7, 9], 3: [0, 2, 6, 9]}[len(sizes)], dtype=torch.int32)
+    bounds = torch.tensor(bounds, dtype=torch.int32)
     masked = (dict(attn_mask=mask), dict(attn_mask=mask[:, lo:hi]))
     packed = (dict(cu_seqlens=bounds), dict(cu_seqlens=bounds))  # one row of documents spanning ranks
     for loss_chunk, rows, (kw_full, kw_split) in ((None, slice(None), masked), (4, slice(None), masked),
@@ -169,9 +180,6 @@ def _check_lm(group, sizes) -> None:
             mean = p.grad.clone()
             dist.all_reduce(mean, group=group)
             torch.testing.assert_close(mean / len(sizes), full[k], **TOL, msg=k)
-    with pytest.raises(ValueError, match="ring attention"):
-        GPTLM(vocab_size=11, dim=8, depth=1, num_heads=2).set_context_parallel(group)
-
 
 def _check_vision(group, img_size: int = 16) -> None:
     """A ToST vision model (BatchNorm stem in training mode, two class-attention blocks): the logits

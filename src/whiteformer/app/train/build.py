@@ -54,7 +54,9 @@ def build_model(name: str, ds, model_args: Dict[str, Any], finetune: Optional[st
     ``finetune``: the checkpoint is loaded with its own head, then a classifier gets a new head
     when the number of classes differs. ``unlimited_length``: a model built from scratch also gets
     the arguments its class names as ``length_free_kwargs`` (a ToST language model: no absolute
-    positions and no position bias, so no length limit), unless ``model_args`` sets them.
+    positions and no position bias, so no length limit; a decoder: ``max_len=None``), unless
+    ``model_args`` sets them. A ``finetune`` checkpoint keeps its context limit (``max_len``); a
+    ``block_size`` above it is a :class:`ConfigError`.
     A model whose class states a ``model_kind`` the task does not use is refused before building.
     """
     from ...models import create_model
@@ -65,16 +67,20 @@ def build_model(name: str, ds, model_args: Dict[str, Any], finetune: Optional[st
     task.check_model_kind(name, getattr(cls, "model_kind", None), ds)
     defaults, fixed = task.model_kwargs(ds, finetune=finetune, block_size=block_size)
     defaults = {k: v for k, v in defaults.items() if k not in task.optional_model_kwargs or _takes(cls, k)}
-    kw = {**defaults, **model_args}
     optional = {} if (finetune is not None or not unlimited_length) else \
-        {k: v for k, v in getattr(cls, "length_free_kwargs", {}).items() if k not in kw}
+        {k: v for k, v in getattr(cls, "length_free_kwargs", {}).items() if k not in model_args}
+    kw = {**defaults, **optional, **model_args}
     try:
-        model = create_model(name, checkpoint_path=finetune, **fixed, **optional, **kw)
+        model = create_model(name, checkpoint_path=finetune, **fixed, **kw)
     except FileNotFoundError as err:
         raise ConfigError(f"finetune checkpoint: {err}") from err
     except (TypeError, ValueError) as err:
         raise ConfigError(f"cannot build model {name!r} for {ds.name} ({task.describe_data(ds)}) with {kw}: {err}"
                           f"{task.model_hint(str(err))}") from err
+    limit = getattr(model, "context_limit", None)
+    if finetune is not None and block_size is not None and isinstance(limit, int) and block_size > limit:
+        raise ConfigError(f"block_size {block_size} exceeds the context limit {limit} of the finetune checkpoint "
+                          f"{finetune!r} (its max_len); lower --block-size")
     return task.adapt_model(model, ds, finetune)
 
 

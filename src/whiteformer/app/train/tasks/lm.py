@@ -85,7 +85,7 @@ class LMTask(CausalLMData, Task):
     @classmethod
     def model_kwargs(cls, ds, *, finetune=None, block_size=None):
         kw: Dict[str, Any] = {"vocab_size": ds.vocab_size}
-        if block_size is not None:
+        if block_size is not None and finetune is None:  # a checkpoint keeps its own context limit
             kw["max_len"] = block_size
         if getattr(ds, "eod_id", None) is not None:
             kw["eos_token_id"] = ds.eod_id
