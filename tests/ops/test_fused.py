@@ -150,6 +150,32 @@ def test_causal_chunk_parallel_schedule(kernel, monkeypatch, threads):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("masked", [False, True])
+def test_causal_backward_schedules_agree(kernel, monkeypatch, threads, masked):
+    """The backward's two schedules (mode 1: one reverse sweep per sequence carrying the sums over
+    later tokens; mode 0: chunks swept in parallel from the chunk sums) give the same gradients of
+    every output, the final state included, at any thread count."""
+    monkeypatch.setattr(fused, "CHUNK", 4)
+    w, temp = _inputs((2, 3, 37, 5), torch.float64)
+    lb = torch.randn(2, 3, 37, dtype=torch.float64, requires_grad=True)
+    mask = _mask(2, 37) if masked else None
+    outs = [torch.randn(s, dtype=torch.float64) for s in ((2, 3, 37, 5), (2, 3, 37), (2, 3, 5), (2, 3), (2, 3, 5))]
+    grads = {}
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        for mode in (0, 1):
+            monkeypatch.setattr(fused, "CAUSAL_MODE", mode)
+            res = fused.causal_tssa_fused(w, temp, lb, mask)[:5]
+            loss = sum((r * g).sum() for r, g in zip(res, outs))
+            grads[mode] = torch.autograd.grad(loss, (w, temp, lb))
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(grads[0], grads[1]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
 def test_double_backward(kernel):
     """create_graph=True (e.g. gradient penalties) recomputes differentiably: gradgradcheck."""
     w, temp = _inputs((2, 3, 4, 3), torch.float64)

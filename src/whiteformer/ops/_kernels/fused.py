@@ -56,7 +56,12 @@ dL/dPi_s = gPi_s - sum_j w g G + sum_j U_sj w_sj^2 + V_s, Lambda and lambda = te
 dL/dw = -Pi g G + 2 w (U Pi + lambda / max(E, 1e-12) + W). The forward reads w once and writes
 out once (one sequential scan per sequence; with fewer sequences than threads, a two-stage
 pipeline on two threads) and saves the prefix sums (E, Q, M) at every chunk start
-(O(B H p N / 256), a few % of w); the backward recomputes each chunk from them.
+(O(B H p N / 256), a few % of w). The backward needs at token s only sums over the later tokens
+(U, V, W), so it sweeps each sequence once in reverse, chunk by chunk: a forward recompute of the
+chunk from its checkpoint into an L2-sized scratch, then one reverse scan giving lambda, dtemp and
+dw (w and G read once from memory, dw written once). With fewer sequences than threads the chunks
+are swept in parallel instead: a first pass forms the chunk sums of dL/dQ and dL/dM, and a last
+one adds ``2 w W`` (W at the chunk's end, which enters dw linearly).
 """
 from __future__ import annotations
 
@@ -231,23 +236,23 @@ def _(w, temp, lb, mask, mode, chunk):
 def _causal_bwd(
     grad_out: Tensor, grad_pi: Optional[Tensor], grad_e: Optional[Tensor], grad_q: Optional[Tensor],
     grad_m: Optional[Tensor], w: Tensor, temp: Tensor, lb: Optional[Tensor], mask: Optional[Tensor],
-    pi: Tensor, ec: Tensor, qc: Tensor, mc: Tensor, chunk: int,
+    pi: Tensor, ec: Tensor, qc: Tensor, mc: Tensor, mode: int, chunk: int,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     dw, dlb, dtemp = _ext().causal_bwd(grad_out, grad_pi, grad_e, grad_q, grad_m, w, temp, lb, mask, pi, ec, qc,
-                                       mc, chunk)
+                                       mc, mode, chunk)
     return dw, dlb, dtemp
 
 
 @_causal_bwd.register_fake
-def _(grad_out, grad_pi, grad_e, grad_q, grad_m, w, temp, lb, mask, pi, ec, qc, mc, chunk):
+def _(grad_out, grad_pi, grad_e, grad_q, grad_m, w, temp, lb, mask, pi, ec, qc, mc, mode, chunk):
     b, h, n, _ = w.shape
     return torch.empty_like(w), w.new_empty(b, h, n), _d64(w, b, h)
 
 
 def _causal_setup(ctx, inputs, output):
-    w, temp, lb, mask, _, chunk = inputs
+    w, temp, lb, mask, mode, chunk = inputs
     _, pi, ec, qc, mc, _ = output
-    ctx.chunk = chunk
+    ctx.mode, ctx.chunk = mode, chunk
     ctx.has_lb = lb is not None
     ctx.save_for_backward(w, temp, lb, mask, pi, ec, qc, mc)
 
@@ -270,7 +275,7 @@ def _causal_backward(ctx, g_out, g_pi, g_ec, g_qc, g_mc, _):
     g_out = torch.zeros_like(w) if g_out is None else _rows(g_out)
     g_pi = None if g_pi is None else g_pi.contiguous()
     dw, dlb, dtemp = _causal_bwd(g_out, g_pi, _last(g_ec), _last(g_qc), _last(g_mc), w, temp, lb, mask, pi, ec, qc,
-                                 mc, ctx.chunk)
+                                 mc, ctx.mode, ctx.chunk)
     return dw, dtemp.sum(0).to(temp.dtype).view_as(temp), dlb if ctx.has_lb else None, None, None, None
 
 
