@@ -176,6 +176,42 @@ def test_causal_backward_schedules_agree(kernel, monkeypatch, threads, masked):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("kind", ["tssa", "causal"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_direct_call_matches_custom_op(kernel, monkeypatch, kind, grad):
+    """An eager call runs the extension directly (no custom-op dispatch); the custom op that a traced
+    graph runs gives the same outputs and gradients, bit for bit."""
+    w, temp = _inputs((2, 3, 9, 48), torch.float32, grad=grad)
+    mask = _mask(2, 9)
+    lb = torch.randn(2, 3, 9, requires_grad=grad)
+    g = [torch.randn(2, 3, 9, 48), torch.randn(2, 3, 9)]
+
+    def run():
+        outs = fused.tssa_fused(w, temp, mask) if kind == "tssa" else fused.causal_tssa_fused(w, temp, lb, mask)[:2]
+        if not grad:
+            return outs
+        params = (w, temp) if kind == "tssa" else (w, temp, lb)
+        return outs + torch.autograd.grad(sum((o * x).sum() for o, x in zip(outs, g)), params)
+
+    direct = run()
+    monkeypatch.setattr(fused, "_eager", lambda *t: False)
+    for a, b in zip(direct, run()):
+        assert torch.equal(a, b)
+
+
+def test_cpu_custom_ops_pass_opcheck(kernel):
+    """Schemas, fake (meta) implementations and autograd registrations of the CPU custom ops agree
+    with the kernel."""
+    w = torch.randn(1, 2, 5, 3, dtype=torch.float64)
+    temp = torch.rand(2, 1, dtype=torch.float64) + 0.5
+    mask = torch.tensor([[True, False, True, True, True]])
+    lb = torch.randn(1, 2, 5, dtype=torch.float64)
+    tests = ("test_schema", "test_faketensor", "test_autograd_registration")
+    torch.library.opcheck(fused._tssa_fwd, (w, temp, mask, 2), test_utils=tests)
+    for mode in (0, 1):
+        torch.library.opcheck(fused._causal_fwd, (w, temp, lb, mask, mode, 2), test_utils=tests)
+
+
 def test_double_backward(kernel):
     """create_graph=True (e.g. gradient penalties) recomputes differentiably: gradgradcheck."""
     w, temp = _inputs((2, 3, 4, 3), torch.float64)
