@@ -199,6 +199,28 @@ def test_direct_call_matches_custom_op(kernel, monkeypatch, kind, grad):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("kind", ["tssa", "causal"])
+def test_large_outputs_match_torch_path(kernel, kind):
+    """Outputs of 8 MB and more (a fresh block gets huge pages; a block already in memory, as on the
+    second call, non-temporal stores, also forced below their usual size) hold the values of the
+    PyTorch path, forward and backward."""
+    from whiteformer.ops.causal_tssa.parallel import causal_tssa_parallel
+    from whiteformer.ops.tssa.parallel import tssa_parallel
+
+    w, temp = _inputs((1, 8, 6000, 48), torch.float32)
+    g = torch.randn(w.shape)
+    ref = tssa_parallel(w, temp, None)[0] if kind == "tssa" else causal_tssa_parallel(w, temp, None, None)[0]
+    want = (ref, *torch.autograd.grad((ref * g).sum(), (w, temp)))
+    try:
+        for threshold in (-1, -1, 0):
+            kernel.set_stream_min_bytes(threshold)
+            out = fused.tssa_fused(w, temp)[0] if kind == "tssa" else fused.causal_tssa_fused(w, temp)[0]
+            for a, b in zip((out, *torch.autograd.grad((out * g).sum(), (w, temp))), want):
+                _assert_rel(a, b)
+    finally:
+        kernel.set_stream_min_bytes(-1)
+
+
 def test_cpu_custom_ops_pass_opcheck(kernel):
     """Schemas, fake (meta) implementations and autograd registrations of the CPU custom ops agree
     with the kernel."""

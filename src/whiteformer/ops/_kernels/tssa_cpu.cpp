@@ -270,19 +270,37 @@ bool resident(const void* p, int64_t bytes) {
   return true;
 }
 
-// non-temporal stores when the output is larger than half the last-level cache (stream_min_bytes),
-// its pages are in memory already (resident) and its rows are 32-byte aligned (p a compile-time
-// constant with p * sizeof(T) % 32 == 0)
+// Transparent huge pages for the 2 MB-aligned interior of a fresh block (one fault per 2 MB
+// instead of per 4 KB page; the kernel honours it where THP is "always" or "madvise"). Measured
+// on a 100 MB block: first touch 224 -> 110 ms, against 89 ms for a block already in memory.
+void advise_huge_pages(const void* p, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const uintptr_t huge = uintptr_t(2) << 20, a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t lo = (a + huge - 1) / huge * huge, hi = (a + bytes) / huge * huge;
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+// Prepares a large output (w-sized, before its first write) and says whether to write it with
+// non-temporal stores: a fresh block (pages not yet in memory, see resident) of 8 MB or more gets
+// huge pages and plain stores; a block in memory already gets non-temporal stores when it is
+// larger than half the last-level cache (stream_min_bytes) and its rows are 32-byte aligned (p a
+// compile-time constant with p * sizeof(T) % 32 == 0)
 template <typename T, int PC>
 bool want_stream(const at::Tensor& out) {
+  const int64_t bytes = out.numel() * int64_t(sizeof(T));
+  const bool fresh = bytes >= (int64_t(8) << 20) && !resident(out.data_ptr(), bytes);
+  if (fresh) advise_huge_pages(out.data_ptr(), bytes);
 #if defined(__AVX__)
-  if (PC == 0 || (PC * sizeof(T)) % 32 != 0 || out.numel() * int64_t(sizeof(T)) < stream_min_bytes()) return false;
+  if (fresh || PC == 0 || (PC * sizeof(T)) % 32 != 0 || bytes < stream_min_bytes()) return false;
   if (reinterpret_cast<uintptr_t>(out.data_ptr()) % 32 != 0) return false;
   for (int d = 0; d < 3; ++d)
     if ((out.stride(d) * int64_t(sizeof(T))) % 32 != 0) return false;
-  return resident(out.data_ptr(), out.numel() * int64_t(sizeof(T)));
+  return resident(out.data_ptr(), bytes);
 #else
-  (void)out;
   return false;
 #endif
 }
