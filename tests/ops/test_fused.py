@@ -3,6 +3,8 @@ against the references (float64 tight, float32 within 1e-5), gradcheck, strides,
 (kernel used when available; torch path for other dtypes, devices, dropout, the environment
 variable), torch.compile and the memory kept for backward."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -219,6 +221,18 @@ def test_large_outputs_match_torch_path(kernel, kind):
                 _assert_rel(a, b)
     finally:
         kernel.set_stream_min_bytes(-1)
+
+
+def test_jit_trace_records_the_custom_op(kernel):
+    """torch.jit.trace sees the custom op, not a direct call it could only record as a constant: the
+    traced function follows a new input."""
+    w, temp = _inputs((1, 2, 6, 4), torch.float32, grad=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the host read of the overflow flags
+        traced = torch.jit.trace(lambda x: fused.tssa_fused(x, temp)[0], (w,), check_trace=False)
+    assert "whiteformer::tssa_fused_fwd" in str(traced.graph)
+    w2 = torch.randn_like(w)
+    torch.testing.assert_close(traced(w2), fused.tssa_fused(w2, temp)[0])
 
 
 def test_cpu_custom_ops_pass_opcheck(kernel):

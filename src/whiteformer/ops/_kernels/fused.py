@@ -105,10 +105,11 @@ def _d64(t: Tensor, *shape) -> Tensor:
 
 def _eager(*tensors: Optional[Tensor]) -> bool:
     """Whether the extension may be called directly, without the custom op around it: plain CPU
-    tensors, nothing tracing the call (torch.compile, export, a dispatch mode such as fake tensors)
-    and no torch.func transform. A direct call skips the custom op's dispatch (about 4x the
-    kernel's own time on a small sequence); inside a traced graph the custom op must run."""
-    return (not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None
+    tensors, nothing tracing the call (torch.compile, export, ``torch.jit.trace``, a dispatch mode
+    such as fake tensors) and no torch.func transform. A direct call skips the custom op's dispatch
+    (about 4x the kernel's own time on a small sequence); inside a traced graph the custom op must
+    run."""
+    return (not torch.compiler.is_compiling() and not torch.jit.is_tracing() and _get_current_dispatch_mode() is None
             and not torch._C._are_functorch_transforms_active()
             and all(t is None or (type(t) is Tensor and t.device.type == "cpu") for t in tensors))
 
