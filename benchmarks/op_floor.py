@@ -18,7 +18,8 @@ Timing: ``--rounds`` round-robin rounds over the candidates (clone, tssa, causal
 one untimed call of each, so that a change of machine load affects all alike; the ratio is the
 median over rounds of time(op) / time(clone) of the same round. Each row names the target it is
 compared with (``TARGETS``) and whether it is met; a row that misses its target carries a short
-profile of one call (``torch.profiler``: the top 3 ops by self CPU time).
+profile of one call (``torch.profiler``: the top 3 ops by self CPU time; the C++ kernels record
+each of their passes as a range of its own, so the entries name the passes).
 
 Usage::
 

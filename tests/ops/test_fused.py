@@ -3,6 +3,8 @@ against the references (float64 tight, float32 within 1e-5), gradcheck, strides,
 (kernel used when available; torch path for other dtypes, devices, dropout, the environment
 variable), torch.compile and the memory kept for backward."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -148,6 +150,102 @@ def test_causal_chunk_parallel_schedule(kernel, monkeypatch, threads):
         torch.set_num_threads(before)
     for a, b in zip(chunked, one_pass):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("masked", [False, True])
+def test_causal_backward_schedules_agree(kernel, monkeypatch, threads, masked):
+    """The backward's two schedules (mode 1: one reverse sweep per sequence carrying the sums over
+    later tokens; mode 0: chunks swept in parallel from the chunk sums) give the same gradients of
+    every output, the final state included, at any thread count."""
+    monkeypatch.setattr(fused, "CHUNK", 4)
+    w, temp = _inputs((2, 3, 37, 5), torch.float64)
+    lb = torch.randn(2, 3, 37, dtype=torch.float64, requires_grad=True)
+    mask = _mask(2, 37) if masked else None
+    outs = [torch.randn(s, dtype=torch.float64) for s in ((2, 3, 37, 5), (2, 3, 37), (2, 3, 5), (2, 3), (2, 3, 5))]
+    grads = {}
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        for mode in (0, 1):
+            monkeypatch.setattr(fused, "CAUSAL_MODE", mode)
+            res = fused.causal_tssa_fused(w, temp, lb, mask)[:5]
+            loss = sum((r * g).sum() for r, g in zip(res, outs))
+            grads[mode] = torch.autograd.grad(loss, (w, temp, lb))
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(grads[0], grads[1]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("kind", ["tssa", "causal"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_direct_call_matches_custom_op(kernel, monkeypatch, kind, grad):
+    """An eager call runs the extension directly (no custom-op dispatch); the custom op that a traced
+    graph runs gives the same outputs and gradients, bit for bit."""
+    w, temp = _inputs((2, 3, 9, 48), torch.float32, grad=grad)
+    mask = _mask(2, 9)
+    lb = torch.randn(2, 3, 9, requires_grad=grad)
+    g = [torch.randn(2, 3, 9, 48), torch.randn(2, 3, 9)]
+
+    def run():
+        outs = fused.tssa_fused(w, temp, mask) if kind == "tssa" else fused.causal_tssa_fused(w, temp, lb, mask)[:2]
+        if not grad:
+            return outs
+        params = (w, temp) if kind == "tssa" else (w, temp, lb)
+        return outs + torch.autograd.grad(sum((o * x).sum() for o, x in zip(outs, g)), params)
+
+    direct = run()
+    monkeypatch.setattr(fused, "_eager", lambda *t: False)
+    for a, b in zip(direct, run()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["tssa", "causal"])
+def test_large_outputs_match_torch_path(kernel, kind):
+    """Outputs of 8 MB and more (a fresh block gets huge pages; a block already in memory, as on the
+    second call, non-temporal stores, also forced below their usual size) hold the values of the
+    PyTorch path, forward and backward."""
+    from whiteformer.ops.causal_tssa.parallel import causal_tssa_parallel
+    from whiteformer.ops.tssa.parallel import tssa_parallel
+
+    w, temp = _inputs((1, 8, 6000, 48), torch.float32)
+    g = torch.randn(w.shape)
+    ref = tssa_parallel(w, temp, None)[0] if kind == "tssa" else causal_tssa_parallel(w, temp, None, None)[0]
+    want = (ref, *torch.autograd.grad((ref * g).sum(), (w, temp)))
+    try:
+        for threshold in (-1, -1, 0):
+            kernel.set_stream_min_bytes(threshold)
+            out = fused.tssa_fused(w, temp)[0] if kind == "tssa" else fused.causal_tssa_fused(w, temp)[0]
+            for a, b in zip((out, *torch.autograd.grad((out * g).sum(), (w, temp))), want):
+                _assert_rel(a, b)
+    finally:
+        kernel.set_stream_min_bytes(-1)
+
+
+def test_jit_trace_records_the_custom_op(kernel):
+    """torch.jit.trace sees the custom op, not a direct call it could only record as a constant: the
+    traced function follows a new input."""
+    w, temp = _inputs((1, 2, 6, 4), torch.float32, grad=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the host read of the overflow flags
+        traced = torch.jit.trace(lambda x: fused.tssa_fused(x, temp)[0], (w,), check_trace=False)
+    assert "whiteformer::tssa_fused_fwd" in str(traced.graph)
+    w2 = torch.randn_like(w)
+    torch.testing.assert_close(traced(w2), fused.tssa_fused(w2, temp)[0])
+
+
+def test_cpu_custom_ops_pass_opcheck(kernel):
+    """Schemas, fake (meta) implementations and autograd registrations of the CPU custom ops agree
+    with the kernel."""
+    w = torch.randn(1, 2, 5, 3, dtype=torch.float64)
+    temp = torch.rand(2, 1, dtype=torch.float64) + 0.5
+    mask = torch.tensor([[True, False, True, True, True]])
+    lb = torch.randn(1, 2, 5, dtype=torch.float64)
+    tests = ("test_schema", "test_faketensor", "test_autograd_registration")
+    torch.library.opcheck(fused._tssa_fwd, (w, temp, mask, 2), test_utils=tests)
+    for mode in (0, 1):
+        torch.library.opcheck(fused._causal_fwd, (w, temp, lb, mask, mode, 2), test_utils=tests)
 
 
 def test_double_backward(kernel):

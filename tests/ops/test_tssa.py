@@ -241,3 +241,18 @@ def test_no_l2_normalisation_layer_option():
     assert not torch.allclose(layer(x), normed(x))
     with pytest.raises(TypeError, match="normalize"):
         TSSA(16, num_heads=4, normalize="no")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_temp_is_refused_at_any_head(dtype, bad):
+    """The temperature's values are read once per call (as Python floats for a few values): a
+    non-finite one at any head raises, a finite one of any size passes."""
+    w = torch.randn(1, 3, 4, 2, dtype=dtype)
+    for head in range(3):
+        temp = torch.ones(3, 1, dtype=dtype)
+        temp[head] = bad
+        with pytest.raises(ValueError, match="temp contains NaN or inf"):
+            tssa(w, temp)
+    big = torch.full((3, 1), torch.finfo(dtype).max, dtype=dtype)
+    assert tssa(w, big).shape == w.shape

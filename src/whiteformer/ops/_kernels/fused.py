@@ -5,7 +5,10 @@ and O(B H p) statistics and recomputes everything else.
 The ops are ``torch.library`` custom ops (``whiteformer::tssa_fused_fwd`` / ``_bwd``,
 ``whiteformer::causal_tssa_fused_fwd`` / ``_bwd``) with a CPU implementation (the C++/OpenMP
 extension ``_kernels/tssa_cpu.cpp``, built by :mod:`.build`), a fake (meta) implementation and a
-registered autograd formula, so they also work inside ``torch.compile(fullgraph=True)``. Another
+registered autograd formula, so they also work inside ``torch.compile(fullgraph=True)``. An eager
+call on plain CPU tensors calls the extension directly (through a ``torch.autograd.Function`` with
+the same formula when it records gradients), skipping the custom op's dispatch, which costs several
+times the kernel's own time on short sequences. Another
 device adds its kernels with ``register_kernel(device_type)`` on the four ops (see
 :mod:`whiteformer.ops._kernels`). The dispatchers :mod:`whiteformer.ops.tssa.dispatch` /
 :mod:`whiteformer.ops.causal_tssa.dispatch` call them when :func:`fused_supported`. A backward
@@ -56,7 +59,12 @@ dL/dPi_s = gPi_s - sum_j w g G + sum_j U_sj w_sj^2 + V_s, Lambda and lambda = te
 dL/dw = -Pi g G + 2 w (U Pi + lambda / max(E, 1e-12) + W). The forward reads w once and writes
 out once (one sequential scan per sequence; with fewer sequences than threads, a two-stage
 pipeline on two threads) and saves the prefix sums (E, Q, M) at every chunk start
-(O(B H p N / 256), a few % of w); the backward recomputes each chunk from them.
+(O(B H p N / 256), a few % of w). The backward needs at token s only sums over the later tokens
+(U, V, W), so it sweeps each sequence once in reverse, chunk by chunk: a forward recompute of the
+chunk from its checkpoint into an L2-sized scratch, then one reverse scan giving lambda, dtemp and
+dw (w and G read once from memory, dw written once). With fewer sequences than threads the chunks
+are swept in parallel instead: a first pass forms the chunk sums of dL/dQ and dL/dM, and a last
+one adds ``2 w W`` (W at the chunk's end, which enters dw linearly).
 """
 from __future__ import annotations
 
@@ -64,6 +72,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..scaling import rows_beyond_kernel_range
 from .build import load_extension
@@ -92,6 +101,40 @@ def _rows(t: Tensor) -> Tensor:
 
 def _d64(t: Tensor, *shape) -> Tensor:
     return t.new_empty(shape, dtype=torch.float64)
+
+
+def _eager(*tensors: Optional[Tensor]) -> bool:
+    """Whether the extension may be called directly, without the custom op around it: plain CPU
+    tensors, nothing tracing the call (torch.compile, export, ``torch.jit.trace``, a dispatch mode
+    such as fake tensors) and no torch.func transform. A direct call skips the custom op's dispatch
+    (about 4x the kernel's own time on a small sequence); inside a traced graph the custom op must
+    run."""
+    return (not torch.compiler.is_compiling() and not torch.jit.is_tracing() and _get_current_dispatch_mode() is None
+            and not torch._C._are_functorch_transforms_active()
+            and all(t is None or (type(t) is Tensor and t.device.type == "cpu") for t in tensors))
+
+
+def _records_grad(*tensors: Optional[Tensor]) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+class _Eager(torch.autograd.Function):
+    """The custom ops' autograd formula (their ``setup_context`` and ``backward``) around a direct
+    call of the extension, for eager calls that record gradients (:func:`_eager`): the same saved
+    tensors and backward as the custom op, without its dispatch layers."""
+
+    @staticmethod
+    def forward(ctx, kind, *inputs):
+        ctx.set_materialize_grads(False)
+        ctx.kind = kind
+        output = tuple(getattr(_ext(), _OPS[kind][0])(*inputs))
+        _OPS[kind][1](ctx, inputs, output)
+        ctx.mark_non_differentiable(*output[_OPS[kind][3]:])
+        return output
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, *_OPS[ctx.kind][2](ctx, *grads))
 
 
 # ------------------------------------------------------------------------------ double backward
@@ -185,7 +228,8 @@ def _tssa_backward(ctx, g_out, g_pi, *_):
         return (*_double_backward(tssa_parallel(w, temp, mask), (w, temp), (g_out, g_pi)), None, None)
     g_out = torch.zeros_like(w) if g_out is None else _rows(g_out)
     g_pi = None if g_pi is None else g_pi.contiguous()
-    dw, dtemp = _tssa_bwd(g_out, g_pi, w, temp, mask, pi, s, t, m, ctx.chunk)
+    bwd = _ext().tssa_bwd if _eager(g_out, g_pi, w) else _tssa_bwd
+    dw, dtemp = bwd(g_out, g_pi, w, temp, mask, pi, s, t, m, ctx.chunk)
     return dw, dtemp.sum(0).to(temp.dtype).view_as(temp), None, None
 
 
@@ -202,7 +246,13 @@ def tssa_fused(w: Tensor, temp: Tensor, attn_mask: Optional[Tensor] = None,
     given, the other rows through the kernel alone (each row is its own sequence)."""
     w = _rows(w)
     mask = None if attn_mask is None else attn_mask.contiguous()
-    out, pi, _, _, _, over = _tssa_fwd(w, temp.to(w.dtype).contiguous(), mask, CHUNK)
+    args = (w, temp.to(w.dtype).contiguous(), mask, CHUNK)
+    if not _eager(w, temp, mask):
+        out, pi, _, _, _, over = _tssa_fwd(*args)
+    elif _records_grad(w, temp):
+        out, pi, _, _, _, over = _Eager.apply("tssa", *args)
+    else:
+        out, pi, _, _, _, over = _ext().tssa_fwd(*args)
     split = None if fallback is None else by_rows(over, tssa_fused, fallback, w, temp, mask)
     return (out, pi) if split is None else split
 
@@ -231,23 +281,23 @@ def _(w, temp, lb, mask, mode, chunk):
 def _causal_bwd(
     grad_out: Tensor, grad_pi: Optional[Tensor], grad_e: Optional[Tensor], grad_q: Optional[Tensor],
     grad_m: Optional[Tensor], w: Tensor, temp: Tensor, lb: Optional[Tensor], mask: Optional[Tensor],
-    pi: Tensor, ec: Tensor, qc: Tensor, mc: Tensor, chunk: int,
+    pi: Tensor, ec: Tensor, qc: Tensor, mc: Tensor, mode: int, chunk: int,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     dw, dlb, dtemp = _ext().causal_bwd(grad_out, grad_pi, grad_e, grad_q, grad_m, w, temp, lb, mask, pi, ec, qc,
-                                       mc, chunk)
+                                       mc, mode, chunk)
     return dw, dlb, dtemp
 
 
 @_causal_bwd.register_fake
-def _(grad_out, grad_pi, grad_e, grad_q, grad_m, w, temp, lb, mask, pi, ec, qc, mc, chunk):
+def _(grad_out, grad_pi, grad_e, grad_q, grad_m, w, temp, lb, mask, pi, ec, qc, mc, mode, chunk):
     b, h, n, _ = w.shape
     return torch.empty_like(w), w.new_empty(b, h, n), _d64(w, b, h)
 
 
 def _causal_setup(ctx, inputs, output):
-    w, temp, lb, mask, _, chunk = inputs
+    w, temp, lb, mask, mode, chunk = inputs
     _, pi, ec, qc, mc, _ = output
-    ctx.chunk = chunk
+    ctx.mode, ctx.chunk = mode, chunk
     ctx.has_lb = lb is not None
     ctx.save_for_backward(w, temp, lb, mask, pi, ec, qc, mc)
 
@@ -269,12 +319,18 @@ def _causal_backward(ctx, g_out, g_pi, g_ec, g_qc, g_mc, _):
         return grads[0], grads[1], grads[2] if lb is not None else None, None, None, None
     g_out = torch.zeros_like(w) if g_out is None else _rows(g_out)
     g_pi = None if g_pi is None else g_pi.contiguous()
-    dw, dlb, dtemp = _causal_bwd(g_out, g_pi, _last(g_ec), _last(g_qc), _last(g_mc), w, temp, lb, mask, pi, ec, qc,
-                                 mc, ctx.chunk)
+    bwd = _ext().causal_bwd if _eager(g_out, g_pi, w) else _causal_bwd
+    dw, dlb, dtemp = bwd(g_out, g_pi, _last(g_ec), _last(g_qc), _last(g_mc), w, temp, lb, mask, pi, ec, qc, mc,
+                         ctx.mode, ctx.chunk)
     return dw, dtemp.sum(0).to(temp.dtype).view_as(temp), dlb if ctx.has_lb else None, None, None, None
 
 
 _causal_fwd.register_autograd(_causal_backward, setup_context=_causal_setup)
+
+# the extension's function, setup_context, backward and the index of the first output without a
+# gradient, by kind (for _Eager)
+_OPS = {"tssa": ("tssa_fwd", _tssa_setup, _tssa_backward, 2),
+        "causal": ("causal_fwd", _causal_setup, _causal_backward, 5)}
 
 
 def causal_tssa_fused(
@@ -299,7 +355,13 @@ def causal_tssa_fused(
     b, h, n, _ = w.shape
     lb = None if logit_bias is None else logit_bias.to(w.dtype).expand(b, h, n).contiguous()
     mask = None if attn_mask is None else attn_mask.contiguous()
-    out, pi, ec, qc, mc, over = _causal_fwd(w, temp.to(w.dtype).contiguous(), lb, mask, CAUSAL_MODE, CHUNK)
+    args = (w, temp.to(w.dtype).contiguous(), lb, mask, CAUSAL_MODE, CHUNK)
+    if not _eager(w, temp, lb, mask):
+        out, pi, ec, qc, mc, over = _causal_fwd(*args)
+    elif _records_grad(w, temp, lb):
+        out, pi, ec, qc, mc, over = _Eager.apply("causal", *args)
+    else:
+        out, pi, ec, qc, mc, over = _ext().causal_fwd(*args)
     bias = None if logit_bias is None else logit_bias.expand(b, h, n)
     split = None if fallback is None else by_rows(over, causal_tssa_fused, fallback, w, temp, bias, mask)
     if split is not None:
