@@ -30,6 +30,10 @@ hundred teacher steps, fits about half an hour at 1 thread) and ``full`` (the 10
 teacher of the study's plan, hours on a CPU)::
 
     python -m benchmarks.linearize [--preset tiny|full|smoke] [--text FILE] [--out FILE] [--work DIR]
+                                   [--no-vision] [--mnist DIR]
+
+Then, unless ``--no-vision``, it runs the ViT study (:mod:`benchmarks.linearize_vision` at its
+default settings, MNIST from ``--mnist``), so that one command writes both result files.
 
 ``--text`` defaults to ``../shared/data/shakespeare/complete_works.txt.xz`` relative to the
 repository root. Intermediate files (token files, the teacher's run) go to ``--work`` (default
@@ -503,11 +507,19 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="result file (default benchmarks/results/linearize.json)")
     p.add_argument("--work", type=Path, default=None, help="intermediate files (default runs/benchmarks/linearize-PRESET)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vision", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run the ViT study (benchmarks.linearize_vision, its default settings) after this one")
+    p.add_argument("--mnist", type=Path, default=None, help="the vision study's MNIST folder (its --data-dir)")
     a = p.parse_args(argv)
     try:
-        return run(a.preset, a.text, a.out, a.work, a.seed, common.command_string("benchmarks.linearize", argv))
+        data = run(a.preset, a.text, a.out, a.work, a.seed, common.command_string("benchmarks.linearize", argv))
     except FileNotFoundError as e:
         p.error(str(e))
+    if a.vision:
+        from .linearize_vision import main as vision_main
+
+        vision_main([] if a.mnist is None else ["--data-dir", str(a.mnist)])
+    return data
 
 
 if __name__ == "__main__":

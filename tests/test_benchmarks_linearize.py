@@ -23,7 +23,7 @@ def study(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("linearize")
     out = tmp / "results" / "linearize_quick.json"
     linearize.main(["--preset", "smoke", "--text", str(default_corpus_path()), "--out", str(out),
-                    "--work", str(tmp / "work")])
+                    "--work", str(tmp / "work"), "--no-vision"])
     return out
 
 
