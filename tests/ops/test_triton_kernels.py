@@ -117,6 +117,25 @@ def test_causal_forward_and_grads(dtype, shape, masked):
            dtype)
 
 
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+def test_causal_grads_in_head_groups(monkeypatch, masked):
+    """Heads x features past the tile budget: the causal dw kernel (no softmax over heads) runs in
+    head groups (grid (B, NC, groups)) and the gradients still match the reference."""
+    monkeypatch.setattr(_tiles, "TILE_ELEMS", 8)  # 5 heads of 4: BLOCK_H 8, groups of 2 heads
+    t = _tiles.tiles(5, 4, torch.float32)
+    assert t.group_meta(5)[0] == 3 and t.group_meta(5)[1]["BLOCK_H"] == 2
+    w, temp = _inputs((2, 5, 7, 4), torch.float32)
+    bias = (torch.randn(5, 10, 1) * 0.3).requires_grad_(True)
+    mask = _mask(2, 7) if masked else None
+
+    def kernel():
+        out, pi, *_ = causal_tssa_triton(w, temp, _logit_bias(bias, mask, 7, 4), mask)
+        return out, pi
+
+    _check(kernel(), lambda w_, t_, b_: causal_tssa_reference(w_, t_, b_, mask, return_pi=True), (w, temp, bias),
+           torch.float32)
+
+
 def test_causal_without_bias_and_final_state_grads():
     """The returned running sums (the state for generation) and their gradients match the
     PyTorch path's state (float64)."""

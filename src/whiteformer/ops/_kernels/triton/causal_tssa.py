@@ -57,6 +57,7 @@ from ._tiles import (
     chunk_energy,
     chunk_program,
     div,
+    group_program,
     head_scales,
     load_go_pi,
     mask_u8,
@@ -232,7 +233,7 @@ def _bwd_dw(x_ptr, mask_ptr, scl_ptr, pi_ptr, go_ptr, lam_ptr, e0_ptr, q0_ptr, m
             H, N, P, NC, PI_EPS,
             has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
+    b, c, bh, in_h, in_hp, lo, hi = group_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
     inv_k, k, eps = head_scales(scl_ptr, bh, in_h)
     eps = eps[:, None, None]
     e0 = rows(e0_ptr, bh, c, NC, P, in_hp, BLOCK_P)
@@ -353,7 +354,9 @@ def _bwd(grad_out: Tensor, grad_pi: Optional[Tensor], grad_e: Optional[Tensor], 
                       has_lb=lb is not None, has_gpi=grad_pi is not None, **meta)
     w_after = _suffix_after(de_part, grad_e)
     dw = torch.empty_like(w)
-    _bwd_dw[grid](w, m8, scl, pi, grad_out, lam, e0, q0, m0, u, w_after, dw, h, n, p, nc, PI_EPS, **meta)
+    groups, group_meta = _tiles.tiles(h, p, w.dtype).group_meta(h)  # no softmax over heads: head groups
+    _bwd_dw[grid + (groups,)](w, m8, scl, pi, grad_out, lam, e0, q0, m0, u, w_after, dw, h, n, p, nc, PI_EPS,
+                              **dict(meta, **group_meta))
     return dw, lam, dtemp_part.sum((0, 1))
 
 
