@@ -136,6 +136,42 @@ def test_causal_grads_in_head_groups(monkeypatch, masked):
            torch.float32)
 
 
+def _token_errors(got, ref):
+    """Per (b, h, token): max |got - ref| / max |ref| over the features."""
+    return (got.double() - ref).abs().amax(-1) / ref.abs().amax(-1).clamp_min(1e-300)
+
+
+def test_causal_gradient_after_tiny_first_tokens(monkeypatch):
+    """A sequence whose first token is 1e-6 of the later ones (energies 1e-12 of theirs): each
+    token's float32 dw is as accurate as the PyTorch path's against float64 (a token's own ratio
+    gradient 1 / E - w^2 / E^2 is never formed as two cancelling terms of size 1 / E, and W holds
+    only the later tokens; one sub-block holds the sequence)."""
+    from whiteformer.ops import causal_tssa
+    from whiteformer.ops._kernels import ENV_BACKEND
+
+    monkeypatch.setattr(_tiles, "BLOCK_N_MAX", 8)
+    monkeypatch.setattr(_tiles, "CHUNK", 8)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(8, 2, 8, 3, generator=g, dtype=torch.float64) * 1e3
+    w[:, :, 0] *= 1e-6
+    temp = torch.rand(2, 1, generator=g, dtype=torch.float64) + 0.5
+    g_out, g_pi = torch.randn(w.shape, generator=g, dtype=torch.float64), torch.randn(w.shape[:3], generator=g,
+                                                                                      dtype=torch.float64)
+
+    def dw(fn, dtype):
+        x = w.to(dtype).requires_grad_(True)
+        out, pi = fn(x, temp.to(dtype))[:2]
+        return torch.autograd.grad((out * g_out.to(dtype)).sum() + (pi * g_pi.to(dtype)).sum(), x)[0]
+
+    ref = dw(lambda x, t: causal_tssa_reference(x, t, return_pi=True), torch.float64)
+    kernel = _token_errors(dw(causal_tssa_triton, torch.float32), ref)
+    monkeypatch.setenv(ENV_BACKEND, "torch")
+    torch_path = _token_errors(dw(lambda x, t: causal_tssa(x, t, return_pi=True), torch.float32), ref)
+    assert torch_path.max() < 1e-4
+    assert kernel.max() <= max(2 * torch_path.max().item(), 1e-5), (
+        f"worst token error {kernel.max().item():.2e} vs the PyTorch path's {torch_path.max().item():.2e}")
+
+
 def test_causal_without_bias_and_final_state_grads():
     """The returned running sums (the state for generation) and their gradients match the
     PyTorch path's state (float64)."""
