@@ -16,9 +16,10 @@ sub-blocks of ``BLOCK_N`` tokens; each step holds (BLOCK_H, BLOCK_N, BLOCK_P) ti
 - ``THREAD_ELEMS`` values of a tile per thread: ``num_warps = tile / (32 * THREAD_ELEMS)`` within
   [``MIN_WARPS``, ``MAX_WARPS``]. A tile larger than the budget (H * p > TILE_ELEMS at BLOCK_N = 1,
   e.g. 32 heads of 128) holds more values per thread at 8 warps: 16 warps would cap a thread at
-  128 registers (65536 per SM), where the causal backward spilled; and the kernels with no softmax
-  over heads (the causal ``_bwd_dw``, the most registers) run such a tile in head groups of
-  ``head_group`` heads (``group_meta``, grid (B, NC, groups), :func:`group_program`) within the budget;
+  128 registers (65536 per SM), where the causal backward spilled;
+- the kernels with no softmax over heads that hold the most registers (the causal ``_bwd_dw``) run
+  in head groups of ``head_group`` heads, half the budget's tile at the same warps (half the values
+  per thread: ``group_meta``, grid (B, NC, groups), :func:`group_program`; one head cannot split);
 - ``num_stages = 1``: the kernels stream each tile once, so software pipelining would only
   add live registers (Triton pipelines loads of loops with num_stages > 1);
 - ``maxnreg``: up to 255 registers per thread (65536 / threads where that is lower): without it
@@ -65,7 +66,6 @@ class Tiles:
     num_warps: int
     num_stages: int = 1
     head_group: int = 0  # heads per program of the head-group kernels (0: block_h)
-    group_warps: int = 0  # their warps (0: num_warps)
 
     def meta(self) -> dict:
         """Constexprs and launch options common to the kernels."""
@@ -76,7 +76,7 @@ class Tiles:
         group = self.head_group or self.block_h
         if group == self.block_h:
             return 1, self.meta()
-        return -(-heads // group), dict(self.meta(), BLOCK_H=group, **options(self.group_warps))
+        return -(-heads // group), dict(self.meta(), BLOCK_H=group)
 
 
 def options(num_warps: int) -> dict:
@@ -99,9 +99,8 @@ def tiles(heads: int, head_dim: int, dtype: torch.dtype) -> Tiles:
     words = 2 if dtype == torch.float64 else 1
     block_n = min(_pow2_floor(TILE_ELEMS // (block_h * block_p * words)), BLOCK_N_MAX, CHUNK)
     chunk = max(CHUNK, block_n)
-    group = min(block_h, _pow2_floor(TILE_ELEMS // (block_n * block_p * words)))
-    return Tiles(block_h, block_n, block_p, chunk, warps_for(block_h * block_n * block_p * words),
-                 head_group=group, group_warps=warps_for(group * block_n * block_p * words))
+    group = min(block_h, _pow2_floor(TILE_ELEMS // (2 * block_n * block_p * words)))
+    return Tiles(block_h, block_n, block_p, chunk, warps_for(block_h * block_n * block_p * words), head_group=group)
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
