@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -154,13 +155,28 @@ def _compile_one(job) -> dict:
 
 
 def _child(specs_path: str, out_path: str, jobs: int) -> None:
+    """Compile every (spec, cc) in worker processes. A compile that kills its worker (Triton's
+    compiler aborting the process) breaks the pool: the unfinished jobs are run again one at a
+    time, and the first that breaks that pool is reported as a compiler crash."""
     specs = json.loads(Path(specs_path).read_text())
     work = [(s, cc) for s in specs["specs"] for cc in specs["ccs"]]
-    if jobs > 1:
-        with ProcessPoolExecutor(jobs) as pool:
-            results = list(pool.map(_compile_one, work))
-    else:
-        results = [_compile_one(w) for w in work]
+    results: List[Optional[dict]] = [None] * len(work)
+    workers = max(1, jobs)
+    while True:
+        pending = [i for i, r in enumerate(results) if r is None]
+        if not pending:
+            break
+        with ProcessPoolExecutor(workers) as pool:
+            futures = [(i, pool.submit(_compile_one, work[i])) for i in pending]
+            broken = None
+            for i, future in futures:
+                try:
+                    results[i] = future.result()
+                except BrokenProcessPool:
+                    broken = i if broken is None else broken
+        if broken is not None and workers == 1:  # run in order: the first unfinished one crashed
+            results[broken] = {"error": "the compiler crashed (its process died)"}
+        workers = 1 if broken is not None else workers
     Path(out_path).write_text(json.dumps(results))
 
 
