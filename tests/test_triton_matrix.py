@@ -72,3 +72,29 @@ def test_committed_matrix_covers_every_release_without_failures():
         assert tests is None or (tests["failed"] == 0 and tests["passed"] > 0), (version, tests)
     table = triton_matrix.table(matrix["results"])
     assert all(f"| {v} |" in table for v in triton_matrix.VERSIONS)
+
+
+def _fake_compile(job):
+    """A compile that kills its worker process for the kernel named "crash"."""
+    import os
+
+    spec, cc = job
+    if spec["kernel"] == "m.crash":
+        os._exit(1)
+    return {"reg": 1, "stack": 0, "shared": 0}
+
+
+def test_a_compiler_crash_is_one_failure_not_a_lost_run(tmp_path, monkeypatch):
+    """A compile that kills its worker (Triton's compiler aborting) is reported as that one
+    specialisation's failure; every other result is kept."""
+    from dataclasses import asdict
+
+    from benchmarks.kernels import compile_check
+
+    monkeypatch.setattr(compile_check, "_compile_one", _fake_compile)
+    specs = [Spec(f"m.{k}", (("x", "*fp32"),), (), (), ()) for k in ("a", "crash", "b")]
+    (tmp_path / "specs.json").write_text(json.dumps({"specs": [asdict(s) for s in specs], "ccs": [80, 90]}))
+    compile_check._child(str(tmp_path / "specs.json"), str(tmp_path / "out.json"), 2)
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert [("error" in r) for r in out] == [False, False, True, True, False, False]
+    assert all("crashed" in r["error"] for r in out if "error" in r)
