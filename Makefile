@@ -60,11 +60,17 @@ VERSION_MATRIX_ENVS ?= torch2.11,torch2.15
 version-matrix:
 	$(PYTHON) tools/version_matrix.py --envs $(VERSION_MATRIX_ENVS)
 
-# the kernels' compile check (sm_80, sm_90) and interpreter tests under each Triton from 3.3 to 3.9,
-# each wheel downloaded once and installed with --target under ~/.cache/whiteformer-triton (never into
-# $(VENV)); results: benchmarks/results/triton_matrix.json (make test runs the installed Triton only)
+# the kernels' compile check (sm_80, sm_90; the whole launch list, per kernel: compiles, failures,
+# stack frames) and interpreter tests under each Triton from 3.3 to 3.9; results:
+# benchmarks/results/triton_matrix.json (make test runs a subset on the installed Triton only).
+# TRITON_DIRS: folders of `pip install --no-deps --target DIR triton==X` installs, one per release
+# (e.g. TRITON_DIRS="/opt/triton-3.3 /opt/triton-3.9"); empty: each wheel is downloaded once and
+# installed under ~/.cache/whiteformer-triton (never into $(VENV)). TRITON_MATRIX_ARGS: more options
+# (e.g. --skip-tests, --jobs 1)
+TRITON_DIRS ?=
+TRITON_MATRIX_ARGS ?=
 triton-matrix: $(TEST_STAMP)
-	$(PY) -m benchmarks.triton_matrix
+	$(PY) -m benchmarks.triton_matrix $(if $(strip $(TRITON_DIRS)),--dirs "$(TRITON_DIRS)") $(TRITON_MATRIX_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -398,7 +398,7 @@ def triton_matrix_lines(matrix: Optional[Dict[str, Any]]) -> List[str]:
     from . import triton_matrix
 
     return prose("triton_matrix", command=matrix["command"], torch=matrix["torch"], numpy=matrix["numpy"],
-                 specialisations=matrix["results"][0]["compile"].get("specialisations", "?"),
+                 specialisations=max((r["compile"].get("specialisations", 0) for r in matrix["results"]), default="?"),
                  tests=", ".join(f"`{t}`" for t in matrix["interpreter_tests"])) + [
         triton_matrix.table(matrix["results"]), ""]
 

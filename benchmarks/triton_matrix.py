@@ -1,18 +1,22 @@
 """The Triton version matrix: the kernels' compile check and interpreter tests under every Triton
 release that a supported torch pins (``make triton-matrix``).
 
-For each version, the wheel is downloaded once (``pip download --no-deps``) into
+Each release is either an install folder given with ``--dirs`` (one ``pip install --no-deps
+--target DIR triton==X`` per release, its version read from the folder) or, without ``--dirs``, a
+version of ``--versions`` whose wheel is downloaded once (``pip download --no-deps``) into
 ``CACHE/wheels`` and installed with ``pip install --no-deps --no-index --target CACHE/triton-X``
-(CACHE: ``--cache``, default ``~/.cache/whiteformer-triton``; never the project's environment),
-then, with that directory first on ``PYTHONPATH`` and this interpreter's torch:
+(CACHE: ``--cache``, default ``~/.cache/whiteformer-triton``; never the project's environment).
+Then, with that folder first on ``PYTHONPATH`` and this interpreter's torch:
 
 1. the compile check (:mod:`benchmarks.kernels.compile_check`): the kernel launches of
-   :data:`benchmarks.kernels.compile_check.MATRIX_WORKLOAD` recorded, each distinct
-   specialisation compiled for sm_80 and sm_90, registers and stack frame read from the cubin;
+   :data:`benchmarks.kernels.compile_check.MATRIX_WORKLOAD` recorded (not run), each distinct
+   specialisation compiled for sm_80 and sm_90, registers and stack frame read from the cubin, per
+   kernel;
 2. the interpreter tests (:data:`INTERPRETER_TESTS`, ``TRITON_INTERPRET=1``), one pytest run.
 
 Versions run one after the other (the compiles use ``--jobs`` processes). The result, per
-version (compiles ok / failed, max stack, max registers, tests passed / failed), is written to
+version (compiles ok / failed, compiles with a stack frame, max stack, max registers, the same per
+kernel, tests passed / failed), is written to
 ``--out`` (default ``benchmarks/results/triton_matrix.json``) as soon as it is measured, keeping
 the other releases' entries (``--versions 3.6.0`` reruns one), and printed as a table.
 """
@@ -61,6 +65,14 @@ def install(version: str, cache: Path) -> Path:
     return target
 
 
+def installed_version(target: Path) -> str:
+    """The Triton version installed in the ``--target`` folder ``target`` (from its dist-info)."""
+    found = sorted(target.glob("triton-*.dist-info"))
+    if not found:
+        raise FileNotFoundError(f"{target} holds no triton-*.dist-info (not a pip --target install of triton)")
+    return found[-1].name[len("triton-"):-len(".dist-info")]
+
+
 def _env(target: Path, cache: Path, version: str, interpret: bool) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
     env["PYTHONPATH"] = os.pathsep.join([str(target), str(ROOT / "src"), str(ROOT)])
@@ -74,6 +86,7 @@ def compile_check(target: Path, cache: Path, version: str, jobs: int) -> dict:
     """Run the compile check under ``target``'s Triton (a child process): its summary."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "compile.json"
+        # without the interpreter: before Triton 3.6 interpreted kernels bypass the recorded entry (they would run)
         proc = subprocess.run([sys.executable, "-m", "benchmarks.kernels.compile_check", "--matrix", str(out),
                                "--jobs", str(jobs)], cwd=ROOT, env=_env(target, cache, version, False),
                               capture_output=True, text=True)
@@ -110,15 +123,18 @@ def interpreter_tests(target: Path, cache: Path, version: str) -> dict:
 
 def table(results: List[dict]) -> str:
     """The matrix as a Markdown table."""
-    lines = ["| Triton | compiles ok / failed (sm_80 + sm_90) | max stack (bytes) | max registers | "
-             "interpreter tests passed / failed |", "|---|---|---|---|---|"]
+    lines = ["| Triton | specialisations | compiles ok / failed (sm_80 + sm_90) | with a stack frame | "
+             "max stack (bytes) | max registers | kernels with a stack frame | interpreter tests passed / failed |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         c, t = r["compile"], r.get("interpreter", {"error": "not run"})
-        comp = "error" if "error" in c else f"{c['ok']} / {c['failed']}"
-        stack = "-" if "error" in c else c["max_stack"]
-        regs = "-" if "error" in c else c["max_registers"]
+        if "error" in c:
+            lines.append(f"| {r['triton']} | - | error | - | - | - | - | - |")
+            continue
+        framed = ", ".join(k for k, v in c.get("kernels", {}).items() if v["spilled"]) or "-"
         tests = t["error"][:20] if "error" in t else f"{t['passed']} / {t['failed']}"
-        lines.append(f"| {r['triton']} | {comp} | {stack} | {regs} | {tests} |")
+        lines.append(f"| {r['triton']} | {c.get('specialisations', '?')} | {c['ok']} / {c['failed']} | {c['spilled']} | "
+                     f"{c['max_stack']} | {c['max_registers']} | {framed} | {tests} |")
     return "\n".join(lines)
 
 
@@ -150,6 +166,8 @@ def record(out: Path, entry: dict, lock: Path) -> List[dict]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.triton_matrix", description=__doc__.split("\n\n")[0])
     parser.add_argument("--versions", default=",".join(VERSIONS), help="comma-separated Triton versions")
+    parser.add_argument("--dirs", default="", help="space- or comma-separated pip --target folders of Triton "
+                        "releases (each release's version read from its folder; replaces --versions)")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="wheels and installs (outside the repo)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON")
     parser.add_argument("--jobs", type=int, default=2, help="parallel compiles")
@@ -157,10 +175,18 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
-    versions = [v.strip() for v in args.versions.split(",") if v.strip()]
-    for version in versions:
-        print(f"Triton {version}: installing", flush=True)
-        target = install(version, args.cache)
+    dirs = [Path(d) for d in args.dirs.replace(",", " ").split()]
+    if dirs:
+        try:
+            releases = [(installed_version(d), d) for d in dirs]
+        except FileNotFoundError as e:
+            parser.error(f"--dirs: {e}")
+    else:
+        releases = [(v.strip(), None) for v in args.versions.split(",") if v.strip()]
+    for version, target in releases:
+        if target is None:
+            print(f"Triton {version}: installing", flush=True)
+            target = install(version, args.cache)
         print(f"Triton {version}: compile check", flush=True)
         entry = {"triton": version, "compile": compile_check(target, args.cache, version, args.jobs)}
         if not args.skip_tests:

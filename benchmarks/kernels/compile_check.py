@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -24,17 +25,19 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from unittest import mock
 
 import torch
 
 from whiteformer._checks import is_int
 
-from .launches import OPS, Launch, op_calls, record_launches
+from .launches import Launch, op_calls, record_launches
 
-__all__ = ["CCS", "MATRIX_WORKLOAD", "TEST_WORKLOAD", "Result", "Spec", "Workload", "compile_specialisations",
+__all__ = ["CCS", "MATRIX_WORKLOAD", "TEST_WORKLOAD", "Case", "Result", "Spec", "Workload", "cases", "compile_specialisations",
            "specialisations", "summary"]
 
 CCS = (80, 90)  # A100, H100
@@ -152,13 +155,28 @@ def _compile_one(job) -> dict:
 
 
 def _child(specs_path: str, out_path: str, jobs: int) -> None:
+    """Compile every (spec, cc) in worker processes. A compile that kills its worker (Triton's
+    compiler aborting the process) breaks the pool: the unfinished jobs are run again one at a
+    time, and the first that breaks that pool is reported as a compiler crash."""
     specs = json.loads(Path(specs_path).read_text())
     work = [(s, cc) for s in specs["specs"] for cc in specs["ccs"]]
-    if jobs > 1:
-        with ProcessPoolExecutor(jobs) as pool:
-            results = list(pool.map(_compile_one, work))
-    else:
-        results = [_compile_one(w) for w in work]
+    results: List[Optional[dict]] = [None] * len(work)
+    workers = max(1, jobs)
+    while True:
+        pending = [i for i, r in enumerate(results) if r is None]
+        if not pending:
+            break
+        with ProcessPoolExecutor(workers) as pool:
+            futures = [(i, pool.submit(_compile_one, work[i])) for i in pending]
+            broken = None
+            for i, future in futures:
+                try:
+                    results[i] = future.result()
+                except BrokenProcessPool:
+                    broken = i if broken is None else broken
+        if broken is not None and workers == 1:  # run in order: the first unfinished one crashed
+            results[broken] = {"error": "the compiler crashed (its process died)"}
+        workers = 1 if broken is not None else workers
     Path(out_path).write_text(json.dumps(results))
 
 
@@ -186,61 +204,155 @@ def compile_specialisations(specs: Sequence[Spec], ccs: Sequence[int] = CCS, job
 
 
 @dataclass(frozen=True)
+class Case:
+    """One recorded call: ``op`` (:data:`.launches.OPS`) at (heads, head_dim, tokens, dtype), with
+    a keep-mask (tssa, causal_tssa), the position bias (causal ops), or ``packed``: the lengths of
+    documents packed in one row and given to the public op with ``cu_seqlens`` (on the padded
+    layout of :mod:`whiteformer.ops.packing`, one sequence per document; ``tokens`` ignored)."""
+
+    op: str
+    heads: int
+    head_dim: int
+    tokens: int
+    dtype: torch.dtype
+    masked: bool = False
+    bias: bool = False
+    packed: Tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        flags = " mask" * self.masked + " bias" * self.bias + (f" packed={list(self.packed)}" if self.packed else "")
+        return f"{self.op} h={self.heads} p={self.head_dim} n={self.tokens} {str(self.dtype)[6:]}{flags}"
+
+    def calls(self, batch: int) -> Tuple[Callable, Callable]:
+        """(forward, backward) closures (:func:`.launches.op_calls`, or the public op for ``packed``)."""
+        if self.packed:
+            return _packed_calls(self)
+        return op_calls(self.op, batch=batch, heads=self.heads, tokens=self.tokens, head_dim=self.head_dim,
+                        dtype=self.dtype, masked=self.masked, bias=self.bias)
+
+
+def _packed_calls(case: Case) -> Tuple[Callable, Callable]:
+    """The public ``tssa`` / ``causal_tssa`` on a packed row (``cu_seqlens``) forced onto the
+    Triton kernels (``WHITEFORMER_BACKEND=triton`` during the calls; for recording only)."""
+    from whiteformer import ops
+    from whiteformer.ops._kernels import ENV_BACKEND
+
+    total, h = sum(case.packed), case.heads
+    w = torch.zeros(1, h, total, case.head_dim, dtype=case.dtype, requires_grad=True)
+    temp = torch.ones(h, 1, requires_grad=True)
+    cu = torch.tensor([0, *itertools.accumulate(case.packed)], dtype=torch.int32)
+    fn = {"tssa": ops.tssa, "causal_tssa": ops.causal_tssa}[case.op]
+    state = {}
+
+    @contextlib.contextmanager
+    def forced():  # the launches are recorded, not run: on CPU tensors without the interpreter too
+        saved = os.environ.get(ENV_BACKEND)
+        os.environ[ENV_BACKEND] = "triton"
+        try:
+            with mock.patch("whiteformer.ops._kernels.triton.check_runnable", lambda device: None):
+                yield
+        finally:
+            if saved is None:
+                os.environ.pop(ENV_BACKEND)
+            else:
+                os.environ[ENV_BACKEND] = saved
+
+    def forward():
+        with forced():
+            state["out"] = fn(w, temp, cu_seqlens=cu)
+        return state["out"]
+
+    def backward():
+        with forced():
+            out = state["out"]
+            return torch.autograd.grad(out, (w, temp), torch.empty_like(out))
+
+    return forward, backward
+
+
+@dataclass(frozen=True)
 class Workload:
-    """What the compile check records: every op (forward and backward) at each (heads, head dim,
-    dtype, tokens) of ``shapes``, with and without a keep-mask (tssa, causal_tssa) and the
-    position bias (causal ops), on ``batch`` sequences. The flags are runtime arguments of the
-    kernels: one specialisation serves every combination; the token count decides the chunks
+    """What the compile check records: each :class:`Case`, forward and backward, on ``batch``
+    sequences. Mask and bias flags are runtime arguments of the kernels (one specialisation serves
+    both), but they are recorded to check that; the tiles come from (heads, head dim, dtype)
+    (:func:`whiteformer.ops._kernels.triton._tiles.tiles`); the token count decides the chunks
     (one chunk is the constant 1 to Triton) and whether N is a multiple of 16."""
 
-    shapes: Tuple[Tuple[int, int, torch.dtype, int], ...]
+    cases: Tuple[Case, ...]
     batch: int = 2
 
-    def cases(self) -> Iterator[Tuple[str, Callable, Callable]]:
-        """(name, forward, backward) per case (:func:`.launches.op_calls`)."""
-        for op, (h, p, dtype, n), masked, bias in itertools.product(OPS, self.shapes, (False, True), (False, True)):
-            if (op == "tssa" and bias) or (op == "causal_tssa_step" and masked):
-                continue  # tssa has no position bias; the step takes no mask
-            name = f"{op} h={h} p={p} n={n} {str(dtype)[6:]}{' mask' if masked else ''}{' bias' if bias else ''}"
-            yield name, *op_calls(op, batch=self.batch, heads=h, tokens=n, head_dim=p, dtype=dtype, masked=masked,
-                                  bias=bias)
-
-    def record(self) -> List[Tuple[str, Launch]]:
-        """Every case's launches, not run: (case name, launch) pairs."""
+    def record(self) -> List[Tuple[Case, Launch]]:
+        """Every case's launches, not run: (case, launch) pairs."""
         out = []
-        for name, forward, backward in self.cases():
+        for case in self.cases:
+            forward, backward = case.calls(self.batch)
             with record_launches() as launches:
                 forward()
                 backward()
-            out += [(name, launch) for launch in launches]
+            out += [(case, launch) for launch in launches]
         return out
 
 
-def shapes(heads_dims, dtypes, tokens=1024) -> Tuple[Tuple[int, int, torch.dtype, int], ...]:
-    """Every (heads, head dim) of ``heads_dims`` with every dtype, at ``tokens`` tokens (1024:
-    four chunks, sizes divisible by 16)."""
-    return tuple((h, p, dtype, tokens) for (h, p), dtype in itertools.product(heads_dims, dtypes))
+def cases(heads_dims, dtypes, tokens=(1024,), packed=()) -> Tuple[Case, ...]:
+    """Every op at every (heads, head dim) of ``heads_dims``, dtype and token count: tssa plain and
+    masked, causal_tssa plain, masked and with the bias, the step plain and with the bias; with
+    ``packed`` (document lengths), tssa and causal_tssa on that packed row too."""
+    out = []
+    for (h, p), dtype in itertools.product(heads_dims, dtypes):
+        for n in tokens:
+            out += [Case("tssa", h, p, n, dtype), Case("tssa", h, p, n, dtype, masked=True),
+                    Case("causal_tssa", h, p, n, dtype), Case("causal_tssa", h, p, n, dtype, masked=True),
+                    Case("causal_tssa", h, p, n, dtype, bias=True)]
+        out += [Case("causal_tssa_step", h, p, 1, dtype), Case("causal_tssa_step", h, p, 1, dtype, bias=True)]
+        if packed:
+            out += [Case(op, h, p, sum(packed), dtype, packed=tuple(packed)) for op in ("tssa", "causal_tssa")]
+    return tuple(out)
 
 
 _F32, _BF16, _F16 = torch.float32, torch.bfloat16, torch.float16
-# head dims 16 to 256 at 8 heads, and the head counts users pick at head dim 64 (small models 4:
-# BLOCK_H 4, BLOCK_N 8; ViT-B and GPT-2 12: BLOCK_H 16), in float32 and bfloat16; float16 (the
-# same tiles and loads as bfloat16, another conversion) at head dims 64 and 128; ViT-S and ViT-B
-# at 197 tokens (one chunk, N odd)
+HEAD_DIMS = (16, 24, 32, 48, 64, 96, 128)  # the head dims users pick (24, 48, 96: a padded BLOCK_P)
+# every branch of the tile rule: BLOCK_N at its cap (1 head of 16: BLOCK_N 64, 4 warps; 1 head of
+# 8: 2 warps), BLOCK_N 8 (4 heads of 64: small models), one token per sub-block (12 heads of 128:
+# 8 warps; 32 heads of 128: 16 warps)
+EXTREMES = ((1, 8), (1, 16), (32, 128))
+# token counts: 70 (one chunk, N not a multiple of 16: Triton specialises only on == 1 and on
+# divisibility by 16, so 197 and every other short odd length compile the same), 1024 (four chunks,
+# N a multiple of 16), 600 (three chunks, the last partial)
+PACKED = (70, 64, 33)  # documents of one packed row (little padding: the padded kernel layout)
+# the whole launch list (``make triton-matrix``, every Triton release; a few hundred compiles each):
+# every head dim at 4 heads with a 70-token sequence (197 tokens compiles the same), masked or not,
+# float32, bfloat16 and float16 spread over the head dims (float32 and bfloat16 both at 64 and 128,
+# where the kernels hold the most registers), a packed row, 12 heads (BLOCK_H 16) at 1024 tokens
+# (four chunks) and the tile rule's extremes
+MATRIX_WORKLOAD = Workload(
+    cases(((4, 64), (4, 128)), (_F32, _BF16), (70, 197), PACKED)
+    + cases(((4, 16), (4, 48)), (_F32,), (70,)) + cases(((4, 24), (4, 96)), (_BF16,), (70,))
+    + cases(((4, 32),), (_F16,), (70,)) + cases(((12, 64),), (_BF16,), (1024,))
+    + cases(EXTREMES, (_F32,), (70,)))
+# the representative subset of ``make test``: the small models' masked configuration (4 heads of
+# 64, both dtypes, and on a packed row), a padded head dim, float16, 12 heads at 1024 tokens and the
+# tile rule's extremes (2 and 16 warps)
 TEST_WORKLOAD = Workload(
-    shapes(((8, 16), (8, 32), (4, 64), (8, 64), (12, 64), (8, 128), (8, 256)), (_F32, _BF16))
-    + shapes(((8, 64), (8, 128)), (_F16,)) + shapes(((6, 64), (12, 64)), (_BF16,), tokens=197))
-# the version matrix, compiled by every Triton release (a few minutes each on two cores)
-MATRIX_WORKLOAD = Workload(shapes(((4, 64), (8, 128)), (_F32, _BF16)) + shapes(((12, 64),), (_BF16,), tokens=197))
+    cases(((4, 64),), (_F32, _BF16), (70,), PACKED) + cases(((4, 24),), (_BF16,), (70,))
+    + cases(((4, 32),), (_F16,), (70,)) + cases(((12, 64),), (_BF16,), (1024,))
+    + cases(((1, 8), (32, 128)), (_F32,), (70,)))
 
 
 def summary(results: Sequence[Result]) -> dict:
-    """Counts and extremes of compile results (JSON-able)."""
-    ok = [r for r in results if not r.error]
-    return {"compiles": len(results), "ok": len(ok), "failed": len(results) - len(ok),
-            "spilled": sum(1 for r in ok if r.stack), "max_stack": max((r.stack for r in ok), default=None),
-            "max_registers": max((r.reg for r in ok), default=None),
-            "failures": [r.describe() for r in results if r.error or r.stack][:20]}
+    """Counts and extremes of compile results (JSON-able), overall and per kernel (module.name:
+    compiles, failed, spilled, max stack, max registers)."""
+    def counts(rs) -> dict:
+        ok = [r for r in rs if not r.error]
+        return {"compiles": len(rs), "ok": len(ok), "failed": len(rs) - len(ok),
+                "spilled": sum(1 for r in ok if r.stack), "max_stack": max((r.stack for r in ok), default=None),
+                "max_registers": max((r.reg for r in ok), default=None)}
+
+    kernels: Dict[str, List[Result]] = {}
+    for r in results:
+        kernels.setdefault(".".join(r.spec.kernel.rsplit(".", 2)[-2:]), []).append(r)
+    return {**counts(results), "failures": [r.describe() for r in results if r.error or r.stack][:20],
+            "kernels": {k: counts(rs) for k, rs in kernels.items()}}
 
 
 def _matrix(out: str, jobs: int) -> None:

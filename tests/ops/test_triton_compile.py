@@ -4,9 +4,11 @@ checked on this CPU-only machine with the installed Triton (every release from 3
 
 The launches are recorded without running (the ops' launchers and host code run;
 :mod:`benchmarks.kernels.launches`) over the configurations users hit
-(:data:`benchmarks.kernels.compile_check.TEST_WORKLOAD`: head dims 16-256, 4 to 12 heads,
-float32/bfloat16 (float16 at two head dims), 1024 tokens and ViT's 197, with and without a
-keep-mask and the position bias, forward and backward of tssa, causal_tssa and the causal step);
+(:data:`benchmarks.kernels.compile_check.TEST_WORKLOAD`, a representative subset of the version
+matrix's launch list: each BLOCK_P with exact and padded head dims, every branch of the tile rule,
+float32/bfloat16/float16, one-chunk odd lengths and multi-chunk ones, with and without a keep-mask
+and the position bias, packed rows (``cu_seqlens``), forward and backward of tssa, causal_tssa and
+the causal step);
 each distinct specialisation is compiled with ``triton.compile`` for both targets in a child process without
 ``TRITON_INTERPRET`` and its cubin read with ``cuobjdump -res-usage``
 (:mod:`benchmarks.kernels.compile_check`). The test is driven by the recorded launches only: a new
@@ -14,7 +16,6 @@ kernel or launch (another op argument) is covered once the workload makes it. Tr
 (``TRITON_CACHE_DIR``) serves repeated runs.
 """
 import pytest
-import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'whiteformer[triton]')")
 
@@ -25,7 +26,7 @@ from whiteformer.ops._kernels.triton import _tiles  # noqa: E402
 
 @pytest.fixture(scope="module")
 def recorded():
-    """(case name, launch) pairs of every case of the workload."""
+    """(case, launch) pairs of every case of the workload."""
     return TEST_WORKLOAD.record()
 
 
@@ -36,25 +37,34 @@ def compiled(recorded):
 
 
 def test_launches_follow_the_tile_rule(recorded):
-    """Every sequence kernel runs the grid (B, chunks) with the tiles of _tiles.tiles; every
-    kernel of the three modules is launched by the workload, the configuration of small models
-    (4 heads of 64: BLOCK_H 4, BLOCK_N 8, CHUNK 256) with a mask included."""
+    """Every sequence kernel runs the grid (sequences, chunks) with the tiles of _tiles.tiles;
+    every kernel of the three modules is launched by the workload, the configuration of small
+    models (4 heads of 64: BLOCK_H 4, BLOCK_N 8, CHUNK 256) with a mask included, and the tile
+    rule's branches (BLOCK_N at its cap, one token per sub-block; 2 and 16 warps) are reached."""
     kernels = {launch.name for _, launch in recorded}
     assert {"chunk_energy", "_pi", "_out", "_bwd_q", "_bwd_lambda", "_bwd_dw", "_bwd_chunk", "_step_fwd",
             "_step_bwd"} <= kernels
-    for name, launch in recorded:
+    for case, launch in recorded:
         if "BLOCK_N" not in launch.constexprs:
             continue
-        fields = dict(f.split("=") for f in name.split() if "=" in f)
-        dtype = getattr(torch, name.split()[4])
-        t = _tiles.tiles(int(fields["h"]), int(fields["p"]), dtype)
-        assert launch.grid == (TEST_WORKLOAD.batch, -(-int(fields["n"]) // t.chunk)), (name, launch.kernel)
-        assert (launch.constexprs["BLOCK_N"], launch.constexprs["BLOCK_P"], launch.options["num_warps"]) == \
-            (t.block_n, t.block_p, t.num_warps), (name, launch.kernel)
+        t = _tiles.tiles(case.heads, case.head_dim, case.dtype)
+        seqs, tokens = (len(case.packed), max(case.packed)) if case.packed else (TEST_WORKLOAD.batch, case.tokens)
+        groups, meta = t.group_meta(case.heads) if len(launch.grid) == 3 else (None, t.meta())  # head groups
+        assert launch.grid == (seqs, -(-tokens // t.chunk)) + ((groups,) if groups else ()), (case.name, launch.kernel)
+        assert (launch.constexprs["BLOCK_H"], launch.constexprs["BLOCK_N"], launch.constexprs["BLOCK_P"],
+                launch.options["num_warps"]) == (meta["BLOCK_H"], t.block_n, t.block_p, meta["num_warps"]), \
+            (case.name, launch.kernel)
     small = {(la.kernel.rsplit(".", 2)[-2], la.name) for _, la in recorded if la.args.get("has_mask")
              and (la.constexprs.get("BLOCK_H"), la.constexprs.get("BLOCK_P"), la.constexprs.get("BLOCK_N"),
                   la.constexprs.get("CHUNK")) == (4, 64, 8, 256)}
     assert {("tssa", "_pi"), ("tssa", "_bwd_lambda"), ("causal_tssa", "_pi"), ("causal_tssa", "_bwd_lambda")} <= small
+    assert any(case.packed and la.args.get("has_mask") for case, la in recorded)  # packed rows: the padded layout
+    blocks = {la.constexprs["BLOCK_N"] for _, la in recorded if "BLOCK_N" in la.constexprs}
+    warps = {la.options["num_warps"] for _, la in recorded if "BLOCK_N" in la.constexprs}
+    assert {1, _tiles.BLOCK_N_MAX} <= blocks and {_tiles.MIN_WARPS, _tiles.MAX_WARPS} <= warps
+    split = [(case, la) for case, la in recorded if len(la.grid) == 3 and la.grid[2] > 1]
+    assert split and all(la.constexprs["BLOCK_H"] * la.constexprs["BLOCK_N"] * la.constexprs["BLOCK_P"]
+                         <= _tiles.TILE_ELEMS // 2 for _, la in split)  # the dw kernel in head groups
 
 
 def test_every_specialisation_compiles_for_sm80_and_sm90_without_spills(compiled):

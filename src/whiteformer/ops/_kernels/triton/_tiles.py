@@ -14,8 +14,12 @@ sub-blocks of ``BLOCK_N`` tokens; each step holds (BLOCK_H, BLOCK_N, BLOCK_P) ti
   ``BLOCK_N = TILE_ELEMS / (BLOCK_H * BLOCK_P)`` rounded down to a power of two, within
   [1, ``BLOCK_N_MAX``] and at most ``CHUNK``;
 - ``THREAD_ELEMS`` values of a tile per thread: ``num_warps = tile / (32 * THREAD_ELEMS)`` within
-  [``MIN_WARPS``, ``MAX_WARPS``] (a tile larger than the budget, H * p > TILE_ELEMS at
-  BLOCK_N = 1, gets more warps, not more registers per thread);
+  [``MIN_WARPS``, ``MAX_WARPS``]. A tile larger than the budget (H * p > TILE_ELEMS at BLOCK_N = 1,
+  e.g. 32 heads of 128) holds more values per thread at 8 warps: 16 warps would cap a thread at
+  128 registers (65536 per SM), where the causal backward spilled;
+- the kernels with no softmax over heads that hold the most registers (the causal ``_bwd_dw``) run
+  in head groups of ``head_group`` heads, half the budget's tile at the same warps (half the values
+  per thread: ``group_meta``, grid (B, NC, groups), :func:`group_program`; one head cannot split);
 - ``num_stages = 1``: the kernels stream each tile once, so software pipelining would only
   add live registers (Triton pipelines loads of loops with num_stages > 1);
 - ``maxnreg``: up to 255 registers per thread (65536 / threads where that is lower): without it
@@ -33,6 +37,7 @@ host (``torch`` sums and cumulative sums in a fixed order): results are determin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Tuple
 
 import torch
 import triton
@@ -43,7 +48,7 @@ from ._compat import div
 
 TILE_ELEMS = 2048  # 32-bit values in one (BLOCK_H, BLOCK_N, BLOCK_P) tile
 THREAD_ELEMS = 8  # values of one tile per thread
-MIN_WARPS, MAX_WARPS = 2, 16
+MIN_WARPS, MAX_WARPS = 2, 8
 BLOCK_N_MAX = 64
 CHUNK = 256  # tokens per program: per-chunk statistics are 1/CHUNK of w's size
 
@@ -60,10 +65,18 @@ class Tiles:
     chunk: int
     num_warps: int
     num_stages: int = 1
+    head_group: int = 0  # heads per program of the head-group kernels (0: block_h)
 
     def meta(self) -> dict:
         """Constexprs and launch options common to the kernels."""
         return dict(BLOCK_H=self.block_h, BLOCK_N=self.block_n, BLOCK_P=self.block_p, **options(self.num_warps))
+
+    def group_meta(self, heads: int) -> Tuple[int, dict]:
+        """(head groups, constexprs and options) of a kernel run in head groups (grid (B, NC, groups))."""
+        group = self.head_group or self.block_h
+        if group == self.block_h:
+            return 1, self.meta()
+        return -(-heads // group), dict(self.meta(), BLOCK_H=group)
 
 
 def options(num_warps: int) -> dict:
@@ -86,7 +99,8 @@ def tiles(heads: int, head_dim: int, dtype: torch.dtype) -> Tiles:
     words = 2 if dtype == torch.float64 else 1
     block_n = min(_pow2_floor(TILE_ELEMS // (block_h * block_p * words)), BLOCK_N_MAX, CHUNK)
     chunk = max(CHUNK, block_n)
-    return Tiles(block_h, block_n, block_p, chunk, warps_for(block_h * block_n * block_p * words))
+    group = min(block_h, _pow2_floor(TILE_ELEMS // (2 * block_n * block_p * words)))
+    return Tiles(block_h, block_n, block_p, chunk, warps_for(block_h * block_n * block_p * words), head_group=group)
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -127,6 +141,17 @@ def chunk_program(H, N, P, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: 
     b, c = tl.program_id(0), tl.program_id(1)
     bh, in_h, in_hp = heads_of(b, H, P, BLOCK_H, BLOCK_P)
     return b, c, bh, in_h, in_hp, c * CHUNK, tl.minimum(N, (c + 1) * CHUNK)
+
+
+@triton.jit
+def group_program(H, N, P, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr):
+    """:func:`chunk_program` of a kernel run in head groups (grid (B, NC, groups): no softmax over
+    heads): group g holds heads [g * BLOCK_H, (g + 1) * BLOCK_H)."""
+    b, c, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_h = g * BLOCK_H + tl.arange(0, BLOCK_H)
+    in_h = offs_h < H
+    in_hp = in_h[:, None] & (tl.arange(0, BLOCK_P)[None, :] < P)
+    return b, c, b.to(tl.int64) * H + offs_h, in_h, in_hp, c * CHUNK, tl.minimum(N, (c + 1) * CHUNK)
 
 
 @triton.jit

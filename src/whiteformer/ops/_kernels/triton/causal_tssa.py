@@ -27,7 +27,8 @@ Backward (G = dL/dout; gE, gQ, gM the gradients of the returned final sums)::
     dPi_s = gPi_s - sum_j w g G + sum_j U_sj w_sj^2 + V_s,  Lambda = Pi (dPi - sum_heads Pi dPi)
     lambda = temp Lambda (= dL/dlb),  dtemp = sum Lambda (sum_j rho + lb)
     dE_t = -lambda_t w_t^2 / E_t^2 (0 where E_t <= 1e-12),  W_s = gE + sum_{t>=s} dE_t
-    dw = -Pi g G + 2 w (U Pi + lambda / max(E, 1e-12) + W)
+    dw = -Pi g G + 2 w (U Pi + lambda B / E^2 + W),  B_t = E_t - w_t^2,  W_t = sum_{s>t} dE_s
+    (lambda / 1e-12 in place of lambda B / E^2 where the clamp is active)
 
 in three passes over (w, G): per-chunk totals of dQ, dM; dPi, Lambda, lambda and per-chunk
 totals of dE; dw. A suffix sum inside a chunk is the chunk's inclusive suffix state (host) minus
@@ -57,6 +58,7 @@ from ._tiles import (
     chunk_energy,
     chunk_program,
     div,
+    group_program,
     head_scales,
     load_go_pi,
     mask_u8,
@@ -232,7 +234,7 @@ def _bwd_dw(x_ptr, mask_ptr, scl_ptr, pi_ptr, go_ptr, lam_ptr, e0_ptr, q0_ptr, m
             H, N, P, NC, PI_EPS,
             has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
+    b, c, bh, in_h, in_hp, lo, hi = group_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
     inv_k, k, eps = head_scales(scl_ptr, bh, in_h)
     eps = eps[:, None, None]
     e0 = rows(e0_ptr, bh, c, NC, P, in_hp, BLOCK_P)
@@ -264,9 +266,18 @@ def _bwd_dw(x_ptr, mask_ptr, scl_ptr, pi_ptr, go_ptr, lam_ptr, e0_ptr, q0_ptr, m
         u_after -= tl.sum(dq, axis=1)
         w_after -= tl.sum(de, axis=1).to(tl.float64)
         u = _suffix(u_after, dq)
-        wsum = _suffix(w_after.to(ACC), de)
+        # a token's own ratio w^2 / E has the gradient 1 / E - w^2 / E^2 = B / E^2 (B = E - w^2,
+        # the earlier tokens' energy, exactly 0 at a sequence's first token): its two terms of size
+        # 1 / E cancel there, so they are never formed apart; W sums the later tokens' dL/dE only,
+        # the tile's suffix minus the token's own term taken in float64 (the own term is the large
+        # one at the first tokens: no rounding of it is left in W)
+        de64 = de.to(tl.float64)
+        before = energy - x2
+        later = (w_after[:, None, :] + (tl.cumsum(de64, axis=1, reverse=True) - de64)).to(ACC)
+        safe = tl.maximum(energy, eps)
+        own = tl.where(energy > eps, div(div(lam[:, :, None] * before, safe), safe), div(lam[:, :, None], safe))
         dw = -pi[:, :, None] * gain * go
-        dw += 2.0 * x * (u * pi[:, :, None] + div(lam[:, :, None], tl.maximum(energy, eps)) + wsum)
+        dw += 2.0 * x * (u * pi[:, :, None] + own + later)
         dw = dw * inv_k[:, None, None]  # dL/dw = dL/dx / k
         tl.store(dw_ptr + offs, dw.to(dw_ptr.dtype.element_ty), mask=inside)
         e_run += tl.sum(x2, axis=1)
@@ -353,7 +364,9 @@ def _bwd(grad_out: Tensor, grad_pi: Optional[Tensor], grad_e: Optional[Tensor], 
                       has_lb=lb is not None, has_gpi=grad_pi is not None, **meta)
     w_after = _suffix_after(de_part, grad_e)
     dw = torch.empty_like(w)
-    _bwd_dw[grid](w, m8, scl, pi, grad_out, lam, e0, q0, m0, u, w_after, dw, h, n, p, nc, PI_EPS, **meta)
+    groups, group_meta = _tiles.tiles(h, p, w.dtype).group_meta(h)  # no softmax over heads: head groups
+    _bwd_dw[grid + (groups,)](w, m8, scl, pi, grad_out, lam, e0, q0, m0, u, w_after, dw, h, n, p, nc, PI_EPS,
+                              **dict(meta, **group_meta))
     return dw, lam, dtemp_part.sum((0, 1))
 
 

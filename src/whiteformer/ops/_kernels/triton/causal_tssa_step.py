@@ -110,11 +110,13 @@ def _step_bwd(go_ptr, gpi_ptr, ge_ptr, gm_ptr, gq_ptr, x_ptr, e0_ptr, m0_ptr, q0
 
 def _meta(x: Tensor, lb: Optional[Tensor]) -> dict:
     """Constexprs and launch options: one (BLOCK_H, BLOCK_P) tile per sequence, warps by the tile
-    rule of :mod:`._tiles`."""
+    rule of :mod:`._tiles`; BLOCK_H at least 2 (a one-head tile crashed Triton 3.3.1's compiler;
+    the padded head is masked)."""
     t = _tiles.tiles(x.shape[1], x.shape[2], x.dtype)
     words = 2 if x.dtype == torch.float64 else 1
-    return dict(has_lb=lb is not None, BLOCK_H=t.block_h, BLOCK_P=t.block_p, ACC=tl_acc(x.dtype),
-                **_tiles.options(_tiles.warps_for(t.block_h * t.block_p * words)))
+    block_h = max(2, t.block_h)
+    return dict(has_lb=lb is not None, BLOCK_H=block_h, BLOCK_P=t.block_p, ACC=tl_acc(x.dtype),
+                **_tiles.options(_tiles.warps_for(block_h * t.block_p * words)))
 
 
 @torch.library.custom_op("whiteformer::causal_tssa_step_triton_fwd", mutates_args=())
