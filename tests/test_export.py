@@ -194,9 +194,9 @@ def test_onnx_lm_step_with_explicit_state(tmp_path):
     with torch.no_grad():
         _, state = lm.prefill(prompt)
         logits, new = lm.step(nxt, state)
-    flat = [t for layer in state.layers for t in (*layer[:3], layer.scale)]
+    flat = LMStep.state_tensors(state)
     got = _ort_run(path, [nxt, torch.full((3,), 5, dtype=torch.long), *flat])
-    want = [logits, torch.full((3,), 6), *(t for layer in new.layers for t in (*layer[:3], layer.scale))]
+    want = [logits, torch.full((3,), 6), *LMStep.state_tensors(new)]
     assert got[1].tolist() == [6, 6, 6]
     assert _max_diff(got, want) <= TOL
 
@@ -215,12 +215,12 @@ def test_lm_step_carries_the_state_scale():
     with torch.no_grad():
         _, state = lm.prefill(prompt)
         logits, new = lm.step(nxt, state)
-        flat = [t for layer in state.layers for t in (*layer[:3], layer.scale)]
+        flat = LMStep.state_tensors(state)
         got, pos, *got_state = step(nxt, torch.full((2,), 4), *flat)
     assert all((layer.scale > 1).all() for layer in state.layers)
     assert torch.isfinite(logits).all() and torch.isfinite(got).all()
     torch.testing.assert_close(got, logits)
-    want = [t for layer in new.layers for t in (*layer[:3], layer.scale)]
+    want = LMStep.state_tensors(new)
     for a, b in zip(got_state, want, strict=True):
         torch.testing.assert_close(a, b)
 

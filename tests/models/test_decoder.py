@@ -178,7 +178,7 @@ def test_an_all_tssa_decoder_exports_its_step_with_the_state_as_tensors():
     tok = torch.randint(0, 53, (2,))
     ref, _ = model.step(tok, state)
     exported = torch.export.export(step, step.example_inputs(2), dynamic_shapes=step.dynamic_shapes()).module()
-    flat = [t for layer in state.layers for t in (*layer[:3], layer.scale)]
+    flat = LMStep.state_tensors(state)
     torch.testing.assert_close(exported(tok, torch.full((2,), 6), *flat)[0], ref)
     with pytest.raises(TypeError, match="key/value cache"):
         LMStep(_model("hybrid"))

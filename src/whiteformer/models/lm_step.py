@@ -68,8 +68,13 @@ class LMStep(nn.Module):
             raise ValueError(f"pos must be a (B,) integer tensor, got {getattr(pos, 'shape', type(pos).__name__)}")
         layers = tuple(CausalTSSAState(*state[_N * i:_N * i + 3], pos, state[_N * i + 3]) for i in range(depth))
         logits, new = self.model.step(idx_t, LMState(pos, layers))
-        flat: List[torch.Tensor] = [t for layer in new.layers for t in (*layer[:3], layer.scale)]
-        return (logits, new.pos, *flat)
+        return (logits, new.pos, *self.state_tensors(new))
+
+    @staticmethod
+    def state_tensors(state: LMState) -> List[torch.Tensor]:
+        """An :class:`LMState` (e.g. from the model's ``prefill``) -> its 4 * depth tensors in this
+        module's input order (:meth:`state_names`): a prompt's state continued by the exported step."""
+        return [t for layer in state.layers for t in (*layer[:3], layer.scale)]
 
     def example_inputs(self, batch_size: int = 1, device: Optional[torch.device] = None) -> Tuple[torch.Tensor, ...]:
         """The inputs of the first step: token 0, position 0, zero state (the state before any token)."""
