@@ -712,6 +712,70 @@ std::vector<at::Tensor> tssa_fwd(const at::Tensor& w, const at::Tensor& temp, co
   return {out, pi, s, Tm, M, rows_past_range(s.data_ptr<double>(), B, H * P, H * P, w)};
 }
 
+#if defined(__AVX512F__)
+// Pass A of the backward on one head's block [nb, ne) (<= BLK tokens) of float rows (kFastRows):
+// tot += sum over kept n of Pi_n w_n G_n (summed in float over the block), an = -sum_j g_j w_nj G_nj
+// (0 at padded tokens), the 16 tokens' sums reduced together (hsum16)
+template <int PC>
+inline void q_block16(const Rows<const float>& W, const Rows<const float>& G, const bool* mk, int64_t N, int64_t b,
+                      int64_t h, int64_t nb, int64_t ne, const float* pih, const float* gh, float* an, double* tot,
+                      int64_t PFD) {
+  constexpr int K = PC / 16;
+  constexpr int64_t RB = PC * int64_t(sizeof(float));
+  __m512 gv[K], qv[K], sv[16];
+  for (int k = 0; k < K; ++k) {
+    gv[k] = _mm512_loadu_ps(gh + 16 * k);
+    qv[k] = _mm512_setzero_ps();
+  }
+  for (int64_t n = nb; n < ne; ++n) {
+    prefetch_row(W.row(b, h, std::min(n + PFD, N - 1)), RB);
+    prefetch_row(G.row(b, h, std::min(n + PFD, N - 1)), RB);
+    __m512 s = _mm512_setzero_ps();
+    if (!mk || mk[b * N + n]) {
+      const float* __restrict x = W.row(b, h, n);
+      const float* __restrict gr = G.row(b, h, n);
+      const __m512 pv = _mm512_set1_ps(pih[n]);
+      for (int k = 0; k < K; ++k) {
+        const __m512 xg = _mm512_mul_ps(_mm512_loadu_ps(x + 16 * k), _mm512_loadu_ps(gr + 16 * k));
+        qv[k] = _mm512_fmadd_ps(pv, xg, qv[k]);
+        s = _mm512_fmadd_ps(gv[k], xg, s);
+      }
+    }
+    sv[4 * ((n - nb) % 4) + (n - nb) / 4] = s;
+  }
+  for (int64_t i = ne - nb; i < BLK; ++i) sv[4 * (i % 4) + i / 4] = _mm512_setzero_ps();
+  _mm512_mask_storeu_ps(an, __mmask16(((1u << (ne - nb)) - 1u) << 0), _mm512_sub_ps(_mm512_setzero_ps(), hsum16(sv)));
+  for (int k = 0; k < K; ++k) add16_to(tot + 16 * k, qv[k]);
+}
+
+// Pass B of the backward on one head's block [nb, ne) of float rows (kFastRows): pt[i] = sum_j cD_j w^2,
+// rt[i] = sum_j r_j w^2 of token nb + i (0 at padded tokens), reduced 16 tokens at a time (hsum16)
+template <int PC>
+inline void dual_sums16(const Rows<const float>& W, const bool* mk, int64_t N, int64_t b, int64_t h, int64_t nb,
+                        int64_t ne, const float* cDh, const float* rh, float* pt, float* rt, int64_t PFD) {
+  constexpr int K = PC / 16;
+  constexpr int64_t RB = PC * int64_t(sizeof(float));
+  __m512 s1[16], s2[16];
+  for (int64_t n = nb; n < ne; ++n) {
+    prefetch_row(W.row(b, h, std::min(n + PFD, N - 1)), RB);
+    __m512 u = _mm512_setzero_ps(), v = _mm512_setzero_ps();
+    if (!mk || mk[b * N + n]) {
+      const float* __restrict x = W.row(b, h, n);
+      for (int k = 0; k < K; ++k) {
+        const __m512 xv = _mm512_loadu_ps(x + 16 * k), x2 = _mm512_mul_ps(xv, xv);
+        u = _mm512_fmadd_ps(_mm512_loadu_ps(cDh + 16 * k), x2, u);
+        v = _mm512_fmadd_ps(_mm512_loadu_ps(rh + 16 * k), x2, v);
+      }
+    }
+    s1[4 * ((n - nb) % 4) + (n - nb) / 4] = u;
+    s2[4 * ((n - nb) % 4) + (n - nb) / 4] = v;
+  }
+  for (int64_t i = ne - nb; i < BLK; ++i) s1[4 * (i % 4) + i / 4] = s2[4 * (i % 4) + i / 4] = _mm512_setzero_ps();
+  _mm512_store_ps(pt, hsum16(s1));
+  _mm512_store_ps(rt, hsum16(s2));
+}
+#endif
+
 template <typename T, int PC>
 void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp, const bool* mk, const T* pi,
                    const double* s, const double* Tm, const double* M, Rows<T> DW, bool stream, double* dtemp,
@@ -734,12 +798,15 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
       gT[k] = T(g[k]);
     }
   }
-  Phases ph;
-  ph.next("tssa_bwd: q (read w, G)");
+  // The passes run on work items (b, chunk) with one partial sum per item, reduced in chunk order,
+  // on the schedules of the forward (tssa_fwd_impl): row by row when the batch keeps every thread
+  // busy, else each pass over all items in parallel; pass B visits the items last to first.
+  std::vector<T> a(B * H * N), lam(B * H * N);
+  std::vector<double> part(B * nc * HP), partT(B * nc * H);
+  std::vector<double> q(B * HP), cD(B * HP), K(B * H), Ssum(B * HP);
+  std::vector<T> cDT(B * HP), rT(B * HP), ST(B * HP);
   // pass A: q_j = sum_n w Pi G (dL/dg_j = -q_j), a_n = -sum_j w g G (dL/dPi through out)
-  std::vector<T> a(B * H * N);
-  std::vector<double> part(B * nc * HP);
-  at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
+  auto pass_q = [&](int64_t lo, int64_t hi) {
     Buf<T, PC> buf(P), vb(P);
     for (int64_t it = lo; it < hi; ++it) {
       const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
@@ -751,6 +818,13 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
         for (int64_t nb = ng; nb < ge; nb += BLK) {
           const int64_t ne = std::min(ge, nb + BLK);
           const T* __restrict gh = gT.data() + (b * H + h) * P;
+#if defined(__AVX512F__)
+          if constexpr (kFastRows<T, PC>) {
+            q_block16<PC>(W, G, mk, N, b, h, nb, ne, pi + (b * H + h) * N, gh, a.data() + (b * H + h) * N + nb,
+                          acc + h * P, PFD);
+            continue;
+          }
+#endif
           T* q = buf.data();
           for (int64_t j = 0; j < P; ++j) q[j] = T(0);
           for (int64_t n = nb; n < ne; ++n) {
@@ -778,30 +852,27 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
         }
       }
     }
-  });
-  std::vector<double> q(B * HP), cD(B * HP), K(B * H);
-  reduce_chunks(part, q.data(), B, nc, HP);
-  std::vector<T> cDT(B * HP), rT(B * HP);
-  for (int64_t bh = 0; bh < B * H; ++bh) {
-    double k = 0.0;
-    for (int64_t j = 0; j < P; ++j) {
-      const int64_t i = bh * P + j;
-      const double Dj = g[i] * g[i] * q[i];  // dL/dd_j = -g^2 dL/dg_j
-      cD[i] = c[bh] * Dj;
-      k += Dj * d[i];
-      cDT[i] = T(cD[i]);
-      rT[i] = T(r[i]);
+  };
+  auto finish_q = [&](int64_t b0, int64_t b1) {
+    reduce_chunks(part, q.data(), b0, b1, nc, HP);
+    for (int64_t bh = b0 * H; bh < b1 * H; ++bh) {
+      double k = 0.0;
+      for (int64_t j = 0; j < P; ++j) {
+        const int64_t i = bh * P + j;
+        const double Dj = g[i] * g[i] * q[i];  // dL/dd_j = -g^2 dL/dg_j
+        cD[i] = c[bh] * Dj;
+        k += Dj * d[i];
+        cDT[i] = T(cD[i]);
+        rT[i] = T(r[i]);
+      }
+      K[bh] = c[bh] * k;  // = c^2 sum_j D_j T_j
     }
-    K[bh] = c[bh] * k;  // = c^2 sum_j D_j T_j
-  }
-  ph.next("tssa_bwd: lambda (read w)");
+  };
   // pass B: dL/dPi, softmax over heads -> lambda = temp dL/dlogit; sum_n lambda w^2
-  std::vector<T> lam(B * H * N);
-  std::vector<double> partT(B * nc * H);
-  at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
+  auto pass_lambda = [&](int64_t lo, int64_t hi) {
     std::vector<double> Pg(H * GRP), Rs(H * GRP);
     Buf<T, PC> buf(P), vb(P), vb2(P);
-    for (int64_t it = lo; it < hi; ++it) {
+    for (int64_t it = hi - 1; it >= lo; --it) {
       const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
       double* accT = partT.data() + it * H;
       double* accS = part.data() + it * HP;
@@ -813,6 +884,23 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
           const int64_t bh = b * H + h;
           const T* __restrict cDh = cDT.data() + bh * P;
           const T* __restrict rh = rT.data() + bh * P;
+#if defined(__AVX512F__)
+          if constexpr (kFastRows<T, PC>) {
+            for (int64_t nb = ng; nb < ge; nb += BLK) {
+              const int64_t ne = std::min(ge, nb + BLK);
+              alignas(64) float pt[BLK], rt[BLK];
+              dual_sums16<PC>(W, mk, N, b, h, nb, ne, cDh, rh, pt, rt, PFD);
+              for (int64_t n = nb; n < ne; ++n) {
+                const int64_t i = n - nb;
+                const bool k = kept(b, n);
+                Pg[h * GRP + n - ng] =
+                    k ? double(pt[i]) + double(a[bh * N + n]) - K[bh] + (gpi ? double(gpi[bh * N + n]) : 0.0) : 0.0;
+                Rs[h * GRP + n - ng] = k ? double(rt[i]) : 0.0;
+              }
+            }
+            continue;
+          }
+#endif
           for (int64_t n = ng; n < ge; ++n) {
             double pn = 0.0, rn = 0.0;
             PREFETCH_ROW(W, b, h, n);
@@ -849,25 +937,24 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
           const T* lh = lam.data() + (b * H + h) * N;
           for (int64_t nb = ng; nb < ge; nb += BLK)
             add_weighted_energy(W, mk, N, P, b, h, nb, std::min(ge, nb + BLK), buf.data(), accS + h * P,
-                                       [&](int64_t n) { return lh[n]; });
+                                [&](int64_t n) { return lh[n]; });
         }
       }
     }
-  });
-  std::vector<double> Ssum(B * HP);
-  reduce_chunks(part, Ssum.data(), B, nc, HP);
-  reduce_chunks(partT, dtemp, B, nc, H);
+  };
   // per-feature coefficients of 2 w_nj: c D_j Pi_n + lambda_n r_j + dL/ds_j,
   // dL/ds_j = -r_j^2 sum_n lambda_n w_nj^2
-  std::vector<T> ST(B * HP);
-  for (int64_t k = 0; k < B * HP; ++k) {
-    cDT[k] = T(2.0 * cD[k]);
-    rT[k] = T(2.0 * r[k]);
-    ST[k] = T(-2.0 * r[k] * r[k] * Ssum[k] * live[k]);
-  }
-  ph.next("tssa_bwd: dw (read w, G, write dw)");
+  auto finish_lambda = [&](int64_t b0, int64_t b1) {
+    reduce_chunks(part, Ssum.data(), b0, b1, nc, HP);
+    reduce_chunks(partT, dtemp, b0, b1, nc, H);
+    for (int64_t k = b0 * HP; k < b1 * HP; ++k) {
+      cDT[k] = T(2.0 * cD[k]);
+      rT[k] = T(2.0 * r[k]);
+      ST[k] = T(-2.0 * r[k] * r[k] * Ssum[k] * live[k]);
+    }
+  };
   // pass C: dw = -Pi g G + 2 w (c D Pi + lambda r + dL/ds)
-  at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
+  auto pass_dw = [&](int64_t lo, int64_t hi) {
     RowWriter<T, PC> out(stream, P);
     for (int64_t it = lo; it < hi; ++it) {
       const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
@@ -896,7 +983,33 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
         }
       }
     }
-  });
+  };
+
+  if (B >= at::get_num_threads()) {  // row by row
+    at::parallel_for(0, B, 1, [&](int64_t lo, int64_t hi) {
+      Phases ph;
+      for (int64_t b = lo; b < hi; ++b) {
+        ph.next("tssa_bwd: q (read w, G)");
+        pass_q(b * nc, (b + 1) * nc);
+        finish_q(b, b + 1);
+        ph.next("tssa_bwd: lambda (read w)");
+        pass_lambda(b * nc, (b + 1) * nc);
+        finish_lambda(b, b + 1);
+        ph.next("tssa_bwd: dw (read w, G, write dw)");
+        pass_dw(b * nc, (b + 1) * nc);
+      }
+    });
+    return;
+  }
+  Phases ph;
+  ph.next("tssa_bwd: q (read w, G)");
+  at::parallel_for(0, B * nc, 1, pass_q);
+  finish_q(0, B);
+  ph.next("tssa_bwd: lambda (read w)");
+  at::parallel_for(0, B * nc, 1, pass_lambda);
+  finish_lambda(0, B);
+  ph.next("tssa_bwd: dw (read w, G, write dw)");
+  at::parallel_for(0, B * nc, 1, pass_dw);
 }
 
 std::vector<at::Tensor> tssa_bwd(const at::Tensor& grad_out, const c10::optional<at::Tensor>& grad_pi,
