@@ -774,6 +774,40 @@ inline void dual_sums16(const Rows<const float>& W, const bool* mk, int64_t N, i
   _mm512_store_ps(pt, hsum16(s1));
   _mm512_store_ps(rt, hsum16(s2));
 }
+
+// Pass C of the backward on one head's tokens [ng, ge) of float rows (kFastRows), the per-feature
+// coefficients in registers: dw = w (cD Pi + lambda r + dL/ds) - Pi g G (0 at padded tokens)
+template <int PC>
+inline void dw_rows16(const Rows<const float>& W, const Rows<const float>& G, Rows<float> DW, const bool* mk,
+                      int64_t N, int64_t b, int64_t h, int64_t ng, int64_t ge, const float* pih, const float* lh,
+                      const float* gh, const float* cdh, const float* rh, const float* sh, bool stream, int64_t PFD) {
+  constexpr int K = PC / 16;
+  constexpr int64_t RB = PC * int64_t(sizeof(float));
+  __m512 gv[K], cv[K], rv[K], sv[K];
+  for (int k = 0; k < K; ++k) {
+    gv[k] = _mm512_loadu_ps(gh + 16 * k);
+    cv[k] = _mm512_loadu_ps(cdh + 16 * k);
+    rv[k] = _mm512_loadu_ps(rh + 16 * k);
+    sv[k] = _mm512_loadu_ps(sh + 16 * k);
+  }
+  for (int64_t n = ng; n < ge; ++n) {
+    float* y = DW.row(b, h, n);
+    if (mk && !mk[b * N + n]) {
+      for (int k = 0; k < K; ++k) store_row16(y + 16 * k, _mm512_setzero_ps(), stream);
+      continue;
+    }
+    prefetch_row(W.row(b, h, std::min(n + PFD, N - 1)), RB);
+    prefetch_row(G.row(b, h, std::min(n + PFD, N - 1)), RB);
+    const float* __restrict x = W.row(b, h, n);
+    const float* __restrict gr = G.row(b, h, n);
+    const __m512 pv = _mm512_set1_ps(pih[n]), l = _mm512_set1_ps(lh[n]);
+    for (int k = 0; k < K; ++k) {
+      const __m512 c = _mm512_add_ps(_mm512_fmadd_ps(cv[k], pv, _mm512_mul_ps(l, rv[k])), sv[k]);
+      const __m512 t = _mm512_mul_ps(_mm512_mul_ps(pv, gv[k]), _mm512_loadu_ps(gr + 16 * k));
+      store_row16(y + 16 * k, _mm512_fmsub_ps(_mm512_loadu_ps(x + 16 * k), c, t), stream);
+    }
+  }
+}
 #endif
 
 template <typename T, int PC>
@@ -966,6 +1000,13 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
           const T* __restrict cdh = cDT.data() + bh * P;
           const T* __restrict rh = rT.data() + bh * P;
           const T* __restrict sh = ST.data() + bh * P;
+#if defined(__AVX512F__)
+          if constexpr (kFastRows<T, PC>) {
+            dw_rows16<PC>(W, G, DW, mk, N, b, h, ng, ge, pi + bh * N, lam.data() + bh * N, gh, cdh, rh, sh,
+                          out.stream, PFD);
+            continue;
+          }
+#endif
           for (int64_t n = ng; n < ge; ++n) {
             T* y = DW.row(b, h, n);
             if (!kept(b, n)) {
