@@ -14,6 +14,12 @@ Measured in one process, float32 on CPU, at each ``torch.set_num_threads`` value
   forward. The C++ kernels flag such rows from their own sums, so on their path the guard is no
   separate pass (share 0; the standalone share of the pass is recorded for information).
 
+Each row also records the minor page faults per call of the op and of the clone (a few calls after
+the timed rounds): a clone that faults (glibc hands the block back to the system once the heap's
+free top passes its trim threshold, e.g. after a backward's temporaries) takes several times its
+copy, so a ratio against it reads better than the op is. The forward + backward rows also carry
+the clone time of the forward rounds of the same size.
+
 Timing: ``--rounds`` round-robin rounds over the candidates (clone, tssa, causal_tssa, guard) after
 one untimed call of each, so that a change of machine load affects all alike; the ratio is the
 median over rounds of time(op) / time(clone) of the same round. Each row names the target it is
@@ -73,6 +79,18 @@ def top_ops(fn: Callable[[], Any], k: int = 3) -> List[Dict[str, Any]]:
              "share": round(e.self_cpu_time_total / total, 3), "calls": e.count} for e in events[:k]]
 
 
+def minor_faults(fn: Callable[[], Any], calls: int = 3) -> float:
+    """Minor page faults per call of ``fn`` (the memory the allocator maps afresh and the kernel
+    zeroes on first touch: a clone of a block that glibc returned to the system costs several times
+    its copy), over ``calls`` calls after the timed rounds."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(calls):
+        fn()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
+
+
 def path_of(w: torch.Tensor) -> Dict[str, Any]:
     """Which kernel the default call takes on ``w`` and whether the guard is a separate pass there."""
     from whiteformer.ops._kernels import fused_supported, kernel_for
@@ -101,6 +119,7 @@ def _row(op: str, size, threads: int, stats: Dict[str, Any], fn: Callable[[], An
     row["target"] = tgt[0] if tgt else None
     row["target_text"] = tgt[1] if tgt else None
     row["met"] = None if tgt is None else bool(stats["ratio"] <= tgt[0])
+    row["minor_faults_per_call"] = minor_faults(fn)
     if row["met"] is False:
         row["profile_top3"] = top_ops(fn)
     return row
@@ -122,6 +141,9 @@ def measure(size, threads: int, rounds: int, backward: bool) -> List[Dict[str, A
     with torch.no_grad():
         times = common.interleaved_runs(fwd, rounds=rounds)
         rows = [_row(op, size, threads, _ratios(times, op), fwd[op]) for op in ("tssa_fwd", "causal_fwd")]
+        clone_faults = minor_faults(fwd["clone"])
+        for r in rows:
+            r["clone_minor_faults_per_call"] = clone_faults
         path = path_of(w)
         alone = statistics.median(a / b for a, b in zip(times["guard"], times["tssa_fwd"]))
         share = alone if path["guard_separate_pass"] else 0.0
@@ -142,7 +164,12 @@ def measure(size, threads: int, rounds: int, backward: bool) -> List[Dict[str, A
 
         bwd = {"clone": lambda: w.clone(), "tssa_fwdbwd": fwdbwd(tssa), "causal_fwdbwd": fwdbwd(causal_tssa)}
         times = common.interleaved_runs(bwd, rounds=rounds)
-        rows += [_row(op, size, threads, _ratios(times, op), bwd[op]) for op in ("tssa_fwdbwd", "causal_fwdbwd")]
+        extra = [_row(op, size, threads, _ratios(times, op), bwd[op]) for op in ("tssa_fwdbwd", "causal_fwdbwd")]
+        clone_faults = minor_faults(bwd["clone"])
+        for r in extra:  # the clone of these rounds may fault where the forward rounds' did not
+            r["clone_minor_faults_per_call"] = clone_faults
+            r["clone_s_forward_rounds"] = rows[0]["clone_s"]
+        rows += extra
     for r in rows:
         r["loadavg"] = load
     return rows

@@ -20,6 +20,10 @@ try:  # the dynamo ONNX exporter's state (a private module: absent from some tor
     from torch.onnx._internal.exporter import _flags as _onnx_flags
 except ImportError:  # pragma: no cover - depends on the torch version
     _onnx_flags = None
+try:  # the TorchScript exporter's state, read by torch.onnx.is_in_onnx_export (which imports it per call)
+    from torch.onnx._internal.torchscript_exporter._globals import GLOBALS as _onnx_globals
+except ImportError:  # pragma: no cover - depends on the torch version
+    _onnx_globals = None
 
 __all__ = ["BACKENDS", "ENV_BACKEND", "ENV_DISABLE", "OPS", "Backend", "exporting", "fused_supported", "has_kernel",
            "kernel_for", "kernels_disabled", "register_backend"]
@@ -75,6 +79,8 @@ def onnx_exporting() -> bool:
     """True while ``torch.onnx.export`` runs (either exporter): for the operations that ONNX has no
     operator for (e.g. a Cholesky factorisation), which ``torch.export`` keeps."""
     if not torch.compiler.is_dynamo_compiling():
+        if _onnx_globals is not None and _onnx_flags is not None:  # what is_in_onnx_export reads, without
+            return bool(_onnx_globals.in_onnx_export or _onnx_flags._is_onnx_exporting)  # its imports
         return torch.onnx.is_in_onnx_export()
     # Dynamo folds is_in_onnx_export() to False while it traces (the strict torch.export capture that
     # torch.onnx.export(dynamo=True) falls back to): read the flag of the dynamo exporter instead, from
@@ -126,6 +132,10 @@ def _forced_backend() -> Optional[Backend]:
 def kernel_for(op: str, w: torch.Tensor) -> Optional[Callable]:
     """The registered kernel (a backend's ``kernels[op]``) that runs ``op`` on ``w``, or None
     (then: the custom ops of :mod:`.fused` if :func:`fused_supported`, else the PyTorch path)."""
+    name = _forced_name()
+    entry = BACKENDS.get(w.device.type, None)
+    if name in ("", "auto") and (entry is None or op not in entry.kernels):
+        return None  # no registered kernel to choose from: the switches need not be read
     if kernels_disabled():
         return None
     forced = _forced_backend()
@@ -138,7 +148,6 @@ def kernel_for(op: str, w: torch.Tensor) -> Optional[Callable]:
                        "using the default kernel choice")
         else:
             return forced.kernels[op]
-    entry = BACKENDS.get(w.device.type, None)
     if entry is None or op not in entry.kernels or w.dtype not in entry.dtypes:
         return None
     return entry.kernels[op] if _backend_ready(w.device.type) else None

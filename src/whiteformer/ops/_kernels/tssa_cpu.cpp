@@ -176,9 +176,10 @@ const bool* mask_ptr(const c10::optional<at::Tensor>& mask) {
 inline int64_t nchunks(int64_t N, int64_t chunk) { return (N + chunk - 1) / chunk; }
 inline int64_t pick_chunk(int64_t chunk) { return chunk > 0 ? chunk : DEFAULT_CHUNK; }
 
-// dst[b * len + k] = sum over chunks c (in order) of part[(b * nc + c) * len + k]
-void reduce_chunks(const std::vector<double>& part, double* dst, int64_t B, int64_t nc, int64_t len) {
-  for (int64_t b = 0; b < B; ++b) {
+// dst[b * len + k] = sum over chunks c (in order) of part[(b * nc + c) * len + k], for the batch
+// rows b in [b0, b1)
+void reduce_chunks(const std::vector<double>& part, double* dst, int64_t b0, int64_t b1, int64_t nc, int64_t len) {
+  for (int64_t b = b0; b < b1; ++b) {
     double* d = dst + b * len;
     std::fill(d, d + len, 0.0);
     for (int64_t c = 0; c < nc; ++c) {
@@ -186,6 +187,9 @@ void reduce_chunks(const std::vector<double>& part, double* dst, int64_t B, int6
       for (int64_t k = 0; k < len; ++k) d[k] += s[k];
     }
   }
+}
+void reduce_chunks(const std::vector<double>& part, double* dst, int64_t B, int64_t nc, int64_t len) {
+  reduce_chunks(part, dst, 0, B, nc, len);
 }
 
 // (B,) bool: whether one of the HP sums of squares of batch row b (at s + b * stride) exceeds
@@ -359,6 +363,66 @@ inline void prefetch_row(const void* p, int64_t bytes) {
 inline int64_t prefetch_distance(int64_t row_bytes) { return std::max<int64_t>(8, 8192 / std::max<int64_t>(row_bytes, 1)); }
 #define PREFETCH_ROW(R, b, h, n) prefetch_row((R).row(b, h, std::min(n + PFD, N - 1)), RB)
 
+// Float rows of 32 / 48 / 64 features with AVX-512: the running sums are held in PC / 16
+// registers and each division a / b is a reciprocal estimate r (vrcp14ps, relative error
+// < 2^-14) refined by one Newton step folded into the product, a / b ~ (a r) (2 - b r) (error
+// ~2^-28 before rounding, i.e. ~1 ulp in float), much cheaper than vdivps; the per-token sums
+// of rho are reduced 16 tokens at a time (hsum16). Double and the other builds (and other p)
+// keep the exact divisions of the generic code below.
+#if defined(__AVX512F__)
+template <typename T, int PC>
+constexpr bool kFastRows = std::is_same_v<T, float> && PC > 0 && PC % 16 == 0;
+inline void store_row16(float* y, __m512 v, bool stream) {
+  if (stream) {  // rows are 32-byte aligned (want_stream)
+    _mm256_stream_ps(y, _mm512_castps512_ps256(v));
+    _mm256_stream_ps(y + 8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  } else {
+    _mm512_storeu_ps(y, v);
+  }
+}
+// float(d[0:16)) in one vector (AVX-512F only)
+inline __m512 cvt16_ps(const double* d) {
+  const __m256 lo = _mm512_cvtpd_ps(_mm512_loadu_pd(d)), hi = _mm512_cvtpd_ps(_mm512_loadu_pd(d + 8));
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+// d[0:16) += the lanes of v (a block's float sums folded into the double running totals)
+inline void add16_to(double* d, __m512 v) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  for (int j = 0; j < 16; ++j) d[j] += double(t[j]);
+}
+// block_begin / block_end for K vectors of 16 floats
+template <int K>
+inline void block_begin16(const double* tot, __m512* bs, __m512* lc) {
+  for (int k = 0; k < K; ++k) {
+    bs[k] = cvt16_ps(tot + 16 * k);
+    lc[k] = _mm512_setzero_ps();
+  }
+}
+template <int K>
+inline void block_end16(double* tot, const __m512* lc) {
+  for (int k = 0; k < K; ++k) add16_to(tot + 16 * k, lc[k]);
+}
+// lane i of the result = sum of the lanes of s[4 (i % 4) + i / 4] (a 16 x 16 transpose-and-add)
+inline __m512 hsum16(const __m512* s) {
+  __m512 u[8], v[4], x[2];
+  for (int i = 0; i < 8; ++i)
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * i], s[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(s[2 * i], s[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)
+    v[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)
+    x[i] = _mm512_add_ps(_mm512_shuffle_ps(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(x[0], x[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+#else
+template <typename T, int PC>
+constexpr bool kFastRows = false;
+#endif
+
 // ================================================================== non-causal TSSA
 // Statistics per (b, h) (double): s_j = sum_n w_nj^2, T_j = sum_n Pi_n w_nj^2, M = sum_n Pi_n.
 // Derived: r_j = 1 / max(s_j, eps^2), c = 1 / (M + 1e-8), d_j = c T_j, g_j = 1 / (1 + d_j).
@@ -375,38 +439,45 @@ struct Dims {
 // adjacent in memory (the (B, N, H, p) view of a projection)
 inline int64_t group_size(int64_t sh, int64_t sn, int64_t chunk) { return sh > sn ? chunk : BLK; }
 
-// Feature energies per work item it = (b, chunk of CHUNK tokens): part[(it * H + h) * P + j] = sum over
-// the chunk's kept tokens of w_nj^2, summed in T over blocks of BLK tokens, then in double; rows
-// visited in groups of GRP tokens, head by head (group_size)
+// Feature energies per work item it = (b, chunk of CHUNK tokens), for the items [lo, hi):
+// part[(it * H + h) * P + j] = sum over the chunk's kept tokens of w_nj^2, summed in T over blocks
+// of BLK tokens, then in double; rows visited in groups of GRP tokens, head by head (group_size)
 template <typename T, int PC>
-void chunk_energies(const Rows<const T>& W, const bool* mk, int64_t B, int64_t H, int64_t N, int64_t P,
-                    int64_t CHUNK, int64_t nc, int64_t GRP, double* part) {
-  const int64_t HP = H * P, RB = P * int64_t(sizeof(T)), PFD = prefetch_distance(RB);
-  at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
-    Buf<T, PC> buf(P);
-    for (int64_t it = lo; it < hi; ++it) {
-      const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
-      double* acc = part + it * HP;
-      std::fill(acc, acc + HP, 0.0);
-      for (int64_t ng = n0; ng < n1; ng += GRP) {
-        const int64_t ge = std::min(n1, ng + GRP);
-        for (int64_t h = 0; h < H; ++h) {
-          double* tot = acc + h * P;
-          for (int64_t nb = ng; nb < ge; nb += BLK) {
-            T* a = buf.data();
-            for (int64_t j = 0; j < P; ++j) a[j] = T(0);
-            for (int64_t n = nb; n < std::min(ge, nb + BLK); ++n) {
-              PREFETCH_ROW(W, b, h, n);
-              if (mk && !mk[b * N + n]) continue;
-              const T* __restrict x = W.row(b, h, n);
+void chunk_energies_items(const Rows<const T>& W, const bool* mk, int64_t lo, int64_t hi, int64_t H, int64_t N,
+                          int64_t P_, int64_t CHUNK, int64_t nc, int64_t GRP, double* part) {
+  const int64_t P = PC > 0 ? PC : P_, HP = H * P, RB = P * int64_t(sizeof(T)), PFD = prefetch_distance(RB);
+  Buf<T, PC> buf(P);
+  for (int64_t it = lo; it < hi; ++it) {
+    const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
+    double* acc = part + it * HP;
+    std::fill(acc, acc + HP, 0.0);
+    for (int64_t ng = n0; ng < n1; ng += GRP) {
+      const int64_t ge = std::min(n1, ng + GRP);
+      for (int64_t h = 0; h < H; ++h) {
+        double* tot = acc + h * P;
+        for (int64_t nb = ng; nb < ge; nb += BLK) {
+          T* a = buf.data();
+          for (int64_t j = 0; j < P; ++j) a[j] = T(0);
+          for (int64_t n = nb; n < std::min(ge, nb + BLK); ++n) {
+            PREFETCH_ROW(W, b, h, n);
+            if (mk && !mk[b * N + n]) continue;
+            const T* __restrict x = W.row(b, h, n);
 #pragma omp simd
-              for (int64_t j = 0; j < P; ++j) a[j] += x[j] * x[j];
-            }
-            for (int64_t j = 0; j < P; ++j) tot[j] += double(a[j]);
+            for (int64_t j = 0; j < P; ++j) a[j] += x[j] * x[j];
           }
+          for (int64_t j = 0; j < P; ++j) tot[j] += double(a[j]);
         }
       }
     }
+  }
+}
+
+// chunk_energies_items over all B * nc items, in parallel
+template <typename T, int PC>
+void chunk_energies(const Rows<const T>& W, const bool* mk, int64_t B, int64_t H, int64_t N, int64_t P,
+                    int64_t CHUNK, int64_t nc, int64_t GRP, double* part) {
+  at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
+    chunk_energies_items<T, PC>(W, mk, lo, hi, H, N, P, CHUNK, nc, GRP, part);
   });
 }
 
@@ -428,6 +499,67 @@ inline void add_weighted_energy(const Rows<const T>& W, const bool* mk, int64_t 
   for (int64_t j = 0; j < P; ++j) tot[j] += double(a[j]);
 }
 
+#if defined(__AVX512F__)
+// Logits of one head's tokens [ng, ge) for float rows (kFastRows): lg[n - ng] = th sum_j w_nj^2 r_j,
+// 0 at padded tokens. Each token's 16 lane sums (one vector) are reduced 16 tokens at a time
+// (hsum16) instead of one horizontal sum per token.
+template <int PC>
+inline void head_logits16(const Rows<const float>& W, const bool* mk, int64_t N, int64_t b, int64_t h, int64_t ng,
+                          int64_t ge, const float* rh, float th, float* lg, int64_t PFD) {
+  constexpr int K = PC / 16;
+  static_assert(BLK == 16, "hsum16 reduces one block of 16 tokens");
+  __m512 rv[K];
+  for (int k = 0; k < K; ++k) rv[k] = _mm512_loadu_ps(rh + 16 * k);
+  const __m512 tv = _mm512_set1_ps(th);
+  for (int64_t nb = ng; nb < ge; nb += BLK) {
+    const int64_t ne = std::min(ge, nb + BLK);
+    __m512 sv[16];
+    for (int64_t n = nb; n < ne; ++n) {
+      prefetch_row(W.row(b, h, std::min(n + PFD, N - 1)), PC * int64_t(sizeof(float)));
+      __m512 acc = _mm512_setzero_ps();
+      if (!mk || mk[b * N + n]) {
+        const float* __restrict x = W.row(b, h, n);
+        for (int k = 0; k < K; ++k) {
+          const __m512 xv = _mm512_loadu_ps(x + 16 * k);
+          acc = _mm512_fmadd_ps(_mm512_mul_ps(xv, xv), rv[k], acc);
+        }
+      }
+      sv[4 * ((n - nb) % 4) + (n - nb) / 4] = acc;
+    }
+    for (int64_t i = ne - nb; i < BLK; ++i) sv[4 * (i % 4) + i / 4] = _mm512_setzero_ps();
+    _mm512_mask_storeu_ps(lg + (nb - ng), __mmask16((1u << (ne - nb)) - 1u), _mm512_mul_ps(hsum16(sv), tv));
+  }
+}
+
+// out rows of one head's kept tokens [ng, ge) for float rows (kFastRows): y = (x (-Pi)) g
+template <int PC>
+inline void head_out16(const Rows<const float>& W, Rows<float> O, const bool* mk, int64_t N, int64_t b, int64_t h,
+                       int64_t ng, int64_t ge, const float* pih, const float* g, bool stream, int64_t PFD) {
+  constexpr int K = PC / 16;
+  __m512 gv[K];
+  for (int k = 0; k < K; ++k) gv[k] = _mm512_loadu_ps(g + 16 * k);
+  for (int64_t n = ng; n < ge; ++n) {
+    float* y = O.row(b, h, n);
+    if (mk && !mk[b * N + n]) {
+      for (int k = 0; k < K; ++k) store_row16(y + 16 * k, _mm512_setzero_ps(), stream);
+      continue;
+    }
+    prefetch_row(W.row(b, h, std::min(n + PFD, N - 1)), PC * int64_t(sizeof(float)));
+    const float* __restrict x = W.row(b, h, n);
+    const __m512 pv = _mm512_set1_ps(-pih[n]);
+    for (int k = 0; k < K; ++k)
+      store_row16(y + 16 * k, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + 16 * k), pv), gv[k]), stream);
+  }
+}
+#endif
+
+// The three passes run on work items (b, chunk of CHUNK tokens) and keep one partial sum per item,
+// reduced in chunk order: results do not depend on the schedule. Schedules: with at least as many
+// batch rows as threads, each thread runs all three passes on one row before the next (the row's
+// w, H N p values, is read three times from L2 / L3 rather than from memory once a whole batch
+// outgrows the cache); with fewer, each pass runs over all items in parallel. In both, pass 2
+// visits the items last to first and passes 1 and 3 first to last, so that each pass starts on
+// the tokens the one before ended on, still in cache.
 template <typename T, int PC>
 void tssa_fwd_impl(Rows<const T> W, const T* temp, const bool* mk, Rows<T> O, bool stream, T* pi, double* s,
                    double* Tm, double* M, Dims<T> D) {
@@ -435,22 +567,18 @@ void tssa_fwd_impl(Rows<const T> W, const T* temp, const bool* mk, Rows<T> O, bo
   auto kept = [&](int64_t b, int64_t n) { return !mk || mk[b * N + n]; };
   const int64_t GRP = group_size(W.sh, W.sn, CHUNK), RB = P * int64_t(sizeof(T)), PFD = prefetch_distance(RB);
 
-  Phases ph;
-  ph.next("tssa_fwd: energies (read w)");
-  // pass 1: feature energies s
-  std::vector<double> part(B * nc * HP);
-  chunk_energies<T, PC>(W, mk, B, H, N, P, CHUNK, nc, GRP, part.data());
-  reduce_chunks(part, s, B, nc, HP);
-  std::vector<T> r(B * HP);
-  for (int64_t k = 0; k < B * HP; ++k) r[k] = T(inv_energy(s[k]));
-
-  ph.next("tssa_fwd: logits, softmax, moments (read w)");
-  // pass 2: logits, Pi (softmax over heads) and the Pi-weighted moments
-  std::vector<double> partM(B * nc * H);
-  at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
+  std::vector<double> part(B * nc * HP), partM(B * nc * H);
+  std::vector<T> r(B * HP), gain(B * HP);
+  // after pass 1 of rows [b0, b1): s and r = 1 / max(s, eps^2)
+  auto finish_energies = [&](int64_t b0, int64_t b1) {
+    reduce_chunks(part, s, b0, b1, nc, HP);
+    for (int64_t k = b0 * HP; k < b1 * HP; ++k) r[k] = T(inv_energy(s[k]));
+  };
+  // pass 2 on items [lo, hi), last to first: logits, Pi (softmax over heads) and the Pi-weighted moments
+  auto moments = [&](int64_t lo, int64_t hi) {
     std::vector<T> lg(H * GRP), tmp(GRP);
     Buf<T, PC> buf(P), vb(P);
-    for (int64_t it = lo; it < hi; ++it) {
+    for (int64_t it = hi - 1; it >= lo; --it) {
       const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
       double* accT = part.data() + it * HP;
       double* accM = partM.data() + it * H;
@@ -461,6 +589,12 @@ void tssa_fwd_impl(Rows<const T> W, const T* temp, const bool* mk, Rows<T> O, bo
         for (int64_t h = 0; h < H; ++h) {
           const T* __restrict rh = r.data() + (b * H + h) * P;
           const T th = temp[h];
+#if defined(__AVX512F__)
+          if constexpr (kFastRows<T, PC>) {
+            head_logits16<PC>(W, mk, N, b, h, ng, ge, rh, th, lg.data() + h * GRP, PFD);
+            continue;
+          }
+#endif
           for (int64_t n = ng; n < ge; ++n) {
             T dot = T(0);
             PREFETCH_ROW(W, b, h, n);
@@ -481,26 +615,26 @@ void tssa_fwd_impl(Rows<const T> W, const T* temp, const bool* mk, Rows<T> O, bo
           double m = 0.0;
           for (int64_t nb = ng; nb < ge; nb += BLK)
             add_weighted_energy(W, mk, N, P, b, h, nb, std::min(ge, nb + BLK), buf.data(), accT + h * P,
-                                       [&](int64_t n) {
-                                         m += double(pih[n]);
-                                         return pih[n];
-                                       });
+                                [&](int64_t n) {
+                                  m += double(pih[n]);
+                                  return pih[n];
+                                });
           accM[h] += m;
         }
       }
     }
-  });
-  reduce_chunks(part, Tm, B, nc, HP);
-  reduce_chunks(partM, M, B, nc, H);
-
-  ph.next("tssa_fwd: out (read w, write out)");
-  // pass 3: out = -w Pi g
-  std::vector<T> gain(B * HP);
-  for (int64_t bh = 0; bh < B * H; ++bh) {
-    const double c = 1.0 / (M[bh] + PI_EPS);
-    for (int64_t j = 0; j < P; ++j) gain[bh * P + j] = T(1.0 / (1.0 + c * Tm[bh * P + j]));
-  }
-  at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
+  };
+  // after pass 2 of rows [b0, b1): T, M and the gains g = 1 / (1 + T / (M + 1e-8))
+  auto finish_moments = [&](int64_t b0, int64_t b1) {
+    reduce_chunks(part, Tm, b0, b1, nc, HP);
+    reduce_chunks(partM, M, b0, b1, nc, H);
+    for (int64_t bh = b0 * H; bh < b1 * H; ++bh) {
+      const double c = 1.0 / (M[bh] + PI_EPS);
+      for (int64_t j = 0; j < P; ++j) gain[bh * P + j] = T(1.0 / (1.0 + c * Tm[bh * P + j]));
+    }
+  };
+  // pass 3 on items [lo, hi): out = -w Pi g
+  auto output = [&](int64_t lo, int64_t hi) {
     RowWriter<T, PC> out(stream, P);
     for (int64_t it = lo; it < hi; ++it) {
       const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
@@ -509,6 +643,12 @@ void tssa_fwd_impl(Rows<const T> W, const T* temp, const bool* mk, Rows<T> O, bo
         for (int64_t h = 0; h < H; ++h) {
           const T* __restrict g = gain.data() + (b * H + h) * P;
           const T* pih = pi + (b * H + h) * N;
+#if defined(__AVX512F__)
+          if constexpr (kFastRows<T, PC>) {
+            head_out16<PC>(W, O, mk, N, b, h, ng, ge, pih, g, out.stream, PFD);
+            continue;
+          }
+#endif
           for (int64_t n = ng; n < ge; ++n) {
             T* y = O.row(b, h, n);
             if (!kept(b, n)) {
@@ -523,7 +663,33 @@ void tssa_fwd_impl(Rows<const T> W, const T* temp, const bool* mk, Rows<T> O, bo
         }
       }
     }
-  });
+  };
+
+  if (B >= at::get_num_threads()) {  // row by row
+    at::parallel_for(0, B, 1, [&](int64_t lo, int64_t hi) {
+      Phases ph;
+      for (int64_t b = lo; b < hi; ++b) {
+        ph.next("tssa_fwd: energies (read w)");
+        chunk_energies_items<T, PC>(W, mk, b * nc, (b + 1) * nc, H, N, P, CHUNK, nc, GRP, part.data());
+        finish_energies(b, b + 1);
+        ph.next("tssa_fwd: logits, softmax, moments (read w)");
+        moments(b * nc, (b + 1) * nc);
+        finish_moments(b, b + 1);
+        ph.next("tssa_fwd: out (read w, write out)");
+        output(b * nc, (b + 1) * nc);
+      }
+    });
+    return;
+  }
+  Phases ph;
+  ph.next("tssa_fwd: energies (read w)");
+  chunk_energies<T, PC>(W, mk, B, H, N, P, CHUNK, nc, GRP, part.data());
+  finish_energies(0, B);
+  ph.next("tssa_fwd: logits, softmax, moments (read w)");
+  at::parallel_for(0, B * nc, 1, moments);
+  finish_moments(0, B);
+  ph.next("tssa_fwd: out (read w, write out)");
+  at::parallel_for(0, B * nc, 1, output);
 }
 
 std::vector<at::Tensor> tssa_fwd(const at::Tensor& w, const at::Tensor& temp, const c10::optional<at::Tensor>& mask,
@@ -545,6 +711,104 @@ std::vector<at::Tensor> tssa_fwd(const at::Tensor& w, const at::Tensor& temp, co
   });
   return {out, pi, s, Tm, M, rows_past_range(s.data_ptr<double>(), B, H * P, H * P, w)};
 }
+
+#if defined(__AVX512F__)
+// Pass A of the backward on one head's block [nb, ne) (<= BLK tokens) of float rows (kFastRows):
+// tot += sum over kept n of Pi_n w_n G_n (summed in float over the block), an = -sum_j g_j w_nj G_nj
+// (0 at padded tokens), the 16 tokens' sums reduced together (hsum16)
+template <int PC>
+inline void q_block16(const Rows<const float>& W, const Rows<const float>& G, const bool* mk, int64_t N, int64_t b,
+                      int64_t h, int64_t nb, int64_t ne, const float* pih, const float* gh, float* an, double* tot,
+                      int64_t PFD) {
+  constexpr int K = PC / 16;
+  constexpr int64_t RB = PC * int64_t(sizeof(float));
+  __m512 gv[K], qv[K], sv[16];
+  for (int k = 0; k < K; ++k) {
+    gv[k] = _mm512_loadu_ps(gh + 16 * k);
+    qv[k] = _mm512_setzero_ps();
+  }
+  for (int64_t n = nb; n < ne; ++n) {
+    prefetch_row(W.row(b, h, std::min(n + PFD, N - 1)), RB);
+    prefetch_row(G.row(b, h, std::min(n + PFD, N - 1)), RB);
+    __m512 s = _mm512_setzero_ps();
+    if (!mk || mk[b * N + n]) {
+      const float* __restrict x = W.row(b, h, n);
+      const float* __restrict gr = G.row(b, h, n);
+      const __m512 pv = _mm512_set1_ps(pih[n]);
+      for (int k = 0; k < K; ++k) {
+        const __m512 xg = _mm512_mul_ps(_mm512_loadu_ps(x + 16 * k), _mm512_loadu_ps(gr + 16 * k));
+        qv[k] = _mm512_fmadd_ps(pv, xg, qv[k]);
+        s = _mm512_fmadd_ps(gv[k], xg, s);
+      }
+    }
+    sv[4 * ((n - nb) % 4) + (n - nb) / 4] = s;
+  }
+  for (int64_t i = ne - nb; i < BLK; ++i) sv[4 * (i % 4) + i / 4] = _mm512_setzero_ps();
+  _mm512_mask_storeu_ps(an, __mmask16(((1u << (ne - nb)) - 1u) << 0), _mm512_sub_ps(_mm512_setzero_ps(), hsum16(sv)));
+  for (int k = 0; k < K; ++k) add16_to(tot + 16 * k, qv[k]);
+}
+
+// Pass B of the backward on one head's block [nb, ne) of float rows (kFastRows): pt[i] = sum_j cD_j w^2,
+// rt[i] = sum_j r_j w^2 of token nb + i (0 at padded tokens), reduced 16 tokens at a time (hsum16)
+template <int PC>
+inline void dual_sums16(const Rows<const float>& W, const bool* mk, int64_t N, int64_t b, int64_t h, int64_t nb,
+                        int64_t ne, const float* cDh, const float* rh, float* pt, float* rt, int64_t PFD) {
+  constexpr int K = PC / 16;
+  constexpr int64_t RB = PC * int64_t(sizeof(float));
+  __m512 s1[16], s2[16];
+  for (int64_t n = nb; n < ne; ++n) {
+    prefetch_row(W.row(b, h, std::min(n + PFD, N - 1)), RB);
+    __m512 u = _mm512_setzero_ps(), v = _mm512_setzero_ps();
+    if (!mk || mk[b * N + n]) {
+      const float* __restrict x = W.row(b, h, n);
+      for (int k = 0; k < K; ++k) {
+        const __m512 xv = _mm512_loadu_ps(x + 16 * k), x2 = _mm512_mul_ps(xv, xv);
+        u = _mm512_fmadd_ps(_mm512_loadu_ps(cDh + 16 * k), x2, u);
+        v = _mm512_fmadd_ps(_mm512_loadu_ps(rh + 16 * k), x2, v);
+      }
+    }
+    s1[4 * ((n - nb) % 4) + (n - nb) / 4] = u;
+    s2[4 * ((n - nb) % 4) + (n - nb) / 4] = v;
+  }
+  for (int64_t i = ne - nb; i < BLK; ++i) s1[4 * (i % 4) + i / 4] = s2[4 * (i % 4) + i / 4] = _mm512_setzero_ps();
+  _mm512_store_ps(pt, hsum16(s1));
+  _mm512_store_ps(rt, hsum16(s2));
+}
+
+// Pass C of the backward on one head's tokens [ng, ge) of float rows (kFastRows), the per-feature
+// coefficients in registers: dw = w (cD Pi + lambda r + dL/ds) - Pi g G (0 at padded tokens)
+template <int PC>
+inline void dw_rows16(const Rows<const float>& W, const Rows<const float>& G, Rows<float> DW, const bool* mk,
+                      int64_t N, int64_t b, int64_t h, int64_t ng, int64_t ge, const float* pih, const float* lh,
+                      const float* gh, const float* cdh, const float* rh, const float* sh, bool stream, int64_t PFD) {
+  constexpr int K = PC / 16;
+  constexpr int64_t RB = PC * int64_t(sizeof(float));
+  __m512 gv[K], cv[K], rv[K], sv[K];
+  for (int k = 0; k < K; ++k) {
+    gv[k] = _mm512_loadu_ps(gh + 16 * k);
+    cv[k] = _mm512_loadu_ps(cdh + 16 * k);
+    rv[k] = _mm512_loadu_ps(rh + 16 * k);
+    sv[k] = _mm512_loadu_ps(sh + 16 * k);
+  }
+  for (int64_t n = ng; n < ge; ++n) {
+    float* y = DW.row(b, h, n);
+    if (mk && !mk[b * N + n]) {
+      for (int k = 0; k < K; ++k) store_row16(y + 16 * k, _mm512_setzero_ps(), stream);
+      continue;
+    }
+    prefetch_row(W.row(b, h, std::min(n + PFD, N - 1)), RB);
+    prefetch_row(G.row(b, h, std::min(n + PFD, N - 1)), RB);
+    const float* __restrict x = W.row(b, h, n);
+    const float* __restrict gr = G.row(b, h, n);
+    const __m512 pv = _mm512_set1_ps(pih[n]), l = _mm512_set1_ps(lh[n]);
+    for (int k = 0; k < K; ++k) {
+      const __m512 c = _mm512_add_ps(_mm512_fmadd_ps(cv[k], pv, _mm512_mul_ps(l, rv[k])), sv[k]);
+      const __m512 t = _mm512_mul_ps(_mm512_mul_ps(pv, gv[k]), _mm512_loadu_ps(gr + 16 * k));
+      store_row16(y + 16 * k, _mm512_fmsub_ps(_mm512_loadu_ps(x + 16 * k), c, t), stream);
+    }
+  }
+}
+#endif
 
 template <typename T, int PC>
 void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp, const bool* mk, const T* pi,
@@ -568,12 +832,15 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
       gT[k] = T(g[k]);
     }
   }
-  Phases ph;
-  ph.next("tssa_bwd: q (read w, G)");
+  // The passes run on work items (b, chunk) with one partial sum per item, reduced in chunk order,
+  // on the schedules of the forward (tssa_fwd_impl): row by row when the batch keeps every thread
+  // busy, else each pass over all items in parallel; pass B visits the items last to first.
+  std::vector<T> a(B * H * N), lam(B * H * N);
+  std::vector<double> part(B * nc * HP), partT(B * nc * H);
+  std::vector<double> q(B * HP), cD(B * HP), K(B * H), Ssum(B * HP);
+  std::vector<T> cDT(B * HP), rT(B * HP), ST(B * HP);
   // pass A: q_j = sum_n w Pi G (dL/dg_j = -q_j), a_n = -sum_j w g G (dL/dPi through out)
-  std::vector<T> a(B * H * N);
-  std::vector<double> part(B * nc * HP);
-  at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
+  auto pass_q = [&](int64_t lo, int64_t hi) {
     Buf<T, PC> buf(P), vb(P);
     for (int64_t it = lo; it < hi; ++it) {
       const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
@@ -585,6 +852,13 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
         for (int64_t nb = ng; nb < ge; nb += BLK) {
           const int64_t ne = std::min(ge, nb + BLK);
           const T* __restrict gh = gT.data() + (b * H + h) * P;
+#if defined(__AVX512F__)
+          if constexpr (kFastRows<T, PC>) {
+            q_block16<PC>(W, G, mk, N, b, h, nb, ne, pi + (b * H + h) * N, gh, a.data() + (b * H + h) * N + nb,
+                          acc + h * P, PFD);
+            continue;
+          }
+#endif
           T* q = buf.data();
           for (int64_t j = 0; j < P; ++j) q[j] = T(0);
           for (int64_t n = nb; n < ne; ++n) {
@@ -612,30 +886,27 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
         }
       }
     }
-  });
-  std::vector<double> q(B * HP), cD(B * HP), K(B * H);
-  reduce_chunks(part, q.data(), B, nc, HP);
-  std::vector<T> cDT(B * HP), rT(B * HP);
-  for (int64_t bh = 0; bh < B * H; ++bh) {
-    double k = 0.0;
-    for (int64_t j = 0; j < P; ++j) {
-      const int64_t i = bh * P + j;
-      const double Dj = g[i] * g[i] * q[i];  // dL/dd_j = -g^2 dL/dg_j
-      cD[i] = c[bh] * Dj;
-      k += Dj * d[i];
-      cDT[i] = T(cD[i]);
-      rT[i] = T(r[i]);
+  };
+  auto finish_q = [&](int64_t b0, int64_t b1) {
+    reduce_chunks(part, q.data(), b0, b1, nc, HP);
+    for (int64_t bh = b0 * H; bh < b1 * H; ++bh) {
+      double k = 0.0;
+      for (int64_t j = 0; j < P; ++j) {
+        const int64_t i = bh * P + j;
+        const double Dj = g[i] * g[i] * q[i];  // dL/dd_j = -g^2 dL/dg_j
+        cD[i] = c[bh] * Dj;
+        k += Dj * d[i];
+        cDT[i] = T(cD[i]);
+        rT[i] = T(r[i]);
+      }
+      K[bh] = c[bh] * k;  // = c^2 sum_j D_j T_j
     }
-    K[bh] = c[bh] * k;  // = c^2 sum_j D_j T_j
-  }
-  ph.next("tssa_bwd: lambda (read w)");
+  };
   // pass B: dL/dPi, softmax over heads -> lambda = temp dL/dlogit; sum_n lambda w^2
-  std::vector<T> lam(B * H * N);
-  std::vector<double> partT(B * nc * H);
-  at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
+  auto pass_lambda = [&](int64_t lo, int64_t hi) {
     std::vector<double> Pg(H * GRP), Rs(H * GRP);
     Buf<T, PC> buf(P), vb(P), vb2(P);
-    for (int64_t it = lo; it < hi; ++it) {
+    for (int64_t it = hi - 1; it >= lo; --it) {
       const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
       double* accT = partT.data() + it * H;
       double* accS = part.data() + it * HP;
@@ -647,6 +918,23 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
           const int64_t bh = b * H + h;
           const T* __restrict cDh = cDT.data() + bh * P;
           const T* __restrict rh = rT.data() + bh * P;
+#if defined(__AVX512F__)
+          if constexpr (kFastRows<T, PC>) {
+            for (int64_t nb = ng; nb < ge; nb += BLK) {
+              const int64_t ne = std::min(ge, nb + BLK);
+              alignas(64) float pt[BLK], rt[BLK];
+              dual_sums16<PC>(W, mk, N, b, h, nb, ne, cDh, rh, pt, rt, PFD);
+              for (int64_t n = nb; n < ne; ++n) {
+                const int64_t i = n - nb;
+                const bool k = kept(b, n);
+                Pg[h * GRP + n - ng] =
+                    k ? double(pt[i]) + double(a[bh * N + n]) - K[bh] + (gpi ? double(gpi[bh * N + n]) : 0.0) : 0.0;
+                Rs[h * GRP + n - ng] = k ? double(rt[i]) : 0.0;
+              }
+            }
+            continue;
+          }
+#endif
           for (int64_t n = ng; n < ge; ++n) {
             double pn = 0.0, rn = 0.0;
             PREFETCH_ROW(W, b, h, n);
@@ -683,25 +971,24 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
           const T* lh = lam.data() + (b * H + h) * N;
           for (int64_t nb = ng; nb < ge; nb += BLK)
             add_weighted_energy(W, mk, N, P, b, h, nb, std::min(ge, nb + BLK), buf.data(), accS + h * P,
-                                       [&](int64_t n) { return lh[n]; });
+                                [&](int64_t n) { return lh[n]; });
         }
       }
     }
-  });
-  std::vector<double> Ssum(B * HP);
-  reduce_chunks(part, Ssum.data(), B, nc, HP);
-  reduce_chunks(partT, dtemp, B, nc, H);
+  };
   // per-feature coefficients of 2 w_nj: c D_j Pi_n + lambda_n r_j + dL/ds_j,
   // dL/ds_j = -r_j^2 sum_n lambda_n w_nj^2
-  std::vector<T> ST(B * HP);
-  for (int64_t k = 0; k < B * HP; ++k) {
-    cDT[k] = T(2.0 * cD[k]);
-    rT[k] = T(2.0 * r[k]);
-    ST[k] = T(-2.0 * r[k] * r[k] * Ssum[k] * live[k]);
-  }
-  ph.next("tssa_bwd: dw (read w, G, write dw)");
+  auto finish_lambda = [&](int64_t b0, int64_t b1) {
+    reduce_chunks(part, Ssum.data(), b0, b1, nc, HP);
+    reduce_chunks(partT, dtemp, b0, b1, nc, H);
+    for (int64_t k = b0 * HP; k < b1 * HP; ++k) {
+      cDT[k] = T(2.0 * cD[k]);
+      rT[k] = T(2.0 * r[k]);
+      ST[k] = T(-2.0 * r[k] * r[k] * Ssum[k] * live[k]);
+    }
+  };
   // pass C: dw = -Pi g G + 2 w (c D Pi + lambda r + dL/ds)
-  at::parallel_for(0, B * nc, 1, [&](int64_t lo, int64_t hi) {
+  auto pass_dw = [&](int64_t lo, int64_t hi) {
     RowWriter<T, PC> out(stream, P);
     for (int64_t it = lo; it < hi; ++it) {
       const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
@@ -713,6 +1000,13 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
           const T* __restrict cdh = cDT.data() + bh * P;
           const T* __restrict rh = rT.data() + bh * P;
           const T* __restrict sh = ST.data() + bh * P;
+#if defined(__AVX512F__)
+          if constexpr (kFastRows<T, PC>) {
+            dw_rows16<PC>(W, G, DW, mk, N, b, h, ng, ge, pi + bh * N, lam.data() + bh * N, gh, cdh, rh, sh,
+                          out.stream, PFD);
+            continue;
+          }
+#endif
           for (int64_t n = ng; n < ge; ++n) {
             T* y = DW.row(b, h, n);
             if (!kept(b, n)) {
@@ -730,7 +1024,33 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
         }
       }
     }
-  });
+  };
+
+  if (B >= at::get_num_threads()) {  // row by row
+    at::parallel_for(0, B, 1, [&](int64_t lo, int64_t hi) {
+      Phases ph;
+      for (int64_t b = lo; b < hi; ++b) {
+        ph.next("tssa_bwd: q (read w, G)");
+        pass_q(b * nc, (b + 1) * nc);
+        finish_q(b, b + 1);
+        ph.next("tssa_bwd: lambda (read w)");
+        pass_lambda(b * nc, (b + 1) * nc);
+        finish_lambda(b, b + 1);
+        ph.next("tssa_bwd: dw (read w, G, write dw)");
+        pass_dw(b * nc, (b + 1) * nc);
+      }
+    });
+    return;
+  }
+  Phases ph;
+  ph.next("tssa_bwd: q (read w, G)");
+  at::parallel_for(0, B * nc, 1, pass_q);
+  finish_q(0, B);
+  ph.next("tssa_bwd: lambda (read w)");
+  at::parallel_for(0, B * nc, 1, pass_lambda);
+  finish_lambda(0, B);
+  ph.next("tssa_bwd: dw (read w, G, write dw)");
+  at::parallel_for(0, B * nc, 1, pass_dw);
 }
 
 std::vector<at::Tensor> tssa_bwd(const at::Tensor& grad_out, const c10::optional<at::Tensor>& grad_pi,
@@ -797,65 +1117,6 @@ inline void block_end(double* __restrict tot, const T* __restrict loc, int64_t P
   for (int64_t j = 0; j < P; ++j) tot[j] += double(loc[j]);
 }
 
-// Float rows of 32 / 48 / 64 features with AVX-512: the running sums are held in PC / 16
-// registers and each division a / b is a reciprocal estimate r (vrcp14ps, relative error
-// < 2^-14) refined by one Newton step folded into the product, a / b ~ (a r) (2 - b r) (error
-// ~2^-28 before rounding, i.e. ~1 ulp in float), much cheaper than vdivps; the per-token sums
-// of rho are reduced 16 tokens at a time (hsum16). Double and the other builds (and other p)
-// keep the exact divisions of the generic code below.
-#if defined(__AVX512F__)
-template <typename T, int PC>
-constexpr bool kFastRows = std::is_same_v<T, float> && PC > 0 && PC % 16 == 0;
-inline void store_row16(float* y, __m512 v, bool stream) {
-  if (stream) {  // rows are 32-byte aligned (want_stream)
-    _mm256_stream_ps(y, _mm512_castps512_ps256(v));
-    _mm256_stream_ps(y + 8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-  } else {
-    _mm512_storeu_ps(y, v);
-  }
-}
-// float(d[0:16)) in one vector (AVX-512F only)
-inline __m512 cvt16_ps(const double* d) {
-  const __m256 lo = _mm512_cvtpd_ps(_mm512_loadu_pd(d)), hi = _mm512_cvtpd_ps(_mm512_loadu_pd(d + 8));
-  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
-}
-// d[0:16) += the lanes of v (a block's float sums folded into the double running totals)
-inline void add16_to(double* d, __m512 v) {
-  alignas(64) float t[16];
-  _mm512_store_ps(t, v);
-  for (int j = 0; j < 16; ++j) d[j] += double(t[j]);
-}
-// block_begin / block_end for K vectors of 16 floats
-template <int K>
-inline void block_begin16(const double* tot, __m512* bs, __m512* lc) {
-  for (int k = 0; k < K; ++k) {
-    bs[k] = cvt16_ps(tot + 16 * k);
-    lc[k] = _mm512_setzero_ps();
-  }
-}
-template <int K>
-inline void block_end16(double* tot, const __m512* lc) {
-  for (int k = 0; k < K; ++k) add16_to(tot + 16 * k, lc[k]);
-}
-// lane i of the result = sum of the lanes of s[4 (i % 4) + i / 4] (a 16 x 16 transpose-and-add)
-inline __m512 hsum16(const __m512* s) {
-  __m512 u[8], v[4], x[2];
-  for (int i = 0; i < 8; ++i)
-    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * i], s[2 * i + 1], 0x44),
-                         _mm512_shuffle_f32x4(s[2 * i], s[2 * i + 1], 0xEE));
-  for (int i = 0; i < 4; ++i)
-    v[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
-  for (int i = 0; i < 2; ++i)
-    x[i] = _mm512_add_ps(_mm512_shuffle_ps(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  return _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_ps(x[0], x[1], _MM_SHUFFLE(3, 1, 3, 1)));
-}
-#else
-template <typename T, int PC>
-constexpr bool kFastRows = false;
-#endif
 
 // tokens [nb, ne) (ne - nb <= BLK), all heads: E += w^2 and the logits lg[h * BLK + i]
 template <typename T, int PC>
