@@ -25,8 +25,8 @@ class CausalTSSAState(NamedTuple):
         t: number of tokens seen: an int, or a (B,) integer tensor (per-sequence counts, e.g.
            after a padded prefill); it indexes ``pos_bias`` for the next token.
         scale: (B, H, p) the power of two of the sums' units per feature, or None for 1 (sums in
-            ``w``'s units). A (B, H) scale (one per head, as states saved by earlier versions) is
-            accepted by the steps and taken for every feature (:func:`feature_scale_of`).
+            ``w``'s units). A (B, H) scale (one per head) is accepted too and taken for every
+            feature (:func:`feature_scale_of`).
     """
 
     sum_sq: torch.Tensor
