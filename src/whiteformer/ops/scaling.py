@@ -20,9 +20,13 @@ unchanged.
 
 The parallel causal op takes ``c_j`` over all the tokens too, although its sums are prefix sums: a
 token whose feature's largest |w_j| so far is more than ~2^63 times below ``c_j`` (a huge value
-later in that feature) has its squares underflow in those units, and its memberships are then
-wrong. The step (:func:`whiteformer.ops.causal_tssa_step`) scales each token by its own prefix
-and has no such limit.
+later in that feature) would have its squares underflow in those units in float32, so the batch
+rows that the C++ kernel flags run that path in float64 (exact for float32 inputs). Limit: on the
+PyTorch path with float32 statistics (the ``torch`` backend, and what the C++ kernel does not take:
+bfloat16/float16, dropout, context parallelism, packed rows with much padding), the tokens before a
+value > ~2^63x larger in their feature get squares of 0 and so wrong memberships and outputs. The
+step (:func:`whiteformer.ops.causal_tssa_step`) scales each token by its own prefix and has no
+such limit.
 """
 from __future__ import annotations
 

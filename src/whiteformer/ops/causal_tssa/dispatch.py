@@ -104,7 +104,11 @@ def causal_tssa(
     (:mod:`whiteformer.ops.scaling`, per packed document with ``cu_seqlens``; the kernels that
     square w unscaled hand such inputs to the PyTorch path). The state keeps its sums in units of
     those powers of two (its ``scale`` (B, H, p)), so that steps from it are finite too and
-    continue the sequence exactly as the parallel op.
+    continue the sequence exactly as the parallel op. Limit: on the PyTorch path in float32
+    statistics (``WHITEFORMER_BACKEND=torch``, bfloat16/float16, dropout, ``group``, packed rows
+    with much padding; the C++ kernel's flagged rows run in float64 and are exact), tokens before
+    a value more than ~2^63 times larger in their feature underflow to 0 in its scale and get wrong
+    memberships and outputs.
     """
     temp, drop, layout = _door(w, temp, pos_bias, attn_mask, cu_seqlens, attn_drop, group, layout)
     return run(w, temp, pos_bias, layout=layout, return_pi=return_pi, return_state=return_state, attn_drop=drop,
@@ -159,7 +163,7 @@ def run(w: torch.Tensor, temp: torch.Tensor, pos_bias: Optional[torch.Tensor] = 
             if bias is not None:  # per batch row, as the check may split the batch
                 bias = bias.expand(w.shape[0], *bias.shape[-2:])
         elif fused_supported(w):  # the C++ kernel flags such rows itself: no pass over w
-            kernel = functools.partial(causal_tssa_fused, fallback=causal_tssa_parallel)
+            kernel = functools.partial(causal_tssa_fused, fallback=_parallel_float64)
     if kernel is not None:
         out, pi, *sums = kernel(w, temp, bias, attn_mask)
         if len(sums) == 3:  # sums in w's units (a kernel that runs only below the scaling threshold)
@@ -186,6 +190,20 @@ def _feature_scaled(kernel, w: torch.Tensor, *args):
     out, pi, *sums = kernel(w, *args)
     scale = torch.ones_like(sums[0]) if len(sums) == 3 or sums[3] is None else feature_scale_of(sums[3], w.shape[-1])
     return (out, pi, *sums[:3], scale)
+
+
+def _parallel_float64(w: torch.Tensor, temp: torch.Tensor, bias: Optional[torch.Tensor], mask: Optional[torch.Tensor]):
+    """:func:`causal_tssa_parallel` in float64 on the batch rows that the C++ kernel flags (some
+    |w| > SAFE_MAX): w (B, H, N, p), temp (H, 1), bias (B, H, N) or None, mask (B, N) or None ->
+    out, pi in ``w``'s dtype, the final sums (float64) and their scale (B, H, p). In float64 the
+    squares of a float32 input (a float64 one runs as it is) in units of its feature's scale
+    ``c_j`` (over all the tokens, at most 2^127) stay far inside the range at both ends (a nonzero
+    |w / c_j|^2 is at least 2^-552), so the tokens before a far larger one in their feature keep
+    their squares, which float32 prefix sums would underflow. The final sums in units of
+    ``c_j^2`` are below ``4 N``, sum_sq at least 1 where ``c_j > 1`` (the largest token's share):
+    the state's float32 holds them as it holds a step's."""
+    out, pi, *sums = causal_tssa_parallel(w.double(), temp.double(), None if bias is None else bias.double(), mask)
+    return (out.to(w.dtype), pi.to(w.dtype), *sums)
 
 
 def _causal_varlen(w, temp, pos_bias, layout: TokenLayout, drop_p, return_pi, return_state):
