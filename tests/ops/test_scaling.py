@@ -258,6 +258,26 @@ def test_causal_huge_feature_anywhere_matches_float64(request, backend, dtype, t
     _close_columns(grad, grad64, dtype, "packed gradient", HEAD)
 
 
+@pytest.mark.parametrize("token", [0, 4, 8], ids=["first", "mid", "last"])
+def test_causal_huge_feature_temp_and_pos_bias_gradients(request, backend, token):
+    """The gradients of temp and pos_bias through the rows with the huge entry, against the float64
+    reference."""
+    _prefix_limited(request, backend, torch.float32, token)
+    w, _ = _one_huge_feature(torch.float32, token, b=2)
+    g = torch.Generator().manual_seed(2)
+    temp, pos_bias = torch.rand(3, 1, generator=g) + 0.5, 0.1 * torch.randn(3, 16, 1, generator=g)
+
+    def grads(op, dtype):
+        t, pb = temp.to(dtype).requires_grad_(), pos_bias.to(dtype).requires_grad_()
+        out = op(w.to(dtype), t, pb)
+        up = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        return torch.autograd.grad((out.double() * up).sum(), (t, pb))
+
+    for got, ref, what in zip(grads(causal_tssa, torch.float32), grads(causal_tssa_reference, torch.float64),
+                              ("temp", "pos_bias")):
+        _close_columns(got, ref, torch.float32, f"{what} gradient", (-2, -1))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("token", [0, 4, 5], ids=["first", "mid", "last"])
 def test_causal_prefill_with_huge_feature_then_steps(request, backend, dtype, token):
