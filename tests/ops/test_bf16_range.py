@@ -66,3 +66,21 @@ def test_layers_match_float64(name, scale, seed):
     x, x64 = _values((2, 9, 32), scale, seed)
     with torch.no_grad():
         _close(layer(x), copy.deepcopy(layer).double()(x64))
+
+
+@pytest.mark.parametrize("name", ["tssa", "causal_tssa"])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_layer_with_one_huge_feature_matches_float64(name, seed):
+    """One projected feature of one head at ~1e30 (its row of the qkv weight scaled), the others
+    ordinary: each feature gets its own power of two, so the ordinary features of that head keep
+    their squares (one scale per head sent them below float32's range)."""
+    torch.manual_seed(seed)
+    layer = build(name, dim=32, num_heads=4).eval()
+    with torch.no_grad():
+        layer.qkv.weight[9].mul_(1e30)  # head 1, feature 1 (head dim 8)
+        if layer.proj.bias is not None:
+            torch.nn.init.zeros_(layer.proj.bias)
+    layer = layer.to(torch.bfloat16)
+    x, x64 = _values((2, 9, 32), 1.0, seed)
+    with torch.no_grad():
+        _close(layer(x), copy.deepcopy(layer).double()(x64))

@@ -120,6 +120,26 @@ def _collectives(group) -> None:
     assert log.payload_bytes == 4 * 3 * 8
 
 
+def _check_huge_feature(group, sizes) -> None:
+    """float32, one feature of 1e30 (on the first rank's first token) beside ordinary ones: the
+    ranks agree on each feature's scale (an all-reduce of the per-feature maxima), so every rank's
+    rows match the float64 reference of the whole sequence, its ordinary features included."""
+    from whiteformer.ops import causal_tssa, tssa
+    from whiteformer.ops.reference import causal_tssa_reference, tssa_reference
+
+    rank = dist.get_rank(group)
+    lo, hi = sum(sizes[:rank]), sum(sizes[:rank + 1])
+    w = torch.randn(B, H, sum(sizes), P, generator=torch.Generator().manual_seed(21))
+    w[0, 1, 0, 0] = 1e30
+    temp = torch.ones(H, 1)
+    for op, ref in ((tssa, tssa_reference), (causal_tssa, causal_tssa_reference)):
+        want = ref(w.double(), temp.double())
+        norm = want.abs().amax(dim=-2, keepdim=True)
+        got = op(w[:, :, lo:hi], temp, group=group)
+        err = ((got.double() - want[:, :, lo:hi]) / norm).abs().max().item()
+        assert err < 4e-5, f"{op.__name__} rank {rank}: error {err:.2e} of the column's largest |result|"
+
+
 def _check_lm(group, sizes) -> None:
     """A ToST LM (global position embedding and position bias) split as :func:`check_lm_split`; GPT refuses."""
     from whiteformer.models.lm import GPTLM, ToSTLM
@@ -223,6 +243,7 @@ def _worker(rank: int, world: int, store: str) -> None:
     _init(rank, world, store)
     group = dist.group.WORLD
     _collectives(group)
+    _check_huge_feature(group, {2: [5, 4], 3: [4, 1, 4]}[world])
     _check_lm(group, {2: [5, 4], 3: [4, 1, 4]}[world])
     _check_vision(group)
     # chunk sizes in rank order: uneven, one rank with a single token

@@ -318,6 +318,26 @@ def test_causal_state_matches_torch_path(kernel, monkeypatch):
     assert torch.equal(state.t, state_t.t)
 
 
+def test_causal_fallback_scale_is_per_feature(kernel):
+    """The C++ causal kernel returns its sums' scale per feature (B, H, p): 1 on its own rows, the
+    fallback's (one power of two per feature) on a row it hands over, here one feature of 1e30
+    beside ordinary ones, whose rows and sums match the float64 PyTorch path."""
+    from whiteformer.ops.causal_tssa.parallel import causal_tssa_parallel
+
+    w, temp = _inputs((3, 3, 9, 4), torch.float32, grad=False)
+    w[1, 1, 0, 0] = 1e30
+    out, pi, sum_sq, sum_pi, sum_sq_pi, scale = fused.causal_tssa_fused(w, temp, fallback=causal_tssa_parallel)
+    big = torch.zeros(3, 3, 4, dtype=torch.bool)
+    big[1, 1, 0] = True
+    ref = causal_tssa_parallel(w.double(), temp.double())
+    norm = ref[0].abs().amax(dim=-2, keepdim=True)
+    assert ((out.double() - ref[0]) / norm).abs().max() < 4e-5
+    assert scale.shape == (3, 3, 4) and (scale[big] == 2.0 ** 99).all() and (scale[~big] == 1).all()
+    for got, want in ((sum_sq, ref[2]), (sum_pi, ref[3]), (sum_sq_pi, ref[4])):
+        torch.testing.assert_close(got.double() * (scale.double() ** 2 if got.dim() == 3 else 1),
+                                   want * (ref[5] ** 2 if want.dim() == 3 else 1), rtol=1e-5, atol=1e-6)
+
+
 # ----------------------------------------------------------------------------- strides
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from whiteformer.ops import CausalTSSAState, causal_tssa, causal_tssa_step
+from whiteformer.ops.reference import causal_tssa_reference
 
 # |w| up to ~4x the scale (randn); w^2 overflows float32 from ~1.8e19
 SCALES = [1.0, 1e10, 1e19, 1e30, 3e38 / 4]
@@ -115,7 +116,7 @@ def test_state_without_scale_is_in_w_units():
     a, _ = _steps(w[:, :, 5:], temp, bias, plain)
     b, _ = _steps(w[:, :, 5:], temp, bias, state)
     torch.testing.assert_close(a, b)
-    with pytest.raises(ValueError, match=r"state.scale must have shape \(2, 3\)"):
+    with pytest.raises(ValueError, match=r"state.scale must have shape \(2, 3, 4\) \(or \(B, H\)"):
         causal_tssa_step(w[:, :, 5], state._replace(scale=torch.ones(3)), temp, bias)
 
 
@@ -138,3 +139,59 @@ def test_steps_after_a_packed_prefill_keep_each_documents_scale(seed):
     for s, doc in enumerate(docs):
         alone = causal_tssa(torch.cat([doc, nxt[s]], dim=1)[None], temp)
         _close(tail[s:s + 1], alone[:, :, lengths[s]:], torch.float32)
+
+
+def _one_huge_feature(dtype, token):
+    """w (1, 3, 9, 4) of ordinary values but for one entry of 1e30 (head 1, token ``token``,
+    feature 0), temp (3, 1), pos_bias."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(1, 3, 9, 4, generator=g)
+    w[0, 1, token, 0] = 1e30
+    return w.to(dtype), torch.ones(3, 1), torch.randn(3, 16, 1, generator=g) * 0.3
+
+
+def _close_columns(out, ref, dtype, norm):
+    """Within ``dtype``'s error of ``ref`` relative to ``norm``: each (row, head, feature) column's
+    largest |result| over the whole sequence."""
+    assert torch.isfinite(out).all()
+    err = ((out.double() - ref) / norm).abs().max().item()
+    assert err <= 4 * TOL[dtype], f"max error {err:.2e} relative to the column's largest |out|"
+
+
+# (huge token, prefill length): the steps after a prefill, or all of them; a prefill holding the huge token
+# only where it is the first (the parallel op scales each feature over all its tokens, see tests/ops/test_scaling.py)
+HUGE_SPLITS = [(0, 0), (4, 0), (8, 0), (0, 3), (4, 3), (8, 3), (8, 6), (0, 6)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("token,split", HUGE_SPLITS)
+def test_one_huge_feature_prefill_then_steps(dtype, token, split):
+    """One feature reaching 1e30 at ``token`` beside ordinary ones, generated token by token after a
+    prefill of ``split`` tokens: the state's scale is per feature (B, H, p), so the other features'
+    sums keep their units when that feature's scale grows (one scale per head sent them to 0).
+    Each step runs with the scale of its own prefix, so the huge token may come at any step."""
+    w, temp, bias = _one_huge_feature(dtype, token)
+    ref = causal_tssa_reference(w.double(), temp.double(), bias.double())
+    norm = ref.abs().amax(dim=-2, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    state = None
+    if split:
+        _, state = causal_tssa(w[:, :, :split], temp, bias, return_state=True)
+    out, state = _steps(w[:, :, split:], temp, bias, state)
+    _close_columns(out, ref[:, :, split:], dtype, norm)
+    big = torch.zeros(1, 3, 4, dtype=torch.bool)
+    big[0, 1, 0] = True
+    assert state.scale.shape == (1, 3, 4) and (state.scale[big] == 2.0 ** 99).all() and (state.scale[~big] == 1).all()
+
+
+def test_state_with_a_scale_per_head_still_steps():
+    """A state whose scale is one per head (B, H) (saved before scales were per feature) is taken
+    as that scale for every feature."""
+    w, temp, bias = _sequence(7, 1e30, torch.float32)
+    _, state = causal_tssa(w[:, :, :5], temp, bias, return_state=True)
+    head = state.scale.amax(dim=-1)  # (B, H): the sums in units of it for every feature
+    old = state._replace(sum_sq=state.sum_sq * (state.scale / head[..., None]) ** 2,
+                         sum_sq_pi=state.sum_sq_pi * (state.scale / head[..., None]) ** 2, scale=head)
+    a, new = _steps(w[:, :, 5:], temp, bias, old)
+    b, _ = _steps(w[:, :, 5:], temp, bias, state)
+    _close(a, b.double(), torch.float32)
+    assert new.scale.shape == (2, 3, 4)

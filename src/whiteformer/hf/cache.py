@@ -2,7 +2,8 @@
 
 :class:`WhiteformerCache` holds one :class:`~whiteformer.models.lm.LMState` (what
 ``CausalLM.prefill`` / ``step`` return): for ToST the running statistics of causal TSSA, per layer
-``sum_sq`` (B, H, p), ``sum_pi`` (B, H), ``sum_sq_pi`` (B, H, p) -- a size independent of the
+``sum_sq`` (B, H, p), ``sum_pi`` (B, H), ``sum_sq_pi`` (B, H, p) and their power-of-two ``scale``
+(B, H, p) -- a size independent of the
 number of tokens -- and for the GPT baseline the key/value cache (B, H, T, p) that grows by one
 token per step. Every tensor in the state has the batch first, so beam search reorders it with one
 ``index_select`` per tensor.

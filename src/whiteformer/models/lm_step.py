@@ -9,8 +9,9 @@ and outputs::
 
 with ``idx_t`` (B,) the current token, ``pos`` (B,) int64 the number of tokens each sequence has
 consumed (its next position), and per block ``sum_sq`` (B, H, p), ``sum_pi`` (B, H),
-``sum_sq_pi`` (B, H, p) and ``scale`` (B, H) (float32 for half models; the sums of squares are in
-units of the power of two ``scale``, see :class:`~whiteformer.ops.CausalTSSAState`), in block order. Memory and time per token are
+``sum_sq_pi`` (B, H, p) and ``scale`` (B, H, p) (float32 for half models; the sums of squares are
+in units of the power of two per feature ``scale``, see :class:`~whiteformer.ops.CausalTSSAState`),
+in block order. Memory and time per token are
 independent of the position; a GPT's key/value cache grows each token, so it has no such step.
 
 Example (ONNX Runtime runs the loop)::
@@ -89,7 +90,7 @@ class LMStep(nn.Module):
             state += [torch.zeros(batch_size, heads, p, dtype=sd, device=device),
                       torch.zeros(batch_size, heads, dtype=sd, device=device),
                       torch.zeros(batch_size, heads, p, dtype=sd, device=device),
-                      torch.ones(batch_size, heads, dtype=sd, device=device)]
+                      torch.ones(batch_size, heads, p, dtype=sd, device=device)]
         return (idx, pos, *state)
 
     def state_names(self) -> List[str]:

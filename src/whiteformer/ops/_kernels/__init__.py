@@ -34,10 +34,10 @@ respect to w, temp and logit_bias; sums in float32 or wider)::
     causal_tssa(w, temp, logit_bias, attn_mask) -> (out, pi, sum_sq, sum_pi, sum_sq_pi, scale)
         logit_bias (H, N) or (B, H, N) or None (``p * pos_bias`` at each token's position);
         the final sums have shapes (B, H, p), (B, H), (B, H, p), the sums of squares in units of
-        scale (B, H), the power of two of :mod:`whiteformer.ops.scaling` (a kernel that returns
+        scale (B, H, p), the power of two per feature of :mod:`whiteformer.ops.scaling` (a kernel that returns
         the three sums only is taken to return them in w's units, scale 1)
     causal_tssa_step(w_t, sum_sq, sum_pi, sum_sq_pi, temp, logit_bias, scale) -> (out_t, pi_t, sums..., scale)
-        w_t (B, H, p), the sums of the earlier tokens in units of scale (B, H) (or None: 1),
+        w_t (B, H, p), the sums of the earlier tokens in units of scale (B, H, p) (or None: 1),
         logit_bias (H, 1) or (B, H, 1) or None; the new sums in units of the new scale, the
         larger of ``scale`` and w_t's own
 

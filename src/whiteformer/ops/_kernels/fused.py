@@ -348,8 +348,9 @@ def causal_tssa_fused(
 
     Returns:
         out (B, H, N, p), pi (B, H, N), the final running sums sum_sq (B, H, p),
-        sum_pi (B, H), sum_sq_pi (B, H, p) (float64; differentiable) and their scale (B, H) (the
-        power of two they are in units of: 1 from the kernel, the fallback's own on its rows).
+        sum_pi (B, H), sum_sq_pi (B, H, p) (float64; differentiable) and their scale (B, H, p) (the
+        power of two per feature they are in units of: 1 from the kernel, the fallback's own on its
+        rows).
     """
     w = _rows(w)
     b, h, n, _ = w.shape
@@ -367,4 +368,4 @@ def causal_tssa_fused(
     if split is not None:
         return split
     # sums in w's units: scale 1 (the rows past the kernel's range took the fallback, which returns its own)
-    return out, pi, ec[:, -1], mc[:, -1], qc[:, -1], ec.new_ones(b, h)
+    return out, pi, ec[:, -1], mc[:, -1], qc[:, -1], ec.new_ones(b, h, ec.shape[-1])

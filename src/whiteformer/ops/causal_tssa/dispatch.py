@@ -22,7 +22,7 @@ from ..layout import TokenLayout, from_padded, to_padded
 from ..tssa.dispatch import check_layout_alone, check_pos_bias, check_temp, check_tssa_args, layout_group
 from .parallel import causal_tssa_parallel
 from .recurrent import causal_tssa_recurrent
-from .state import CausalTSSAState, check_state, position_logit_bias
+from .state import CausalTSSAState, check_state, feature_scale_of, position_logit_bias
 from .varlen import causal_tssa_varlen
 
 __all__ = ["causal_tssa", "run", "causal_tssa_step", "run_step"]
@@ -77,7 +77,7 @@ def causal_tssa(
             of the unsplit op, forward and backward. Positions (``pos_bias``, the ``T_max`` limit
             on the whole length; with a mask, on each sequence's real tokens) are global. The sums of the earlier ranks'
             tokens come from an exclusive prefix over ranks of the per-rank totals (all-gathers
-            of (B, H, p) and (B, H, 1 + p) sums and an all-reduce of the (B, H) input scales,
+            of (B, H, p) and (B, H, 1 + p) sums and an all-reduce of the (B, H, p) input scales,
             independent of N;
             :mod:`whiteformer.ops.context_parallel`). ``return_state`` gives
             the state after this rank's last token. Always the PyTorch path: the fused kernels
@@ -99,11 +99,16 @@ def causal_tssa(
     Returns:
         out (B, H, N, p) in ``w``'s dtype, or a tuple ``(out, [pi], [state])`` in that order.
 
-    Any finite ``w`` gives a finite result: heads whose largest |w| exceeds 2^32 are rescaled by a
-    power of two before squaring (:mod:`whiteformer.ops.scaling`, per packed document with
-    ``cu_seqlens``; the kernels that square w unscaled hand such inputs to the PyTorch path). The
-    state keeps its sums in units of that power of two (its ``scale``), so that steps from it are
-    finite too and continue the sequence exactly as the parallel op.
+    Any finite ``w`` gives a finite result: features whose largest |w_j| over the tokens exceeds
+    2^32 are rescaled by a power of two before squaring, each feature of each head by its own
+    (:mod:`whiteformer.ops.scaling`, per packed document with ``cu_seqlens``; the kernels that
+    square w unscaled hand such inputs to the PyTorch path). The state keeps its sums in units of
+    those powers of two (its ``scale`` (B, H, p)), so that steps from it are finite too and
+    continue the sequence exactly as the parallel op. Limit: on the PyTorch path in float32
+    statistics (``WHITEFORMER_BACKEND=torch``, bfloat16/float16, dropout, ``group``, packed rows
+    with much padding; the C++ kernel's flagged rows run in float64 and are exact), tokens before
+    a value more than ~2^63 times larger in their feature underflow to 0 in its scale and get wrong
+    memberships and outputs.
     """
     temp, drop, layout = _door(w, temp, pos_bias, attn_mask, cu_seqlens, attn_drop, group, layout)
     return run(w, temp, pos_bias, layout=layout, return_pi=return_pi, return_state=return_state, attn_drop=drop,
@@ -154,11 +159,11 @@ def run(w: torch.Tensor, temp: torch.Tensor, pos_bias: Optional[torch.Tensor] = 
     if drop_p == 0.0 and group is None:
         kernel = kernel_for("causal_tssa", w)
         if kernel is not None:  # a registered backend's: its rows are checked before the call
-            kernel = functools.partial(rows_checked, kernel, causal_tssa_parallel)
+            kernel = functools.partial(rows_checked, functools.partial(_feature_scaled, kernel), causal_tssa_parallel)
             if bias is not None:  # per batch row, as the check may split the batch
                 bias = bias.expand(w.shape[0], *bias.shape[-2:])
         elif fused_supported(w):  # the C++ kernel flags such rows itself: no pass over w
-            kernel = functools.partial(causal_tssa_fused, fallback=causal_tssa_parallel)
+            kernel = functools.partial(causal_tssa_fused, fallback=_parallel_float64)
     if kernel is not None:
         out, pi, *sums = kernel(w, temp, bias, attn_mask)
         if len(sums) == 3:  # sums in w's units (a kernel that runs only below the scaling threshold)
@@ -173,9 +178,32 @@ def run(w: torch.Tensor, temp: torch.Tensor, pos_bias: Optional[torch.Tensor] = 
     if return_state:
         sd = stats_dtype(w)
         t = start + (n if attn_mask is None else attn_mask.long().sum(dim=-1))
-        scale = sums[3] if sums[3] is not None else torch.ones_like(sums[1])
+        scale = torch.ones_like(sums[0]) if sums[3] is None else feature_scale_of(sums[3], p)
         res += (CausalTSSAState(*(s.to(sd) for s in sums[:3]), t, scale.to(sd)),)
     return res
+
+
+def _feature_scaled(kernel, w: torch.Tensor, *args):
+    """A registered ``causal_tssa`` kernel's outputs with their scale per feature (B, H, p): a (B, H)
+    scale (one per head) taken for every feature, a kernel's three sums (in w's units) given scale 1,
+    so that its rows and the fallback's fit together."""
+    out, pi, *sums = kernel(w, *args)
+    scale = torch.ones_like(sums[0]) if len(sums) == 3 or sums[3] is None else feature_scale_of(sums[3], w.shape[-1])
+    return (out, pi, *sums[:3], scale)
+
+
+def _parallel_float64(w: torch.Tensor, temp: torch.Tensor, bias: Optional[torch.Tensor], mask: Optional[torch.Tensor]):
+    """:func:`causal_tssa_parallel` in float64 on the batch rows that the C++ kernel flags (some
+    |w| > SAFE_MAX): w (B, H, N, p), temp (H, 1), bias (B, H, N) or None, mask (B, N) or None ->
+    out, pi in ``w``'s dtype, the final sums (float64) and their scale (B, H, p). In float64 the
+    squares of a float32 input (a float64 one runs as it is) in units of its feature's scale
+    ``c_j`` (over all the tokens, at most 2^127) stay far inside the range at both ends (a nonzero
+    |w / c_j|^2 is at least 2^-552), so the tokens before a far larger one in their feature keep
+    their squares, which float32 prefix sums would underflow. The final sums in units of
+    ``c_j^2`` are below ``4 N``, sum_sq at least 1 where ``c_j > 1`` (the largest token's share):
+    the state's float32 holds them as it holds a step's."""
+    out, pi, *sums = causal_tssa_parallel(w.double(), temp.double(), None if bias is None else bias.double(), mask)
+    return (out.to(w.dtype), pi.to(w.dtype), *sums)
 
 
 def _causal_varlen(w, temp, pos_bias, layout: TokenLayout, drop_p, return_pi, return_state):
@@ -236,7 +264,7 @@ def run_step(w_t: torch.Tensor, state: Optional[CausalTSSAState], temp: torch.Te
     if state is None:
         zeros = torch.zeros(b, h, p, dtype=sd, device=w_t.device)
         state = CausalTSSAState(zeros, torch.zeros(b, h, dtype=sd, device=w_t.device), zeros, 0,
-                                torch.ones(b, h, dtype=sd, device=w_t.device))
+                                torch.ones(b, h, p, dtype=sd, device=w_t.device))
     else:
         check_state(state, w_t)
     t = state.t
@@ -252,11 +280,11 @@ def run_step(w_t: torch.Tensor, state: Optional[CausalTSSAState], temp: torch.Te
                              f"causal TSSA with pos_bias cannot go past T_max tokens")
         bias = position_logit_bias(pos_bias, p, 1, start=t)  # (H, 1) or (B, H, 1)
     sums = tuple(s.to(sd) for s in state[:3])
-    scale = None if state.scale is None else state.scale.to(sd)
+    scale = None if state.scale is None else feature_scale_of(state.scale, p).to(sd)  # (B, H, p)
     kernel = kernel_for("causal_tssa_step", w_t) if drop_p == 0.0 else None
     if kernel is not None:
         out, pi, *sums, scale = kernel(w_t, *sums, temp, bias, scale)
     else:
         out, pi, *sums, scale = causal_tssa_recurrent(w_t, *sums, temp, bias, scale, drop_p)
-    new_state = CausalTSSAState(*sums, t + 1, scale)
+    new_state = CausalTSSAState(*sums, t + 1, feature_scale_of(scale, p))
     return (out, pi, new_state) if return_pi else (out, new_state)

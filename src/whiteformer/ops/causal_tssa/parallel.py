@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from ..._dtypes import autocast_off, stats_dtype
 from ..constants import PI_EPS, RATIO_EPS
 from ..context_parallel import exclusive_prefix_sum
-from ..scaling import head_scale, scaled_eps
+from ..scaling import feature_scale, scaled_eps
 
 __all__ = ["causal_tssa_parallel", "prefix_ratio"]
 
@@ -64,16 +64,16 @@ def causal_tssa_parallel(
             (see :func:`.state.position_logit_bias`) or None; attn_mask: (B, N) bool or None;
             drop_p: dropout on the gain 1 / (1 + dots);
         initial: the sums (sum_sq (B, H, p), sum_pi (B, H), sum_sq_pi (B, H, p)) of earlier
-            tokens in units of their ``scale`` (B, H) (a power of two, or None for 1): the tuple
+            tokens in units of their ``scale`` (B, H, p) (a power of two per feature, or None for 1): the tuple
             ``(sum_sq, sum_pi, sum_sq_pi, scale)``, or None to start from zero;
         group: a process group over which the tokens are split (validated by the caller; rank
             order = sequence order), or None. ``logit_bias`` must then hold the global positions.
 
     Returns:
         out (B, H, N, p) and pi (B, H, N) in ``w``'s dtype, the final sums sum_sq, sum_pi,
-        sum_sq_pi (float32 for half inputs) in units of the returned ``scale`` (B, H) (the power
-        of two ``c`` of the computation, :mod:`whiteformer.ops.scaling`; the earlier tokens'
-        scale included); with a group, the sums up to this rank's last token.
+        sum_sq_pi (float32 for half inputs) in units of the returned ``scale`` (B, H, p) (the power
+        of two ``c_j`` per feature of the computation, :mod:`whiteformer.ops.scaling`; the earlier
+        tokens' scale included); with a group, the sums up to this rank's last token.
     """
     if group is not None and w.shape[-2] == 0:
         # a rank without tokens still takes part in the collectives: it runs one padded token, which
@@ -90,13 +90,13 @@ def causal_tssa_parallel(
         x = w.to(sd)
         if attn_mask is not None:
             x = x.masked_fill(~attn_mask[:, None, :, None], 0.0)
-        # scaled by c (B, H, 1, 1) (whiteformer.ops.scaling), at least the earlier tokens' scale: the
-        # power of two at or below the largest |w| of all the tokens so far, whatever the split
-        earlier = None if initial is None or initial[3] is None else initial[3].to(sd)[..., None, None]
-        c = head_scale(x, 2, earlier, group)
+        # scaled by c (B, H, 1, p) per feature (whiteformer.ops.scaling), at least the earlier tokens'
+        # scale: the power of two at or below the largest |w_j| of all the tokens so far, whatever the split
+        earlier = None if initial is None or initial[3] is None else initial[3].to(sd).unsqueeze(-2)
+        c = feature_scale(x, earlier, group)
         x = x / c
         if initial is not None:  # the earlier sums in units of c: times r^2, r = scale / c (a power of two <= 1)
-            r = (c if earlier is None else c / earlier).reciprocal().squeeze(-1)  # (B, H, 1), exact
+            r = (c if earlier is None else c / earlier).reciprocal().squeeze(-2)  # (B, H, p), exact
             initial = (initial[0].to(sd) * r * r, initial[1].to(sd), initial[2].to(sd) * r * r)  # r^2 may underflow
         x2 = x * x
         # exclusive prefix (each token's sum of the earlier ones) with no (N - 1)-long tensor, which would
@@ -121,9 +121,9 @@ def causal_tssa_parallel(
         if initial is not None:
             mass = mass + initial[1].unsqueeze(-1)
             sq_pi = sq_pi + initial[2].unsqueeze(-2)
-        gain = (c.reciprocal() + c * (sq_pi / (mass + PI_EPS).unsqueeze(-1))).reciprocal()  # c / (1 + dots)
+        gain = (c.reciprocal() + c * (sq_pi / (mass + PI_EPS).unsqueeze(-1))).reciprocal()  # c_p / (1 + dots_p)
         if drop_p > 0.0:
             gain = F.dropout(gain, p=drop_p, training=True)
         out = -(x * pi.unsqueeze(-1)) * gain
     return (out.to(w.dtype), pi.to(w.dtype), before[:, :, -1] + x2[:, :, -1], mass[:, :, -1], sq_pi[:, :, -1],
-            c.reshape(c.shape[:2]))
+            c.squeeze(-2))

@@ -23,9 +23,9 @@ def causal_tssa_recurrent(
     drop_p: float = 0.0,
 ) -> Tuple[torch.Tensor, ...]:
     """One step on validated inputs: w_t (B, H, p), the sums of the earlier tokens (sum_sq
-    (B, H, p), sum_pi (B, H), sum_sq_pi (B, H, p)) in units of ``scale`` (B, H) (a power of two,
-    or None for 1), temp (H, 1), logit_bias (H, 1) or (B, H, 1) or None. Returns out_t (B, H, p),
-    pi_t (B, H) in ``w_t``'s dtype, the updated sums and their scale (B, H) (the larger of
+    (B, H, p), sum_pi (B, H), sum_sq_pi (B, H, p)) in units of ``scale`` (B, H, p) (a power of
+    two per feature, or None for 1), temp (H, 1), logit_bias (H, 1) or (B, H, 1) or None. Returns
+    out_t (B, H, p), pi_t (B, H) in ``w_t``'s dtype, the updated sums and their scale (B, H, p) (the larger of
     ``scale`` and ``w_t``'s own, :mod:`whiteformer.ops.scaling`): the kernel signature of
     ``causal_tssa_step`` backends, see :mod:`whiteformer.ops._kernels`."""
     out, pi, *sums = causal_tssa_parallel(w_t.unsqueeze(-2), temp, logit_bias, None, drop_p,

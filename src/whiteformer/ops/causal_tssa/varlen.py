@@ -11,8 +11,8 @@ first token::
     out_t  = -x_t Pi_t / (1 + dots_t)
 
 Memory and time follow ``total``, not S times the longest document. Large inputs are rescaled per
-document (:func:`whiteformer.ops.scaling.document_scale`), so a document's result never depends
-on another's scale.
+document and feature (:func:`whiteformer.ops.scaling.document_scale`), so a document's result
+never depends on another's scale.
 """
 from __future__ import annotations
 
@@ -44,14 +44,15 @@ def causal_tssa_varlen(
     Returns:
         out (1, H, total, p) and pi (1, H, total) in ``w``'s dtype, and each document's final
         sums sum_sq (S, H, p), sum_pi (S, H), sum_sq_pi (S, H, p) in the statistics dtype
-        (float32 for half inputs; zeros for an empty document), in units of their scale (S, H).
+        (float32 for half inputs; zeros for an empty document), in units of their scale (S, H, p)
+        (per feature j: ``sum_sq[..., j] * scale[..., j]^2`` in w's units).
     """
     sd = stats_dtype(w)
     p = w.shape[-1]
     with autocast_off(w):
         x = w[0].to(sd)  # (H, total, p)
-        c = document_scale(x, seg)  # (H, S, 1): each document's own, see whiteformer.ops.scaling
-        c_tok = c.index_select(1, seg.ids)  # (H, total, 1)
+        c = document_scale(x, seg)  # (H, S, p): each document's own per feature, see whiteformer.ops.scaling
+        c_tok = c.index_select(1, seg.ids)  # (H, total, p)
         x = x / c_tok
         x2 = x * x
         logits = prefix_ratio(x2, segment_cumsum(x2, seg, exclusive=True), scaled_eps(RATIO_EPS, c_tok)).sum(dim=-1)
@@ -65,5 +66,5 @@ def causal_tssa_varlen(
             gain = F.dropout(gain, p=drop_p, training=True)
         out = -(x * pi.unsqueeze(-1)) * gain
         sums = tuple(v.transpose(0, 1) for v in (segment_sum(x2, seg), segment_sum(pi, seg), segment_sum(sq, seg)))
-        scale = c[..., 0].transpose(0, 1).contiguous()  # (S, H): each document's own
+        scale = c.transpose(0, 1).contiguous()  # (S, H, p): each document's own
     return (out.unsqueeze(0).to(w.dtype), pi.unsqueeze(0).to(w.dtype)) + sums + (scale,)

@@ -137,8 +137,9 @@ def tssa(
         (softmax over heads; 0 at padded tokens).
 
     Under float16/bfloat16 (or autocast) all statistics are computed in float32. Any finite ``w``
-    gives a finite result: heads whose largest |w| exceeds 2^32 are rescaled by a power of two
-    before squaring (:mod:`whiteformer.ops.scaling`, per packed document with ``cu_seqlens``; the
+    gives a finite result: features whose largest |w_j| over the tokens exceeds 2^32 are rescaled
+    by a power of two before squaring, each feature of each head by its own
+    (:mod:`whiteformer.ops.scaling`, per packed document with ``cu_seqlens``; the
     kernels that square w unscaled hand such inputs to the PyTorch path). The formula is
     :func:`.parallel.tssa_parallel`; :func:`whiteformer.ops.reference.tssa_reference` is the literal
     one.

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ..._dtypes import autocast_off, stats_dtype
 from ..constants import NORM_EPS, PI_EPS
 from ..context_parallel import all_reduce_sum, broadcast_from_first
-from ..scaling import head_scale, scaled_eps
+from ..scaling import feature_scale, scaled_eps
 
 __all__ = ["tssa_parallel"]
 
@@ -47,9 +47,9 @@ def tssa_parallel(
         if attn_mask is not None:
             # padded tokens: zero entries contribute nothing to any token sum below
             x = x.masked_fill(~attn_mask[:, None, :, None], 0.0)
-        c = head_scale(x, 2, group=group)  # (B, H, 1, 1), see whiteformer.ops.scaling
+        c = feature_scale(x, group=group)  # (B, H, 1, p): per feature, see whiteformer.ops.scaling
         x = x / c
-        c = c.squeeze(-1)  # (B, H, 1)
+        c = c.squeeze(-2)  # (B, H, p)
         x2 = x * x  # (B, H, N, p)
         if normalize:
             energy = x2.sum(dim=-2)  # (B, H, p)
@@ -58,7 +58,7 @@ def tssa_parallel(
             inv_energy = energy.clamp_min(scaled_eps(NORM_EPS * NORM_EPS, c)).reciprocal()
             logits = torch.einsum("bhnp,bhp->bhn", x2, inv_energy)
         else:
-            logits = x2.sum(dim=-1) * (c * c)
+            logits = torch.einsum("bhnp,bhp->bhn", x2, c * c)
         pi = torch.softmax(logits * temp.to(sd), dim=1)  # over heads
         if attn_mask is not None:
             pi = pi.masked_fill(~attn_mask[:, None, :], 0.0)
@@ -68,7 +68,7 @@ def tssa_parallel(
             moments = all_reduce_sum(torch.cat([torch.einsum("bhn,bhnp->bhp", pi, x2), pi.sum(-1, keepdim=True)],
                                                dim=-1), group)
             dots = moments[..., :-1] / (moments[..., -1:] + PI_EPS)
-        gain = (c.reciprocal() + c * dots).reciprocal()  # c / (1 + dots in w's units)
+        gain = (c.reciprocal() + c * dots).reciprocal()  # c_p / (1 + dots_p in w's units)
         if drop_p > 0.0 and group is None:
             gain = F.dropout(gain, p=drop_p, training=True)
         elif drop_p > 0.0:  # one mask for the tokens of every rank, as the unsplit op

@@ -11,8 +11,8 @@ every sum over tokens taken per document: for a row of ``total`` tokens from S d
 
 The document sums are (H, S, p) ``index_add`` reductions gathered back per token: memory and
 time follow ``total``, not S times the longest document. Large inputs are rescaled per document
-(:func:`whiteformer.ops.scaling.document_scale`), so a document's result never depends on another's
-scale.
+and feature (:func:`whiteformer.ops.scaling.document_scale`), so a document's result never depends
+on another's scale.
 """
 from __future__ import annotations
 
@@ -41,19 +41,19 @@ def tssa_varlen(
     sd = stats_dtype(w)
     with autocast_off(w):
         x = w[0].to(sd)  # (H, total, p)
-        c = document_scale(x, seg)  # (H, S, 1): each document's own, see whiteformer.ops.scaling
-        c_tok = c.index_select(1, seg.ids)  # (H, total, 1)
+        c = document_scale(x, seg)  # (H, S, p): each document's own per feature, see whiteformer.ops.scaling
+        c_tok = c.index_select(1, seg.ids)  # (H, total, p)
         x = x / c_tok
         x2 = x * x
         if normalize:
             inv_energy = segment_sum(x2, seg).clamp_min(scaled_eps(NORM_EPS * NORM_EPS, c)).reciprocal()  # (H, S, p)
             logits = (x2 * inv_energy.index_select(1, seg.ids)).sum(dim=-1)  # (H, total)
         else:
-            logits = x2.sum(dim=-1) * (c_tok * c_tok)[..., 0]
+            logits = (x2 * (c_tok * c_tok)).sum(dim=-1)
         pi = torch.softmax(logits * temp.to(sd), dim=0)  # over heads
         mass = segment_sum(pi, seg)  # (H, S)
         dots = segment_sum(x2 * pi.unsqueeze(-1), seg) / (mass + PI_EPS).unsqueeze(-1)  # (H, S, p)
-        gain = (c.reciprocal() + c * dots).reciprocal()  # c / (1 + dots in w's units)
+        gain = (c.reciprocal() + c * dots).reciprocal()  # c_p / (1 + dots_p in w's units)
         if drop_p > 0.0:
             gain = F.dropout(gain, p=drop_p, training=True)
         out = -(x * pi.unsqueeze(-1)) * gain.index_select(1, seg.ids)
