@@ -109,9 +109,13 @@ def _eager(*tensors: Optional[Tensor]) -> bool:
     such as fake tensors) and no torch.func transform. A direct call skips the custom op's dispatch
     (about 4x the kernel's own time on a small sequence); inside a traced graph the custom op must
     run."""
-    return (not torch.compiler.is_compiling() and not torch.jit.is_tracing() and _get_current_dispatch_mode() is None
-            and not torch._C._are_functorch_transforms_active()
-            and all(t is None or (type(t) is Tensor and t.device.type == "cpu") for t in tensors))
+    if (torch.compiler.is_compiling() or torch.jit.is_tracing() or _get_current_dispatch_mode() is not None
+            or torch._C._are_functorch_transforms_active()):
+        return False
+    for t in tensors:  # a loop, not all() over a generator: this runs at every call
+        if t is not None and (type(t) is not Tensor or not t.is_cpu):
+            return False
+    return True
 
 
 def _records_grad(*tensors: Optional[Tensor]) -> bool:
@@ -368,4 +372,4 @@ def causal_tssa_fused(
     if split is not None:
         return split
     # sums in w's units: scale 1 (the rows past the kernel's range took the fallback, which returns its own)
-    return out, pi, ec[:, -1], mc[:, -1], qc[:, -1], ec.new_ones(b, h, ec.shape[-1])
+    return out, pi, ec.select(1, -1), mc.select(1, -1), qc.select(1, -1), ec.new_ones(b, h, ec.shape[-1])
