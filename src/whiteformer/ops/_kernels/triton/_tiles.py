@@ -19,7 +19,8 @@ sub-blocks of ``BLOCK_N`` tokens; each step holds (BLOCK_H, BLOCK_N, BLOCK_P) ti
   128 registers (65536 per SM), where the causal backward spilled;
 - the kernels with no softmax over heads that hold the most registers (the causal ``_bwd_dw``) run
   in head groups of ``head_group`` heads, half the budget's tile at the same warps (half the values
-  per thread: ``group_meta``, grid (B, NC, groups), :func:`group_program`; one head cannot split);
+  per thread: ``group_meta``, grid (B, NC, groups), :func:`group_program`); where the heads cannot
+  halve the tile (one head) these kernels walk sub-blocks of ``group_block_n`` tokens instead;
 - ``num_stages = 1``: the kernels stream each tile once, so software pipelining would only
   add live registers (Triton pipelines loads of loops with num_stages > 1);
 - ``maxnreg``: up to 255 registers per thread (65536 / threads where that is lower): without it
@@ -66,6 +67,7 @@ class Tiles:
     num_warps: int
     num_stages: int = 1
     head_group: int = 0  # heads per program of the head-group kernels (0: block_h)
+    group_block_n: int = 0  # tokens per sub-block of the head-group kernels (0: block_n)
 
     def meta(self) -> dict:
         """Constexprs and launch options common to the kernels."""
@@ -73,10 +75,10 @@ class Tiles:
 
     def group_meta(self, heads: int) -> Tuple[int, dict]:
         """(head groups, constexprs and options) of a kernel run in head groups (grid (B, NC, groups))."""
-        group = self.head_group or self.block_h
-        if group == self.block_h:
+        group, block_n = self.head_group or self.block_h, self.group_block_n or self.block_n
+        if (group, block_n) == (self.block_h, self.block_n):
             return 1, self.meta()
-        return -(-heads // group), dict(self.meta(), BLOCK_H=group)
+        return -(-heads // group), dict(self.meta(), BLOCK_H=group, BLOCK_N=block_n)
 
 
 def options(num_warps: int) -> dict:
@@ -100,7 +102,9 @@ def tiles(heads: int, head_dim: int, dtype: torch.dtype) -> Tiles:
     block_n = min(_pow2_floor(TILE_ELEMS // (block_h * block_p * words)), BLOCK_N_MAX, CHUNK)
     chunk = max(CHUNK, block_n)
     group = min(block_h, _pow2_floor(TILE_ELEMS // (2 * block_n * block_p * words)))
-    return Tiles(block_h, block_n, block_p, chunk, warps_for(block_h * block_n * block_p * words), head_group=group)
+    group_n = min(block_n, _pow2_floor(TILE_ELEMS // (2 * group * block_p * words)))  # < block_n: one head
+    return Tiles(block_h, block_n, block_p, chunk, warps_for(block_h * block_n * block_p * words), head_group=group,
+                 group_block_n=group_n)
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
