@@ -332,9 +332,9 @@ def _fwd(w: Tensor, temp: Tensor, lb: Optional[Tensor], mask: Optional[Tensor]
     acc = acc_dtype(w.dtype)
     grid, meta, m8 = _launch(w, mask)
     nc = grid[1]
-    part, amax = w.new_empty(b, h, nc, p, dtype=torch.float64), w.new_empty(b, h, nc, dtype=acc)
+    part, amax = w.new_empty(b, h, nc, p, dtype=torch.float64), w.new_empty(b, h, nc, p, dtype=acc)
     chunk_energy[grid](w, m8, part, amax, h, n, p, nc, **meta)
-    _, scl, part = chunk_scale(part, amax, acc)  # the scale from the chunks' maxima, sums in its units
+    _, scl, part = chunk_scale(part, amax.amax(-1), acc)  # the scale from the chunks' maxima, sums in its units
     e0, e_fin = _prefix(part), part.sum(2)
     pi = w.new_empty(b, h, n, dtype=acc)
     q_part, m_part = w.new_empty(b, h, nc, p, dtype=acc), w.new_empty(b, h, nc, dtype=acc)
