@@ -310,12 +310,14 @@ def cases(heads_dims, dtypes, tokens=(1024,), packed=()) -> Tuple[Case, ...]:
     return tuple(out)
 
 
-_F32, _BF16, _F16 = torch.float32, torch.bfloat16, torch.float16
+_F32, _BF16, _F16, _F64 = torch.float32, torch.bfloat16, torch.float16, torch.float64
 HEAD_DIMS = (16, 24, 32, 48, 64, 96, 128)  # the head dims users pick (24, 48, 96: a padded BLOCK_P)
 # every branch of the tile rule: BLOCK_N at its cap (1 head of 16: BLOCK_N 64, 4 warps; 1 head of
-# 8: 2 warps), BLOCK_N 8 (4 heads of 64: small models), one token per sub-block (12 heads of 128:
-# 8 warps; 32 heads of 128: 16 warps)
-EXTREMES = ((1, 8), (1, 16), (32, 128))
+# 8: 2 warps; 2 heads of 16: 8 warps, the dw kernel in groups of one head), one head at a full
+# tile (1 head of 128: BLOCK_N 16, the dw kernel on sub-blocks of 8 tokens), BLOCK_N 8 (4 heads
+# of 64: small models), one token per sub-block (32 heads of 128: a tile of twice the budget at
+# 8 warps, the dw kernel in groups of 8 heads)
+EXTREMES = ((1, 8), (1, 16), (2, 16), (1, 128), (32, 128))
 # token counts: 70 (one chunk, N not a multiple of 16: Triton specialises only on == 1 and on
 # divisibility by 16, so 197 and every other short odd length compile the same), 1024 (four chunks,
 # N a multiple of 16), 600 (three chunks, the last partial)
@@ -324,19 +326,19 @@ PACKED = (70, 64, 33)  # documents of one packed row (little padding: the padded
 # every head dim at 4 heads with a 70-token sequence (197 tokens compiles the same), masked or not,
 # float32, bfloat16 and float16 spread over the head dims (float32 and bfloat16 both at 64 and 128,
 # where the kernels hold the most registers), a packed row, 12 heads (BLOCK_H 16) at 1024 tokens
-# (four chunks) and the tile rule's extremes
+# (four chunks), the tile rule's extremes and float64 (two words a value: 4 heads of 64)
 MATRIX_WORKLOAD = Workload(
     cases(((4, 64), (4, 128)), (_F32, _BF16), (70, 197), PACKED)
     + cases(((4, 16), (4, 48)), (_F32,), (70,)) + cases(((4, 24), (4, 96)), (_BF16,), (70,))
     + cases(((4, 32),), (_F16,), (70,)) + cases(((12, 64),), (_BF16,), (1024,))
-    + cases(EXTREMES, (_F32,), (70,)))
+    + cases(EXTREMES, (_F32,), (70,)) + cases(((4, 64),), (_F64,), (70,)))
 # the representative subset of ``make test``: the small models' masked configuration (4 heads of
 # 64, both dtypes, and on a packed row), a padded head dim, float16, 12 heads at 1024 tokens and the
-# tile rule's extremes (2 and 16 warps)
+# tile rule's extremes (2 warps, one head at a full tile, one token per sub-block)
 TEST_WORKLOAD = Workload(
     cases(((4, 64),), (_F32, _BF16), (70,), PACKED) + cases(((4, 24),), (_BF16,), (70,))
     + cases(((4, 32),), (_F16,), (70,)) + cases(((12, 64),), (_BF16,), (1024,))
-    + cases(((1, 8), (32, 128)), (_F32,), (70,)))
+    + cases(((1, 8), (1, 128), (32, 128)), (_F32,), (70,)))
 
 
 def summary(results: Sequence[Result]) -> dict:

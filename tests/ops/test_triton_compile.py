@@ -40,7 +40,8 @@ def test_launches_follow_the_tile_rule(recorded):
     """Every sequence kernel runs the grid (sequences, chunks) with the tiles of _tiles.tiles;
     every kernel of the three modules is launched by the workload, the configuration of small
     models (4 heads of 64: BLOCK_H 4, BLOCK_N 8, CHUNK 256) with a mask included, and the tile
-    rule's branches (BLOCK_N at its cap, one token per sub-block; 2 and 16 warps) are reached."""
+    rule's branches (BLOCK_N at its cap, one token per sub-block, one head at a full tile; 2 and 8
+    warps) are reached."""
     kernels = {launch.name for _, launch in recorded}
     assert {"chunk_energy", "_pi", "_out", "_bwd_q", "_bwd_lambda", "_bwd_dw", "_bwd_chunk", "_step_fwd",
             "_step_bwd"} <= kernels
@@ -52,7 +53,7 @@ def test_launches_follow_the_tile_rule(recorded):
         groups, meta = t.group_meta(case.heads) if len(launch.grid) == 3 else (None, t.meta())  # head groups
         assert launch.grid == (seqs, -(-tokens // t.chunk)) + ((groups,) if groups else ()), (case.name, launch.kernel)
         assert (launch.constexprs["BLOCK_H"], launch.constexprs["BLOCK_N"], launch.constexprs["BLOCK_P"],
-                launch.options["num_warps"]) == (meta["BLOCK_H"], t.block_n, t.block_p, meta["num_warps"]), \
+                launch.options["num_warps"]) == (meta["BLOCK_H"], meta["BLOCK_N"], t.block_p, meta["num_warps"]), \
             (case.name, launch.kernel)
     small = {(la.kernel.rsplit(".", 2)[-2], la.name) for _, la in recorded if la.args.get("has_mask")
              and (la.constexprs.get("BLOCK_H"), la.constexprs.get("BLOCK_P"), la.constexprs.get("BLOCK_N"),
@@ -65,6 +66,10 @@ def test_launches_follow_the_tile_rule(recorded):
     split = [(case, la) for case, la in recorded if len(la.grid) == 3 and la.grid[2] > 1]
     assert split and all(la.constexprs["BLOCK_H"] * la.constexprs["BLOCK_N"] * la.constexprs["BLOCK_P"]
                          <= _tiles.TILE_ELEMS // 2 for _, la in split)  # the dw kernel in head groups
+    one_head = [la for case, la in recorded if la.kernel.endswith("causal_tssa._bwd_dw") and case.heads == 1
+                and _tiles.tiles(1, case.head_dim, case.dtype).block_n * case.head_dim >= _tiles.TILE_ELEMS]
+    assert one_head and all(la.constexprs["BLOCK_N"] * la.constexprs["BLOCK_P"] <= _tiles.TILE_ELEMS // 2
+                            for la in one_head)  # one head at a full tile: the dw kernel on half sub-blocks
 
 
 def test_every_specialisation_compiles_for_sm80_and_sm90_without_spills(compiled):

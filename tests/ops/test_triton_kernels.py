@@ -118,6 +118,25 @@ def test_causal_forward_and_grads(dtype, shape, masked):
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+def test_causal_grads_of_one_head_on_half_sub_blocks(monkeypatch, masked):
+    """One head at a full tile cannot split into head groups: the causal dw kernel walks
+    sub-blocks of half the tokens (BLOCK_N 1 of 2) and the gradients still match the reference."""
+    monkeypatch.setattr(_tiles, "TILE_ELEMS", 8)  # 1 head of 4: BLOCK_N 2, the dw kernel 1
+    t = _tiles.tiles(1, 4, torch.float32)
+    assert t.block_n == 2 and t.group_meta(1) == (1, dict(t.meta(), BLOCK_N=1))
+    w, temp = _inputs((2, 1, 11, 4), torch.float32)
+    bias = (torch.randn(1, 14, 1) * 0.3).requires_grad_(True)
+    mask = _mask(2, 11) if masked else None
+
+    def kernel():
+        out, pi, *_ = causal_tssa_triton(w, temp, _logit_bias(bias, mask, 11, 4), mask)
+        return out, pi
+
+    _check(kernel(), lambda w_, t_, b_: causal_tssa_reference(w_, t_, b_, mask, return_pi=True), (w, temp, bias),
+           torch.float32)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
 def test_causal_grads_in_head_groups(monkeypatch, masked):
     """The causal dw kernel (no softmax over heads) runs in head groups (grid (B, NC, groups)) and
     the gradients still match the reference."""

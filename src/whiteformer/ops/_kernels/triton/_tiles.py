@@ -2,7 +2,8 @@
 
 Layout: tensors are contiguous: ``w`` (B, H, N, p) row-major, per-token values (B, H, N),
 per-feature values (B, H, p), per-chunk values (B, H, NC, p) or (B, H, NC), the keep-mask (B, N)
-as uint8. ``bh = b * H + h`` indexes a sequence-head.
+as uint8, the scales per head (B, H, 3) or per head and feature (B, H, 3, p) (:mod:`._scaling`).
+``bh = b * H + h`` indexes a sequence-head.
 
 **Programs and tiles (one rule, :func:`tiles`).** Every sequence kernel runs a grid (B, NC): one
 program per sequence ``b`` and chunk of ``CHUNK`` tokens, holding **all heads** (the softmax over
@@ -19,7 +20,8 @@ sub-blocks of ``BLOCK_N`` tokens; each step holds (BLOCK_H, BLOCK_N, BLOCK_P) ti
   128 registers (65536 per SM), where the causal backward spilled;
 - the kernels with no softmax over heads that hold the most registers (the causal ``_bwd_dw``) run
   in head groups of ``head_group`` heads, half the budget's tile at the same warps (half the values
-  per thread: ``group_meta``, grid (B, NC, groups), :func:`group_program`; one head cannot split);
+  per thread: ``group_meta``, grid (B, NC, groups), :func:`group_program`); where the heads cannot
+  halve the tile (one head) these kernels walk sub-blocks of ``group_block_n`` tokens instead;
 - ``num_stages = 1``: the kernels stream each tile once, so software pipelining would only
   add live registers (Triton pipelines loads of loops with num_stages > 1);
 - ``maxnreg``: up to 255 registers per thread (65536 / threads where that is lower): without it
@@ -66,6 +68,7 @@ class Tiles:
     num_warps: int
     num_stages: int = 1
     head_group: int = 0  # heads per program of the head-group kernels (0: block_h)
+    group_block_n: int = 0  # tokens per sub-block of the head-group kernels (0: block_n)
 
     def meta(self) -> dict:
         """Constexprs and launch options common to the kernels."""
@@ -73,10 +76,10 @@ class Tiles:
 
     def group_meta(self, heads: int) -> Tuple[int, dict]:
         """(head groups, constexprs and options) of a kernel run in head groups (grid (B, NC, groups))."""
-        group = self.head_group or self.block_h
-        if group == self.block_h:
+        group, block_n = self.head_group or self.block_h, self.group_block_n or self.block_n
+        if (group, block_n) == (self.block_h, self.block_n):
             return 1, self.meta()
-        return -(-heads // group), dict(self.meta(), BLOCK_H=group)
+        return -(-heads // group), dict(self.meta(), BLOCK_H=group, BLOCK_N=block_n)
 
 
 def options(num_warps: int) -> dict:
@@ -100,7 +103,9 @@ def tiles(heads: int, head_dim: int, dtype: torch.dtype) -> Tiles:
     block_n = min(_pow2_floor(TILE_ELEMS // (block_h * block_p * words)), BLOCK_N_MAX, CHUNK)
     chunk = max(CHUNK, block_n)
     group = min(block_h, _pow2_floor(TILE_ELEMS // (2 * block_n * block_p * words)))
-    return Tiles(block_h, block_n, block_p, chunk, warps_for(block_h * block_n * block_p * words), head_group=group)
+    group_n = min(block_n, _pow2_floor(TILE_ELEMS // (2 * group * block_p * words)))  # < block_n: one head
+    return Tiles(block_h, block_n, block_p, chunk, warps_for(block_h * block_n * block_p * words), head_group=group,
+                 group_block_n=group_n)
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -184,13 +189,24 @@ def head_scales(scl_ptr, bh, in_h):
 
 
 @triton.jit
+def feature_scales(scl_ptr, bh, in_hp, P, BLOCK_P: tl.constexpr):
+    """The per-feature ``1 / c``, ``c`` (exact powers of two) and clamp ``eps`` in units of c^2
+    (BLOCK_H, BLOCK_P) of a (B*H, 3, P) tensor (see :mod:`._scaling`; 1 outside the real heads
+    and features, so that padded ones stay finite), loaded once per program."""
+    offs = (bh * 3)[:, None] * P + tl.arange(0, BLOCK_P)[None, :]
+    return (tl.load(scl_ptr + offs, mask=in_hp, other=1.0), tl.load(scl_ptr + offs + P, mask=in_hp, other=1.0),
+            tl.load(scl_ptr + offs + 2 * P, mask=in_hp, other=1.0))
+
+
+@triton.jit
 def sub_block(x_ptr, mask_ptr, b, bh, in_h, inv_c, start, N, P, has_mask, BLOCK_N: tl.constexpr,
               BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     """Sub-block of BLOCK_N tokens from ``start`` for every head: per-token offsets into
     (B*H, N) tensors (BLOCK_H, BLOCK_N), their in-range mask, element offsets into (B*H, N, P)
     tensors and their in-range mask (BLOCK_H, BLOCK_N, BLOCK_P), the kept tokens (BLOCK_N,), and
-    the tile x = w / c (BLOCK_H, BLOCK_N, BLOCK_P) in the statistics dtype (``inv_c`` (BLOCK_H,):
-    1 / c per head, a power of two), 0 outside and at padded tokens."""
+    the tile x = w / c (BLOCK_H, BLOCK_N, BLOCK_P) in the statistics dtype (``inv_c``: 1 / c, powers
+    of two, per head (BLOCK_H,) or per head and feature (BLOCK_H, BLOCK_P)), 0 outside and at
+    padded tokens."""
     offs_n = start + tl.arange(0, BLOCK_N)
     in_n = offs_n < N
     tok = bh[:, None] * N + offs_n[None, :]
@@ -201,7 +217,11 @@ def sub_block(x_ptr, mask_ptr, b, bh, in_h, inv_c, start, N, P, has_mask, BLOCK_
     keep = in_n
     if has_mask:
         keep = keep & (tl.load(mask_ptr + b.to(tl.int64) * N + offs_n, mask=in_n, other=0) != 0)
-    x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(ACC) * inv_c[:, None, None]
+    x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(ACC)
+    if len(inv_c.shape) == 1:
+        x = x * inv_c[:, None, None]
+    else:
+        x = x * inv_c[:, None, :]
     return tok, in_tok, offs, inside, keep, tl.where(keep[None, :, None], x, 0.0)
 
 
@@ -232,17 +252,17 @@ def chunk_energy(x_ptr, mask_ptr, part_ptr, amax_ptr, H, N, P, NC,
                  BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     """Grid (B, NC): per-chunk totals sum_n w_n^2 over kept tokens into part (B, H, NC, P), in
     float64 (no float32 / bfloat16 value overflows there: the host divides them by the scale c^2,
-    :mod:`._scaling`), and the chunk's largest |w| per head into amax (B, H, NC): the scale costs
-    no extra read of w."""
+    :mod:`._scaling`), and the chunk's largest |w| per head and feature into amax (B, H, NC, P):
+    the scale costs no extra read of w."""
     b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
     one = tl.full([BLOCK_H], 1.0, ACC)
     acc = tl.zeros([BLOCK_H, BLOCK_P], tl.float64)
-    top = tl.zeros([BLOCK_H], ACC)
+    top = tl.zeros([BLOCK_H, BLOCK_P], ACC)
     for start in range(lo, hi, BLOCK_N):
         tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, one, start, N, P, has_mask,
                                                        BLOCK_N, BLOCK_P, ACC)
         x64 = x.to(tl.float64)
         acc += tl.sum(x64 * x64, axis=1)
-        top = tl.maximum(top, tl.max(tl.max(tl.abs(x), axis=2), axis=1))
+        top = tl.maximum(top, tl.max(tl.abs(x), axis=1))
     put_rows(part_ptr, bh, c, NC, P, in_hp, acc, BLOCK_P)
-    tl.store(amax_ptr + bh * NC + c, top, mask=in_h)
+    put_rows(amax_ptr, bh, c, NC, P, in_hp, top, BLOCK_P)

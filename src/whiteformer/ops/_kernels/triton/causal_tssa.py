@@ -74,12 +74,22 @@ __all__ = ["causal_tssa_triton"]
 
 
 @triton.jit
+def _cum(x, reverse: tl.constexpr = False):
+    """Prefix sums over the tokens (axis 1) of a sub-block's (BLOCK_H, BLOCK_N[, BLOCK_P]) tile,
+    from the end if ``reverse``. A one-token sub-block is its own prefix sum: no scan there (a scan
+    over a dimension of 1 still holds registers; at 32 heads of 128 the lambda kernel would spill)."""
+    if x.shape[1] == 1:
+        return x
+    return tl.cumsum(x, axis=1, reverse=reverse)
+
+
+@triton.jit
 def _gain(x2, pi, q_run, m_run, inv_k, k, PI_EPS):
     """For a sub-block after running sums q_run (BLOCK_H, BLOCK_P), m_run (BLOCK_H,): c_t
     (BLOCK_H, BLOCK_N), d_t = c_t Q_t and the gain g_t = 1 / (1 / k + k d_t) (BLOCK_H, BLOCK_N,
     BLOCK_P), k (BLOCK_H,) the head's scale (full-range division: far from 1, k d_t exceeds 2^126)."""
-    q = q_run[:, None, :] + tl.cumsum(pi[:, :, None] * x2, axis=1)
-    inv_m = div(1.0, m_run[:, None] + tl.cumsum(pi, axis=1) + PI_EPS)
+    q = q_run[:, None, :] + _cum(pi[:, :, None] * x2)
+    inv_m = div(1.0, m_run[:, None] + _cum(pi) + PI_EPS)
     d = q * inv_m[:, :, None]
     return inv_m, d, 1.0 / (inv_k[:, None, None] + k[:, None, None] * d)
 
@@ -99,7 +109,7 @@ def _bwd_tile(go_ptr, pi_ptr, tok, in_tok, offs, inside, x, q_run, m_run, inv_k,
 @triton.jit
 def _energy(x2, e_run):
     """E_t (BLOCK_H, BLOCK_N, BLOCK_P) for a sub-block after the running sum e_run."""
-    return e_run[:, None, :] + tl.cumsum(x2, axis=1)
+    return e_run[:, None, :] + _cum(x2)
 
 
 @triton.jit
@@ -114,7 +124,7 @@ def _energy_grad(lam, x2, energy, eps):
 def _suffix(after, part):
     """Suffix sums from each token of a sub-block (inclusive): ``after`` = the sum over the tokens
     after the sub-block, plus a reverse prefix sum inside it (no subtraction: exact)."""
-    return tl.expand_dims(after, 1) + tl.cumsum(part, axis=1, reverse=True)
+    return tl.expand_dims(after, 1) + _cum(part, True)
 
 
 @triton.jit
@@ -273,7 +283,7 @@ def _bwd_dw(x_ptr, mask_ptr, scl_ptr, pi_ptr, go_ptr, lam_ptr, e0_ptr, q0_ptr, m
         # one at the first tokens: no rounding of it is left in W)
         de64 = de.to(tl.float64)
         before = energy - x2
-        later = (w_after[:, None, :] + (tl.cumsum(de64, axis=1, reverse=True) - de64)).to(ACC)
+        later = (w_after[:, None, :] + (_cum(de64, True) - de64)).to(ACC)
         safe = tl.maximum(energy, eps)
         own = tl.where(energy > eps, div(div(lam[:, :, None] * before, safe), safe), div(lam[:, :, None], safe))
         dw = -pi[:, :, None] * gain * go
@@ -322,9 +332,9 @@ def _fwd(w: Tensor, temp: Tensor, lb: Optional[Tensor], mask: Optional[Tensor]
     acc = acc_dtype(w.dtype)
     grid, meta, m8 = _launch(w, mask)
     nc = grid[1]
-    part, amax = w.new_empty(b, h, nc, p, dtype=torch.float64), w.new_empty(b, h, nc, dtype=acc)
+    part, amax = w.new_empty(b, h, nc, p, dtype=torch.float64), w.new_empty(b, h, nc, p, dtype=acc)
     chunk_energy[grid](w, m8, part, amax, h, n, p, nc, **meta)
-    _, scl, part = chunk_scale(part, amax, acc)  # the scale from the chunks' maxima, sums in its units
+    _, scl, part = chunk_scale(part, amax.amax(-1), acc)  # the scale from the chunks' maxima, sums in its units
     e0, e_fin = _prefix(part), part.sum(2)
     pi = w.new_empty(b, h, n, dtype=acc)
     q_part, m_part = w.new_empty(b, h, nc, p, dtype=acc), w.new_empty(b, h, nc, dtype=acc)

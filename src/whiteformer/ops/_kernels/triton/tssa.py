@@ -25,10 +25,12 @@ Backward (G = dL/dout, gPi = dL/dPi), three passes over (w, G)::
 
 Saved for backward: w, Pi (statistics dtype, (B, H, N)), s, T (B, H, p), M (B, H).
 
-Scale-safe form (:mod:`._scaling`): the kernels read the per-(b, h) power of two k of
-:mod:`whiteformer.ops.scaling` and work on x = w / k: s, T and the clamp 1e-24 are in units of
-k^2, g = 1 / (1 / k + k c T) (= k / (1 + dots)), out = -x Pi g, D = k g^2 q and dw = dL/dx / k.
-With k = 1 (|w| <= 2^32) these are the formulas above.
+Scale-safe form (:mod:`._scaling`): the kernels read a power of two k_j per (b, h, feature j)
+(a (BLOCK_H, BLOCK_P) tile, once per program) and work on x = w / k: s_j, T_j and the clamp
+1e-24 are in units of k_j^2, g_j = 1 / (1 / k_j + k_j c T_j) (= k_j / (1 + dots_j)),
+out = -x Pi g, D = k g^2 q and dw = dL/dx / k, per feature (s, T, g and dots are per feature and
+R sums the scale-free ratios w_j^2 / s_j, so the scales do not mix). With k = 1 (|w| <= 2^32)
+these are the formulas above.
 """
 from __future__ import annotations
 
@@ -41,14 +43,14 @@ from torch import Tensor
 
 from ...constants import PI_EPS
 from . import _tiles
-from ._scaling import chunk_scale
+from ._scaling import chunk_feature_scale
 from ._tiles import (
     acc_dtype,
     add_pi_sums,
     chunk_energy,
     chunk_program,
     div,
-    head_scales,
+    feature_scales,
     load_go_pi,
     mask_u8,
     per_head,
@@ -67,7 +69,7 @@ def _pi(x_ptr, mask_ptr, scl_ptr, r_ptr, temp_ptr, pi_ptr, t_part_ptr, m_part_pt
         has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
-    inv_sc, sc, _ = head_scales(scl_ptr, bh, in_h)
+    inv_sc, sc, _ = feature_scales(scl_ptr, bh, in_hp, P, BLOCK_P)
     r = rows(r_ptr, bh, 0, 1, P, in_hp, BLOCK_P)
     temp = tl.load(temp_ptr + tl.arange(0, BLOCK_H), mask=in_h, other=0.0)
     t_acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
@@ -89,10 +91,10 @@ def _out(x_ptr, mask_ptr, scl_ptr, pi_ptr, t_ptr, m_ptr, out_ptr, H, N, P, PI_EP
          has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
          BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
-    inv_sc, sc, _ = head_scales(scl_ptr, bh, in_h)
+    inv_sc, sc, _ = feature_scales(scl_ptr, bh, in_hp, P, BLOCK_P)
     inv_m = div(1.0, per_head(m_ptr, bh, 0, 1, in_h) + PI_EPS)
     # 1 / (1 / sc + sc c T) (full-range division: far from 1, its denominator exceeds 2^126)
-    gain = 1.0 / (inv_sc[:, None] + sc[:, None] * (inv_m[:, None] * rows(t_ptr, bh, 0, 1, P, in_hp, BLOCK_P)))
+    gain = 1.0 / (inv_sc + sc * (inv_m[:, None] * rows(t_ptr, bh, 0, 1, P, in_hp, BLOCK_P)))
     for start in range(lo, hi, BLOCK_N):
         tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, inv_sc, start, N, P, has_mask,
                                                        BLOCK_N, BLOCK_P, ACC)
@@ -106,7 +108,7 @@ def _bwd_q(x_ptr, mask_ptr, scl_ptr, pi_ptr, go_ptr, q_part_ptr, H, N, P, NC,
            has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
            BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
-    inv_sc, sc, _ = head_scales(scl_ptr, bh, in_h)
+    inv_sc, sc, _ = feature_scales(scl_ptr, bh, in_hp, P, BLOCK_P)
     acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
     for start in range(lo, hi, BLOCK_N):
         tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, inv_sc, start, N, P, has_mask,
@@ -122,7 +124,7 @@ def _bwd_lambda(x_ptr, mask_ptr, scl_ptr, pi_ptr, go_ptr, gpi_ptr, gain_ptr, cd_
                 has_mask, has_gpi, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
-    inv_sc, sc, _ = head_scales(scl_ptr, bh, in_h)
+    inv_sc, sc, _ = feature_scales(scl_ptr, bh, in_hp, P, BLOCK_P)
     k = per_head(k_ptr, bh, 0, 1, in_h)
     temp = tl.load(temp_ptr + tl.arange(0, BLOCK_H), mask=in_h, other=0.0)
     ds_acc = tl.zeros([BLOCK_H, BLOCK_P], ACC)
@@ -151,7 +153,7 @@ def _bwd_dw(x_ptr, mask_ptr, scl_ptr, pi_ptr, go_ptr, gain_ptr, cd_ptr, r_ptr, d
             has_mask, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     b, c, bh, in_h, in_hp, lo, hi = chunk_program(H, N, P, CHUNK, BLOCK_H, BLOCK_P)
-    inv_sc, sc, _ = head_scales(scl_ptr, bh, in_h)
+    inv_sc, sc, _ = feature_scales(scl_ptr, bh, in_hp, P, BLOCK_P)
     for start in range(lo, hi, BLOCK_N):
         tok, in_tok, offs, inside, keep, x = sub_block(x_ptr, mask_ptr, b, bh, in_h, inv_sc, start, N, P, has_mask,
                                                        BLOCK_N, BLOCK_P, ACC)
@@ -162,7 +164,7 @@ def _bwd_dw(x_ptr, mask_ptr, scl_ptr, pi_ptr, go_ptr, gain_ptr, cd_ptr, r_ptr, d
         dw += 2.0 * x * (rows(cd_ptr, bh, 0, 1, P, in_hp, BLOCK_P)[:, None, :] * pi
                          + lam * rows(r_ptr, bh, 0, 1, P, in_hp, BLOCK_P)[:, None, :]
                          + rows(ds_ptr, bh, 0, 1, P, in_hp, BLOCK_P)[:, None, :])
-        dw = dw * inv_sc[:, None, None]  # dL/dw = dL/dx / sc
+        dw = dw * inv_sc[:, None, :]  # dL/dw = dL/dx / sc
         tl.store(dw_ptr + offs, dw.to(dw_ptr.dtype.element_ty), mask=inside)
 
 
@@ -182,11 +184,11 @@ def _fwd(w: Tensor, temp: Tensor, mask: Optional[Tensor]) -> Tuple[Tensor, Tenso
     b, h, n, p = w.shape
     acc = acc_dtype(w.dtype)
     grid, meta, m8 = _launch(w, mask)
-    part, amax = w.new_empty(b, h, grid[1], p, dtype=torch.float64), w.new_empty(b, h, grid[1], dtype=acc)
+    part, amax = w.new_empty(b, h, grid[1], p, dtype=torch.float64), w.new_empty(b, h, grid[1], p, dtype=acc)
     chunk_energy[grid](w, m8, part, amax, h, n, p, grid[1], **meta)
-    _, scl, part = chunk_scale(part, amax, acc, _tiles.NORM_EPS_SQ)  # the scale from the chunks' maxima
+    _, scl, part = chunk_feature_scale(part, amax, acc, _tiles.NORM_EPS_SQ)  # from the chunks' maxima
     s = part.sum(2)
-    r = torch.maximum(s, scl[..., 2:]).reciprocal()
+    r = torch.maximum(s, scl[..., 2, :]).reciprocal()
     pi = w.new_empty(b, h, n, dtype=acc)
     m_part = w.new_empty(b, h, grid[1], dtype=acc)
     _pi[grid](w, m8, scl, r, temp, pi, part, m_part, h, n, p, grid[1], **meta)
@@ -201,7 +203,7 @@ def _(w, temp, mask):
     b, h, n, p = w.shape
     acc = acc_dtype(w.dtype)
     return (torch.empty_like(w), w.new_empty(b, h, n, dtype=acc), w.new_empty(b, h, p, dtype=acc),
-            w.new_empty(b, h, p, dtype=acc), w.new_empty(b, h, dtype=acc), w.new_empty(b, h, 3, dtype=acc))
+            w.new_empty(b, h, p, dtype=acc), w.new_empty(b, h, dtype=acc), w.new_empty(b, h, 3, p, dtype=acc))
 
 
 @torch.library.custom_op("whiteformer::tssa_triton_bwd", mutates_args=())
@@ -213,19 +215,19 @@ def _bwd(grad_out: Tensor, grad_pi: Optional[Tensor], w: Tensor, temp: Tensor, m
     nc = grid[1]
     c = (m + PI_EPS).reciprocal()  # (B, H)
     d = c[..., None] * t
-    inv_sc, sc, eps = scl.unbind(-1)  # (B, H) each: 1 / sc, the scale sc, NORM_EPS^2 / sc^2
-    gain = (inv_sc[..., None] + sc[..., None] * d).reciprocal()  # (B, H, p): sc / (1 + dots)
+    inv_sc, sc, eps = scl.unbind(-2)  # (B, H, p) each: 1 / sc, the scale sc, NORM_EPS^2 / sc^2
+    gain = (inv_sc + sc * d).reciprocal()  # (B, H, p): sc / (1 + dots)
     part = w.new_empty(b, h, nc, p, dtype=acc)
     _bwd_q[grid](w, m8, scl, pi, grad_out, part, h, n, p, nc, **meta)
-    cd = gain * gain * part.sum(2) * sc[..., None] * c[..., None]  # c D, D = sc g^2 q (the PyTorch path's order)
+    cd = gain * gain * part.sum(2) * sc * c[..., None]  # c D, D = sc g^2 q (the PyTorch path's order)
     k = (cd * d).sum(-1).contiguous()  # K = c sum_j D_j d_j
-    r = torch.maximum(s, eps[..., None]).reciprocal()
+    r = torch.maximum(s, eps).reciprocal()
     lam = w.new_empty(b, h, n, dtype=acc)
     dtemp_part = w.new_empty(b, nc, h, dtype=acc)
     gpi = grad_pi if grad_pi is not None else lam
     _bwd_lambda[grid](w, m8, scl, pi, grad_out, gpi, gain, cd, k, r, temp, lam, dtemp_part, part,
                       h, n, p, nc, has_gpi=grad_pi is not None, **meta)
-    ds = torch.where(s > eps[..., None], -r * (r * part.sum(2)), 0.0)
+    ds = torch.where(s > eps, -r * (r * part.sum(2)), 0.0)
     dw = torch.empty_like(w)
     _bwd_dw[grid](w, m8, scl, pi, grad_out, gain, cd, r, ds, lam, dw, h, n, p, **meta)
     return dw, dtemp_part.sum((0, 1))
