@@ -200,7 +200,7 @@ def test_causal_without_bias_and_final_state_grads():
     mask = _mask(2, 6)
     out, pi, e, m, q, k = causal_tssa_triton(w, temp, None, mask)
     ref_out, ref_pi, *st, ref_k = causal_tssa_parallel(w, temp, None, mask)
-    for a, r in ((out, ref_out), (pi, ref_pi), (e, st[0]), (m, st[1]), (q, st[2]), (k, ref_k)):
+    for a, r in ((out, ref_out), (pi, ref_pi), (e, st[0]), (m, st[1]), (q, st[2]), (k.unsqueeze(-1).expand_as(ref_k), ref_k)):
         torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-12)
     gs = [torch.randn_like(t) for t in (e, m, q)]
     got = torch.autograd.grad(sum((t * g).sum() for t, g in zip((e, m, q), gs)), (w, temp))
@@ -324,7 +324,7 @@ def test_step_matches_recurrence_and_sequence(dtype, h):
         _close(pi, rpi, dtype, f"step {t} pi")
         for a, r in ((e, rstate.sum_sq), (m, rstate.sum_pi), (q, rstate.sum_sq_pi)):
             _close(a, r, torch.float32, f"step {t} state")
-        assert (k == rstate.scale).all()
+        assert (k.unsqueeze(-1) == rstate.scale).all()  # one per head, taken for every feature
         state = CausalTSSAState(e, m, q, t + 1, k)
         outs.append(o)
     seq = torch.stack(outs, dim=2)

@@ -184,9 +184,10 @@ def causal_tssa_step_triton(
 
     Args:
         w_t: (B, H, p) float16/bfloat16/float32/float64; sum_sq, sum_sq_pi: (B, H, p) and sum_pi:
-            (B, H), the running sums of the state in units of ``scale`` (B, H) (a power of two,
-            or None for 1); temp: (H, 1); logit_bias: (H, 1) or (B, H, 1) (``p * pos_bias`` at
-            position t; also (H,) or (B, H)) or None.
+            (B, H), the running sums of the state in units of ``scale`` (B, H), or (B, H, p) per
+            feature (taken in units of each head's largest), a power of two, or None for 1;
+            temp: (H, 1); logit_bias: (H, 1) or (B, H, 1) (``p * pos_bias`` at position t; also
+            (H,) or (B, H)) or None.
 
     Returns:
         out_t (B, H, p) and pi_t (B, H) in w_t's dtype, the new sums sum_sq, sum_pi, sum_sq_pi in
@@ -197,6 +198,10 @@ def causal_tssa_step_triton(
     b, h, _ = x.shape
     acc = acc_dtype(x.dtype)
     lb = None if logit_bias is None else logit_bias.to(acc).reshape(-1, h).expand(b, h).contiguous()
+    if scale is not None and scale.dim() == 3:  # a per-feature state: its sums in units of the head's largest
+        head = scale.to(acc).amax(-1)
+        f = scale.to(acc) / head.unsqueeze(-1)  # powers of two <= 1: exact
+        sum_sq, sum_sq_pi, scale = sum_sq.to(acc) * f * f, sum_sq_pi.to(acc) * f * f, head
     k, scl = kernel_scale(x, 1, scale)
     r = (k if scale is None else k / scale.to(acc)).reciprocal().unsqueeze(-1)  # <= 1, exact: the sums in units of k
     state = [(t.to(acc) * r * r if t.dim() == 3 else t.to(acc)).contiguous() for t in (sum_sq, sum_pi, sum_sq_pi)]
