@@ -260,7 +260,7 @@ def test_tost_state_is_constant_size_gpt_cache_grows():
     for t in range(30):
         _, st = tost.step(idx[:, t % 3], st)
     assert sizes(st) == first  # constant memory whatever the position
-    assert first[0] == 2 * (2 * 32 + 4 + 4)  # (B, H, p) x 2 running sums + (B, H) mass + (B, H) scale
+    assert first[0] == 2 * (2 * 32 + 4 + 32)  # (B, H, p) x 2 running sums + (B, H) mass + (B, H, p) scale
 
     _, kv = gpt.prefill(idx)
     n0 = sizes(kv)[0]
