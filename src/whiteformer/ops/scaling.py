@@ -45,14 +45,7 @@ def head_scale(x: torch.Tensor, trailing: int = 2, extra: Optional[torch.Tensor]
     the power of two at or below the largest |x|, or 1 when that is at most :data:`SAFE_MAX` (or
     not finite). ``extra``: a magnitude of the same shape to include (e.g. the square root of
     earlier tokens' sum of squares); ``group``: the largest over the ranks of a split sequence."""
-    m = _max_abs(x, trailing)
-    if extra is not None:
-        m = torch.maximum(m, extra.detach())
-    if group is not None:
-        from .context_parallel import all_reduce_max
-
-        m = all_reduce_max(m, group)
-    return _power_of_two(m)
+    return _scale_of(_max_abs(x, trailing), extra, group)
 
 
 def feature_scale(x: torch.Tensor, extra: Optional[torch.Tensor] = None, group=None) -> torch.Tensor:
@@ -60,7 +53,12 @@ def feature_scale(x: torch.Tensor, extra: Optional[torch.Tensor] = None, group=N
     (..., 1, p), detached: :func:`head_scale` of each feature column alone. ``extra`` (..., 1, p):
     a magnitude to include (e.g. a state's scale); ``group``: the largest over the ranks of a
     split sequence (one all-reduce of (..., 1, p))."""
-    m = _max_abs(x, (-2,))
+    return _scale_of(_max_abs(x, (-2,)), extra, group)
+
+
+def _scale_of(m: torch.Tensor, extra: Optional[torch.Tensor], group) -> torch.Tensor:
+    """The power of two of the largest magnitude ``m``, ``extra`` (same shape) and, with ``group``,
+    the other ranks' ``m`` (one all-reduce)."""
     if extra is not None:
         m = torch.maximum(m, extra.detach())
     if group is not None:

@@ -165,9 +165,7 @@ def run(w: torch.Tensor, temp: torch.Tensor, pos_bias: Optional[torch.Tensor] = 
         elif fused_supported(w):  # the C++ kernel flags such rows itself: no pass over w
             kernel = functools.partial(causal_tssa_fused, fallback=_parallel_float64)
     if kernel is not None:
-        out, pi, *sums = kernel(w, temp, bias, attn_mask)
-        if len(sums) == 3:  # sums in w's units (a kernel that runs only below the scaling threshold)
-            sums.append(None)
+        out, pi, *sums = kernel(w, temp, bias, attn_mask)  # four sums: _feature_scaled, the C++ kernel
     else:
         out, pi, *sums = causal_tssa_parallel(w, temp, bias, attn_mask, drop_p, group=group)
     if not (return_pi or return_state):
