@@ -81,3 +81,20 @@ def test_layers_given_a_layout_read_nothing_again():
         assert not reads, type(layer).__name__
         with pytest.raises(ValueError, match="pass either layout or attn_mask"):
             layer(x, torch.ones(1, 9, dtype=torch.bool), layout=layout)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "amax", "max_abs"])
+def test_segment_reductions_equal_each_document_alone(reduce):
+    from whiteformer.ops import layout
+
+    x = torch.randn(3, int(CU[-1]), 5, dtype=torch.float64)
+    x[1, 4, 2] = -1e30  # a large negative value: max |x| is not amax
+    seg = layout.segments(CU, (CU[1:] - CU[:-1]).tolist(), x.device)
+    got = getattr(layout, f"segment_{reduce}")(x.abs() if reduce == "amax" else x, seg)
+    for s in range(len(CU) - 1):
+        doc = x[:, int(CU[s]):int(CU[s + 1])]
+        if reduce == "sum":
+            want = doc.sum(1)
+        else:  # 0 for the empty document
+            want = doc.abs().amax(1) if doc.shape[1] else torch.zeros(3, 5, dtype=x.dtype)
+        assert torch.equal(got[:, s], want), (reduce, s)

@@ -35,7 +35,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from .constants import SAFE_MAX
-from .layout import Segments
+from .layout import Segments, segment_max_abs
 
 __all__ = ["SAFE_MAX", "document_scale", "feature_scale", "head_scale", "rows_beyond_kernel_range", "scaled_eps"]
 
@@ -72,18 +72,7 @@ def document_scale(x: torch.Tensor, seg: Segments) -> torch.Tensor:
     """The scale ``c_j`` of each packed document and feature of ``x`` (H, total, p), as
     (H, S, p), detached: :func:`feature_scale` of the document's tokens alone (a document beside
     one at a far larger scale keeps its own; 1 for an empty document)."""
-    return _power_of_two(_segment_max_abs(x.detach(), seg))
-
-
-def _segment_max_abs(x: torch.Tensor, seg: Segments) -> torch.Tensor:
-    """(H, total, p) -> (H, S, p): max |x| over each document's tokens (0 for an empty one), from
-    each bucket's padded rows (a padded slot repeating its document's first token) without an |x|
-    temporary: ~5x faster than ``segment_amax(x.abs())`` on CPU."""
-    out = x.new_zeros(x.shape[0], len(seg.lengths), x.shape[-1])
-    for docs, pk in seg.buckets:
-        rows = x[:, torch.where(pk.mask, pk.index, pk.index[:, :1])]  # (H, S_k, L, p)
-        out = out.index_copy(1, docs, torch.maximum(rows.amax(dim=2), -rows.amin(dim=2)))
-    return out
+    return _power_of_two(segment_max_abs(x.detach(), seg))
 
 
 def _power_of_two(m: torch.Tensor) -> torch.Tensor:
