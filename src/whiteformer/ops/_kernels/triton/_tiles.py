@@ -28,8 +28,9 @@ sub-blocks of ``BLOCK_N`` tokens; each step holds (BLOCK_H, BLOCK_N, BLOCK_P) ti
   ptxas capped some kernels at 128 registers and spilled (the causal backward at head dim 32).
 
 The kernels hold about six such tiles at once (w, dL/dout, w^2, prefix sums, ...), so
-``THREAD_ELEMS = 16`` keeps them within ~128 registers per thread, no spills; the compile test
-(tests/ops/test_triton_compile.py) checks every launched specialisation for sm_80 and sm_90. The head
+``THREAD_ELEMS`` values of each per thread keep them within the registers, with no stack frame;
+the compile test (tests/ops/test_triton_compile.py, and ``make triton-matrix`` on every supported
+Triton) checks every launched specialisation for sm_80 and sm_90. The head
 dim is never split: at head dim 256 a token row of 8 heads is 2048 values, one sub-block of one
 token. Tests set tiny ``CHUNK`` and ``BLOCK_N_MAX`` to cross sub-block and chunk boundaries.
 
