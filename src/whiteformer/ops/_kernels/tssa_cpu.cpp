@@ -713,6 +713,19 @@ std::vector<at::Tensor> tssa_fwd(const at::Tensor& w, const at::Tensor& temp, co
 }
 
 #if defined(__AVX512F__)
+// d[0:16) (double) of the 16 floats of v
+inline void cvt16_pd(__m512 v, __m512d* d) {
+  d[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+  d[1] = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+// d[0:16) += the lanes of v in double (add16_to in two vector additions; the same sums)
+inline void add16_pd(double* d, __m512 v) {
+  __m512d e[2];
+  cvt16_pd(v, e);
+  _mm512_storeu_pd(d, _mm512_add_pd(_mm512_loadu_pd(d), e[0]));
+  _mm512_storeu_pd(d + 8, _mm512_add_pd(_mm512_loadu_pd(d + 8), e[1]));
+}
+
 // Pass A of the backward on one head's block [nb, ne) (<= BLK tokens) of float rows (kFastRows):
 // tot += sum over kept n of Pi_n w_n G_n (summed in float over the block), an = -sum_j g_j w_nj G_nj
 // (0 at padded tokens), the 16 tokens' sums reduced together (hsum16)
@@ -745,34 +758,105 @@ inline void q_block16(const Rows<const float>& W, const Rows<const float>& G, co
   }
   for (int64_t i = ne - nb; i < BLK; ++i) sv[4 * (i % 4) + i / 4] = _mm512_setzero_ps();
   _mm512_mask_storeu_ps(an, __mmask16(((1u << (ne - nb)) - 1u) << 0), _mm512_sub_ps(_mm512_setzero_ps(), hsum16(sv)));
-  for (int k = 0; k < K; ++k) add16_to(tot + 16 * k, qv[k]);
+  for (int k = 0; k < K; ++k) add16_pd(tot + 16 * k, qv[k]);
 }
 
-// Pass B of the backward on one head's block [nb, ne) of float rows (kFastRows): pt[i] = sum_j cD_j w^2,
-// rt[i] = sum_j r_j w^2 of token nb + i (0 at padded tokens), reduced 16 tokens at a time (hsum16)
+// Pass B of the backward on the tokens [ng, ge) (one group, see group_size) of batch row b, all
+// heads, float rows (kFastRows). Per head pt_hn = sum_j cD_j w_nj^2 of its rows (the pass's read
+// from memory; 16 tokens' sums reduced together, hsum16) into Lf (scratch, H x ld floats, ld >=
+// ge - ng rounded up to BLK); per token the softmax backward over heads in double, with
+// P_hn = pt_hn + a_hn - K_h (+ dL/dPi_hn), Lam_hn = Pi_hn (P_hn - sum_h' Pi_h'n P_h'n) (0 at
+// padded tokens) stored in Lf, lam_hn = temp_h Lam_hn in lam; then per head and block of BLK
+// tokens tot_h += sum over kept n of Lam_n w_n^2 (in float over the block), the rows read again
+// from L2. a, gpi, pi and lam are (H, N) slices of batch row b; Pg is scratch of H x BLK doubles.
 template <int PC>
-inline void dual_sums16(const Rows<const float>& W, const bool* mk, int64_t N, int64_t b, int64_t h, int64_t nb,
-                        int64_t ne, const float* cDh, const float* rh, float* pt, float* rt, int64_t PFD) {
-  constexpr int K = PC / 16;
+inline void lambda_group16(const Rows<const float>& W, const bool* mk, int64_t N, int64_t H, int64_t b, int64_t ng,
+                           int64_t ge, const float* cDT, const float* a, const double* K, const float* gpi,
+                           const float* pi, const float* temp, float* lam, double* accS, float* Lf, int64_t ld,
+                           double* Pg, int64_t PFD) {
+  constexpr int KV = PC / 16;
   constexpr int64_t RB = PC * int64_t(sizeof(float));
-  __m512 s1[16], s2[16];
-  for (int64_t n = nb; n < ne; ++n) {
-    prefetch_row(W.row(b, h, std::min(n + PFD, N - 1)), RB);
-    __m512 u = _mm512_setzero_ps(), v = _mm512_setzero_ps();
-    if (!mk || mk[b * N + n]) {
-      const float* __restrict x = W.row(b, h, n);
-      for (int k = 0; k < K; ++k) {
-        const __m512 xv = _mm512_loadu_ps(x + 16 * k), x2 = _mm512_mul_ps(xv, xv);
-        u = _mm512_fmadd_ps(_mm512_loadu_ps(cDh + 16 * k), x2, u);
-        v = _mm512_fmadd_ps(_mm512_loadu_ps(rh + 16 * k), x2, v);
+  for (int64_t h = 0; h < H; ++h) {
+    __m512 cv[KV];
+    for (int k = 0; k < KV; ++k) cv[k] = _mm512_loadu_ps(cDT + h * PC + 16 * k);
+    for (int64_t nb = ng; nb < ge; nb += BLK) {
+      const int64_t ne = std::min(ge, nb + BLK);
+      __m512 sv[16];
+      for (int64_t n = nb; n < ne; ++n) {
+        prefetch_row(W.row(b, h, std::min(n + PFD, N - 1)), RB);
+        __m512 u = _mm512_setzero_ps();
+        if (!mk || mk[b * N + n]) {
+          const float* __restrict x = W.row(b, h, n);
+          for (int k = 0; k < KV; ++k) {
+            const __m512 xv = _mm512_loadu_ps(x + 16 * k);
+            u = _mm512_fmadd_ps(cv[k], _mm512_mul_ps(xv, xv), u);
+          }
+        }
+        sv[4 * ((n - nb) % 4) + (n - nb) / 4] = u;
+      }
+      for (int64_t i = ne - nb; i < BLK; ++i) sv[4 * (i % 4) + i / 4] = _mm512_setzero_ps();
+      _mm512_storeu_ps(Lf + h * ld + (nb - ng), hsum16(sv));
+    }
+  }
+  for (int64_t nb = ng; nb < ge; nb += BLK) {
+    const int64_t cnt = std::min(ge, nb + BLK) - nb, e = nb - ng;
+    const __mmask16 in = __mmask16((1u << cnt) - 1u);
+    __mmask16 keep = in;
+    if (mk)
+      for (int64_t i = 0; i < cnt; ++i)
+        if (!mk[b * N + nb + i]) keep = __mmask16(keep & ~(1u << i));
+    const __mmask8 kb[2] = {__mmask8(keep & 0xFF), __mmask8(keep >> 8)};
+    __m512d mean[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t o = h * N + nb;
+      __m512d pv[2], av[2], tv[2], gv[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
+      cvt16_pd(_mm512_loadu_ps(Lf + h * ld + e), tv);
+      cvt16_pd(_mm512_maskz_loadu_ps(in, a + o), av);
+      cvt16_pd(_mm512_maskz_loadu_ps(in, pi + o), pv);
+      if (gpi) cvt16_pd(_mm512_maskz_loadu_ps(in, gpi + o), gv);
+      const __m512d kh = _mm512_set1_pd(K[h]);
+      for (int u = 0; u < 2; ++u) {
+        const __m512d p = _mm512_maskz_add_pd(kb[u], _mm512_sub_pd(_mm512_add_pd(tv[u], av[u]), kh), gv[u]);
+        _mm512_storeu_pd(Pg + h * BLK + 8 * u, p);
+        mean[u] = _mm512_fmadd_pd(pv[u], p, mean[u]);
       }
     }
-    s1[4 * ((n - nb) % 4) + (n - nb) / 4] = u;
-    s2[4 * ((n - nb) % 4) + (n - nb) / 4] = v;
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t o = h * N + nb;
+      __m512d pv[2];
+      cvt16_pd(_mm512_maskz_loadu_ps(in, pi + o), pv);
+      const __m512d th = _mm512_set1_pd(double(temp[h]));
+      __m256 Lh[2], lh[2];
+      for (int u = 0; u < 2; ++u) {
+        const __m512d L = _mm512_maskz_mul_pd(kb[u], pv[u], _mm512_sub_pd(_mm512_loadu_pd(Pg + h * BLK + 8 * u), mean[u]));
+        Lh[u] = _mm512_cvtpd_ps(L);
+        lh[u] = _mm512_cvtpd_ps(_mm512_mul_pd(th, L));
+      }
+      auto join = [](const __m256* v) {
+        return _mm512_castpd_ps(
+            _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(v[0])), _mm256_castps_pd(v[1]), 1));
+      };
+      _mm512_storeu_ps(Lf + h * ld + e, join(Lh));
+      _mm512_mask_storeu_ps(lam + o, in, join(lh));
+    }
   }
-  for (int64_t i = ne - nb; i < BLK; ++i) s1[4 * (i % 4) + i / 4] = s2[4 * (i % 4) + i / 4] = _mm512_setzero_ps();
-  _mm512_store_ps(pt, hsum16(s1));
-  _mm512_store_ps(rt, hsum16(s2));
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t nb = ng; nb < ge; nb += BLK) {
+      const int64_t ne = std::min(ge, nb + BLK);
+      const float* Lb = Lf + h * ld + (nb - ng);
+      __m512 acc[KV];
+      for (int k = 0; k < KV; ++k) acc[k] = _mm512_setzero_ps();
+      for (int64_t n = nb; n < ne; ++n) {
+        if (mk && !mk[b * N + n]) continue;
+        const float* __restrict x = W.row(b, h, n);
+        const __m512 l = _mm512_set1_ps(Lb[n - nb]);
+        for (int k = 0; k < KV; ++k) {
+          const __m512 xv = _mm512_loadu_ps(x + 16 * k);
+          acc[k] = _mm512_fmadd_ps(_mm512_mul_ps(l, xv), xv, acc[k]);
+        }
+      }
+      for (int k = 0; k < KV; ++k) add16_pd(accS + h * PC + 16 * k, acc[k]);
+    }
 }
 
 // Pass C of the backward on one head's tokens [ng, ge) of float rows (kFastRows), the per-feature
@@ -834,7 +918,9 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
   }
   // The passes run on work items (b, chunk) with one partial sum per item, reduced in chunk order,
   // on the schedules of the forward (tssa_fwd_impl): row by row when the batch keeps every thread
-  // busy, else each pass over all items in parallel; pass B visits the items last to first.
+  // busy, else each pass over all items in parallel. All three visit the items first to last (a
+  // head's rows are read in long runs in one direction, which the prefetch needs more than it
+  // gains from the tokens a reverse pass would find left in the cache).
   std::vector<T> a(B * H * N), lam(B * H * N);
   std::vector<double> part(B * nc * HP), partT(B * nc * H);
   std::vector<double> q(B * HP), cD(B * HP), K(B * H), Ssum(B * HP);
@@ -902,39 +988,38 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
       K[bh] = c[bh] * k;  // = c^2 sum_j D_j T_j
     }
   };
-  // pass B: dL/dPi, softmax over heads -> lambda = temp dL/dlogit; sum_n lambda w^2
+  // pass B: dL/dPi, softmax over heads -> lambda = temp dL/dlogit; sum_n lambda w^2 and dL/dtemp
+  // (float rows of 32 / 48 / 64 features: lambda_group16, one read of w, Lam for lambda / temp)
   auto pass_lambda = [&](int64_t lo, int64_t hi) {
     std::vector<double> Pg(H * GRP), Rs(H * GRP);
     Buf<T, PC> buf(P), vb(P), vb2(P);
-    for (int64_t it = hi - 1; it >= lo; --it) {
+#if defined(__AVX512F__)
+    const int64_t LD = (GRP + BLK - 1) / BLK * BLK;
+    std::vector<float> Lf(H * LD);
+    std::vector<double> pg16(H * BLK);
+#endif
+    for (int64_t it = lo; it < hi; ++it) {
       const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
       double* accT = partT.data() + it * H;
       double* accS = part.data() + it * HP;
       std::fill(accT, accT + H, 0.0);
       std::fill(accS, accS + HP, 0.0);
+#if defined(__AVX512F__)
+      if constexpr (kFastRows<T, PC>) {  // accS: sum_n Lam_n w_n^2 (finish_lambda)
+        const int64_t o = b * H * N;
+        for (int64_t ng = n0; ng < n1; ng += GRP)
+          lambda_group16<PC>(W, mk, N, H, b, ng, std::min(n1, ng + GRP), cDT.data() + b * HP, a.data() + o,
+                             K.data() + b * H, gpi ? gpi + o : nullptr, pi + o, temp, lam.data() + o, accS,
+                             Lf.data(), LD, pg16.data(), PFD);
+        continue;
+      }
+#endif
       for (int64_t ng = n0; ng < n1; ng += GRP) {
         const int64_t ge = std::min(n1, ng + GRP);
         for (int64_t h = 0; h < H; ++h) {
           const int64_t bh = b * H + h;
           const T* __restrict cDh = cDT.data() + bh * P;
           const T* __restrict rh = rT.data() + bh * P;
-#if defined(__AVX512F__)
-          if constexpr (kFastRows<T, PC>) {
-            for (int64_t nb = ng; nb < ge; nb += BLK) {
-              const int64_t ne = std::min(ge, nb + BLK);
-              alignas(64) float pt[BLK], rt[BLK];
-              dual_sums16<PC>(W, mk, N, b, h, nb, ne, cDh, rh, pt, rt, PFD);
-              for (int64_t n = nb; n < ne; ++n) {
-                const int64_t i = n - nb;
-                const bool k = kept(b, n);
-                Pg[h * GRP + n - ng] =
-                    k ? double(pt[i]) + double(a[bh * N + n]) - K[bh] + (gpi ? double(gpi[bh * N + n]) : 0.0) : 0.0;
-                Rs[h * GRP + n - ng] = k ? double(rt[i]) : 0.0;
-              }
-            }
-            continue;
-          }
-#endif
           for (int64_t n = ng; n < ge; ++n) {
             double pn = 0.0, rn = 0.0;
             PREFETCH_ROW(W, b, h, n);
@@ -980,7 +1065,19 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
   // dL/ds_j = -r_j^2 sum_n lambda_n w_nj^2
   auto finish_lambda = [&](int64_t b0, int64_t b1) {
     reduce_chunks(part, Ssum.data(), b0, b1, nc, HP);
-    reduce_chunks(partT, dtemp, b0, b1, nc, H);
+    if constexpr (kFastRows<T, PC>) {  // Ssum / temp: dL/dtemp = sum_n Lam_n (w_n^2 r) = sum_j r_j Ssum_j
+      for (int64_t bh = b0 * H; bh < b1 * H; ++bh) {
+        double dt = 0.0;
+        const double th = double(temp[bh % H]);
+        for (int64_t j = 0; j < P; ++j) {
+          dt += r[bh * P + j] * Ssum[bh * P + j];
+          Ssum[bh * P + j] *= th;
+        }
+        dtemp[bh] = dt;
+      }
+    } else {
+      reduce_chunks(partT, dtemp, b0, b1, nc, H);
+    }
     for (int64_t k = b0 * HP; k < b1 * HP; ++k) {
       cDT[k] = T(2.0 * cD[k]);
       rT[k] = T(2.0 * r[k]);
