@@ -728,21 +728,19 @@ inline void add16_pd(double* d, __m512 v) {
 
 // Pass A of the backward on one head's block [nb, ne) (<= BLK tokens) of float rows (kFastRows):
 // tot += sum over kept n of Pi_n w_n G_n (summed in float over the block), an = -sum_j g_j w_nj G_nj
-// (0 at padded tokens), the 16 tokens' sums reduced together (hsum16)
+// (0 at padded tokens), the 16 tokens' sums reduced together (hsum16). No software prefetch here
+// or in lambda_group16: the hardware prefetcher follows a head's run of rows on its own, and the
+// prefetch instructions only cost issue slots (measured: pass q a little faster without).
 template <int PC>
 inline void q_block16(const Rows<const float>& W, const Rows<const float>& G, const bool* mk, int64_t N, int64_t b,
-                      int64_t h, int64_t nb, int64_t ne, const float* pih, const float* gh, float* an, double* tot,
-                      int64_t PFD) {
+                      int64_t h, int64_t nb, int64_t ne, const float* pih, const float* gh, float* an, double* tot) {
   constexpr int K = PC / 16;
-  constexpr int64_t RB = PC * int64_t(sizeof(float));
   __m512 gv[K], qv[K], sv[16];
   for (int k = 0; k < K; ++k) {
     gv[k] = _mm512_loadu_ps(gh + 16 * k);
     qv[k] = _mm512_setzero_ps();
   }
   for (int64_t n = nb; n < ne; ++n) {
-    prefetch_row(W.row(b, h, std::min(n + PFD, N - 1)), RB);
-    prefetch_row(G.row(b, h, std::min(n + PFD, N - 1)), RB);
     __m512 s = _mm512_setzero_ps();
     if (!mk || mk[b * N + n]) {
       const float* __restrict x = W.row(b, h, n);
@@ -773,9 +771,8 @@ template <int PC>
 inline void lambda_group16(const Rows<const float>& W, const bool* mk, int64_t N, int64_t H, int64_t b, int64_t ng,
                            int64_t ge, const float* cDT, const float* a, const double* K, const float* gpi,
                            const float* pi, const float* temp, float* lam, double* accS, float* Lf, int64_t ld,
-                           double* Pg, int64_t PFD) {
+                           double* Pg) {
   constexpr int KV = PC / 16;
-  constexpr int64_t RB = PC * int64_t(sizeof(float));
   for (int64_t h = 0; h < H; ++h) {
     __m512 cv[KV];
     for (int k = 0; k < KV; ++k) cv[k] = _mm512_loadu_ps(cDT + h * PC + 16 * k);
@@ -783,7 +780,6 @@ inline void lambda_group16(const Rows<const float>& W, const bool* mk, int64_t N
       const int64_t ne = std::min(ge, nb + BLK);
       __m512 sv[16];
       for (int64_t n = nb; n < ne; ++n) {
-        prefetch_row(W.row(b, h, std::min(n + PFD, N - 1)), RB);
         __m512 u = _mm512_setzero_ps();
         if (!mk || mk[b * N + n]) {
           const float* __restrict x = W.row(b, h, n);
@@ -941,7 +937,7 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
 #if defined(__AVX512F__)
           if constexpr (kFastRows<T, PC>) {
             q_block16<PC>(W, G, mk, N, b, h, nb, ne, pi + (b * H + h) * N, gh, a.data() + (b * H + h) * N + nb,
-                          acc + h * P, PFD);
+                          acc + h * P);
             continue;
           }
 #endif
@@ -1010,7 +1006,7 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
         for (int64_t ng = n0; ng < n1; ng += GRP)
           lambda_group16<PC>(W, mk, N, H, b, ng, std::min(n1, ng + GRP), cDT.data() + b * HP, a.data() + o,
                              K.data() + b * H, gpi ? gpi + o : nullptr, pi + o, temp, lam.data() + o, accS,
-                             Lf.data(), LD, pg16.data(), PFD);
+                             Lf.data(), LD, pg16.data());
         continue;
       }
 #endif
