@@ -385,11 +385,18 @@ inline __m512 cvt16_ps(const double* d) {
   const __m256 lo = _mm512_cvtpd_ps(_mm512_loadu_pd(d)), hi = _mm512_cvtpd_ps(_mm512_loadu_pd(d + 8));
   return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
 }
-// d[0:16) += the lanes of v (a block's float sums folded into the double running totals)
+// d[0:16) (double) of the 16 floats of v
+inline void cvt16_pd(__m512 v, __m512d* d) {
+  d[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+  d[1] = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+// d[0:16) += the lanes of v (a block's float sums folded into the double running totals), in two
+// double vector additions
 inline void add16_to(double* d, __m512 v) {
-  alignas(64) float t[16];
-  _mm512_store_ps(t, v);
-  for (int j = 0; j < 16; ++j) d[j] += double(t[j]);
+  __m512d e[2];
+  cvt16_pd(v, e);
+  _mm512_storeu_pd(d, _mm512_add_pd(_mm512_loadu_pd(d), e[0]));
+  _mm512_storeu_pd(d + 8, _mm512_add_pd(_mm512_loadu_pd(d + 8), e[1]));
 }
 // block_begin / block_end for K vectors of 16 floats
 template <int K>
@@ -713,19 +720,6 @@ std::vector<at::Tensor> tssa_fwd(const at::Tensor& w, const at::Tensor& temp, co
 }
 
 #if defined(__AVX512F__)
-// d[0:16) (double) of the 16 floats of v
-inline void cvt16_pd(__m512 v, __m512d* d) {
-  d[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
-  d[1] = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-}
-// d[0:16) += the lanes of v in double (add16_to in two vector additions; the same sums)
-inline void add16_pd(double* d, __m512 v) {
-  __m512d e[2];
-  cvt16_pd(v, e);
-  _mm512_storeu_pd(d, _mm512_add_pd(_mm512_loadu_pd(d), e[0]));
-  _mm512_storeu_pd(d + 8, _mm512_add_pd(_mm512_loadu_pd(d + 8), e[1]));
-}
-
 // Pass A of the backward on one head's block [nb, ne) (<= BLK tokens) of float rows (kFastRows):
 // tot += sum over kept n of Pi_n w_n G_n (summed in float over the block), an = -sum_j g_j w_nj G_nj
 // (0 at padded tokens), the 16 tokens' sums reduced together (hsum16). No software prefetch here
@@ -756,7 +750,7 @@ inline void q_block16(const Rows<const float>& W, const Rows<const float>& G, co
   }
   for (int64_t i = ne - nb; i < BLK; ++i) sv[4 * (i % 4) + i / 4] = _mm512_setzero_ps();
   _mm512_mask_storeu_ps(an, __mmask16(((1u << (ne - nb)) - 1u) << 0), _mm512_sub_ps(_mm512_setzero_ps(), hsum16(sv)));
-  for (int k = 0; k < K; ++k) add16_pd(tot + 16 * k, qv[k]);
+  for (int k = 0; k < K; ++k) add16_to(tot + 16 * k, qv[k]);
 }
 
 // Pass B of the backward on the tokens [ng, ge) (one group, see group_size) of batch row b, all
@@ -851,7 +845,7 @@ inline void lambda_group16(const Rows<const float>& W, const bool* mk, int64_t N
           acc[k] = _mm512_fmadd_ps(_mm512_mul_ps(l, xv), xv, acc[k]);
         }
       }
-      for (int k = 0; k < KV; ++k) add16_pd(accS + h * PC + 16 * k, acc[k]);
+      for (int k = 0; k < KV; ++k) add16_to(accS + h * PC + 16 * k, acc[k]);
     }
 }
 
