@@ -912,7 +912,7 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
   // head's rows are read in long runs in one direction, which the prefetch needs more than it
   // gains from the tokens a reverse pass would find left in the cache).
   std::vector<T> a(B * H * N), lam(B * H * N);
-  std::vector<double> part(B * nc * HP), partT(B * nc * H);
+  std::vector<double> part(B * nc * HP);
   std::vector<double> q(B * HP), cD(B * HP), K(B * H), Ssum(B * HP);
   std::vector<T> cDT(B * HP), rT(B * HP), ST(B * HP);
   // pass A: q_j = sum_n w Pi G (dL/dg_j = -q_j), a_n = -sum_j w g G (dL/dPi through out)
@@ -973,16 +973,16 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
         cD[i] = c[bh] * Dj;
         k += Dj * d[i];
         cDT[i] = T(cD[i]);
-        rT[i] = T(r[i]);
       }
       K[bh] = c[bh] * k;  // = c^2 sum_j D_j T_j
     }
   };
-  // pass B: dL/dPi, softmax over heads -> lambda = temp dL/dlogit; sum_n lambda w^2 and dL/dtemp
-  // (float rows of 32 / 48 / 64 features: lambda_group16, one read of w, Lam for lambda / temp)
+  // pass B: dL/dPi, softmax over heads -> Lam = dL/dlogit / temp (lambda = temp Lam); sum_n Lam w^2,
+  // from which finish_lambda forms dL/ds and dL/dtemp (float rows of 32 / 48 / 64 features:
+  // lambda_group16, one read of w)
   auto pass_lambda = [&](int64_t lo, int64_t hi) {
-    std::vector<double> Pg(H * GRP), Rs(H * GRP);
-    Buf<T, PC> buf(P), vb(P), vb2(P);
+    std::vector<double> Pg(H * GRP);
+    Buf<T, PC> buf(P), vb(P);
 #if defined(__AVX512F__)
     const int64_t LD = (GRP + BLK - 1) / BLK * BLK;
     std::vector<float> Lf(H * LD);
@@ -990,12 +990,10 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
 #endif
     for (int64_t it = lo; it < hi; ++it) {
       const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
-      double* accT = partT.data() + it * H;
       double* accS = part.data() + it * HP;
-      std::fill(accT, accT + H, 0.0);
       std::fill(accS, accS + HP, 0.0);
 #if defined(__AVX512F__)
-      if constexpr (kFastRows<T, PC>) {  // accS: sum_n Lam_n w_n^2 (finish_lambda)
+      if constexpr (kFastRows<T, PC>) {
         const int64_t o = b * H * N;
         for (int64_t ng = n0; ng < n1; ng += GRP)
           lambda_group16<PC>(W, mk, N, H, b, ng, std::min(n1, ng + GRP), cDT.data() + b * HP, a.data() + o,
@@ -1009,26 +1007,18 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
         for (int64_t h = 0; h < H; ++h) {
           const int64_t bh = b * H + h;
           const T* __restrict cDh = cDT.data() + bh * P;
-          const T* __restrict rh = rT.data() + bh * P;
           for (int64_t n = ng; n < ge; ++n) {
-            double pn = 0.0, rn = 0.0;
+            double pn = 0.0;
             PREFETCH_ROW(W, b, h, n);
             if (kept(b, n)) {
               const T* __restrict x = W.row(b, h, n);
               T* v1 = vb.data();
-              T* v2 = vb2.data();
 #pragma omp simd
-              for (int64_t j = 0; j < P; ++j) {
-                const T x2 = x[j] * x[j];
-                v1[j] = cDh[j] * x2;
-                v2[j] = rh[j] * x2;
-              }
-              const T pt = row_sum<T, PC>(v1, P), rt = row_sum<T, PC>(v2, P);
-              pn = double(pt) + double(a[bh * N + n]) - K[bh] + (gpi ? double(gpi[bh * N + n]) : 0.0);
-              rn = double(rt);
+              for (int64_t j = 0; j < P; ++j) v1[j] = cDh[j] * (x[j] * x[j]);
+              pn = double(row_sum<T, PC>(v1, P)) + double(a[bh * N + n]) - K[bh] +
+                   (gpi ? double(gpi[bh * N + n]) : 0.0);
             }
             Pg[h * GRP + n - ng] = pn;
-            Rs[h * GRP + n - ng] = rn;
           }
         }
         for (int64_t n = ng; n < ge; ++n) {
@@ -1036,17 +1026,15 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
           const bool k = kept(b, n);
           double mean = 0.0;
           for (int64_t h = 0; h < H; ++h) mean += double(pi[(b * H + h) * N + n]) * Pg[h * GRP + i];
-          for (int64_t h = 0; h < H; ++h) {
-            const double Lam = k ? double(pi[(b * H + h) * N + n]) * (Pg[h * GRP + i] - mean) : 0.0;
-            lam[(b * H + h) * N + n] = T(double(temp[h]) * Lam);
-            accT[h] += Lam * Rs[h * GRP + i];
-          }
+          for (int64_t h = 0; h < H; ++h)  // Lam for now: tempered below, once its energy is summed
+            lam[(b * H + h) * N + n] = T(k ? double(pi[(b * H + h) * N + n]) * (Pg[h * GRP + i] - mean) : 0.0);
         }
         for (int64_t h = 0; h < H; ++h) {
-          const T* lh = lam.data() + (b * H + h) * N;
+          T* lh = lam.data() + (b * H + h) * N;
           for (int64_t nb = ng; nb < ge; nb += BLK)
             add_weighted_energy(W, mk, N, P, b, h, nb, std::min(ge, nb + BLK), buf.data(), accS + h * P,
                                 [&](int64_t n) { return lh[n]; });
+          for (int64_t n = ng; n < ge; ++n) lh[n] = T(double(temp[h]) * double(lh[n]));
         }
       }
     }
@@ -1055,18 +1043,14 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
   // dL/ds_j = -r_j^2 sum_n lambda_n w_nj^2
   auto finish_lambda = [&](int64_t b0, int64_t b1) {
     reduce_chunks(part, Ssum.data(), b0, b1, nc, HP);
-    if constexpr (kFastRows<T, PC>) {  // Ssum / temp: dL/dtemp = sum_n Lam_n (w_n^2 r) = sum_j r_j Ssum_j
-      for (int64_t bh = b0 * H; bh < b1 * H; ++bh) {
-        double dt = 0.0;
-        const double th = double(temp[bh % H]);
-        for (int64_t j = 0; j < P; ++j) {
-          dt += r[bh * P + j] * Ssum[bh * P + j];
-          Ssum[bh * P + j] *= th;
-        }
-        dtemp[bh] = dt;
+    for (int64_t bh = b0 * H; bh < b1 * H; ++bh) {  // sum_n Lam w^2 -> dL/dtemp = sum_n Lam_n R_n
+      double dt = 0.0;                             // = sum_j r_j sum_n Lam_n w_nj^2; then sum_n lambda w^2
+      const double th = double(temp[bh % H]);
+      for (int64_t j = 0; j < P; ++j) {
+        dt += r[bh * P + j] * Ssum[bh * P + j];
+        Ssum[bh * P + j] *= th;
       }
-    } else {
-      reduce_chunks(partT, dtemp, b0, b1, nc, H);
+      dtemp[bh] = dt;
     }
     for (int64_t k = b0 * HP; k < b1 * HP; ++k) {
       cDT[k] = T(2.0 * cD[k]);
