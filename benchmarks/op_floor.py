@@ -9,6 +9,11 @@ Measured in one process, float32 on CPU, at each ``torch.set_num_threads`` value
 * forward of :func:`whiteformer.ops.tssa` and :func:`whiteformer.ops.causal_tssa` at each
   (B, H, N, p) of ``--sizes`` (w of shape (B, H, N, p));
 * forward + backward (``out.backward(g)``) of both at the sizes with the largest N;
+* the bare C++ kernel of each forward (the extension's ``tssa_fwd`` / ``causal_fwd``, called
+  directly), where the default call takes it: each forward row records its ratio to the clone
+  (``kernel_ratio``) and the median of time(call) - time(kernel) in the same round
+  (``call_overhead_us``: argument checks at the door, the layout, dispatch, output allocation
+  outside the kernel), which splits a miss into the kernel's share and the rest;
 * the overflow guard: the time of :func:`whiteformer.ops.scaling.rows_beyond_kernel_range` (the pass
   over ``w`` that finds rows with some |w| past the kernels' range) as a share of the ``tssa``
   forward. The C++ kernels flag such rows from their own sums, so on their path the guard is no
@@ -102,6 +107,27 @@ def path_of(w: torch.Tensor) -> Dict[str, Any]:
     return {"kernel": "PyTorch", "guard_separate_pass": False}
 
 
+def bare_kernels(w: torch.Tensor, temp: torch.Tensor) -> Dict[str, Callable[[], Any]]:
+    """The forwards' bare C++ kernels (keyed ``<op>_kernel``) with the arguments the default call
+    passes them, where the default call takes them on ``w``; else none."""
+    from whiteformer.ops._kernels import fused
+
+    if path_of(w)["kernel"] != "C++ fused":
+        return {}
+    ext = fused._ext()
+    return {"tssa_fwd_kernel": lambda: ext.tssa_fwd(w, temp, None, fused.CHUNK),
+            "causal_fwd_kernel": lambda: ext.causal_fwd(w, temp, None, None, fused.CAUSAL_MODE, fused.CHUNK)}
+
+
+def _kernel_share(times: Dict[str, List[float]], op: str) -> Dict[str, Any]:
+    """The bare kernel's ratio to the clone and the call's time beyond it, where it was timed."""
+    if f"{op}_kernel" not in times:
+        return {}
+    t_k, t_op = times[f"{op}_kernel"], times[op]
+    return {"kernel_ratio": statistics.median(a / b for a, b in zip(t_k, times["clone"])),
+            "call_overhead_us": statistics.median(a - b for a, b in zip(t_op, t_k)) * 1e6}
+
+
 def _ratios(times: Dict[str, List[float]], op: str) -> Dict[str, Any]:
     t_op, t_base = times[op], times["clone"]
     return {
@@ -137,10 +163,11 @@ def measure(size, threads: int, rounds: int, backward: bool) -> List[Dict[str, A
     temp = torch.rand(h, 1) + 0.5
     load = common.loadavg()
     fwd = {"clone": lambda: w.clone(), "tssa_fwd": lambda: tssa(w, temp), "causal_fwd": lambda: causal_tssa(w, temp),
-           "guard": lambda: rows_beyond_kernel_range(w)}
+           "guard": lambda: rows_beyond_kernel_range(w), **bare_kernels(w, temp)}
     with torch.no_grad():
         times = common.interleaved_runs(fwd, rounds=rounds)
-        rows = [_row(op, size, threads, _ratios(times, op), fwd[op]) for op in ("tssa_fwd", "causal_fwd")]
+        rows = [_row(op, size, threads, {**_ratios(times, op), **_kernel_share(times, op)}, fwd[op])
+                for op in ("tssa_fwd", "causal_fwd")]
         clone_faults = minor_faults(fwd["clone"])
         for r in rows:
             r["clone_minor_faults_per_call"] = clone_faults
@@ -194,20 +221,23 @@ def _fmt_met(r: Dict[str, Any]) -> str:
 
 
 def table(result: Dict[str, Any]) -> str:
-    header = ["threads", "B", "N", "op", "time / clone", "clone", "target", "met", "top op by self CPU (missed)"]
+    header = ["threads", "B", "N", "op", "time / clone", "bare kernel", "call - kernel", "clone", "target", "met",
+              "top op by self CPU (missed)"]
     lines = []
     for r in result["rows"]:
         if r["op"] == "overflow_guard":
             cell = (f"{r['share_of_fwd']:.1%} of fwd" if r["guard_separate_pass"]
                     else f"no separate pass ({r['kernel']}; alone {r['standalone_share_of_fwd']:.1%})")
-            lines.append([r["threads"], r["batch"], common.fmt_tokens(r["n"]), "overflow guard", cell, "-",
-                          "<= 5 %", _fmt_met(r), ""])
+            lines.append([r["threads"], r["batch"], common.fmt_tokens(r["n"]), "overflow guard", cell, "-", "-",
+                          "-", "<= 5 %", _fmt_met(r), ""])
             continue
         prof = r.get("profile_top3") or []
         top = f"`{prof[0]['op']}` {prof[0]['share']:.0%}" if prof else ""
         target = f"<= {r['target']}x" if r["target"] is not None else "-"
-        lines.append([r["threads"], r["batch"], common.fmt_tokens(r["n"]), r["op"], f"{r['ratio']:.2f}x",
-                      common.fmt_time(r["clone_s"]), target, _fmt_met(r), top])
+        kernel = f"{r['kernel_ratio']:.2f}x" if "kernel_ratio" in r else "-"
+        extra = f"{r['call_overhead_us']:.0f} µs" if "call_overhead_us" in r else "-"
+        lines.append([r["threads"], r["batch"], common.fmt_tokens(r["n"]), r["op"], f"{r['ratio']:.2f}x", kernel,
+                      extra, common.fmt_time(r["clone_s"]), target, _fmt_met(r), top])
     return common.markdown_table(header, lines)
 
 

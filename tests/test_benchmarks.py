@@ -315,6 +315,9 @@ def test_op_floor_tiny(tmp_path):
         if r["op"] != "overflow_guard":
             assert r["met"] is None and r["target"] is None  # no target at tiny sizes
     assert "| overflow guard |" in op_floor.table(res)
+    if op_floor.path_of(torch.randn(1, 2, 4, 8))["kernel"] == "C++ fused":  # the bare kernel beside each forward
+        fwd = [r for r in res["rows"] if r["op"] in ("tssa_fwd", "causal_fwd")]
+        assert fwd and all(r["kernel_ratio"] > 0 and math.isfinite(r["call_overhead_us"]) for r in fwd)
     page = "\n".join(report.op_floor_section(tmp_path, "_quick"))
     assert "### TSSA against its traffic floor" in page and "| tssa_fwd |" in page
     assert "has not written" in "\n".join(report.op_floor_section(tmp_path / "none"))
