@@ -445,6 +445,17 @@ struct Dims {
 // (B, H, N, p) layout (long sequential runs per head), BLK tokens when the heads of a token are
 // adjacent in memory (the (B, N, H, p) view of a projection)
 inline int64_t group_size(int64_t sh, int64_t sn, int64_t chunk) { return sh > sn ? chunk : BLK; }
+// The head ranges [h0, h1) that a pass in which nothing couples the heads runs its items under:
+// one head at a time when each head's rows are contiguous (by_head: every operand's head stride
+// above its token stride), so that the pass reads one long run of rows per operand and head
+// instead of a run of one chunk per head in turn, which reads faster once w outgrows the cache;
+// else all heads together, a token's rows of all heads being adjacent.
+inline std::vector<std::pair<int64_t, int64_t>> head_runs(int64_t H, bool by_head) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  if (!by_head) return {{0, H}};
+  for (int64_t h = 0; h < H; ++h) runs.emplace_back(h, h + 1);
+  return runs;
+}
 
 // Feature energies per work item it = (b, chunk of CHUNK tokens), for the items [lo, hi):
 // part[(it * H + h) * P + j] = sum over the chunk's kept tokens of w_nj^2, summed in T over blocks
@@ -454,13 +465,14 @@ void chunk_energies_items(const Rows<const T>& W, const bool* mk, int64_t lo, in
                           int64_t P_, int64_t CHUNK, int64_t nc, int64_t GRP, double* part) {
   const int64_t P = PC > 0 ? PC : P_, HP = H * P, RB = P * int64_t(sizeof(T)), PFD = prefetch_distance(RB);
   Buf<T, PC> buf(P);
+  for (const auto [h0, h1] : head_runs(H, W.sh > W.sn))
   for (int64_t it = lo; it < hi; ++it) {
     const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
     double* acc = part + it * HP;
-    std::fill(acc, acc + HP, 0.0);
+    std::fill(acc + h0 * P, acc + h1 * P, 0.0);
     for (int64_t ng = n0; ng < n1; ng += GRP) {
       const int64_t ge = std::min(n1, ng + GRP);
-      for (int64_t h = 0; h < H; ++h) {
+      for (int64_t h = h0; h < h1; ++h) {
         double* tot = acc + h * P;
         for (int64_t nb = ng; nb < ge; nb += BLK) {
           T* a = buf.data();
@@ -643,11 +655,12 @@ void tssa_fwd_impl(Rows<const T> W, const T* temp, const bool* mk, Rows<T> O, bo
   // pass 3 on items [lo, hi): out = -w Pi g
   auto output = [&](int64_t lo, int64_t hi) {
     RowWriter<T, PC> out(stream, P);
+    for (const auto [h0, h1] : head_runs(H, W.sh > W.sn && O.sh > O.sn))
     for (int64_t it = lo; it < hi; ++it) {
       const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
       for (int64_t ng = n0; ng < n1; ng += GRP) {
         const int64_t ge = std::min(n1, ng + GRP);
-        for (int64_t h = 0; h < H; ++h) {
+        for (int64_t h = h0; h < h1; ++h) {
           const T* __restrict g = gain.data() + (b * H + h) * P;
           const T* pih = pi + (b * H + h) * N;
 #if defined(__AVX512F__)
@@ -918,13 +931,14 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
   // pass A: q_j = sum_n w Pi G (dL/dg_j = -q_j), a_n = -sum_j w g G (dL/dPi through out)
   auto pass_q = [&](int64_t lo, int64_t hi) {
     Buf<T, PC> buf(P), vb(P);
+    for (const auto [h0, h1] : head_runs(H, W.sh > W.sn && G.sh > G.sn))
     for (int64_t it = lo; it < hi; ++it) {
       const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
       double* acc = part.data() + it * HP;
-      std::fill(acc, acc + HP, 0.0);
+      std::fill(acc + h0 * P, acc + h1 * P, 0.0);
       for (int64_t ng = n0; ng < n1; ng += GRP) {
         const int64_t ge = std::min(n1, ng + GRP);
-        for (int64_t h = 0; h < H; ++h)
+        for (int64_t h = h0; h < h1; ++h)
         for (int64_t nb = ng; nb < ge; nb += BLK) {
           const int64_t ne = std::min(ge, nb + BLK);
           const T* __restrict gh = gT.data() + (b * H + h) * P;
@@ -1061,11 +1075,12 @@ void tssa_bwd_impl(Rows<const T> G, const T* gpi, Rows<const T> W, const T* temp
   // pass C: dw = -Pi g G + 2 w (c D Pi + lambda r + dL/ds)
   auto pass_dw = [&](int64_t lo, int64_t hi) {
     RowWriter<T, PC> out(stream, P);
+    for (const auto [h0, h1] : head_runs(H, W.sh > W.sn && G.sh > G.sn && DW.sh > DW.sn))
     for (int64_t it = lo; it < hi; ++it) {
       const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
       for (int64_t ng = n0; ng < n1; ng += GRP) {
         const int64_t ge = std::min(n1, ng + GRP);
-        for (int64_t h = 0; h < H; ++h) {
+        for (int64_t h = h0; h < h1; ++h) {
           const int64_t bh = b * H + h;
           const T* __restrict gh = gT.data() + bh * P;
           const T* __restrict cdh = cDT.data() + bh * P;
