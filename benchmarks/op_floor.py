@@ -25,6 +25,15 @@ free top passes its trim threshold, e.g. after a backward's temporaries) takes s
 copy, so a ratio against it reads better than the op is. The forward + backward rows also carry
 the clone time of the forward rounds of the same size.
 
+Allocator. Every op returns new tensors of ``w``'s size, as does the clone; with glibc's default
+settings a freed block of several MB is often handed back to the system, so the next allocation
+page-faults on first touch (the kernel zeroes every page), which can cost more than the op's
+passes. ``--allocator both`` (the default) measures everything twice, tagging each row: first
+``default`` (as a user process runs), then ``keep`` (``mallopt`` raises the mmap and trim
+thresholds, so freed blocks are reused: the ratios compare computation and memory traffic only;
+the same as ``GLIBC_TUNABLES=glibc.malloc.trim_threshold=1073741824:glibc.malloc.mmap_threshold=1073741824``
+or a caching allocator such as jemalloc / tcmalloc preloaded).
+
 Timing: ``--rounds`` round-robin rounds over the candidates (clone, tssa, causal_tssa, guard) after
 one untimed call of each, so that a change of machine load affects all alike; the ratio is the
 median over rounds of time(op) / time(clone) of the same round. Each row names the target it is
@@ -34,7 +43,7 @@ each of their passes as a range of its own, so the entries name the passes).
 
 Usage::
 
-    python -m benchmarks.op_floor [--threads 1,2] [--rounds 21] [--quick] [--out PATH]
+    python -m benchmarks.op_floor [--threads 1,2] [--rounds 21] [--allocator both] [--quick] [--out PATH]
 
 Writes ``benchmarks/results/op_floor.json`` (``--quick``: tiny sizes, ``op_floor_quick.json``) and
 prints a markdown table.
@@ -202,15 +211,17 @@ def measure(size, threads: int, rounds: int, backward: bool) -> List[Dict[str, A
     return rows
 
 
-def run(sizes: Sequence[Tuple[int, int, int, int]], threads: Sequence[int], rounds: int) -> List[Dict[str, Any]]:
+def run(sizes: Sequence[Tuple[int, int, int, int]], threads: Sequence[int], rounds: int,
+        allocator: str = "default") -> List[Dict[str, Any]]:
+    """The rows of every (thread count, size), each tagged with ``allocator`` (the caller has set it)."""
     top_n = max(s[2] for s in sizes)
     rows: List[Dict[str, Any]] = []
     before = torch.get_num_threads()
     try:
         for t in threads:
             for size in sizes:
-                common.log(f"  threads {t}, (B, H, N, p) = {size}")
-                rows += measure(size, t, rounds, backward=size[2] == top_n)
+                common.log(f"  allocator {allocator}, threads {t}, (B, H, N, p) = {size}")
+                rows += [{"allocator": allocator, **r} for r in measure(size, t, rounds, backward=size[2] == top_n)]
     finally:
         torch.set_num_threads(before)
     return rows
@@ -221,23 +232,23 @@ def _fmt_met(r: Dict[str, Any]) -> str:
 
 
 def table(result: Dict[str, Any]) -> str:
-    header = ["threads", "B", "N", "op", "time / clone", "bare kernel", "call - kernel", "clone", "target", "met",
-              "top op by self CPU (missed)"]
+    header = ["allocator", "threads", "B", "N", "op", "time / clone", "bare kernel", "call - kernel", "clone",
+              "target", "met", "top op by self CPU (missed)"]
     lines = []
     for r in result["rows"]:
+        head = [r.get("allocator", "default"), r["threads"], r["batch"], common.fmt_tokens(r["n"])]
         if r["op"] == "overflow_guard":
             cell = (f"{r['share_of_fwd']:.1%} of fwd" if r["guard_separate_pass"]
                     else f"no separate pass ({r['kernel']}; alone {r['standalone_share_of_fwd']:.1%})")
-            lines.append([r["threads"], r["batch"], common.fmt_tokens(r["n"]), "overflow guard", cell, "-", "-",
-                          "-", "<= 5 %", _fmt_met(r), ""])
+            lines.append(head + ["overflow guard", cell, "-", "-", "-", "<= 5 %", _fmt_met(r), ""])
             continue
         prof = r.get("profile_top3") or []
         top = f"`{prof[0]['op']}` {prof[0]['share']:.0%}" if prof else ""
         target = f"<= {r['target']}x" if r["target"] is not None else "-"
         kernel = f"{r['kernel_ratio']:.2f}x" if "kernel_ratio" in r else "-"
         extra = f"{r['call_overhead_us']:.0f} µs" if "call_overhead_us" in r else "-"
-        lines.append([r["threads"], r["batch"], common.fmt_tokens(r["n"]), r["op"], f"{r['ratio']:.2f}x", kernel,
-                      extra, common.fmt_time(r["clone_s"]), target, _fmt_met(r), top])
+        lines.append(head + [r["op"], f"{r['ratio']:.2f}x", kernel, extra, common.fmt_time(r["clone_s"]), target,
+                             _fmt_met(r), top])
     return common.markdown_table(header, lines)
 
 
@@ -248,6 +259,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.op_floor", description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=common.int_list, default=[1, 2], help="comma-separated thread counts")
     ap.add_argument("--rounds", type=int, default=21, help="round-robin rounds (median over them)")
+    ap.add_argument("--allocator", choices=["both", "default", "keep"], default="both",
+                    help="glibc allocator settings to measure under, in this order (see the module docstring)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, 3 rounds, into *_quick.json")
     ap.add_argument("--rounds-note", default="", help="why fewer rounds than the default were run (recorded)")
     ap.add_argument("--out", type=Path, default=None)
@@ -262,14 +275,22 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     common.setup_torch(None, seed=0)
     env = common.row_env(command, threads=None)
     env.pop("threads")
-    rows = run(sizes, args.threads, rounds)
+    rows: List[Dict[str, Any]] = []
+    allocators = ["default", "keep"] if args.allocator == "both" else [args.allocator]
+    for mode in allocators:  # default first: keep cannot be undone in the process
+        if mode == "keep" and not common.keep_freed_memory():
+            common.log("allocator keep: mallopt unavailable, not measured")
+            continue
+        rows += run(sizes, args.threads, rounds, mode)
     out = {
         **env,
         "loadavg_end": common.loadavg(),
         "threads": list(args.threads),
         "config": {"sizes_bhnp": [list(s) for s in sizes], "dtype": "float32", "rounds": rounds,
+                   "allocators": sorted({r["allocator"] for r in rows}, key=allocators.index),
                    "rounds_note": args.rounds_note, "quick": args.quick, "omp_num_threads": os.environ.get(
-                       "OMP_NUM_THREADS")},
+                       "OMP_NUM_THREADS"),
+                   "allocator_env": {k: os.environ[k] for k in ("GLIBC_TUNABLES", "LD_PRELOAD") if k in os.environ}},
         "timing": "round-robin rounds over (w.clone(), ops); ratio = median over rounds of time(op) / time(clone)",
         "wall_s": round(time.time() - t0, 1),
         "rows": rows,

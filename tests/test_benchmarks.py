@@ -2,6 +2,7 @@
 tiny configuration and writes its outputs, so that the suite does not rot. No timing assertions."""
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -299,7 +300,7 @@ def test_op_floor_tiny(tmp_path):
 
     path = tmp_path / "op_floor_quick.json"
     threads = torch.get_num_threads()
-    op_floor.main(["--quick", "--threads", "1", "--out", str(path)])
+    op_floor.main(["--quick", "--threads", "1", "--allocator", "default", "--out", str(path)])  # keep: below
     assert torch.get_num_threads() == threads  # the process's setting is restored
     res = json.loads(path.read_text())
     assert {"torch", "loadavg", "loadavg_end", "command", "config", "rows"} <= set(res)
@@ -321,6 +322,21 @@ def test_op_floor_tiny(tmp_path):
     page = "\n".join(report.op_floor_section(tmp_path, "_quick"))
     assert "### TSSA against its traffic floor" in page and "| tssa_fwd |" in page
     assert "has not written" in "\n".join(report.op_floor_section(tmp_path / "none"))
+
+
+def test_op_floor_both_allocators(tmp_path):
+    """--allocator both (in a process of its own: keep raises glibc's thresholds for good) measures
+    every row under each setting, default first, and tags the rows."""
+    from benchmarks import op_floor
+
+    path = tmp_path / "op_floor_quick.json"
+    subprocess.run([sys.executable, "-m", "benchmarks.op_floor", "--quick", "--threads", "1", "--out", str(path)],
+                   check=True, cwd=ROOT, capture_output=True, timeout=600)
+    res = json.loads(path.read_text())
+    assert res["config"]["allocators"] == ["default", "keep"]
+    tags = [r["allocator"] for r in res["rows"]]
+    assert tags == sorted(tags) and tags.count("default") == tags.count("keep") > 0  # default rows first
+    assert "| keep |" in op_floor.table(res)
 
 
 def test_op_floor_targets_and_profile():
