@@ -386,6 +386,41 @@ def test_strided_float32_rows_within_1e5_of_float64_reference(kernel, masked):
         _assert_rel(a, r)
 
 
+@pytest.mark.parametrize("p", [32, 48, 64])
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("masked", [False, True])
+def test_causal_float32_rows_within_1e5_of_float64(kernel, monkeypatch, p, mode, masked):
+    """Causal TSSA on float32 rows of 32 / 48 / 64 features (the AVX-512 row code where built), both
+    backward schedules (mode 1: one reverse sweep per sequence; 0: chunks swept in parallel), chunks
+    of 40 tokens (blocks of 16 cut at chunk ends) and N = 100 (a short last chunk), with a logit bias
+    and padded tokens: forward and gradients (w, temp, bias; through out, Pi and the final running
+    sums) within 1e-5 of float64 (the reference for out and Pi, the float64 kernel with the sums)."""
+    monkeypatch.setattr(fused, "CHUNK", 40)
+    monkeypatch.setattr(fused, "CAUSAL_MODE", mode)
+    b, h, n = 2, 4, 100
+    w, temp = _inputs((b, h, n, p), torch.float32)
+    bias = (torch.randn(h, n, 1) * 0.1).requires_grad_(True)
+    mask = _mask(b, n) if masked else None
+    w64, t64, b64 = (x.detach().double().requires_grad_(True) for x in (w, temp, bias))
+    got, _ = _fused_and_ref("causal", w, temp, mask, bias)
+    _, ref = _fused_and_ref("causal", w64, t64, mask, b64)
+    g_out, g_pi = torch.randn(b, h, n, p), torch.randn(b, h, n)
+    for a, r in zip(got, ref):
+        _assert_rel(a, r)
+    for a, r in zip(_grads(got, (w, temp, bias), g_out, g_pi), _grads(ref, (w64, t64, b64), g_out.double(),
+                                                                         g_pi.double())):
+        _assert_rel(a, r)
+    # through every output, the final running sums (the recurrent state) included
+    lb, lb64 = (_pos_logit_bias(x, mask, n, p) for x in (bias, b64))
+    res = fused.causal_tssa_fused(w, temp, lb, mask)[:5]
+    res64 = fused.causal_tssa_fused(w64, t64, lb64, mask)[:5]
+    outs = [torch.randn(r.shape, dtype=torch.float64) for r in res64]
+    loss = sum((r * g.to(r.dtype)).sum() for r, g in zip(res, outs))
+    loss64 = sum((r * g).sum() for r, g in zip(res64, outs))
+    for a, r in zip(torch.autograd.grad(loss, (w, temp, bias)), torch.autograd.grad(loss64, (w64, t64, b64))):
+        _assert_rel(a, r)
+
+
 # ----------------------------------------------------------------------------- dispatch
 
 

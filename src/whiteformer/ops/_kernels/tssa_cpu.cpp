@@ -1538,6 +1538,317 @@ struct CausalGrads {
   const double *Ec, *Qc, *Mc;
 };
 
+#if defined(__AVX512F__)
+// float(lo), float(hi) as one vector of 16 floats
+inline __m512 cvt16_ps(__m512d lo, __m512d hi) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm512_cvtpd_ps(lo))),
+                                             _mm256_castps_pd(_mm512_cvtpd_ps(hi)), 1));
+}
+// 1 / d for d >= 1e-12 (finite): the reciprocal estimate r refined by one Newton step, r (2 - d r)
+// (~1 ulp; d is clamped to the largest float as in causal_logits)
+inline __m512 recip16(__m512 d) {
+  d = _mm512_min_ps(d, _mm512_set1_ps(std::numeric_limits<float>::max()));
+  const __m512 r = _mm512_rcp14_ps(d);
+  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.f)));
+}
+// d[0:2) += the 16 floats of v (as doubles)
+inline void add16_pd(__m512d* d, __m512 v) {
+  __m512d e[2];
+  cvt16_pd(v, e);
+  d[0] = _mm512_add_pd(d[0], e[0]);
+  d[1] = _mm512_add_pd(d[1], e[1]);
+}
+
+// The causal backward for float rows of 32 / 48 / 64 features (kFastRows): the generic code's
+// arithmetic with the per-feature work in vectors, the running sums (E, Q in the recompute; U, W
+// in the sweep) kept in double vectors (2 per 16 features), the per-token sums over features of
+// 16 tokens reduced together (hsum16), and the softmax over heads 16 tokens at a time in double.
+
+// The running sums at the start of each block of one head's tokens [n0, n1), from the chunk's
+// checkpoint (e0, q0, M): for block kb (tokens n0 + kb BLK ...), E, Q into Eb, Qb + kb ld and M into
+// Mb[kb ldm], each the generic recompute's per-token double sum (E += w^2, Q += Pi w^2, M += Pi)
+// up to that token, so the blocks' recompute continues it exactly
+template <int PC>
+inline void causal_block_sums16(const CausalArgs<float>& A, const float* pih, int64_t b, int64_t h, int64_t n0,
+                                int64_t n1, const double* e0, const double* q0, double M, double* Eb, double* Qb,
+                                double* Mb, int64_t ld, int64_t ldm, int64_t PFD) {
+  constexpr int K = PC / 16;
+  constexpr int64_t RB = PC * int64_t(sizeof(float));
+  __m512d e[2 * K], q[2 * K];
+  #pragma GCC unroll 8
+  for (int k = 0; k < 2 * K; ++k) {
+    e[k] = _mm512_loadu_pd(e0 + 8 * k);
+    q[k] = _mm512_loadu_pd(q0 + 8 * k);
+  }
+  for (int64_t nb = n0, kb = 0; nb < n1; nb += BLK, ++kb) {
+    #pragma GCC unroll 8
+    for (int k = 0; k < 2 * K; ++k) {
+      _mm512_storeu_pd(Eb + kb * ld + 8 * k, e[k]);
+      _mm512_storeu_pd(Qb + kb * ld + 8 * k, q[k]);
+    }
+    Mb[kb * ldm] = M;
+    for (int64_t n = nb; n < std::min(n1, nb + BLK); ++n) {
+      prefetch_row(A.W.row(b, h, std::min(n + PFD, A.N - 1)), RB);
+      if (!A.kept(b, n)) continue;
+      const float* __restrict x = A.W.row(b, h, n);
+      const float pv = pih[n];
+      M += double(pv);
+      const __m512 vp = _mm512_set1_ps(pv);
+      #pragma GCC unroll 8
+      for (int k = 0; k < K; ++k) {
+        const __m512 xv = _mm512_loadu_ps(x + 16 * k), x2 = _mm512_mul_ps(xv, xv);
+        add16_pd(e + 2 * k, x2);
+        add16_pd(q + 2 * k, _mm512_mul_ps(vp, x2));
+      }
+    }
+  }
+}
+
+// Forward recompute of one head's tokens [n0, n1) from the running sums before n0 (e0, q0, M): per kept
+// token i = n - n0, cs[i] = c = 1 / (M + 1e-8) and, per feature, iE = 1 / E (-1e12 where E <= 1e-12),
+// own = B / E^2 (1e12 where clamped, B = E - w^2 the exclusive prefix) and d = Q c.
+template <int PC>
+inline void causal_recompute16(const CausalArgs<float>& A, const float* pih, int64_t b, int64_t h, int64_t n0,
+                               int64_t n1, const double* e0, const double* q0, double M, double* cs, float* iE,
+                               float* own, float* sd) {
+  constexpr int K = PC / 16;
+  __m512d e[2 * K], q[2 * K];
+  #pragma GCC unroll 8
+  for (int k = 0; k < 2 * K; ++k) {
+    e[k] = _mm512_loadu_pd(e0 + 8 * k);
+    q[k] = _mm512_loadu_pd(q0 + 8 * k);
+  }
+  const __m512 clamped_ie = _mm512_set1_ps(float(-1.0 / RATIO_EPS)), clamped_own = _mm512_set1_ps(float(1.0 / RATIO_EPS));
+  const __m512d eps = _mm512_set1_pd(RATIO_EPS);
+  __m512 ef[K];  // float(E) before the token (B), then after it
+  #pragma GCC unroll 8
+  for (int k = 0; k < K; ++k) ef[k] = cvt16_ps(e[2 * k], e[2 * k + 1]);
+  for (int64_t n = n0; n < n1; ++n) {
+    if (!A.kept(b, n)) continue;
+    const int64_t i = n - n0;
+    const float* __restrict x = A.W.row(b, h, n);
+    const float pv = pih[n];
+    M += double(pv);
+    const double cc = 1.0 / (M + PI_EPS);
+    cs[i] = cc;
+    const __m512 vp = _mm512_set1_ps(pv);
+    const __m512d vc = _mm512_set1_pd(cc);
+    #pragma GCC unroll 8
+    for (int k = 0; k < K; ++k) {
+      const __m512 xv = _mm512_loadu_ps(x + 16 * k), x2 = _mm512_mul_ps(xv, xv);
+      const __m512 before = ef[k];
+      add16_pd(e + 2 * k, x2);
+      add16_pd(q + 2 * k, _mm512_mul_ps(vp, x2));
+      const __mmask16 live = __mmask16(_mm512_cmp_pd_mask(e[2 * k], eps, _CMP_GT_OQ) |
+                                       (unsigned(_mm512_cmp_pd_mask(e[2 * k + 1], eps, _CMP_GT_OQ)) << 8));
+      ef[k] = cvt16_ps(e[2 * k], e[2 * k + 1]);
+      const __m512 inv = recip16(ef[k]);
+      const int64_t o = i * PC + 16 * k;
+      _mm512_storeu_ps(iE + o, _mm512_mask_blend_ps(live, clamped_ie, inv));
+      _mm512_storeu_ps(own + o, _mm512_mask_blend_ps(live, clamped_own, _mm512_mul_ps(_mm512_mul_ps(before, inv), inv)));
+      _mm512_storeu_ps(sd + o, cvt16_ps(_mm512_mul_pd(q[2 * k], vc), _mm512_mul_pd(q[2 * k + 1], vc)));
+    }
+  }
+}
+
+// First step of the sweep on one head's block [nb, ne) (<= BLK tokens), last token first, with the
+// recomputed iE, d, c of the block's tokens (index n - nb): per kept token, with g = 1 / (1 + d),
+//   U += c g Pi g w G (u, double), up = U Pi, pg = Pi g G (rows, for the dw step),
+//   V -= c sum_j g Pi g w G d, Pg = sum_j U w^2 - sum_j g w G + V + gPi, Rs = sum_j w^2 |iE| + lb
+// (Pg, Rs: 0 at padded tokens and past ne). The three float sums over features of the 16 tokens
+// are reduced together (hsum16), sum_j U w^2 in double per token.
+template <int PC>
+inline void causal_dpi16(const Rows<const float>& W, const Rows<const float>& G, const bool* mk, int64_t N,
+                         int64_t b, int64_t h, int64_t nb, int64_t ne, const float* pih, const float* gpih,
+                         const float* lbh, const float* iE, const float* sd, const double* cs, float* up, float* pg,
+                         double* u, double* V, double* Pg, double* Rs, int64_t PFD) {
+  constexpr int K = PC / 16;
+  constexpr int64_t RB = PC * int64_t(sizeof(float));
+  static_assert(BLK == 16, "hsum16 reduces one block of 16 tokens");
+  __m512d uv[2 * K];
+  #pragma GCC unroll 8
+  for (int k = 0; k < 2 * K; ++k) uv[k] = _mm512_loadu_pd(u + 8 * k);
+  __m512 sdm[16], san[16], srs[16];
+  double ue[16];
+  for (int64_t i = ne - nb; i < BLK; ++i) {
+    const int64_t slot = 4 * (i % 4) + i / 4;
+    sdm[slot] = san[slot] = srs[slot] = _mm512_setzero_ps();
+  }
+  const __m512 one = _mm512_set1_ps(1.f);
+  for (int64_t n = ne - 1; n >= nb; --n) {
+    const int64_t i = n - nb, slot = 4 * (i % 4) + i / 4;
+    prefetch_row(W.row(b, h, std::max<int64_t>(n - PFD, 0)), RB);
+    prefetch_row(G.row(b, h, std::max<int64_t>(n - PFD, 0)), RB);
+    if (mk && !mk[b * N + n]) {
+      sdm[slot] = san[slot] = srs[slot] = _mm512_setzero_ps();
+      continue;
+    }
+    const float* __restrict x = W.row(b, h, n);
+    const float* __restrict gr = G.row(b, h, n);
+    const __m512 vp = _mm512_set1_ps(pih[n]), ct = _mm512_set1_ps(float(cs[i]));
+    __m512 dmv = _mm512_setzero_ps(), anv = _mm512_setzero_ps(), rsv = _mm512_setzero_ps();
+    __m512d uev = _mm512_setzero_pd();
+    #pragma GCC unroll 8
+    for (int k = 0; k < K; ++k) {
+      const int64_t o = i * PC + 16 * k;
+      const __m512 xv = _mm512_loadu_ps(x + 16 * k), gv = _mm512_loadu_ps(gr + 16 * k);
+      const __m512 dv = _mm512_loadu_ps(sd + o), iev = _mm512_loadu_ps(iE + o);
+      const __m512 g = recip16(_mm512_add_ps(one, dv));
+      const __m512 gxg = _mm512_mul_ps(_mm512_mul_ps(g, xv), gv);
+      const __m512 gp = _mm512_mul_ps(g, vp);
+      add16_pd(uv + 2 * k, _mm512_mul_ps(_mm512_mul_ps(ct, gp), gxg));
+      _mm512_storeu_ps(up + o, _mm512_mul_ps(cvt16_ps(uv[2 * k], uv[2 * k + 1]), vp));
+      _mm512_storeu_ps(pg + o, _mm512_mul_ps(gp, gv));
+      dmv = _mm512_fmadd_ps(_mm512_mul_ps(gp, gxg), dv, dmv);
+      anv = _mm512_add_ps(anv, gxg);
+      const __m512 x2 = _mm512_mul_ps(xv, xv);
+      rsv = _mm512_fmadd_ps(x2, _mm512_abs_ps(iev), rsv);
+      __m512d x2d[2];
+      cvt16_pd(x2, x2d);
+      uev = _mm512_fmadd_pd(uv[2 * k], x2d[0], uev);
+      uev = _mm512_fmadd_pd(uv[2 * k + 1], x2d[1], uev);
+    }
+    sdm[slot] = dmv;
+    san[slot] = anv;
+    srs[slot] = rsv;
+    ue[i] = _mm512_reduce_add_pd(uev);
+  }
+  #pragma GCC unroll 8
+  for (int k = 0; k < 2 * K; ++k) _mm512_storeu_pd(u + 8 * k, uv[k]);
+  alignas(64) float dms[16], ans[16], rss[16];
+  _mm512_store_ps(dms, hsum16(sdm));
+  _mm512_store_ps(ans, hsum16(san));
+  _mm512_store_ps(rss, hsum16(srs));
+  double v = *V;
+  for (int64_t i = BLK - 1; i >= 0; --i) {
+    const int64_t n = nb + i;
+    if (n >= ne || (mk && !mk[b * N + n])) {
+      Pg[i] = Rs[i] = 0.0;
+      continue;
+    }
+    v -= cs[i] * double(dms[i]);
+    Pg[i] = ue[i] - double(ans[i]) + v + (gpih ? double(gpih[n]) : 0.0);
+    Rs[i] = double(rss[i]) + (lbh ? double(lbh[n]) : 0.0);
+  }
+  *V = v;
+}
+
+// Softmax step of the sweep on the block [nb, ne), all heads, 16 tokens per double vector pair:
+// Lam = Pi (Pg - sum_heads Pi Pg) (0 at padded tokens), aT[h] += sum_n Lam Rs (dL/dtemp),
+// lam = temp Lam into dlb. pi, dlb: the batch row's (H, N); Pg, Rs: [h * BLK + token].
+inline void causal_lambda16(const bool* mk, int64_t N, int64_t H, int64_t b, int64_t nb, int64_t ne, const float* pi,
+                            const float* temp, const double* Pg, const double* Rs, double* aT, float* dlb) {
+  const int64_t cnt = ne - nb;
+  const __mmask16 in = __mmask16((1u << cnt) - 1u);
+  __mmask16 keep = in;
+  if (mk)
+    for (int64_t i = 0; i < cnt; ++i)
+      if (!mk[b * N + nb + i]) keep = __mmask16(keep & ~(1u << i));
+  const __mmask8 kb[2] = {__mmask8(keep & 0xFF), __mmask8(keep >> 8)};
+  __m512d mean[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
+  for (int64_t h = 0; h < H; ++h) {
+    __m512d pv[2];
+    cvt16_pd(_mm512_maskz_loadu_ps(in, pi + h * N + nb), pv);
+    for (int u = 0; u < 2; ++u) mean[u] = _mm512_fmadd_pd(pv[u], _mm512_loadu_pd(Pg + h * BLK + 8 * u), mean[u]);
+  }
+  for (int64_t h = 0; h < H; ++h) {
+    __m512d pv[2], L[2], lt = _mm512_setzero_pd();
+    cvt16_pd(_mm512_maskz_loadu_ps(in, pi + h * N + nb), pv);
+    const __m512d th = _mm512_set1_pd(double(temp[h]));
+    for (int u = 0; u < 2; ++u) {
+      L[u] = _mm512_maskz_mul_pd(kb[u], pv[u], _mm512_sub_pd(_mm512_loadu_pd(Pg + h * BLK + 8 * u), mean[u]));
+      lt = _mm512_fmadd_pd(L[u], _mm512_loadu_pd(Rs + h * BLK + 8 * u), lt);
+    }
+    aT[h] += _mm512_reduce_add_pd(lt);
+    _mm512_mask_storeu_ps(dlb + h * N + nb, in, cvt16_ps(_mm512_mul_pd(th, L[0]), _mm512_mul_pd(th, L[1])));
+  }
+}
+
+// dw step of the sweep on one head's block [nb, ne), last token first: with W (wv, double) the sum
+// of dL/dE over the later tokens, dw = 2 w (up + lam own + W) - pg, then W += -lam w^2 iE^2 where
+// E is not clamped (0 rows at padded tokens)
+template <int PC>
+inline void causal_dw16(const Rows<const float>& W, Rows<float> DW, const bool* mk, int64_t N, int64_t b, int64_t h,
+                        int64_t nb, int64_t ne, const float* lamh, const float* iE, const float* own, const float* up,
+                        const float* pg, double* wvp, bool stream) {
+  constexpr int K = PC / 16;
+  __m512d wv[2 * K];
+  #pragma GCC unroll 8
+  for (int k = 0; k < 2 * K; ++k) wv[k] = _mm512_loadu_pd(wvp + 8 * k);
+  const __m512 two = _mm512_set1_ps(2.f);
+  for (int64_t n = ne - 1; n >= nb; --n) {
+    float* y = DW.row(b, h, n);
+    if (mk && !mk[b * N + n]) {
+      #pragma GCC unroll 8
+      for (int k = 0; k < K; ++k) store_row16(y + 16 * k, _mm512_setzero_ps(), stream);
+      continue;
+    }
+    const int64_t i = n - nb;
+    const float* __restrict x = W.row(b, h, n);
+    const __m512 vl = _mm512_set1_ps(lamh[n]), vn = _mm512_set1_ps(-lamh[n]);
+    #pragma GCC unroll 8
+    for (int k = 0; k < K; ++k) {
+      const int64_t o = i * PC + 16 * k;
+      const __m512 xv = _mm512_loadu_ps(x + 16 * k), iev = _mm512_loadu_ps(iE + o);
+      const __m512 later = cvt16_ps(wv[2 * k], wv[2 * k + 1]);
+      const __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(vn, xv), xv), iev), iev);
+      add16_pd(wv + 2 * k, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(iev, _mm512_setzero_ps(), _CMP_GT_OQ), t));
+      const __m512 c = _mm512_add_ps(_mm512_fmadd_ps(vl, _mm512_loadu_ps(own + o), _mm512_loadu_ps(up + o)), later);
+      store_row16(y + 16 * k, _mm512_fmsub_ps(_mm512_mul_ps(two, xv), c, _mm512_loadu_ps(pg + o)), stream);
+    }
+  }
+  #pragma GCC unroll 8
+  for (int k = 0; k < 2 * K; ++k) _mm512_storeu_pd(wvp + 8 * k, wv[k]);
+}
+
+// Chunk sums of the per-chunk schedule's first pass for one head's tokens [n0, n1) from the chunk's
+// checkpoint (q0, M): with d = Q c, g = 1 / (1 + d), D = g^2 w Pi G, u += c D (double) and the
+// return value sum_n -c sum_j D d
+template <int PC>
+inline double causal_chunk_sums16(const Rows<const float>& W, const Rows<const float>& G, const bool* mk, int64_t N,
+                                  int64_t b, int64_t h, int64_t n0, int64_t n1, const float* pih, const double* q0,
+                                  double M, double* u, int64_t PFD) {
+  constexpr int K = PC / 16;
+  constexpr int64_t RB = PC * int64_t(sizeof(float));
+  __m512d q[2 * K], uv[2 * K];
+  #pragma GCC unroll 8
+  for (int k = 0; k < 2 * K; ++k) {
+    q[k] = _mm512_loadu_pd(q0 + 8 * k);
+    uv[k] = _mm512_setzero_pd();
+  }
+  const __m512 one = _mm512_set1_ps(1.f);
+  double am = 0.0;
+  for (int64_t n = n0; n < n1; ++n) {
+    prefetch_row(W.row(b, h, std::min(n + PFD, N - 1)), RB);
+    prefetch_row(G.row(b, h, std::min(n + PFD, N - 1)), RB);
+    if (mk && !mk[b * N + n]) continue;
+    const float* __restrict x = W.row(b, h, n);
+    const float* __restrict gr = G.row(b, h, n);
+    const float pv = pih[n];
+    M += double(pv);
+    const double cc = 1.0 / (M + PI_EPS);
+    const __m512 vp = _mm512_set1_ps(pv), ct = _mm512_set1_ps(float(cc));
+    const __m512d vc = _mm512_set1_pd(cc);
+    __m512 acc = _mm512_setzero_ps();
+    #pragma GCC unroll 8
+    for (int k = 0; k < K; ++k) {
+      const __m512 xv = _mm512_loadu_ps(x + 16 * k);
+      add16_pd(q + 2 * k, _mm512_mul_ps(vp, _mm512_mul_ps(xv, xv)));
+      const __m512 d = cvt16_ps(_mm512_mul_pd(q[2 * k], vc), _mm512_mul_pd(q[2 * k + 1], vc));
+      const __m512 g = recip16(_mm512_add_ps(one, d));
+      const __m512 D = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(g, g), xv), vp),
+                                     _mm512_loadu_ps(gr + 16 * k));
+      add16_pd(uv + 2 * k, _mm512_mul_ps(ct, D));
+      acc = _mm512_fmadd_ps(D, d, acc);
+    }
+    am -= cc * double(_mm512_reduce_add_ps(acc));
+  }
+  #pragma GCC unroll 8
+  for (int k = 0; k < 2 * K; ++k) _mm512_storeu_pd(u + 8 * k, uv[k]);
+  return am;
+}
+#endif
+
 template <typename T, int PC>
 void causal_bwd_impl(const CausalArgs<T>& A, const CausalGrads<T>& Z, const double* gE, const double* gQ,
                      const double* gM, Rows<T> DW, bool stream, T* dlb, double* dtemp, bool per_sequence) {
@@ -1550,14 +1861,19 @@ void causal_bwd_impl(const CausalArgs<T>& A, const CausalGrads<T>& Z, const doub
   // own = B / E^2 (1 / 1e-12 where clamped: the gradient of the token's own ratio); c; and of one
   // block, per token: U Pi (up) and Pi g G (pg), the terms of dw known before lambda, dL/dPi (Pg) and
   // the logit over temp (Rs)
+  // (float rows of 32 / 48 / 64 features, kFastRows: iE, d, own, c only of one block, recomputed
+  // block by block from the running sums at each block start, Eb, Qb, Mb ([block][h] rows), so that
+  // a block's scratch stays in L2)
   struct Scratch {
     std::vector<T> iE, d, own, up, pg;
-    std::vector<double> c, Pg, Rs;
+    std::vector<double> c, Pg, Rs, Eb, Qb, Mb;
   };
   auto scratch = [&]() {
-    return Scratch{std::vector<T>(CHUNK * HP), std::vector<T>(CHUNK * HP), std::vector<T>(CHUNK * HP),
-                   std::vector<T>(BLK * HP),   std::vector<T>(BLK * HP),   std::vector<double>(CHUNK * H),
-                   std::vector<double>(BLK * H), std::vector<double>(BLK * H)};
+    const int64_t rows = kFastRows<T, PC> ? BLK : CHUNK, nbk = kFastRows<T, PC> ? (CHUNK + BLK - 1) / BLK : 0;
+    return Scratch{std::vector<T>(rows * HP),     std::vector<T>(rows * HP),     std::vector<T>(rows * HP),
+                   std::vector<T>(BLK * HP),      std::vector<T>(BLK * HP),      std::vector<double>(rows * H),
+                   std::vector<double>(BLK * H),  std::vector<double>(BLK * H),  std::vector<double>(nbk * HP),
+                   std::vector<double>(nbk * HP), std::vector<double>(nbk * H)};
   };
   auto recompute = [&](Scratch& S, int64_t b, int64_t c, int64_t n0, int64_t n1) {
     Buf<double, PC> eb(P), qb(P);
@@ -1601,12 +1917,42 @@ void causal_bwd_impl(const CausalArgs<T>& A, const CausalGrads<T>& Z, const doub
   std::vector<double> pT(B * nc * H);
   auto sweep = [&](Scratch& S, RowWriter<T, PC>& wr, int64_t it, double* U, double* V, double* Wv) {
     const int64_t b = it / nc, c = it % nc, n0 = c * CHUNK, n1 = std::min(N, n0 + CHUNK);
-    recompute(S, b, c, n0, n1);
-    Buf<T, PC> v1(P), v2(P), v3(P);
-    Buf<double, PC> v4(P);
     double* aT = pT.data() + it * H;
     std::fill(aT, aT + H, 0.0);
     const int64_t nblk = (n1 - n0 + BLK - 1) / BLK;
+#if defined(__AVX512F__)
+    if constexpr (kFastRows<T, PC>) {
+      const float* pib = Z.pi + b * H * N;
+      for (int64_t h = 0; h < H; ++h)
+        causal_block_sums16<PC>(A, pib + h * N, b, h, n0, n1, ck(Z.Ec, b, c, HP) + h * P,
+                                ck(Z.Qc, b, c, HP) + h * P, ck(Z.Mc, b, c, H)[h], S.Eb.data() + h * P,
+                                S.Qb.data() + h * P, S.Mb.data() + h, HP, H, PFD);
+      for (int64_t kb = nblk - 1; kb >= 0; --kb) {
+        const int64_t nb = n0 + kb * BLK, ne = std::min(n1, nb + BLK);
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t bh = b * H + h, o = h * BLK;
+          causal_recompute16<PC>(A, pib + h * N, b, h, nb, ne, S.Eb.data() + kb * HP + h * P,
+                                 S.Qb.data() + kb * HP + h * P, S.Mb[kb * H + h], S.c.data() + o,
+                                 S.iE.data() + o * P, S.own.data() + o * P, S.d.data() + o * P);
+          causal_dpi16<PC>(A.W, Z.G, A.mk, N, b, h, nb, ne, Z.pi + bh * N, Z.gpi ? Z.gpi + bh * N : nullptr,
+                           A.lb ? A.lb + bh * N : nullptr, S.iE.data() + o * P, S.d.data() + o * P, S.c.data() + o,
+                           S.up.data() + h * BLK * P, S.pg.data() + h * BLK * P, U + h * P, V + h,
+                           S.Pg.data() + h * BLK, S.Rs.data() + h * BLK, PFD);
+        }
+        causal_lambda16(A.mk, N, H, b, nb, ne, pib, A.temp, S.Pg.data(), S.Rs.data(), aT, dlb + b * H * N);
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t o = h * BLK;
+          causal_dw16<PC>(A.W, DW, A.mk, N, b, h, nb, ne, dlb + (b * H + h) * N, S.iE.data() + o * P,
+                          S.own.data() + o * P, S.up.data() + h * BLK * P, S.pg.data() + h * BLK * P, Wv + h * P,
+                          wr.stream);
+        }
+      }
+      return;
+    }
+#endif
+    recompute(S, b, c, n0, n1);
+    Buf<T, PC> v1(P), v2(P), v3(P);
+    Buf<double, PC> v4(P);
     for (int64_t kb = nblk - 1; kb >= 0; --kb) {
       const int64_t nb = n0 + kb * BLK, ne = std::min(n1, nb + BLK);
       // dL/dPi (into Pg) and the logits over temp (Rs) for every head; U and V run backwards
@@ -1718,6 +2064,14 @@ void causal_bwd_impl(const CausalArgs<T>& A, const CausalGrads<T>& Z, const doub
     for (int64_t it = lo; it < hi; ++it) {
       const int64_t b = it / nc, c = it % nc, n0 = c * CHUNK, n1 = std::min(N, n0 + CHUNK);
       for (int64_t h = 0; h < H; ++h) {
+#if defined(__AVX512F__)
+        if constexpr (kFastRows<T, PC>) {
+          pM[it * H + h] = causal_chunk_sums16<PC>(A.W, Z.G, A.mk, N, b, h, n0, n1, Z.pi + (b * H + h) * N,
+                                                   ck(Z.Qc, b, c, HP) + h * P, ck(Z.Mc, b, c, H)[h],
+                                                   pQ.data() + it * HP + h * P, PFD);
+          continue;
+        }
+#endif
         double* __restrict q = qb.data();
         std::copy(ck(Z.Qc, b, c, HP) + h * P, ck(Z.Qc, b, c, HP) + (h + 1) * P, q);
         double M = ck(Z.Mc, b, c, H)[h], am = 0.0;
