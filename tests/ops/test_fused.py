@@ -389,16 +389,20 @@ def test_strided_float32_rows_within_1e5_of_float64_reference(kernel, masked):
 @pytest.mark.parametrize("p", [32, 48, 64])
 @pytest.mark.parametrize("mode", [0, 1])
 @pytest.mark.parametrize("masked", [False, True])
-def test_causal_float32_rows_within_1e5_of_float64(kernel, monkeypatch, p, mode, masked):
+@pytest.mark.parametrize("strided", [False, True])
+def test_causal_float32_rows_within_1e5_of_float64(kernel, monkeypatch, p, mode, masked, strided):
     """Causal TSSA on float32 rows of 32 / 48 / 64 features (the AVX-512 row code where built), both
     backward schedules (mode 1: one reverse sweep per sequence; 0: chunks swept in parallel), chunks
     of 40 tokens (blocks of 16 cut at chunk ends) and N = 100 (a short last chunk), with a logit bias
-    and padded tokens: forward and gradients (w, temp, bias; through out, Pi and the final running
-    sums) within 1e-5 of float64 (the reference for out and Pi, the float64 kernel with the sums)."""
+    and padded tokens, in the (B, H, N, p) layout or a layer's (B, N, H, p) view: forward and
+    gradients (w, temp, bias; through out, Pi and the final running sums) within 1e-5 of float64
+    (the reference for out and Pi, the float64 kernel with the sums)."""
     monkeypatch.setattr(fused, "CHUNK", 40)
     monkeypatch.setattr(fused, "CAUSAL_MODE", mode)
     b, h, n = 2, 4, 100
     w, temp = _inputs((b, h, n, p), torch.float32)
+    if strided:
+        w = w.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_(True)
     bias = (torch.randn(h, n, 1) * 0.1).requires_grad_(True)
     mask = _mask(b, n) if masked else None
     w64, t64, b64 = (x.detach().double().requires_grad_(True) for x in (w, temp, bias))

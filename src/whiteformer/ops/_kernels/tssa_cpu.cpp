@@ -1563,6 +1563,8 @@ inline void add16_pd(__m512d* d, __m512 v) {
 // arithmetic with the per-feature work in vectors, the running sums (E, Q in the recompute; U, W
 // in the sweep) kept in double vectors (2 per 16 features), the per-token sums over features of
 // 16 tokens reduced together (hsum16), and the softmax over heads 16 tokens at a time in double.
+// The loops over the PC / 16 vectors of a row are unrolled (GCC unroll) so that these arrays of
+// running sums are held in registers rather than on the stack.
 
 // The running sums at the start of each block of one head's tokens [n0, n1), from the chunk's
 // checkpoint (e0, q0, M): for block kb (tokens n0 + kb BLK ...), E, Q into Eb, Qb + kb ld and M into
@@ -1575,13 +1577,13 @@ inline void causal_block_sums16(const CausalArgs<float>& A, const float* pih, in
   constexpr int K = PC / 16;
   constexpr int64_t RB = PC * int64_t(sizeof(float));
   __m512d e[2 * K], q[2 * K];
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int k = 0; k < 2 * K; ++k) {
     e[k] = _mm512_loadu_pd(e0 + 8 * k);
     q[k] = _mm512_loadu_pd(q0 + 8 * k);
   }
   for (int64_t nb = n0, kb = 0; nb < n1; nb += BLK, ++kb) {
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int k = 0; k < 2 * K; ++k) {
       _mm512_storeu_pd(Eb + kb * ld + 8 * k, e[k]);
       _mm512_storeu_pd(Qb + kb * ld + 8 * k, q[k]);
@@ -1594,7 +1596,7 @@ inline void causal_block_sums16(const CausalArgs<float>& A, const float* pih, in
       const float pv = pih[n];
       M += double(pv);
       const __m512 vp = _mm512_set1_ps(pv);
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int k = 0; k < K; ++k) {
         const __m512 xv = _mm512_loadu_ps(x + 16 * k), x2 = _mm512_mul_ps(xv, xv);
         add16_pd(e + 2 * k, x2);
@@ -1613,15 +1615,16 @@ inline void causal_recompute16(const CausalArgs<float>& A, const float* pih, int
                                float* own, float* sd) {
   constexpr int K = PC / 16;
   __m512d e[2 * K], q[2 * K];
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int k = 0; k < 2 * K; ++k) {
     e[k] = _mm512_loadu_pd(e0 + 8 * k);
     q[k] = _mm512_loadu_pd(q0 + 8 * k);
   }
-  const __m512 clamped_ie = _mm512_set1_ps(float(-1.0 / RATIO_EPS)), clamped_own = _mm512_set1_ps(float(1.0 / RATIO_EPS));
+  const __m512 clamped_ie = _mm512_set1_ps(float(-1.0 / RATIO_EPS)),
+               clamped_own = _mm512_set1_ps(float(1.0 / RATIO_EPS));
   const __m512d eps = _mm512_set1_pd(RATIO_EPS);
   __m512 ef[K];  // float(E) before the token (B), then after it
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int k = 0; k < K; ++k) ef[k] = cvt16_ps(e[2 * k], e[2 * k + 1]);
   for (int64_t n = n0; n < n1; ++n) {
     if (!A.kept(b, n)) continue;
@@ -1633,7 +1636,7 @@ inline void causal_recompute16(const CausalArgs<float>& A, const float* pih, int
     cs[i] = cc;
     const __m512 vp = _mm512_set1_ps(pv);
     const __m512d vc = _mm512_set1_pd(cc);
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int k = 0; k < K; ++k) {
       const __m512 xv = _mm512_loadu_ps(x + 16 * k), x2 = _mm512_mul_ps(xv, xv);
       const __m512 before = ef[k];
@@ -1645,7 +1648,8 @@ inline void causal_recompute16(const CausalArgs<float>& A, const float* pih, int
       const __m512 inv = recip16(ef[k]);
       const int64_t o = i * PC + 16 * k;
       _mm512_storeu_ps(iE + o, _mm512_mask_blend_ps(live, clamped_ie, inv));
-      _mm512_storeu_ps(own + o, _mm512_mask_blend_ps(live, clamped_own, _mm512_mul_ps(_mm512_mul_ps(before, inv), inv)));
+      const __m512 ow = _mm512_mul_ps(_mm512_mul_ps(before, inv), inv);
+      _mm512_storeu_ps(own + o, _mm512_mask_blend_ps(live, clamped_own, ow));
       _mm512_storeu_ps(sd + o, cvt16_ps(_mm512_mul_pd(q[2 * k], vc), _mm512_mul_pd(q[2 * k + 1], vc)));
     }
   }
@@ -1666,7 +1670,7 @@ inline void causal_dpi16(const Rows<const float>& W, const Rows<const float>& G,
   constexpr int64_t RB = PC * int64_t(sizeof(float));
   static_assert(BLK == 16, "hsum16 reduces one block of 16 tokens");
   __m512d uv[2 * K];
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int k = 0; k < 2 * K; ++k) uv[k] = _mm512_loadu_pd(u + 8 * k);
   __m512 sdm[16], san[16], srs[16];
   double ue[16];
@@ -1688,7 +1692,7 @@ inline void causal_dpi16(const Rows<const float>& W, const Rows<const float>& G,
     const __m512 vp = _mm512_set1_ps(pih[n]), ct = _mm512_set1_ps(float(cs[i]));
     __m512 dmv = _mm512_setzero_ps(), anv = _mm512_setzero_ps(), rsv = _mm512_setzero_ps();
     __m512d uev = _mm512_setzero_pd();
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int k = 0; k < K; ++k) {
       const int64_t o = i * PC + 16 * k;
       const __m512 xv = _mm512_loadu_ps(x + 16 * k), gv = _mm512_loadu_ps(gr + 16 * k);
@@ -1713,7 +1717,7 @@ inline void causal_dpi16(const Rows<const float>& W, const Rows<const float>& G,
     srs[slot] = rsv;
     ue[i] = _mm512_reduce_add_pd(uev);
   }
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int k = 0; k < 2 * K; ++k) _mm512_storeu_pd(u + 8 * k, uv[k]);
   alignas(64) float dms[16], ans[16], rss[16];
   _mm512_store_ps(dms, hsum16(sdm));
@@ -1773,20 +1777,20 @@ inline void causal_dw16(const Rows<const float>& W, Rows<float> DW, const bool* 
                         const float* pg, double* wvp, bool stream) {
   constexpr int K = PC / 16;
   __m512d wv[2 * K];
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int k = 0; k < 2 * K; ++k) wv[k] = _mm512_loadu_pd(wvp + 8 * k);
   const __m512 two = _mm512_set1_ps(2.f);
   for (int64_t n = ne - 1; n >= nb; --n) {
     float* y = DW.row(b, h, n);
     if (mk && !mk[b * N + n]) {
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int k = 0; k < K; ++k) store_row16(y + 16 * k, _mm512_setzero_ps(), stream);
       continue;
     }
     const int64_t i = n - nb;
     const float* __restrict x = W.row(b, h, n);
     const __m512 vl = _mm512_set1_ps(lamh[n]), vn = _mm512_set1_ps(-lamh[n]);
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int k = 0; k < K; ++k) {
       const int64_t o = i * PC + 16 * k;
       const __m512 xv = _mm512_loadu_ps(x + 16 * k), iev = _mm512_loadu_ps(iE + o);
@@ -1797,7 +1801,7 @@ inline void causal_dw16(const Rows<const float>& W, Rows<float> DW, const bool* 
       store_row16(y + 16 * k, _mm512_fmsub_ps(_mm512_mul_ps(two, xv), c, _mm512_loadu_ps(pg + o)), stream);
     }
   }
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int k = 0; k < 2 * K; ++k) _mm512_storeu_pd(wvp + 8 * k, wv[k]);
 }
 
@@ -1811,7 +1815,7 @@ inline double causal_chunk_sums16(const Rows<const float>& W, const Rows<const f
   constexpr int K = PC / 16;
   constexpr int64_t RB = PC * int64_t(sizeof(float));
   __m512d q[2 * K], uv[2 * K];
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int k = 0; k < 2 * K; ++k) {
     q[k] = _mm512_loadu_pd(q0 + 8 * k);
     uv[k] = _mm512_setzero_pd();
@@ -1830,7 +1834,7 @@ inline double causal_chunk_sums16(const Rows<const float>& W, const Rows<const f
     const __m512 vp = _mm512_set1_ps(pv), ct = _mm512_set1_ps(float(cc));
     const __m512d vc = _mm512_set1_pd(cc);
     __m512 acc = _mm512_setzero_ps();
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int k = 0; k < K; ++k) {
       const __m512 xv = _mm512_loadu_ps(x + 16 * k);
       add16_pd(q + 2 * k, _mm512_mul_ps(vp, _mm512_mul_ps(xv, xv)));
@@ -1843,7 +1847,7 @@ inline double causal_chunk_sums16(const Rows<const float>& W, const Rows<const f
     }
     am -= cc * double(_mm512_reduce_add_ps(acc));
   }
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int k = 0; k < 2 * K; ++k) _mm512_storeu_pd(u + 8 * k, uv[k]);
   return am;
 }
