@@ -1544,13 +1544,6 @@ inline __m512 cvt16_ps(__m512d lo, __m512d hi) {
   return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm512_cvtpd_ps(lo))),
                                              _mm256_castps_pd(_mm512_cvtpd_ps(hi)), 1));
 }
-// 1 / d for d >= 1e-12 (finite): the reciprocal estimate r refined by one Newton step, r (2 - d r)
-// (~1 ulp; d is clamped to the largest float as in causal_logits)
-inline __m512 recip16(__m512 d) {
-  d = _mm512_min_ps(d, _mm512_set1_ps(std::numeric_limits<float>::max()));
-  const __m512 r = _mm512_rcp14_ps(d);
-  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.f)));
-}
 // d[0:2) += the 16 floats of v (as doubles)
 inline void add16_pd(__m512d* d, __m512 v) {
   __m512d e[2];
@@ -1563,6 +1556,7 @@ inline void add16_pd(__m512d* d, __m512 v) {
 // arithmetic with the per-feature work in vectors, the running sums (E, Q in the recompute; U, W
 // in the sweep) kept in double vectors (2 per 16 features), the per-token sums over features of
 // 16 tokens reduced together (hsum16), and the softmax over heads 16 tokens at a time in double.
+// 1 / E and 1 / (1 + d) are exact divisions (vdivps), as in the generic code.
 // The loops over the PC / 16 vectors of a row are unrolled (GCC unroll) so that these arrays of
 // running sums are held in registers rather than on the stack.
 
@@ -1620,7 +1614,7 @@ inline void causal_recompute16(const CausalArgs<float>& A, const float* pih, int
     e[k] = _mm512_loadu_pd(e0 + 8 * k);
     q[k] = _mm512_loadu_pd(q0 + 8 * k);
   }
-  const __m512 clamped_ie = _mm512_set1_ps(float(-1.0 / RATIO_EPS)),
+  const __m512 one = _mm512_set1_ps(1.f), clamped_ie = _mm512_set1_ps(float(-1.0 / RATIO_EPS)),
                clamped_own = _mm512_set1_ps(float(1.0 / RATIO_EPS));
   const __m512d eps = _mm512_set1_pd(RATIO_EPS);
   __m512 ef[K];  // float(E) before the token (B), then after it
@@ -1645,7 +1639,7 @@ inline void causal_recompute16(const CausalArgs<float>& A, const float* pih, int
       const __mmask16 live = __mmask16(_mm512_cmp_pd_mask(e[2 * k], eps, _CMP_GT_OQ) |
                                        (unsigned(_mm512_cmp_pd_mask(e[2 * k + 1], eps, _CMP_GT_OQ)) << 8));
       ef[k] = cvt16_ps(e[2 * k], e[2 * k + 1]);
-      const __m512 inv = recip16(ef[k]);
+      const __m512 inv = _mm512_div_ps(one, ef[k]);
       const int64_t o = i * PC + 16 * k;
       _mm512_storeu_ps(iE + o, _mm512_mask_blend_ps(live, clamped_ie, inv));
       const __m512 ow = _mm512_mul_ps(_mm512_mul_ps(before, inv), inv);
@@ -1697,7 +1691,7 @@ inline void causal_dpi16(const Rows<const float>& W, const Rows<const float>& G,
       const int64_t o = i * PC + 16 * k;
       const __m512 xv = _mm512_loadu_ps(x + 16 * k), gv = _mm512_loadu_ps(gr + 16 * k);
       const __m512 dv = _mm512_loadu_ps(sd + o), iev = _mm512_loadu_ps(iE + o);
-      const __m512 g = recip16(_mm512_add_ps(one, dv));
+      const __m512 g = _mm512_div_ps(one, _mm512_add_ps(one, dv));
       const __m512 gxg = _mm512_mul_ps(_mm512_mul_ps(g, xv), gv);
       const __m512 gp = _mm512_mul_ps(g, vp);
       add16_pd(uv + 2 * k, _mm512_mul_ps(_mm512_mul_ps(ct, gp), gxg));
@@ -1839,7 +1833,7 @@ inline double causal_chunk_sums16(const Rows<const float>& W, const Rows<const f
       const __m512 xv = _mm512_loadu_ps(x + 16 * k);
       add16_pd(q + 2 * k, _mm512_mul_ps(vp, _mm512_mul_ps(xv, xv)));
       const __m512 d = cvt16_ps(_mm512_mul_pd(q[2 * k], vc), _mm512_mul_pd(q[2 * k + 1], vc));
-      const __m512 g = recip16(_mm512_add_ps(one, d));
+      const __m512 g = _mm512_div_ps(one, _mm512_add_ps(one, d));
       const __m512 D = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(g, g), xv), vp),
                                      _mm512_loadu_ps(gr + 16 * k));
       add16_pd(uv + 2 * k, _mm512_mul_ps(ct, D));
