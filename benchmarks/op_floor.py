@@ -11,9 +11,10 @@ Measured in one process, float32 on CPU, at each ``torch.set_num_threads`` value
 * forward + backward (``out.backward(g)``) of both at the sizes with the largest N;
 * the bare C++ kernel of each forward (the extension's ``tssa_fwd`` / ``causal_fwd``, called
   directly), where the default call takes it: each forward row records its ratio to the clone
-  (``kernel_ratio``) and the median of time(call) - time(kernel) in the same round
-  (``call_overhead_us``: argument checks at the door, the layout, dispatch, output allocation
-  outside the kernel), which splits a miss into the kernel's share and the rest;
+  (``kernel_ratio``) and the median of time(call) - time(kernel) (``call_overhead_us``: argument
+  checks at the door, the layout, dispatch), from rounds of their own in which every timed call
+  follows the same untimed clone (:func:`kernel_share`), which splits a miss into the kernel's
+  share and the rest;
 * the overflow guard: the time of :func:`whiteformer.ops.scaling.rows_beyond_kernel_range` (the pass
   over ``w`` that finds rows with some |w| past the kernels' range) as a share of the ``tssa``
   forward. The C++ kernels flag such rows from their own sums, so on their path the guard is no
@@ -128,13 +129,20 @@ def bare_kernels(w: torch.Tensor, temp: torch.Tensor) -> Dict[str, Callable[[], 
             "causal_fwd_kernel": lambda: ext.causal_fwd(w, temp, None, None, fused.CAUSAL_MODE, fused.CHUNK)}
 
 
-def _kernel_share(times: Dict[str, List[float]], op: str) -> Dict[str, Any]:
-    """The bare kernel's ratio to the clone and the call's time beyond it, where it was timed."""
-    if f"{op}_kernel" not in times:
-        return {}
-    t_k, t_op = times[f"{op}_kernel"], times[op]
-    return {"kernel_ratio": statistics.median(a / b for a, b in zip(t_k, times["clone"])),
-            "call_overhead_us": statistics.median(a - b for a, b in zip(t_op, t_k)) * 1e6}
+def kernel_share(op_fn: Callable[[], Any], kernel_fn: Callable[[], Any], clone_fn: Callable[[], Any],
+                 rounds: int) -> Dict[str, Any]:
+    """The bare kernel's ratio to the clone and the call's time beyond the kernel, from rounds of
+    (clone, call, kernel) in which each timed call follows the same untimed clone of ``w``: in the
+    main rounds a candidate's predecessor decides how much of ``w`` is still in cache (the guard's
+    pass leaves it warm for whatever follows), which at 16k tokens moves a call by more than its
+    Python work costs."""
+    times: Dict[str, List[float]] = {"clone": [], "op": [], "kernel": []}
+    for _ in range(rounds):
+        for key, fn in (("clone", clone_fn), ("op", op_fn), ("kernel", kernel_fn)):
+            clone_fn()
+            times[key].append(common.time_call(fn))
+    return {"kernel_ratio": statistics.median(a / b for a, b in zip(times["kernel"], times["clone"])),
+            "call_overhead_us": statistics.median(a - b for a, b in zip(times["op"], times["kernel"])) * 1e6}
 
 
 def _ratios(times: Dict[str, List[float]], op: str) -> Dict[str, Any]:
@@ -172,10 +180,12 @@ def measure(size, threads: int, rounds: int, backward: bool) -> List[Dict[str, A
     temp = torch.rand(h, 1) + 0.5
     load = common.loadavg()
     fwd = {"clone": lambda: w.clone(), "tssa_fwd": lambda: tssa(w, temp), "causal_fwd": lambda: causal_tssa(w, temp),
-           "guard": lambda: rows_beyond_kernel_range(w), **bare_kernels(w, temp)}
+           "guard": lambda: rows_beyond_kernel_range(w)}
     with torch.no_grad():
         times = common.interleaved_runs(fwd, rounds=rounds)
-        rows = [_row(op, size, threads, {**_ratios(times, op), **_kernel_share(times, op)}, fwd[op])
+        kernels = bare_kernels(w, temp)
+        rows = [_row(op, size, threads, {**_ratios(times, op), **(kernel_share(
+            fwd[op], kernels[f"{op}_kernel"], fwd["clone"], rounds) if kernels else {})}, fwd[op])
                 for op in ("tssa_fwd", "causal_fwd")]
         clone_faults = minor_faults(fwd["clone"])
         for r in rows:
