@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import torch
 
+from . import build as _build
 from .registry import (BACKENDS, ENV_BACKEND, ENV_DISABLE, OPS, Backend, exporting, fused_supported, has_kernel,
                        kernel_for, kernels_disabled, register_backend)
 
@@ -58,9 +59,9 @@ __all__ = ["BACKENDS", "ENV_BACKEND", "ENV_DISABLE", "OPS", "Backend", "exportin
 
 
 def _cpu_ready() -> bool:
-    from .build import fast_path_available
-
-    return fast_path_available()
+    # called by the backend choice after its own check of the switches (kernels_disabled): the
+    # extension alone, not build.fast_path_available, which checks them again
+    return _build.load_extension() is not None
 
 
 register_backend("cpu", (torch.float32, torch.float64), _cpu_ready, name="cpu")
