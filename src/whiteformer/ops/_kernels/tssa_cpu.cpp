@@ -576,9 +576,12 @@ inline void head_out16(const Rows<const float>& W, Rows<float> O, const bool* mk
 // reduced in chunk order: results do not depend on the schedule. Schedules: with at least as many
 // batch rows as threads, each thread runs all three passes on one row before the next (the row's
 // w, H N p values, is read three times from L2 / L3 rather than from memory once a whole batch
-// outgrows the cache); with fewer, each pass runs over all items in parallel. In both, pass 2
-// visits the items last to first and passes 1 and 3 first to last, so that each pass starts on
-// the tokens the one before ended on, still in cache.
+// outgrows the cache); with fewer, each pass runs over all items in parallel. Where a token's rows
+// of all heads are adjacent (a layer's (B, N, H, p) view), pass 2 visits the items last to first
+// and passes 1 and 3 first to last, so that each pass starts on the tokens the one before ended
+// on, still in cache. Where each head's rows are contiguous, passes 1 and 3 go head by head
+// (head_runs), so pass 1 ends in the last head alone, and pass 2 goes first to last as well: read
+// backwards chunk by chunk, every chunk change broke the run of rows ahead of the prefetch.
 template <typename T, int PC>
 void tssa_fwd_impl(Rows<const T> W, const T* temp, const bool* mk, Rows<T> O, bool stream, T* pi, double* s,
                    double* Tm, double* M, Dims<T> D) {
@@ -593,11 +596,14 @@ void tssa_fwd_impl(Rows<const T> W, const T* temp, const bool* mk, Rows<T> O, bo
     reduce_chunks(part, s, b0, b1, nc, HP);
     for (int64_t k = b0 * HP; k < b1 * HP; ++k) r[k] = T(inv_energy(s[k]));
   };
-  // pass 2 on items [lo, hi), last to first: logits, Pi (softmax over heads) and the Pi-weighted moments
+  // pass 2 on items [lo, hi): logits, Pi (softmax over heads) and the Pi-weighted moments, first to
+  // last where passes 1 and 3 go head by head, else last to first (see above)
+  const bool forward = W.sh > W.sn && O.sh > O.sn;
   auto moments = [&](int64_t lo, int64_t hi) {
     std::vector<T> lg(H * GRP), tmp(GRP);
     Buf<T, PC> buf(P), vb(P);
-    for (int64_t it = hi - 1; it >= lo; --it) {
+    for (int64_t k = lo; k < hi; ++k) {
+      const int64_t it = forward ? k : hi - 1 - (k - lo);
       const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
       double* accT = part.data() + it * HP;
       double* accM = partM.data() + it * H;
