@@ -352,6 +352,12 @@ def test_op_floor_targets_and_profile():
     missed = op_floor._row("tssa_fwd", (1, 8, 16384, 48), 1, {"ratio": 9.0}, lambda: (w * 2).sum())
     kept = op_floor._row("tssa_fwd", (1, 8, 16384, 48), 1, {"ratio": 1.0}, lambda: (w * 2).sum())
     assert missed["met"] is False and missed["profile_top3"] and kept["met"] is True and "profile_top3" not in kept
+    # a clone that page-faults makes a ratio read better than the op is: that row is not judged
+    op_floor._set_clone_faults(kept, 2048.0, lambda: (w * 2).sum())
+    assert kept["met"] is None and "2048" in kept["not_judged"] and kept["profile_top3"]
+    assert op_floor._fmt_met(kept) == "n/a (clone faulted)"
+    op_floor._set_clone_faults(missed, 0.0, lambda: (w * 2).sum())
+    assert missed["met"] is False and "not_judged" not in missed
 
 
 def test_packed_lm_row_tiny():
