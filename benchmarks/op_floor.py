@@ -275,6 +275,49 @@ def table(result: Dict[str, Any]) -> str:
     return common.markdown_table(header, lines)
 
 
+def _span(values: Sequence[float], fmt: str, unit: str = "") -> str:
+    """"lo-hi unit" of ``values`` in ``fmt`` (one value alone; "n/a" for none)."""
+    if not values:
+        return "n/a"
+    lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    return (lo if lo == hi else f"{lo}-{hi}") + unit
+
+
+def reading_values(result: Dict[str, Any]) -> Dict[str, str]:
+    """The figures that the reading of the table (docs/templates/benchmarks/op_floor.md) quotes, taken
+    from the same results, so that prose and table agree after every rerun: the call's time beyond
+    the bare kernel and the clone at the smallest N, the profile shares of the forward's passes,
+    the bare kernel at N 1k, the page faults of the forward + backward at B 1, N 16k, 1 thread, and
+    the clone's at the largest batch under the default allocator."""
+    rows = [r for r in result.get("rows", []) if r["op"] != "overflow_guard"]
+    small = min((r["n"] for r in rows), default=0)
+    fwd = [r for r in rows if r["op"] == "tssa_fwd"]
+
+    def share(name: str) -> List[float]:
+        return [100 * p["share"] for r in fwd for p in r.get("profile_top3", []) if p["op"].startswith(name)]
+
+    def where(op: str, **kw: Any) -> List[Dict[str, Any]]:
+        return [r for r in rows if r["op"] == op and all(r.get(k) == v for k, v in kw.items())]
+
+    big_b = max((r["batch"] for r in rows), default=0)
+    return {
+        "small_n": common.fmt_tokens(small) if small else "n/a",
+        "overhead_small": _span([r["call_overhead_us"] for r in rows if r["n"] == small and "call_overhead_us" in r],
+                                "{:.0f}", " µs"),
+        "clone_small": _span([1e6 * r["clone_s"] for r in rows if r["n"] == small], "{:.0f}", " µs"),
+        "middle_share": _span(share("tssa_fwd: logits"), "{:.0f}", " %"),
+        "out_share": _span(share("tssa_fwd: out"), "{:.0f}", " %"),
+        "kernel_1k": _span([r["kernel_ratio"] for r in where("tssa_fwd", n=1024, batch=4, threads=1)
+                            if "kernel_ratio" in r], "{:.2f}", "x"),
+        "faults_default": _span([r["minor_faults_per_call"] for r in where(
+            "tssa_fwdbwd", batch=1, n=16384, threads=1, allocator="default")], "{:.0f}"),
+        "faults_keep": _span([r["minor_faults_per_call"] for r in where(
+            "tssa_fwdbwd", batch=1, n=16384, threads=1, allocator="keep")], "{:.0f}"),
+        "clone_faults_big": _span([r["clone_minor_faults_per_call"] for r in rows if r["batch"] == big_b
+                                   and r.get("allocator", "default") == "default" and r["n"] == 16384], "{:,.0f}"),
+    }
+
+
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     """Run the benchmark (command-line ``argv``), write the JSON and print the table; returns the
     JSON content."""

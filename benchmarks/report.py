@@ -347,11 +347,11 @@ def op_floor_section(results: Path, suffix: str = "") -> List[str]:
     load = data.get("loadavg"), data.get("loadavg_end")
     cfg = data.get("config", {})
     note = cfg.get("rounds_note")
+    mod = importlib.import_module("benchmarks.op_floor")
     out = prose("op_floor", command=data.get("command", "python -m benchmarks.op_floor"), torch=data.get("torch"),
                 load_start=load[0] and load[0][0], load_end=load[1] and load[1][0], rounds=cfg.get("rounds"),
-                rounds_note=f" ({note})" if note else "")
+                rounds_note=f" ({note})" if note else "", **mod.reading_values(data))
     try:
-        mod = importlib.import_module("benchmarks.op_floor")
         out += [mod.table(data), ""]
     except Exception as e:  # noqa: BLE001 - the other benchmark's format may change
         out += [f"(table not rendered: {type(e).__name__}: {e}; see the JSON)", ""]

@@ -352,6 +352,14 @@ def test_op_floor_targets_and_profile():
     missed = op_floor._row("tssa_fwd", (1, 8, 16384, 48), 1, {"ratio": 9.0}, lambda: (w * 2).sum())
     kept = op_floor._row("tssa_fwd", (1, 8, 16384, 48), 1, {"ratio": 1.0}, lambda: (w * 2).sum())
     assert missed["met"] is False and missed["profile_top3"] and kept["met"] is True and "profile_top3" not in kept
+    # the figures the docs' reading quotes come from the same rows
+    vals = op_floor.reading_values({"rows": [
+        {"op": "tssa_fwd", "n": 256, "batch": 4, "threads": 1, "clone_s": 3e-5, "call_overhead_us": 40.0,
+         "profile_top3": [{"op": "tssa_fwd: out (read w, write out)", "share": 0.4}]},
+        {"op": "tssa_fwd", "n": 1024, "batch": 4, "threads": 1, "clone_s": 1e-4, "call_overhead_us": 90.0,
+         "kernel_ratio": 3.0}]})
+    assert vals["small_n"] == "256" and vals["overhead_small"] == "40 µs" and vals["clone_small"] == "30 µs"
+    assert vals["out_share"] == "40 %" and vals["kernel_1k"] == "3.00x" and vals["middle_share"] == "n/a"
     # a clone that page-faults makes a ratio read better than the op is: that row is not judged
     op_floor._set_clone_faults(kept, 2048.0, lambda: (w * 2).sum())
     assert kept["met"] is None and "2048" in kept["not_judged"] and kept["profile_top3"]
