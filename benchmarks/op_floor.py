@@ -117,12 +117,12 @@ def path_of(w: torch.Tensor) -> Dict[str, Any]:
     return {"kernel": "PyTorch", "guard_separate_pass": False}
 
 
-def bare_kernels(w: torch.Tensor, temp: torch.Tensor) -> Dict[str, Callable[[], Any]]:
+def bare_kernels(w: torch.Tensor, temp: torch.Tensor, path: Dict[str, Any]) -> Dict[str, Callable[[], Any]]:
     """The forwards' bare C++ kernels (keyed ``<op>_kernel``) with the arguments the default call
-    passes them, where the default call takes them on ``w``; else none."""
+    passes them, where the default call takes them on ``w`` (``path``: :func:`path_of`); else none."""
     from whiteformer.ops._kernels import fused
 
-    if path_of(w)["kernel"] != "C++ fused":
+    if path["kernel"] != "C++ fused":
         return {}
     ext = fused._ext()
     return {"tssa_fwd_kernel": lambda: ext.tssa_fwd(w, temp, None, fused.CHUNK),
@@ -183,14 +183,14 @@ def measure(size, threads: int, rounds: int, backward: bool) -> List[Dict[str, A
            "guard": lambda: rows_beyond_kernel_range(w)}
     with torch.no_grad():
         times = common.interleaved_runs(fwd, rounds=rounds)
-        kernels = bare_kernels(w, temp)
+        path = path_of(w)
+        kernels = bare_kernels(w, temp, path)
         rows = [_row(op, size, threads, {**_ratios(times, op), **(kernel_share(
             fwd[op], kernels[f"{op}_kernel"], fwd["clone"], rounds) if kernels else {})}, fwd[op])
                 for op in ("tssa_fwd", "causal_fwd")]
         clone_faults = minor_faults(fwd["clone"])
         for r in rows:
             _set_clone_faults(r, clone_faults, fwd[r["op"]])
-        path = path_of(w)
         alone = statistics.median(a / b for a, b in zip(times["guard"], times["tssa_fwd"]))
         share = alone if path["guard_separate_pass"] else 0.0
         rows.append({"op": "overflow_guard", "batch": b, "heads": h, "n": n, "head_dim": p, "threads": threads,

@@ -410,6 +410,16 @@ template <int K>
 inline void block_end16(double* tot, const __m512* lc) {
   for (int k = 0; k < K; ++k) add16_to(tot + 16 * k, lc[k]);
 }
+// the kept tokens among [nb, nb + cnt) (cnt <= 16) of batch row b, bit i for token nb + i, as the two
+// 8-lane masks of a pair of double vectors (mk: the (B, N) keep-mask, or nullptr: all kept)
+inline void kept_halves16(const bool* mk, int64_t N, int64_t b, int64_t nb, int64_t cnt, __mmask8* kb) {
+  __mmask16 keep = __mmask16((1u << cnt) - 1u);
+  if (mk)
+    for (int64_t i = 0; i < cnt; ++i)
+      if (!mk[b * N + nb + i]) keep = __mmask16(keep & ~(1u << i));
+  kb[0] = __mmask8(keep & 0xFF);
+  kb[1] = __mmask8(keep >> 8);
+}
 // lane i of the result = sum of the lanes of s[4 (i % 4) + i / 4] (a 16 x 16 transpose-and-add)
 inline __m512 hsum16(const __m512* s) {
   __m512 u[8], v[4], x[2];
@@ -459,7 +469,8 @@ inline std::vector<std::pair<int64_t, int64_t>> head_runs(int64_t H, bool by_hea
 
 // Feature energies per work item it = (b, chunk of CHUNK tokens), for the items [lo, hi):
 // part[(it * H + h) * P + j] = sum over the chunk's kept tokens of w_nj^2, summed in T over blocks
-// of BLK tokens, then in double; rows visited in groups of GRP tokens, head by head (group_size)
+// of BLK tokens, then in double; rows visited in groups of GRP tokens (group_size), one head at a
+// time over all the items where w's heads are contiguous (head_runs)
 template <typename T, int PC>
 void chunk_energies_items(const Rows<const T>& W, const bool* mk, int64_t lo, int64_t hi, int64_t H, int64_t N,
                           int64_t P_, int64_t CHUNK, int64_t nc, int64_t GRP, double* part) {
@@ -596,14 +607,16 @@ void tssa_fwd_impl(Rows<const T> W, const T* temp, const bool* mk, Rows<T> O, bo
     reduce_chunks(part, s, b0, b1, nc, HP);
     for (int64_t k = b0 * HP; k < b1 * HP; ++k) r[k] = T(inv_energy(s[k]));
   };
+  // pass 3 head by head (head_runs) where w's and out's heads are contiguous (pass 1: w's; out is
+  // allocated like w, so the two agree)
+  const bool by_head = W.sh > W.sn && O.sh > O.sn;
   // pass 2 on items [lo, hi): logits, Pi (softmax over heads) and the Pi-weighted moments, first to
   // last where passes 1 and 3 go head by head, else last to first (see above)
-  const bool forward = W.sh > W.sn && O.sh > O.sn;
   auto moments = [&](int64_t lo, int64_t hi) {
     std::vector<T> lg(H * GRP), tmp(GRP);
     Buf<T, PC> buf(P), vb(P);
     for (int64_t k = lo; k < hi; ++k) {
-      const int64_t it = forward ? k : hi - 1 - (k - lo);
+      const int64_t it = by_head ? k : hi - 1 - (k - lo);
       const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
       double* accT = part.data() + it * HP;
       double* accM = partM.data() + it * H;
@@ -661,7 +674,7 @@ void tssa_fwd_impl(Rows<const T> W, const T* temp, const bool* mk, Rows<T> O, bo
   // pass 3 on items [lo, hi): out = -w Pi g
   auto output = [&](int64_t lo, int64_t hi) {
     RowWriter<T, PC> out(stream, P);
-    for (const auto [h0, h1] : head_runs(H, W.sh > W.sn && O.sh > O.sn))
+    for (const auto [h0, h1] : head_runs(H, by_head))
     for (int64_t it = lo; it < hi; ++it) {
       const int64_t b = it / nc, n0 = (it % nc) * CHUNK, n1 = std::min(N, n0 + CHUNK);
       for (int64_t ng = n0; ng < n1; ng += GRP) {
@@ -810,11 +823,8 @@ inline void lambda_group16(const Rows<const float>& W, const bool* mk, int64_t N
   for (int64_t nb = ng; nb < ge; nb += BLK) {
     const int64_t cnt = std::min(ge, nb + BLK) - nb, e = nb - ng;
     const __mmask16 in = __mmask16((1u << cnt) - 1u);
-    __mmask16 keep = in;
-    if (mk)
-      for (int64_t i = 0; i < cnt; ++i)
-        if (!mk[b * N + nb + i]) keep = __mmask16(keep & ~(1u << i));
-    const __mmask8 kb[2] = {__mmask8(keep & 0xFF), __mmask8(keep >> 8)};
+    __mmask8 kb[2];
+    kept_halves16(mk, N, b, nb, cnt, kb);
     __m512d mean[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
     for (int64_t h = 0; h < H; ++h) {
       const int64_t o = h * N + nb;
@@ -1744,11 +1754,8 @@ inline void causal_lambda16(const bool* mk, int64_t N, int64_t H, int64_t b, int
                             const float* temp, const double* Pg, const double* Rs, double* aT, float* dlb) {
   const int64_t cnt = ne - nb;
   const __mmask16 in = __mmask16((1u << cnt) - 1u);
-  __mmask16 keep = in;
-  if (mk)
-    for (int64_t i = 0; i < cnt; ++i)
-      if (!mk[b * N + nb + i]) keep = __mmask16(keep & ~(1u << i));
-  const __mmask8 kb[2] = {__mmask8(keep & 0xFF), __mmask8(keep >> 8)};
+  __mmask8 kb[2];
+  kept_halves16(mk, N, b, nb, cnt, kb);
   __m512d mean[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
   for (int64_t h = 0; h < H; ++h) {
     __m512d pv[2];
